@@ -1,0 +1,30 @@
+"""sc_jax: Supervised Calibration for in-context learning, in JAX/Flax.
+
+The top level is kept light: heavy submodules (the model, the solvers, which
+import jaxopt and its deprecation warning) load on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+# name -> submodule that defines it
+_LAZY = {
+    "load_model": "sc_jax.loading",
+    "LoadedModel": "sc_jax.loading",
+    "ModelConfig": "sc_jax.config",
+    "Decoder": "sc_jax.model",
+    "make_mesh": "sc_jax.sharding",
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'sc_jax' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY))
