@@ -61,7 +61,7 @@ class KVCache:
 
     def next_position(self) -> jax.Array:
         """``[Bc]`` int32: the position the next token takes (one past the last real one)."""
-        return jnp.max(jnp.where(self.valid, self.pos + 1, 0), axis=-1).astype(jnp.int32)
+        return jnp.max(jnp.where(self.valid, self.pos + 1, 0), axis=-1, initial=0).astype(jnp.int32)
 
 
 def _normal(rngs: nnx.Rngs, shape, dtype, std=0.02):
@@ -233,6 +233,13 @@ class Decoder(nnx.Module):
         if rows is not None:
             table = table[rows]
         return jnp.einsum("...d,vd->...v", hidden, table, preferred_element_type=jnp.float32)
+
+
+def empty_cache(config, batch: int = 1, dtype=jnp.float32) -> KVCache:
+    """A zero-length cache (the trie root when the tokenizer adds no BOS)."""
+    L, K, Dh = config.num_layers, config.num_kv_heads, config.head_dim
+    z = jnp.zeros((L, batch, 0, K, Dh), dtype)
+    return KVCache(z, z, jnp.zeros((batch, 0), jnp.int32), jnp.zeros((batch, 0), bool))
 
 
 def concat_cache(a: KVCache, b: KVCache) -> KVCache:

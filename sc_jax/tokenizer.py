@@ -47,15 +47,18 @@ class Tokenizer:
 
 
 class ByteTokenizer(Tokenizer):
-    """Stand-in for random-weight presets: one token per UTF-8 byte, id = byte + 3
-    (0 pad, 1 BOS, 2 EOS). Its speed characteristics are not a real tokenizer's, but
-    throughput benchmarks only need plausible token counts."""
+    """Stand-in for random-weight presets: 0 pad, 1 BOS, 2 EOS, ``3 + b`` for byte b,
+    and ``259 + b`` for a space followed by byte b (as BPE tokenizers fold a leading
+    space into the word, so " positive" and " negative" start with different
+    tokens). Needs a vocabulary of at least 515. Throughput benchmarks only need
+    plausible token counts."""
 
     OFFSET = 3
+    SPACE_OFFSET = 259
 
     def __init__(self, vocab_size: int):
-        if vocab_size < 256 + self.OFFSET:
-            raise ValueError(f"ByteTokenizer needs a vocabulary of at least 259, got {vocab_size}")
+        if vocab_size < self.SPACE_OFFSET + 256:
+            raise ValueError(f"ByteTokenizer needs a vocabulary of at least 515, got {vocab_size}")
         self._vocab_size = vocab_size
         self.bos_token_id, self.eos_token_id = 1, 2
 
@@ -64,15 +67,29 @@ class ByteTokenizer(Tokenizer):
         return self._vocab_size
 
     def encode(self, text: str) -> list[int]:
-        return [b + self.OFFSET for b in text.encode("utf-8")]
+        b = text.encode("utf-8")
+        out, j = [], 0
+        while j < len(b):
+            if b[j] == 0x20 and j + 1 < len(b) and b[j + 1] != 0x20:
+                out.append(self.SPACE_OFFSET + b[j + 1])
+                j += 2
+            else:
+                out.append(self.OFFSET + b[j])
+                j += 1
+        return out
 
     def encode_batch(self, texts):
         return [self.encode(t) for t in texts]
 
     def decode(self, ids) -> str:
-        return bytes(i - self.OFFSET for i in ids if i >= self.OFFSET and i < 256 + self.OFFSET
-                     ).decode("utf-8", errors="replace")
+        out = bytearray()
+        for i in ids:
+            if self.SPACE_OFFSET <= i < self.SPACE_OFFSET + 256:
+                out += bytes([0x20, i - self.SPACE_OFFSET])
+            elif self.OFFSET <= i < self.SPACE_OFFSET:
+                out.append(i - self.OFFSET)
+        return out.decode("utf-8", errors="replace")
 
     def token_to_id(self, token: str) -> int | None:
-        b = token.encode("utf-8")
-        return b[0] + self.OFFSET if len(b) == 1 else None
+        ids = self.encode(token)
+        return ids[0] if len(ids) == 1 else None

@@ -1,0 +1,169 @@
+"""The prefix-shared engine and flat batches against the plain one-prompt-at-a-time
+path (float32, max |label log-prob difference| <= 1e-4), both scoring modes, several
+chunkings, both padding sides, 1 and 8 devices; compile counting; bad input."""
+
+import numpy as np
+import pytest
+
+import sc_jax
+from sc_jax.enumeration import all_contexts, sample_contexts, surrogate_pairs
+from sc_jax.prompts import Template, build_pieces
+from sc_jax.scoring import COMPILES, ScoringEngine, log_odds, score_flat, score_plain
+from sc_jax.sharding import make_mesh
+
+TOL = 1e-4
+WORDS = "good bad movie plot actor great terrible fine boring fun dull superb the a of".split()
+# Multi-token labels with distinct first tokens (ByteTokenizer: " x" is one token).
+TEMPLATE = Template("review:", "sentiment:", ("negative", "positive", "mixed"))
+
+
+def _texts(rng, n, lo=1, hi=7):
+    return [" ".join(rng.choice(WORDS, int(rng.integers(lo, hi)))) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return sc_jax.load_model("random:tiny-llama", seed=1)
+
+
+@pytest.fixture(scope="module")
+def setup(model):
+    rng = np.random.default_rng(0)
+    k = 5
+    demos = list(zip(_texts(rng, k), rng.integers(0, 3, k).tolist()))
+    tests = _texts(rng, 3)
+    pieces = build_pieces(model.tokenizer, TEMPLATE, demos, [t for t, _ in demos] + tests)
+    return k, pieces
+
+
+def _subsample(pairs, n, seed=0):
+    rng = np.random.default_rng(seed)
+    return pairs[np.sort(rng.choice(len(pairs), size=min(n, len(pairs)), replace=False))]
+
+
+@pytest.mark.parametrize("mode", ["first_token", "sequence"])
+@pytest.mark.parametrize("i", [1, 3])
+def test_engine_equals_plain(model, setup, mode, i):
+    k, pieces = setup
+    ctx = all_contexts(k, i)
+    pairs = surrogate_pairs(ctx, k)
+    # The plain path is slow (one compile-free call per prompt, per label step in
+    # sequence mode): compare on a random subset of pairs, engine on all of them.
+    sub = _subsample(pairs, 24 if mode == "first_token" else 8, seed=i)
+    plain = score_plain(model, pieces, ctx, sub, mode)
+    lookup = {(int(c), int(q)): r for r, (c, q) in enumerate(pairs)}
+    rows = [lookup[(int(c), int(q))] for c, q in sub]
+    # Chunkings that cut the trie in different places, micro-batches of several sizes.
+    for max_cache, max_tok, side in [(1 << 18, 1 << 14, "right"), (100, 256, "left"),
+                                     (300, 700, "right")]:
+        eng = ScoringEngine(model, max_cache_tokens=max_cache, max_tokens_per_batch=max_tok,
+                            side=side, progress=False)
+        got = eng.score(pieces, ctx, pairs, mode)
+        assert got.shape == (len(pairs), 3)
+        assert np.isfinite(got).all()
+        err = np.abs(got[rows] - plain).max()
+        assert err <= TOL, (max_cache, max_tok, side, err)
+        np.testing.assert_allclose(np.exp(got).sum(-1), 1.0, atol=1e-5)
+    flat = score_flat(model, pieces, ctx, pairs, mode, max_tokens_per_batch=512)
+    assert np.abs(flat[rows] - plain).max() <= TOL
+
+
+def test_test_time_contexts_all_queries(model, setup):
+    """Test time: sampled sub-contexts, every test query under each of them."""
+    k, pieces = setup
+    ctx = sample_contexts(k, 2, 4, seed=0)
+    tests = np.arange(k, len(pieces.queries))
+    pairs = np.array([(c, q) for c in range(len(ctx)) for q in tests])
+    eng = ScoringEngine(model, progress=False)
+    got = eng.score(pieces, ctx, pairs)
+    plain = score_plain(model, pieces, ctx, pairs)
+    assert np.abs(got - plain).max() <= TOL
+    # Each sub-context is computed once: 4 leaves + their distinct first demos.
+    assert eng.stats.nodes == 4 + len(set(ctx[:, 0]))
+
+
+def test_sharded_engine_equals_single_device(setup):
+    k, pieces = setup
+    one = sc_jax.load_model("random:tiny-llama", seed=1)
+    eight = sc_jax.load_model("random:tiny-llama", seed=1, mesh=make_mesh(8))
+    ctx = all_contexts(k, 2)
+    pairs = surrogate_pairs(ctx, k)
+    for mode in ("first_token", "sequence"):
+        a = ScoringEngine(one, progress=False).score(pieces, ctx, pairs, mode)
+        b = ScoringEngine(eight, max_tokens_per_batch=2048, progress=False).score(pieces, ctx, pairs, mode)
+        assert np.abs(a - b).max() <= TOL
+
+
+def test_prefix_sharing_saves_tokens(model, setup):
+    k, pieces = setup
+    ctx = all_contexts(k, 3)
+    pairs = surrogate_pairs(ctx, k)
+    eng = ScoringEngine(model, progress=False)
+    eng.score(pieces, ctx, pairs)
+    from sc_jax.scoring import EngineStats
+
+    flat = EngineStats()
+    score_flat(model, pieces, ctx, pairs, stats=flat)
+    # Trie nodes: 5 + 20 + 60 = 85 (each computed once) vs 60 * 2 full contexts.
+    assert eng.stats.nodes == 5 + 20 + 60
+    assert eng.stats.tokens < 0.6 * flat.tokens
+
+
+def test_compiles_are_bounded(model, setup):
+    """A second run with other demonstrations and queries of similar lengths
+    compiles nothing new; the first run compiles one program per depth at most
+    (plus the query program)."""
+    k, pieces = setup
+    ctx = all_contexts(k, 3)
+    pairs = surrogate_pairs(ctx, k)
+    eng = ScoringEngine(model, max_tokens_per_batch=1 << 20, progress=False)
+    eng.score(pieces, ctx, pairs)
+    before = sum(COMPILES.values())
+    rng = np.random.default_rng(99)
+    demos2 = list(zip(_texts(rng, k), rng.integers(0, 3, k).tolist()))
+    pieces2 = build_pieces(model.tokenizer, TEMPLATE, demos2, [t for t, _ in demos2])
+    # Same bucketed segment length: pad texts to the same token counts.
+    if max(len(pieces2.segment(j)) for j in range(k)) // 8 != max(len(pieces.segment(j)) for j in range(k)) // 8:
+        pytest.skip("random texts fell in another length bucket")
+    eng.score(pieces2, ctx, pairs)
+    assert sum(COMPILES.values()) == before
+
+
+def test_log_odds():
+    lp = np.log(np.array([[0.2, 0.5, 0.3]]))
+    np.testing.assert_allclose(log_odds(lp), [[np.log(2.5), np.log(1.5)]])
+
+
+# ------------------------------------------------------------------ bad input
+def test_first_token_collision_names_labels(model):
+    t = Template("review:", "sentiment:", ("very negative", "very positive"))
+    pieces = build_pieces(model.tokenizer, t, [("a", 0), ("b", 1)], ["a", "b"])
+    with pytest.raises(ValueError, match=r"labels \[0, 1\] share their first token"):
+        ScoringEngine(model, progress=False).score(pieces, [[0]], [[0, 1]], "first_token")
+    # sequence mode separates them
+    out = ScoringEngine(model, progress=False).score(pieces, [[0]], [[0, 1]], "sequence")
+    assert out.shape == (1, 2)
+
+
+def test_prompt_longer_than_context_window(model):
+    long = " ".join(["word"] * 200)  # 1000 bytes > 512 positions of tiny-llama
+    pieces = build_pieces(model.tokenizer, TEMPLATE, [(long, 0), ("b", 1)], ["q"])
+    before = sum(COMPILES.values())
+    with pytest.raises(ValueError, match="context window of 512"):
+        ScoringEngine(model, progress=False).score(pieces, [[0]], [[0, 0]])
+    assert sum(COMPILES.values()) == before  # raised before any forward pass
+
+
+def test_empty_demos_and_bad_sizes(model):
+    with pytest.raises(ValueError, match="empty"):
+        pieces = build_pieces(model.tokenizer, TEMPLATE, [], ["q"])
+        ScoringEngine(model, progress=False).score(pieces, np.zeros((1, 1), int), [[0, 0]])
+    with pytest.raises(ValueError, match="1 <= i < k"):
+        all_contexts(3, 3)
+    pieces = build_pieces(model.tokenizer, TEMPLATE, [("a", 0), ("b", 1)], ["q"])
+    with pytest.raises(ValueError, match="exceeds"):
+        ScoringEngine(model, progress=False).score(pieces, [[0, 1, 0]], [[0, 0]])
+    with pytest.raises(ValueError, match="mode"):
+        ScoringEngine(model, progress=False).score(pieces, [[0]], [[0, 0]], "mean")
+    with pytest.raises(ValueError, match="label 7"):
+        build_pieces(model.tokenizer, TEMPLATE, [("a", 7)], ["q"])
