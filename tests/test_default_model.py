@@ -15,7 +15,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
 import sc_jax  # noqa: E402
-from sc_jax.default_model import default_gguf_path, default_model_dir  # noqa: E402
+from sc_jax.default_model import default_model_dir  # noqa: E402
 from sc_jax.prompts import TEMPLATES, build_pieces  # noqa: E402
 
 TOL = 5e-4
@@ -32,13 +32,9 @@ def ours():
     return sc_jax.load_model("default")
 
 
-def test_default_model_matches_transformers_gguf(ours):
-    from transformers import AutoModelForCausalLM
-
+def test_default_model_matches_transformers_gguf(ours, hf_gguf_model):
     torch.set_num_threads(2)
-    path = default_gguf_path()
-    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                              dtype=torch.float32).eval()
+    hf = hf_gguf_model
     ids = [ours.tokenizer.encode(p) for p in PROMPTS]
     got = ours.last_logits(ids)
     worst = 0.0

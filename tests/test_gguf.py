@@ -59,14 +59,7 @@ LOGIT_TOL = 1e-4
 # --------------------------------------------------------------------------- fixtures
 
 
-@pytest.fixture(scope="session")
-def default_dir() -> Path:
-    return default_model_dir()
-
-
-@pytest.fixture(scope="session")
-def default_gguf(default_dir) -> Path:
-    return default_gguf_path()
+# default_dir and default_gguf are shared session fixtures in conftest.py.
 
 
 @pytest.fixture(scope="session")
@@ -79,18 +72,7 @@ def hf_gguf_tokenizer(default_gguf):
     return transformers.AutoTokenizer.from_pretrained(str(default_gguf.parent), gguf_file=default_gguf.name)
 
 
-@pytest.fixture(scope="session")
-def hf_gguf_model(default_gguf):
-    import importlib.util
-
-    if importlib.util.find_spec("accelerate") is None:
-        pytest.fail(
-            "transformers needs `accelerate` to load a GGUF model: pip install accelerate (test extra)."
-        )
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(default_gguf.parent), gguf_file=default_gguf.name, dtype=torch.float32
-    )
-    return model.eval()
+# hf_gguf_model is a shared session fixture in conftest.py.
 
 
 @pytest.fixture(scope="session")
