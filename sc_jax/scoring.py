@@ -280,7 +280,8 @@ class ScoringEngine:
         nd = self.model.n_devices
         b = max(1, self.max_tokens_per_batch // max(width, 1))
         b = 1 << (b.bit_length() - 1)  # power of two
-        return max(nd, min(b, bucket_batch(n_rows, nd)))
+        b = min(b, bucket_batch(n_rows, 1))
+        return _round_up(max(b, 1), nd)  # the batch axis is split over the mesh
 
     def _put_idx(self, x):
         return self.model._put(x)
@@ -441,7 +442,7 @@ def score_flat(model: LoadedModel, pieces: PromptPieces, contexts, pairs, mode: 
     s = 0
     while s < len(order):
         T = bucket_length(len(rows[order[s]]))
-        B = max(model.n_devices, 1 << (max(1, max_tokens_per_batch // T).bit_length() - 1))
+        B = _round_up(1 << (max(1, max_tokens_per_batch // T).bit_length() - 1), model.n_devices)
         e = s
         while e < len(order) and e - s < B and bucket_length(len(rows[order[e]])) == T:
             e += 1

@@ -167,3 +167,16 @@ def test_empty_demos_and_bad_sizes(model):
         ScoringEngine(model, progress=False).score(pieces, [[0]], [[0, 0]], "mean")
     with pytest.raises(ValueError, match="label 7"):
         build_pieces(model.tokenizer, TEMPLATE, [("a", 7)], ["q"])
+
+
+def test_mesh_of_six_devices(setup):
+    """A mesh size that is not a power of two: batches are padded to a multiple of it."""
+    k, pieces = setup
+    six = sc_jax.load_model("random:tiny-llama", seed=1, mesh=make_mesh(6))
+    one = sc_jax.load_model("random:tiny-llama", seed=1)
+    ctx = all_contexts(k, 1)
+    pairs = surrogate_pairs(ctx, k)
+    a = ScoringEngine(one, progress=False).score(pieces, ctx, pairs)
+    b = ScoringEngine(six, max_tokens_per_batch=300, progress=False).score(pieces, ctx, pairs)
+    c = score_flat(six, pieces, ctx, pairs, max_tokens_per_batch=300)
+    assert np.abs(a - b).max() <= TOL and np.abs(a - c).max() <= TOL
