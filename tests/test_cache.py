@@ -1,0 +1,63 @@
+"""The on-disk score cache: round trip, key sensitivity, corrupt entries recomputed."""
+
+import numpy as np
+import pytest
+
+from sc_jax.cache import ScoreCache, score_key
+from sc_jax.prompts import PromptPieces
+
+
+def _pieces(demo0=(5, 6)):
+    return PromptPieces(demos=(demo0, (7, 8)), demo_labels=(0, 1), queries=((9,), (10, 11)),
+                        labels=((3,), (4,)), sep=(1,), bos=())
+
+
+def test_round_trip_and_hits(tmp_path):
+    c = ScoreCache(tmp_path)
+    calls = []
+    arr = np.random.default_rng(0).normal(size=(4, 2)).astype(np.float32)
+    f = lambda: calls.append(1) or arr  # noqa: E731
+    a = c.get_or_compute("ab" * 32, f)
+    b = c.get_or_compute("ab" * 32, f)
+    assert len(calls) == 1 and c.hits == 1 and c.misses == 1
+    np.testing.assert_array_equal(a, arr)
+    np.testing.assert_array_equal(b, arr)
+    assert not list(tmp_path.rglob(".tmp-*"))  # no temporary file left behind
+
+
+def test_key_changes_with_every_input():
+    p = _pieces()
+    ctx, pairs = np.array([[0]]), np.array([[0, 1]])
+    base = score_key("m1", "first_token", p, ctx, pairs)
+    assert base == score_key("m1", "first_token", _pieces(), ctx, pairs)
+    assert base != score_key("m2", "first_token", p, ctx, pairs)
+    assert base != score_key("m1", "sequence", p, ctx, pairs)
+    assert base != score_key("m1", "first_token", _pieces((5, 99)), ctx, pairs)
+    assert base != score_key("m1", "first_token", p, np.array([[1]]), pairs)
+    assert base != score_key("m1", "first_token", p, ctx, np.array([[0, 0]]))
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_corrupt_entry_is_recomputed(tmp_path, damage):
+    c = ScoreCache(tmp_path)
+    key = "cd" * 32
+    c.put(key, np.arange(1000, dtype=np.float32))
+    path = next(tmp_path.rglob("*.npz"))
+    raw = bytearray(path.read_bytes())
+    if damage == "truncate":
+        raw = raw[: len(raw) // 2]
+    else:  # flip bytes inside the stored array: the zip still opens, the checksum fails
+        raw[400:404] = b"\xff\xff\xff\xff"
+    path.write_bytes(bytes(raw))
+    with pytest.warns(UserWarning, match="corrupt"):
+        got = c.get_or_compute(key, lambda: np.full(3, 7.0, np.float32))
+    np.testing.assert_array_equal(got, [7, 7, 7])
+    assert c.corrupt == 1
+
+
+def test_disabled_cache_computes_every_time():
+    c = ScoreCache(None)
+    n = []
+    c.get_or_compute("x", lambda: n.append(1) or np.zeros(1))
+    c.get_or_compute("x", lambda: n.append(1) or np.zeros(1))
+    assert len(n) == 2
