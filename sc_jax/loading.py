@@ -70,7 +70,7 @@ def _prefill(graphdef, state, tokens, valid):
 @functools.partial(jax.jit, static_argnames=("graphdef",))
 def _extend(graphdef, state, cache, tokens, valid, gather, rows):
     model = nnx.merge(graphdef, state)
-    start = cache.next_position()  # [Bc]
+    start = cache.next_position(tokens.shape[0])  # [B]
     hidden, seg = model(tokens, positions_from_valid(valid, start), valid, cache)
     sel = jnp.take_along_axis(hidden, gather[..., None], axis=1)
     return model.project(sel, rows), seg
@@ -133,7 +133,8 @@ class LoadedModel:
         return _prefill(self._graphdef, self._state, self._put(tokens), self._put(valid))
 
     def extend(self, cache: KVCache, tokens, valid, gather, rows=None):
-        """New tokens ``[B, T]`` after ``cache`` (batch 1 or B). Returns
+        """New tokens ``[B, T]`` after ``cache`` (Bc rows, B a multiple of Bc: each cached
+        row serves B/Bc consecutive rows; Bc = 1 is a shared prefix). Returns
         (float32 logits ``[B, P, R]`` at ``gather``, the new tokens' KVCache segment)."""
         return _extend(self._graphdef, self._state, self._put_cache(cache), self._put(tokens),
                        self._put(valid), self._put(gather), self._rows(rows))

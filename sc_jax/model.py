@@ -42,8 +42,9 @@ class KVCache:
     """Keys and values of a prefix, for every layer.
 
     k, v: ``[L, Bc, S, K, Dh]``; pos: ``[Bc, S]`` int32 rotary positions;
-    valid: ``[Bc, S]`` bool, False for padding. ``Bc`` is 1 for a prefix shared by a
-    whole batch (it is broadcast, never copied) or equal to the batch size.
+    valid: ``[Bc, S]`` bool, False for padding. A batch of B rows may extend it when
+    B is a multiple of Bc: cached row c serves batch rows c*G .. c*G+G-1 (G = B/Bc).
+    Bc = 1 is one prefix shared by the whole batch; it is read once, never copied.
     """
 
     k: jax.Array
@@ -59,9 +60,15 @@ class KVCache:
     def length(self) -> int:
         return self.k.shape[2]
 
-    def next_position(self) -> jax.Array:
-        """``[Bc]`` int32: the position the next token takes (one past the last real one)."""
-        return jnp.max(jnp.where(self.valid, self.pos + 1, 0), axis=-1, initial=0).astype(jnp.int32)
+    def next_position(self, batch: int | None = None) -> jax.Array:
+        """int32 position the next token takes (one past the last real one): ``[Bc]``,
+        or ``[batch]`` when each cached row serves ``batch // Bc`` consecutive rows."""
+        nxt = jnp.max(jnp.where(self.valid, self.pos + 1, 0), axis=-1, initial=0).astype(jnp.int32)
+        if batch is not None and batch != self.batch:
+            if batch % self.batch:
+                raise ValueError(f"batch {batch} is not a multiple of the cache's {self.batch} rows")
+            nxt = jnp.repeat(nxt, batch // self.batch)
+        return nxt
 
 
 def _normal(rngs: nnx.Rngs, shape, dtype, std=0.02):
@@ -159,21 +166,23 @@ class Decoder(nnx.Module):
             out = jnp.einsum("bkgts,bskd->btkgd", p, v_new, preferred_element_type=jnp.float32)
             return out.reshape(B, T, H, Dh).astype(q.dtype)
 
-        if ck.shape[0] == 1:
-            # Shared prefix: contract against the single cached copy (no B-fold copy).
-            s_old = jnp.einsum("btkgd,skd->bkgts", qg, ck[0], preferred_element_type=jnp.float32)
-        else:
-            s_old = jnp.einsum("btkgd,bskd->bkgts", qg, ck, preferred_element_type=jnp.float32)
-        S = ck.shape[1]
-        c_pos = jnp.broadcast_to(c_pos, (B, S))  # [Bc, S] -> [B, S]: small int/bool
-        c_valid = jnp.broadcast_to(c_valid, (B, S))
+        # The cache has Bc rows and the batch B = Bc * G: each cached row is shared by
+        # G consecutive batch rows (G = B for one shared prefix, G = 1 for per-row
+        # caches). Contracting group-wise reads each cached row once, never a G-fold
+        # copy: the queries of one context all attend to one copy of its cache.
+        Bc, S = ck.shape[0], ck.shape[1]
+        G = B // Bc
+        Gh = H // K
+        q6 = qg.reshape(Bc, G, T, K, Gh, Dh)
+        s_old = jnp.einsum("cgtkhd,cskd->cgkhts", q6, ck, preferred_element_type=jnp.float32)
+        s_old = s_old.reshape(B, K, Gh, T, S)
+        c_pos = jnp.repeat(c_pos, G, axis=0)  # [Bc, S] -> [B, S]: small int/bool
+        c_valid = jnp.repeat(c_valid, G, axis=0)
         s_old = jnp.where(visible(c_pos, c_valid), s_old * scale, _MASK_VALUE)
         p = jax.nn.softmax(jnp.concatenate([s_old, s_new], axis=-1), axis=-1).astype(v_new.dtype)
         p_old, p_new = p[..., :S], p[..., S:]
-        if cv.shape[0] == 1:
-            out = jnp.einsum("bkgts,skd->btkgd", p_old, cv[0], preferred_element_type=jnp.float32)
-        else:
-            out = jnp.einsum("bkgts,bskd->btkgd", p_old, cv, preferred_element_type=jnp.float32)
+        out = jnp.einsum("cgkhts,cskd->cgtkhd", p_old.reshape(Bc, G, K, Gh, T, S), cv,
+                         preferred_element_type=jnp.float32).reshape(B, T, K, Gh, Dh)
         out = out + jnp.einsum("bkgts,bskd->btkgd", p_new, v_new,
                                preferred_element_type=jnp.float32)
         return out.reshape(B, T, H, Dh).astype(q.dtype)

@@ -215,7 +215,7 @@ def _grow(graphdef, state, parent: KVCache, parent_idx, tokens, valid, out_len: 
     COMPILES["grow"] += 1
     model = nnx.merge(graphdef, state)
     cache = _take_rows(parent, parent_idx)
-    _, seg = model(tokens, positions_from_valid(valid, cache.next_position()), valid, cache)
+    _, seg = model(tokens, positions_from_valid(valid, cache.next_position(tokens.shape[0])), valid, cache)
     full = concat_cache(cache, seg)
     pad = out_len - full.length
     return KVCache(jnp.pad(full.k, ((0, 0), (0, 0), (0, pad), (0, 0), (0, 0))),
@@ -227,11 +227,14 @@ def _grow(graphdef, state, parent: KVCache, parent_idx, tokens, valid, out_len: 
 @functools.partial(jax.jit, static_argnames=("graphdef", "sequence"))
 def _score_cached(graphdef, state, parent: KVCache, parent_idx, tokens, valid, gather,
                   targets, tmask, rows, sequence):
-    """Queries after their contexts' caches: label scores ``[B, n]`` or ``[B]``."""
+    """Queries after their contexts' caches: ``parent_idx [Bc]`` picks one cached
+    context per group of G = B / Bc consecutive query rows. Label scores ``[B, n]``
+    or ``[B]``."""
     COMPILES["score"] += 1
     model = nnx.merge(graphdef, state)
     cache = _take_rows(parent, parent_idx)
-    hidden, _ = model(tokens, positions_from_valid(valid, cache.next_position()), valid, cache)
+    hidden, _ = model(tokens, positions_from_valid(valid, cache.next_position(tokens.shape[0])),
+                      valid, cache)
     return _label_scores(model, hidden, gather, targets, tmask, rows, sequence)
 
 
@@ -259,11 +262,14 @@ class ScoringEngine:
     sets the micro-batch size. ``max_cache_tokens``: cached tokens held per chunk of
     the trie (memory bound: never all of k = 16's nodes at once). ``side``: padding
     side of segments and queries (results do not depend on it). ``progress``: a
-    tqdm bar with counts of rows and tokens.
+    tqdm bar with counts of rows and tokens. ``max_group``: how many query rows of
+    one context share one gathered copy of its cache (a fixed group size keeps
+    compiles bounded; larger groups copy less).
     """
 
     def __init__(self, model: LoadedModel, *, max_tokens_per_batch: int = 16384,
-                 max_cache_tokens: int = 1 << 18, side: str = "right", progress: bool = True):
+                 max_cache_tokens: int = 1 << 18, side: str = "right", progress: bool = True,
+                 max_group: int = 64):
         if side not in ("left", "right"):
             raise ValueError(f"side must be 'left' or 'right', got {side!r}")
         if max_tokens_per_batch < 1 or max_cache_tokens < 1:
@@ -273,6 +279,7 @@ class ScoringEngine:
         self.max_cache_tokens = int(max_cache_tokens)
         self.side = side
         self.progress = progress
+        self.max_group = int(max_group)
         self.stats = EngineStats()
 
     # -------------------------------------------------------------- helpers
@@ -324,6 +331,8 @@ class ScoringEngine:
         for r, (c, _) in enumerate(pairs):
             pairs_by_ctx[c].append(r)
         n_rows_total = len(pairs) * (n if seq else 1)
+        # Query rows of one context form groups of G that share one copy of its cache.
+        G = min(self.max_group, max(len(v) for v in pairs_by_ctx) * (n if seq else 1))
 
         bar = None
         if self.progress:
@@ -339,17 +348,18 @@ class ScoringEngine:
                 if not prs:
                     continue
                 local = {int(c): j for j, c in enumerate(chunk)}
-                qrows, gathers, targets, parents, dest = [], [], [], [], []
-                for r in prs:
-                    c, q = pairs[r]
-                    rr, gg, tt = _query_rows(pieces, mode, [q])
-                    for j, (a, b, t) in enumerate(zip(rr, gg, tt)):
-                        qrows.append(a), gathers.append(b), targets.append(t)
-                        parents.append(leaf_of[local[int(c)]])
-                        dest.append(r * n + j if seq else r)
-                res = self._run_queries(leaf_cache, qrows, gathers, targets, parents, T_q, P,
-                                        lens[-1], rows_arg, seq, bar)
-                out[np.asarray(dest)] = res
+                groups = []  # (leaf, [(tokens, gather, target, dest)]) with <= G rows
+                for c in chunk:
+                    entries = []
+                    for r in pairs_by_ctx[c]:
+                        rr, gg, tt = _query_rows(pieces, mode, [pairs[r][1]])
+                        entries += [(a, b, t, r * n + j if seq else r)
+                                    for j, (a, b, t) in enumerate(zip(rr, gg, tt))]
+                    for g0 in range(0, len(entries), G):
+                        groups.append((leaf_of[local[int(c)]], entries[g0:g0 + G]))
+                res, dest = self._run_queries(leaf_cache, groups, G, T_q, P, lens[-1],
+                                              rows_arg, seq, bar)
+                out[dest] = res
         finally:
             if bar is not None:
                 bar.close()
@@ -391,33 +401,39 @@ class ScoringEngine:
             leaf_of = inverse
         return parent, leaf_of
 
-    def _run_queries(self, cache, qrows, gathers, targets, parents, T_q, P, S, rows_arg, seq, bar):
+    def _run_queries(self, cache, groups, G, T_q, P, S, rows_arg, seq, bar):
+        """Score groups of <= G query rows, each group against one leaf of ``cache``.
+        Returns (scores of the real rows, their destination indices)."""
         m, st = self.model, self.stats
-        B = self._micro_batch(len(qrows), S + T_q)
-        res = []
-        for s in range(0, len(qrows), B):
-            rows = qrows[s:s + B]
-            nreal = len(rows)
-            idx = np.zeros(B, np.int32)
-            idx[:nreal] = parents[s:s + B]
-            pad = B - nreal
-            rows = rows + [rows[0]] * pad
-            gg = gathers[s:s + B] + [gathers[s]] * pad
-            tt = targets[s:s + B] + [targets[s]] * pad
+        Bc = self._micro_batch(len(groups), S + G * T_q)
+        res, dest = [], []
+        for s0 in range(0, len(groups), Bc):
+            batch = groups[s0:s0 + Bc]
+            batch = batch + [batch[0]] * (Bc - len(batch))  # filler groups, discarded
+            idx = np.asarray([leaf for leaf, _ in batch], np.int32)
+            rows, gathers, targets, keep = [], [], [], []
+            for gi, (_, entries) in enumerate(batch):
+                real = s0 + gi < len(groups)
+                for j in range(G):
+                    a, b, t, d = entries[min(j, len(entries) - 1)]
+                    rows.append(a), gathers.append(b), targets.append(t)
+                    if real and j < len(entries):
+                        keep.append(len(rows) - 1)
+                        dest.append(d)
             tokens, valid, start = _pack(rows, T_q, self.side)
-            g, t, msk = _gather_arrays(gg, tt, start, P)
+            g, t, msk = _gather_arrays(gathers, targets, start, P)
             put = self._put_idx
             out = _score_cached(m._graphdef, m._state, cache, put(idx), put(tokens), put(valid),
                                 put(g), put(t), put(msk), rows_arg, sequence=seq)
-            res.append(np.asarray(out)[:nreal])
+            res.append(np.asarray(out)[np.asarray(keep)])
             st.calls += 1
-            st.tokens += sum(len(r) for r in qrows[s:s + B])
-            st.padded_tokens += B * T_q
-            st.query_rows += nreal
+            st.tokens += sum(len(rows[j]) for j in keep)
+            st.padded_tokens += len(rows) * T_q
+            st.query_rows += len(keep)
             if bar is not None:
-                bar.update(nreal)
+                bar.update(len(keep))
                 bar.set_postfix(tokens=st.tokens, refresh=False)
-        return np.concatenate(res)
+        return np.concatenate(res), np.asarray(dest)
 
 
 def score_flat(model: LoadedModel, pieces: PromptPieces, contexts, pairs, mode: str = "first_token",

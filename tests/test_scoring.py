@@ -54,15 +54,17 @@ def test_engine_equals_plain(model, setup, mode, i):
     lookup = {(int(c), int(q)): r for r, (c, q) in enumerate(pairs)}
     rows = [lookup[(int(c), int(q))] for c, q in sub]
     # Chunkings that cut the trie in different places, micro-batches of several sizes.
-    for max_cache, max_tok, side in [(1 << 18, 1 << 14, "right"), (100, 256, "left"),
-                                     (300, 700, "right")]:
+    # Query groups of 1 (a cache copy per row), 2 (groups split a context's queries)
+    # and 64 (all queries of a context share one copy).
+    for max_cache, max_tok, side, group in [(1 << 18, 1 << 14, "right", 64), (100, 256, "left", 1),
+                                            (300, 700, "right", 2)]:
         eng = ScoringEngine(model, max_cache_tokens=max_cache, max_tokens_per_batch=max_tok,
-                            side=side, progress=False)
+                            side=side, progress=False, max_group=group)
         got = eng.score(pieces, ctx, pairs, mode)
         assert got.shape == (len(pairs), 3)
         assert np.isfinite(got).all()
         err = np.abs(got[rows] - plain).max()
-        assert err <= TOL, (max_cache, max_tok, side, err)
+        assert err <= TOL, (max_cache, max_tok, side, group, err)
         np.testing.assert_allclose(np.exp(got).sum(-1), 1.0, atol=1e-5)
     flat = score_flat(model, pieces, ctx, pairs, mode, max_tokens_per_batch=512)
     assert np.abs(flat[rows] - plain).max() <= TOL
