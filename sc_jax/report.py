@@ -1,0 +1,180 @@
+"""Tables and plots from a run's ``results.json`` (no model needed).
+
+* ``table.md``: macro-F1 and accuracy, mean ± std over seeds, one table per shot
+  count, methods as rows and datasets (plus their average) as columns, like the
+  paper's Tables 2-4.
+* ``results.csv``: one row per dataset x model x shots x method x seed.
+* ``f1_bars.png``: macro-F1 per method averaged over datasets, one group per shot
+  count, error bars = std over seeds (the paper's Figure 3).
+* ``sc_params.png``: the learned (w_c, b_c) of SC for every class, size and seed
+  (the paper's Figure 4); the base model is (1, 0).
+
+``sc-jax report DIR`` calls :func:`write_report` on ``DIR/results.json``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+METHOD_NAMES = {"base": "Base", "cc": "CC", "dc": "DC", "bc": "BC", "sc_star": "SC*", "sc": "SC"}
+CSV_FIELDS = ("dataset", "model", "shots", "method", "seed", "accuracy", "macro_f1", "ece")
+
+
+def load_results(path: str | Path) -> dict:
+    path = Path(path)
+    if path.is_dir():
+        path = path / "results.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: pass a run's output directory (sc-jax run --out DIR)")
+    try:
+        res = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON ({e}); re-run `sc-jax run` to regenerate it") from e
+    if "rows" not in res or "config" not in res:
+        raise ValueError(f"{path} is not an sc_jax results file (no 'rows' / 'config')")
+    return res
+
+
+def summarize(rows) -> dict[tuple, dict]:
+    """``{(dataset, shots, method): {metric: (mean, std, n_seeds)}}``."""
+    groups = defaultdict(list)
+    for r in rows:
+        groups[(r["dataset"], r["shots"], r["method"])].append(r)
+    out = {}
+    for key, rs in groups.items():
+        out[key] = {m: (float(np.mean([r[m] for r in rs])), float(np.std([r[m] for r in rs])), len(rs))
+                    for m in ("accuracy", "macro_f1", "ece")}
+    return out
+
+
+def markdown_tables(results: dict) -> str:
+    rows = results["rows"]
+    summ = summarize(rows)
+    datasets = sorted({r["dataset"] for r in rows})
+    shots = sorted({r["shots"] for r in rows})
+    methods = [m for m in METHOD_NAMES if any(r["method"] == m for r in rows)]
+    cfg = results["config"]
+    out = [f"# Results: {cfg['model']}", "",
+           f"Seeds {cfg['seeds']}, test size {cfg['test_size']}, mode {cfg['mode']}, "
+           f"solver {cfg['solver']}, lambda_inv {results.get('lambda_inv', cfg.get('lambda_inv'))}. "
+           "Cells: mean ± std over seeds (in %).", ""]
+    for metric, title in (("macro_f1", "Macro-F1"), ("accuracy", "Accuracy")):
+        for k in shots:
+            out += [f"## {title}, {k}-shot", "",
+                    "| Method | " + " | ".join(datasets) + " | Average |",
+                    "|---|" + "---|" * (len(datasets) + 1)]
+            for m in methods:
+                cells, means = [], []
+                for d in datasets:
+                    s = summ.get((d, k, m))
+                    if s is None:
+                        cells.append("–")
+                        continue
+                    mean, std, _ = s[metric]
+                    means.append(mean)
+                    cells.append(f"{100 * mean:.1f} ± {100 * std:.1f}")
+                avg = f"{100 * np.mean(means):.1f}" if len(means) == len(datasets) else "–"
+                out.append(f"| {METHOD_NAMES[m]} | " + " | ".join(cells) + f" | {avg} |")
+            out.append("")
+    notes = results.get("notes") or []
+    if notes:
+        out += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
+    return "\n".join(out)
+
+
+def write_csv(results: dict, path: Path) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        for r in results["rows"]:
+            w.writerow(r)
+
+
+def plot_f1_bars(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = results["rows"]
+    shots = sorted({r["shots"] for r in rows})
+    methods = [m for m in METHOD_NAMES if any(r["method"] == m for r in rows)]
+    fig, ax = plt.subplots(figsize=(1.2 + 1.1 * len(methods) * len(shots) / 2, 3.6))
+    width = 0.8 / max(len(shots), 1)
+    for j, k in enumerate(shots):
+        means, stds = [], []
+        for m in methods:
+            # Average over datasets per seed, then mean / std over seeds.
+            per_seed = defaultdict(list)
+            for r in rows:
+                if r["shots"] == k and r["method"] == m:
+                    per_seed[r["seed"]].append(r["macro_f1"])
+            vals = [np.mean(v) for v in per_seed.values()]
+            means.append(100 * np.mean(vals) if vals else np.nan)
+            stds.append(100 * np.std(vals) if vals else 0.0)
+        x = np.arange(len(methods)) + (j - (len(shots) - 1) / 2) * width
+        ax.bar(x, means, width, yerr=stds, capsize=3, label=f"{k}-shot")
+    ax.set_xticks(np.arange(len(methods)), [METHOD_NAMES[m] for m in methods])
+    ax.set_ylabel("macro-F1 (%)")
+    datasets = sorted({r["dataset"] for r in rows})
+    ax.set_title(f"{results['config']['model']}: {', '.join(datasets)}", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def plot_params(results: dict, path: Path) -> bool:
+    """Learned SC parameters; returns False (and writes nothing) if there are none."""
+    params = [p for p in results.get("params", []) if p["method"] == "sc"]
+    if not params:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = sorted({(p["dataset"], p["shots"]) for p in params})
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.4), squeeze=False)
+    for ax, (d, k) in zip(axes[0], panels):
+        ps = [p for p in params if p["dataset"] == d and p["shots"] == k]
+        sizes = sorted({p["size"] for p in ps})
+        cmap = plt.get_cmap("viridis", max(len(sizes), 2))
+        for si, i in enumerate(sizes):
+            w = np.concatenate([p["w"] for p in ps if p["size"] == i])
+            b = np.concatenate([p["b"] for p in ps if p["size"] == i])
+            ax.scatter(w, b, s=14, color=cmap(si), label=f"i={i}", alpha=0.8)
+        ax.scatter([1], [0], marker="*", s=120, color="red", label="base (1, 0)", zorder=3)
+        ax.axvline(0, color="grey", lw=0.6)
+        ax.axhline(0, color="grey", lw=0.6)
+        ax.set_xlabel("w_c (slope)")
+        ax.set_ylabel("b_c (bias)")
+        ax.set_title(f"{d}, {k}-shot", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return True
+
+
+def write_report(results: dict | str | Path, out_dir: str | Path | None = None) -> dict[str, Path]:
+    """Write table.md, results.csv and the plots. Returns ``{name: path}``."""
+    if not isinstance(results, dict):
+        src = Path(results)
+        out_dir = out_dir or (src if src.is_dir() else src.parent)
+        results = load_results(src)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"table": out / "table.md", "csv": out / "results.csv", "f1_bars": out / "f1_bars.png"}
+    paths["table"].write_text(markdown_tables(results))
+    write_csv(results, paths["csv"])
+    plot_f1_bars(results, paths["f1_bars"])
+    if plot_params(results, out / "sc_params.png"):
+        paths["sc_params"] = out / "sc_params.png"
+    return paths
