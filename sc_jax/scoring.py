@@ -101,10 +101,7 @@ def _check_inputs(model: LoadedModel, pieces: PromptPieces, contexts, pairs, mod
     if longest > limit:
         raise ValueError(f"the longest prompt has {longest} tokens, more than the model's "
                          f"context window of {limit}; use fewer or shorter demonstrations")
-    w = model.config.min_window
-    if w is not None and longest > w:
-        raise ValueError(f"the longest prompt has {longest} tokens, beyond the sliding window "
-                         f"of {w}; cached prefixes assume no position is evicted")
+    # Sliding windows need no check: masking by position honours them in cached paths.
     return contexts, pairs
 
 
