@@ -182,3 +182,19 @@ def test_mesh_of_six_devices(setup):
     b = ScoringEngine(six, max_tokens_per_batch=300, progress=False).score(pieces, ctx, pairs)
     c = score_flat(six, pieces, ctx, pairs, max_tokens_per_batch=300)
     assert np.abs(a - b).max() <= TOL and np.abs(a - c).max() <= TOL
+
+
+def test_engine_with_sliding_window_shorter_than_prompts():
+    """tiny-mistral has a 64-token window; these prompts are longer, so cached
+    prefixes must mask keys that fall out of the window exactly as the plain path."""
+    model = sc_jax.load_model("random:tiny-mistral", seed=2)
+    assert model.config.min_window == 64
+    rng = np.random.default_rng(4)
+    k = 4
+    demos = list(zip(_texts(rng, k, 4, 8), rng.integers(0, 3, k).tolist()))
+    pieces = build_pieces(model.tokenizer, TEMPLATE, demos, [t for t, _ in demos])
+    ctx = all_contexts(k, 2)
+    pairs = _subsample(surrogate_pairs(ctx, k), 10)
+    assert max(len(pieces.prompt(ctx[c], q)) for c, q in pairs) > 64
+    got = ScoringEngine(model, progress=False).score(pieces, ctx, pairs)
+    assert np.abs(got - score_plain(model, pieces, ctx, pairs)).max() <= TOL
