@@ -1,0 +1,176 @@
+"""The paper's experiment (Section 4.1, Appendix A) end to end: data protocol, LLM
+scoring (cached on disk), SC / SC* fits for all sizes and seeds in one vmapped solver
+call, the baselines, metrics, and the output files.
+
+``run_experiment(config, out_dir)`` is the whole run from Python; ``sc-jax run`` is a
+thin wrapper over it. An interrupted run resumes from its score cache and recomputes
+only what is missing; identical configurations give identical results (bitwise on
+CPU).
+
+Per (dataset, shots k, seed):
+
+1. :func:`sc_jax.data.split_protocol`: the test set (``test_size``) and k
+   class-balanced demonstrations, the same for every method.
+2. Scores, through the prefix-shared engine, each cached under a content key:
+   the full k-shot context with every test query (Base, BC), with the content-free
+   inputs (CC) and with 20 random in-domain strings (DC); for every size i in
+   1..min(5, k-1) the surrogate data of Algorithm 1 (all of C(i), or a uniform sample
+   above ``budget`` pairs) and the test queries under m_i sampled sub-contexts.
+3. SC and SC* are fitted for every (seed, size) of a (dataset, k) in one batched
+   solver call; predictions use the two-level ensemble of Algorithm 2.
+
+When n_classes > k, some classes get no demonstration and the logistic regression has
+no examples of them; like the paper (Appendix A) we skip that (dataset, k) with a
+note in the results, for every method.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import platform
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+METHODS = ("base", "cc", "dc", "bc", "sc_star", "sc")
+LABEL_MODES = ("first_token", "sequence")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """Everything a run depends on (written into results.json)."""
+
+    model: str = "default"
+    dtype: str = "float32"
+    datasets: tuple[str, ...] = ("rotten_tomatoes",)
+    data_files: tuple[tuple[str, str], ...] = ()  # (dataset, local file)
+    shots: tuple[int, ...] = (4, 8)
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    methods: tuple[str, ...] = METHODS
+    test_size: int = 256
+    mode: str = "first_token"
+    max_size: int = 5  # sizes i = 1..min(max_size, k-1)
+    lambda_inv: float | None = None  # None: the calibrators' documented default
+    tau: float | None = None  # None: the paper's schedule from in-sample accuracy
+    solver: str = "augmented_lagrangian"
+    budget: int | None = 5000  # surrogate (context, query) pairs per size
+    m_cap: int = 24
+    size_weighting: str = "uniform"  # or "reference": min(|T_i|, 15000)
+    mesh_devices: int | None = None
+    max_tokens_per_batch: int = 16384
+    bc_batch: int = 128
+    dc_strings: int = 20
+
+    def __post_init__(self):
+        bad = [m for m in self.methods if m not in METHODS]
+        if bad:
+            raise ValueError(f"unknown method(s) {bad}; choose from {', '.join(METHODS)}")
+        if self.mode not in LABEL_MODES:
+            raise ValueError(f"mode must be one of {LABEL_MODES}, got {self.mode!r}")
+        if not self.shots or min(self.shots) < 2:
+            raise ValueError(f"shots must be >= 2 (SC needs a held-out demonstration), got {self.shots}")
+        if not self.seeds:
+            raise ValueError("at least one seed is needed")
+        if self.test_size < 1:
+            raise ValueError(f"test_size must be positive, got {self.test_size}")
+        if self.tau is not None and not -1.0 <= self.tau <= 1.0:
+            raise ValueError(f"tau must lie in [-1, 1], got {self.tau}")
+        if self.lambda_inv is not None and self.lambda_inv < 0:
+            raise ValueError(f"lambda_inv must be >= 0, got {self.lambda_inv}")
+        if self.size_weighting not in ("uniform", "reference"):
+            raise ValueError("size_weighting must be 'uniform' (paper) or 'reference' (code)")
+        if not self.datasets:
+            raise ValueError("at least one dataset is needed")
+        known = set(self.datasets)
+        for name, _ in self.data_files:
+            if name not in known:
+                raise ValueError(f"--data-file given for {name!r}, which is not among the datasets")
+
+    def sizes(self, k: int) -> list[int]:
+        return list(range(1, min(self.max_size, k - 1) + 1))
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ------------------------------------------------------------------ scoring stage
+# Content-free inputs of CC (paper Appendix A; the reference code used 'NA').
+CC_STRINGS = ("N/A", "", "[MASK]")
+
+
+@dataclasses.dataclass
+class SeedScores:
+    """Label log-probs of one (dataset, k, seed). Shapes: T test queries, n classes.
+
+    base: ``[T, n]`` under the full k-shot context; cc: ``[3, n]``; dc: ``[20, n]``;
+    surrogate[i]: (logp ``[N_i, n]``, labels ``[N_i]``, query ids ``[N_i]``);
+    test[i]: ``[m_i, T, n]`` under m_i sampled sub-contexts of size i.
+    """
+
+    base: np.ndarray
+    cc: np.ndarray
+    dc: np.ndarray
+    surrogate: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]
+    test: dict[int, np.ndarray]
+    y_test: np.ndarray
+
+
+def dc_strings(pool, n_strings: int, seed: int) -> list[str]:
+    """DC's random in-domain inputs: ``n_strings`` strings of words drawn from the bag
+    of words of the unlabeled test pool, each as long as the pool's average text
+    (in words)."""
+    words = [w for t in pool for w in str(t).split()]
+    if not words:
+        raise ValueError("the DC pool is empty")
+    length = max(1, int(round(len(words) / max(len(pool), 1))))
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(words, size=length)) for _ in range(n_strings)]
+
+
+def score_seed(model, engine, cache, dataset, split, config: RunConfig, k: int) -> SeedScores:
+    """Every LLM score one (dataset, k, seed) needs, from the cache where present."""
+    from .cache import score_key
+    from .data import dc_pool
+    from .enumeration import default_m, sample_contexts, surrogate_contexts, surrogate_pairs
+    from .prompts import build_pieces
+
+    demos = split.demonstrations(dataset)
+    tests = list(split.test_texts(dataset))
+    dcs = dc_strings(dc_pool(dataset, split.test_indices), config.dc_strings, split.seed)
+    queries = [t for t, _ in demos] + tests + list(CC_STRINGS) + dcs
+    pieces = build_pieces(model.tokenizer, dataset.template, demos, queries)
+    T = len(tests)
+    q_test = np.arange(k, k + T)
+    q_cc = np.arange(k + T, k + T + len(CC_STRINGS))
+    q_dc = np.arange(k + T + len(CC_STRINGS), len(queries))
+
+    def scored(ctx, pairs, tag):
+        key = score_key(model.identity, config.mode, pieces, ctx, pairs, extra=tag)
+        return cache.get_or_compute(key, lambda: engine.score(pieces, ctx, pairs, config.mode))
+
+    full = np.arange(k)[None]  # the k demonstrations in their sampled order
+
+    def with_full(qs):
+        return np.stack([np.zeros(len(qs), np.int64), qs], axis=1)
+
+    base = scored(full, with_full(q_test), "base")
+    cc = scored(full, with_full(q_cc), "cc")
+    dc = scored(full, with_full(q_dc), "dc")
+    surrogate, test = {}, {}
+    labels = np.asarray(split.demo_labels)
+    for i in config.sizes(k):
+        ctx = surrogate_contexts(k, i, config.budget, seed=split.seed * 1000 + i)
+        pairs = surrogate_pairs(ctx, k)
+        lp = scored(ctx, pairs, f"surrogate{i}")
+        surrogate[i] = (lp, labels[pairs[:, 1]], pairs[:, 1].copy())
+        m = default_m(len(pairs), k, i, cap=config.m_cap)
+        tctx = sample_contexts(k, i, m, seed=split.seed * 1000 + 500 + i)
+        tpairs = np.stack([np.repeat(np.arange(m), T), np.tile(q_test, m)], axis=1)
+        test[i] = scored(tctx, tpairs, f"test{i}").reshape(m, T, -1)
+    return SeedScores(base, cc, dc, surrogate, test, np.asarray(split.test_labels(dataset)))

@@ -1,0 +1,69 @@
+"""The experiment's scoring stage: every score a (dataset, k, seed) needs, cached."""
+
+import csv
+
+import numpy as np
+import pytest
+
+import sc_jax
+from sc_jax.cache import ScoreCache
+from sc_jax.data import load_task, split_protocol
+from sc_jax.experiment import CC_STRINGS, RunConfig, dc_strings, score_seed
+from sc_jax.scoring import ScoringEngine
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    rng = np.random.default_rng(0)
+    words = "good bad fine dull fun great poor".split()
+    path = tmp_path_factory.mktemp("data") / "rt.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["text", "label"])
+        for j in range(40):
+            w.writerow([" ".join(rng.choice(words, 3)), j % 2])
+    return load_task("rotten_tomatoes", data_file=path)
+
+
+def test_score_seed_shapes_and_cache(dataset, tmp_path):
+    model = sc_jax.load_model("random:tiny-llama")
+    config = RunConfig(model="random:tiny-llama", shots=(4,), seeds=(0,), test_size=6, m_cap=3,
+                       budget=30)
+    split = split_protocol(dataset, k=4, test_size=6, seed=0)
+    engine = ScoringEngine(model, progress=False)
+    cache = ScoreCache(tmp_path / "cache")
+    s = score_seed(model, engine, cache, dataset, split, config, k=4)
+    assert s.base.shape == (6, 2) and s.cc.shape == (len(CC_STRINGS), 2) and s.dc.shape == (20, 2)
+    assert sorted(s.surrogate) == [1, 2, 3] and sorted(s.test) == [1, 2, 3]
+    lp, y, q = s.surrogate[2]
+    assert lp.shape == (4 * 3 * 2, 2) and set(q) == {0, 1, 2, 3}
+    np.testing.assert_array_equal(y, np.asarray(split.demo_labels)[q])
+    # |T_1| = 12 rows -> m_1 = min(6, 3, 4) = 3 sub-contexts x 6 test queries.
+    assert s.test[1].shape == (3, 6, 2)
+    assert cache.misses == 3 + 2 * 3 and cache.hits == 0
+    # A second run (a resumed one) recomputes nothing and gives identical arrays.
+    cache2 = ScoreCache(tmp_path / "cache")
+    s2 = score_seed(model, engine, cache2, dataset, split, config, k=4)
+    assert cache2.hits == 9 and cache2.misses == 0
+    np.testing.assert_array_equal(s.base, s2.base)
+    np.testing.assert_array_equal(s.test[3], s2.test[3])
+
+
+def test_dc_strings():
+    pool = ["a b c d", "e f"]
+    out = dc_strings(pool, 20, seed=1)
+    assert len(out) == 20 and all(len(x.split()) == 3 for x in out)
+    assert out == dc_strings(pool, 20, seed=1) and out != dc_strings(pool, 20, seed=2)
+    with pytest.raises(ValueError, match="empty"):
+        dc_strings([], 3, seed=0)
+
+
+def test_run_config_rejects_bad_input():
+    with pytest.raises(ValueError, match="unknown method"):
+        RunConfig(methods=("sc", "magic"))
+    with pytest.raises(ValueError, match="tau"):
+        RunConfig(tau=2.0)
+    with pytest.raises(ValueError, match="shots"):
+        RunConfig(shots=(1,))
+    with pytest.raises(ValueError, match="not among the datasets"):
+        RunConfig(datasets=("sst2",), data_files=(("trec", "x.csv"),))
