@@ -1,0 +1,448 @@
+"""Supervised Calibration (SC): fitting from NumPy arrays, and the two-level ensemble.
+
+Fitting (paper Algorithm 2, Part 1). For each context size i the surrogate data of
+Algorithm 1 are log-odds features ``[N, n-1]`` (``m_c = log p_c / p_0``), labels
+``[N]`` and query ids ``[N]``; :func:`fit` solves Eq. final_opt_problem for one size
+and :func:`fit_batch` for many (all sizes x seeds, and datasets with the same n) in one
+compiled call::
+
+    res = fit(features, labels, query_ids)                 # tau from Appendix A
+    res = fit(features, labels, query_ids, tau=0.9, solver="projected")
+    fits = fit_batch([(X1, y1, g1), (X2, y2, g2), ...])   # one jit(vmap) call
+    proba = predict_proba(fits, [F1, F2, ...])            # F_i: [m_i, T, n-1]
+
+Defaults and where they come from:
+
+* ``tau=None`` sets tau = cos(alpha) from the base model's in-sample accuracy on the
+  surrogate data (paper Appendix A, :func:`tau_from_accuracy`).
+* ``lambda_inv = DEFAULT_LAMBDA_INV = 0.1``. The paper's 10 was tuned for *summed*
+  NLL and penalty terms; we use means (see :mod:`sc_jax.objective`), so the scale
+  differs. Chosen from the ablation in ``benchmarks/bench_solver.py`` (lambda_inv in
+  {0, 0.1, 1, 10} x trust region on/off on synthetic surrogate data with context noise):
+  0.1 was never worse than 0 and the best or tied for best in accuracy and macro-F1,
+  while 1 and 10 lost accuracy; the symmetric cross-entropy rewards confident,
+  identical predictions, so a large weight collapses the calibrated predictions
+  towards one class (what the reference code's unnormalised sum did).
+* ``solver="augmented_lagrangian"``: the paper's mean-cosine constraint. ``"projected"``
+  keeps every class inside its own cone, a subset of the paper's feasible set, so it
+  is more conservative. ``"scipy"`` is the float64 trust-constr reference.
+* ``dtype="float32"``; ``"float64"`` runs under a local ``jax.enable_x64`` scope.
+
+Prediction (Algorithm 2, Part 2): calibrated probabilities are averaged over the m_i
+sampled sub-contexts of each size, then over sizes, uniformly as in the paper, or
+weighted by min(|T_i|, 15000) as the reference code does (``size_weights="reference"``).
+
+Departures from the reference code, all deliberate: means instead of sums in the
+objective; the identity (b=0, w=1) as the start point instead of zeros (where the
+cosine is undefined) or a random point; the hard trust-region constraint of the paper
+instead of a soft hinge; exact gradients instead of finite differences; the cosine
+smoothed at the apex (``sc_jax.objective.COSINE_EPS``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sc_jax.objective import Params, Problem
+from sc_jax.solvers import METHODS, ScipyOptions, SolverOptions, Solution, Status
+
+DEFAULT_LAMBDA_INV = 0.1
+# Reference code: the final average across sizes is weighted by min(|T_i|, 15000).
+REFERENCE_SIZE_WEIGHT_CAP = 15000
+# Paper Appendix A: m_i = min(floor(|T_i| / 2), 24) sampled sub-contexts per size.
+MAX_TEST_CONTEXTS = 24
+
+__all__ = [
+    "DEFAULT_LAMBDA_INV",
+    "FitResult",
+    "base_accuracy",
+    "calibrated_proba",
+    "fit",
+    "fit_batch",
+    "num_test_contexts",
+    "pack_batch",
+    "predict_proba",
+    "tau_from_accuracy",
+]
+
+
+# ---------------------------------------------------------------------------------
+# Appendix A: trust-region level and number of test contexts.
+
+
+def tau_from_accuracy(accuracy: float, num_classes: int) -> float:
+    """tau = cos(alpha degrees), alpha from the base model's in-sample accuracy.
+
+    Paper Appendix A, with K the number of classes:
+    alpha = 20^(1/(K-1)) if accuracy >= 0.9; 45^(1/(K-1)) if >= 0.7; 90^(1/(K-1)) if
+    >= 0.5; 180 (tau = -1, no trust region) below 0.5.
+    """
+    if not 0.0 <= accuracy <= 1.0:
+        raise ValueError(f"accuracy must be in [0, 1], got {accuracy}")
+    if num_classes < 2:
+        raise ValueError(f"num_classes must be >= 2, got {num_classes}")
+    root = 1.0 / (num_classes - 1)
+    if accuracy >= 0.9:
+        alpha = 20.0**root
+    elif accuracy >= 0.7:
+        alpha = 45.0**root
+    elif accuracy >= 0.5:
+        alpha = 90.0**root
+    else:
+        alpha = 180.0
+    return float(np.clip(math.cos(math.radians(alpha)), -1.0, 1.0))
+
+
+def base_accuracy(features: np.ndarray, labels: np.ndarray) -> float:
+    """In-sample accuracy of the base model, argmax of (0, m_1, ..., m_{n-1})."""
+    features = np.asarray(features)
+    logits = np.concatenate([np.zeros((features.shape[0], 1)), features], axis=1)
+    return float(np.mean(np.argmax(logits, axis=1) == np.asarray(labels)))
+
+
+def num_test_contexts(num_rows: int) -> int:
+    """m_i = min(floor(|T_i| / 2), 24), at least 1 (paper Appendix A)."""
+    return max(1, min(int(num_rows) // 2, MAX_TEST_CONTEXTS))
+
+
+# ---------------------------------------------------------------------------------
+# Results.
+
+
+@dataclasses.dataclass(frozen=True)
+class FitResult:
+    """Fitted calibration for one context size.
+
+    b, w: ``[n-1]`` float64 NumPy arrays (w is all ones for SC*).
+    status: :class:`sc_jax.solvers.Status`; ``converged`` is status == CONVERGED.
+    objective: mean-NLL + lambda_inv * InvPenalty at (b, w).
+    constraint: mean cosine (1/(n-1)) sum_c w_c / ||(b_c, w_c)||; violation: of the
+        constraint form the solver kept (per-class cones for "projected").
+    tau, lambda_inv, solver, sc_star: the settings used (tau after the schedule).
+    num_rows: |T_i|; base_accuracy: in-sample accuracy of the base model.
+    """
+
+    b: np.ndarray
+    w: np.ndarray
+    status: Status
+    iterations: int
+    outer_iterations: int
+    objective: float
+    constraint: float
+    violation: float
+    tau: float
+    lambda_inv: float
+    solver: str
+    sc_star: bool
+    num_rows: int
+    base_accuracy: float
+
+    @property
+    def converged(self) -> bool:
+        return self.status == Status.CONVERGED
+
+    @property
+    def num_classes(self) -> int:
+        return self.b.shape[0] + 1
+
+    def predict_proba(self, features: np.ndarray) -> np.ndarray:
+        """``[..., n-1]`` log-odds -> ``[..., n]`` calibrated probabilities."""
+        return calibrated_proba(self.b, self.w, features)
+
+
+def calibrated_proba(b: np.ndarray, w: np.ndarray, features: np.ndarray) -> np.ndarray:
+    """f(m; theta) of Eq. affine_logit_model_formal: ``[..., n-1]`` -> ``[..., n]``."""
+    features = np.asarray(features, np.float64)
+    z = features * np.asarray(w, np.float64) + np.asarray(b, np.float64)
+    logits = np.concatenate([np.zeros_like(z[..., :1]), z], axis=-1)
+    logits -= logits.max(axis=-1, keepdims=True)
+    e = np.exp(logits)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+# ---------------------------------------------------------------------------------
+# Input checks: all raised before any solve.
+
+
+def _check_problem(features, labels, query_ids, where: str = ""):
+    at = f" (problem {where})" if where else ""
+    features = np.asarray(features)
+    labels = np.asarray(labels)
+    query_ids = np.asarray(query_ids)
+    if features.ndim != 2 or features.shape[1] < 1:
+        raise ValueError(
+            f"features{at} must be [N, n-1] log-odds against class 0 with n >= 2 "
+            f"classes, got shape {features.shape}")
+    n_rows, n1 = features.shape
+    if n_rows == 0:
+        raise ValueError(f"features{at} has N = 0 rows: there is no surrogate data to "
+                         "fit; generate it with Algorithm 1 for a size i < k")
+    if not np.issubdtype(features.dtype, np.number):
+        raise ValueError(f"features{at} must be numeric, got dtype {features.dtype}")
+    if not np.all(np.isfinite(features)):
+        bad = int(np.sum(~np.isfinite(features)))
+        raise ValueError(
+            f"features{at} contain {bad} NaN or infinite values; log-odds must be "
+            "finite (clip the probabilities, e.g. log((p_c + 1e-9) / (p_0 + 1e-9)))")
+    if labels.shape != (n_rows,) or query_ids.shape != (n_rows,):
+        raise ValueError(
+            f"labels{at} and query_ids must have shape [N] = [{n_rows}], got "
+            f"{labels.shape} and {query_ids.shape}")
+    if labels.size and not np.all(np.equal(np.mod(labels, 1), 0)):
+        raise ValueError(f"labels{at} must be integers in [0, {n1 + 1})")
+    if labels.min() < 0 or labels.max() > n1:
+        raise ValueError(
+            f"labels{at} must be in [0, {n1 + 1}) for features with {n1} log-odds "
+            f"columns (n = {n1 + 1} classes); got min {labels.min()}, max {labels.max()}")
+    counts = np.bincount(labels.astype(np.int64), minlength=n1 + 1)
+    absent = np.flatnonzero(counts == 0)
+    if absent.size:
+        raise ValueError(
+            f"class(es) {absent.tolist()} have no rows in the surrogate data{at}: SC cannot "
+            "calibrate a class it never sees as a label. Use more demonstrations (k >= n, "
+            "class-balanced), or a larger context-size gap k - i")
+    if not np.issubdtype(query_ids.dtype, np.integer):
+        raise ValueError(f"query_ids{at} must be integers, got dtype {query_ids.dtype}")
+    return features, labels.astype(np.int32), query_ids
+
+
+def _check_tau(tau):
+    if tau is None:
+        return
+    if not np.isfinite(tau) or not -1.0 <= tau <= 1.0:
+        raise ValueError(f"tau must be a cosine in [-1, 1] (-1 disables the trust region), "
+                         f"got {tau}")
+
+
+def _check_lambda(lam):
+    if not np.isfinite(lam) or lam < 0:
+        raise ValueError(f"lambda_inv must be finite and >= 0, got {lam}")
+
+
+def _check_solver(solver):
+    if solver not in METHODS:
+        raise ValueError(f"unknown solver {solver!r}; choose one of {METHODS}")
+
+
+def _per_problem(value, count: int, name: str) -> list:
+    if value is None or np.ndim(value) == 0:
+        return [value] * count
+    value = list(value)
+    if len(value) != count:
+        raise ValueError(f"{name} has {len(value)} entries for {count} problems")
+    return value
+
+
+def _dtype(dtype):
+    dtype = jnp.dtype(dtype)
+    if dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.float64)):
+        raise ValueError(f"dtype must be float32 or float64, got {dtype}")
+    return dtype
+
+
+# ---------------------------------------------------------------------------------
+# Packing: a batch of problems padded to one N (a few buckets, so that batches of
+# similar sizes share a compilation).
+
+
+def _bucket_rows(n: int) -> int:
+    """Round up to a multiple of 1/8 of the next lower power of two (<= 12.5% padding),
+    at least 64."""
+    if n <= 64:
+        return 64
+    step = 1 << max(int(math.floor(math.log2(n))) - 3, 0)
+    return -(-n // step) * step
+
+
+def _bucket_queries(g: int) -> int:
+    return max(8, 1 << max(g - 1, 0).bit_length())
+
+
+def pack_batch(problems: Sequence[tuple], dtype="float32") -> tuple[Problem, list[int]]:
+    """Validate and pad ``[(features, labels, query_ids), ...]`` into one batched
+    :class:`Problem` with a leading ``[B]`` axis.
+
+    Rows are padded to a bucketed common N with mask 0, query ids are renumbered to
+    0..G-1 per problem and G is bucketed, so batches whose sizes fall in the same
+    buckets reuse one compilation. Returns the problem and each problem's row count.
+    Must be called (and its result used) under x64 for float64.
+    """
+    dtype = _dtype(dtype)
+    if len(problems) == 0:
+        raise ValueError("no problems to fit")
+    checked = []
+    for k, prob in enumerate(problems):
+        if len(prob) != 3:
+            raise ValueError(f"problem {k} must be (features, labels, query_ids)")
+        checked.append(_check_problem(*prob, where=str(k)))
+    n1 = {x.shape[1] for x, _, _ in checked}
+    if len(n1) != 1:
+        raise ValueError(f"all problems in a batch must have the same number of classes, "
+                         f"got n-1 in {sorted(n1)}; batch each class count separately")
+    n1 = n1.pop()
+    sizes = [x.shape[0] for x, _, _ in checked]
+    n_pad = _bucket_rows(max(sizes))
+    remapped = [np.unique(g, return_inverse=True)[1].reshape(-1) for _, _, g in checked]
+    g_pad = _bucket_queries(max(int(r.max()) + 1 for r in remapped))
+    b = len(checked)
+    feats = np.zeros((b, n_pad, n1), np.float64)
+    labels = np.zeros((b, n_pad), np.int32)
+    qids = np.zeros((b, n_pad), np.int32)
+    mask = np.zeros((b, n_pad), np.float64)
+    for k, ((x, y, _), g) in enumerate(zip(checked, remapped)):
+        n = x.shape[0]
+        feats[k, :n], labels[k, :n], qids[k, :n], mask[k, :n] = x, y, g, 1.0
+    problem = Problem(
+        features=jnp.asarray(feats, dtype),
+        labels=jnp.asarray(labels),
+        query_ids=jnp.asarray(qids),
+        mask=jnp.asarray(mask, dtype),
+        num_queries=g_pad,
+    )
+    return problem, sizes
+
+
+# ---------------------------------------------------------------------------------
+# Fitting.
+
+
+def _result(sol: Solution, k: int | None, *, tau, lam, solver, sc_star, num_rows,
+            acc) -> FitResult:
+    pick = (lambda a: np.asarray(a)) if k is None else (lambda a: np.asarray(a)[k])
+    return FitResult(
+        b=pick(sol.params.b).astype(np.float64),
+        w=pick(sol.params.w).astype(np.float64),
+        status=Status(int(pick(sol.status))),
+        iterations=int(pick(sol.iterations)),
+        outer_iterations=int(pick(sol.outer_iterations)),
+        objective=float(pick(sol.objective)),
+        constraint=float(pick(sol.constraint)),
+        violation=float(pick(sol.violation)),
+        tau=float(tau),
+        lambda_inv=float(lam),
+        solver=solver,
+        sc_star=bool(sc_star),
+        num_rows=int(num_rows),
+        base_accuracy=float(acc),
+    )
+
+
+def fit_batch(problems: Sequence[tuple], *, lambda_inv=DEFAULT_LAMBDA_INV, tau=None,
+              solver: str = "augmented_lagrangian", sc_star: bool = False,
+              dtype="float32", options: SolverOptions | ScipyOptions | None = None,
+              ) -> list[FitResult]:
+    """Fit many SC problems of one class count in ONE compiled ``jit(vmap)`` call.
+
+    problems: ``[(features [N_j, n-1], labels [N_j], query_ids [N_j]), ...]``, e.g.
+        every context size x seed (x dataset with the same n).
+    lambda_inv, tau: a scalar for all problems or one value per problem; ``tau=None``
+        (or a None entry) applies the Appendix A schedule to that problem's base
+        accuracy. Neither triggers a recompilation.
+    solver: "augmented_lagrangian" | "projected" (batched) | "scipy" (a loop of
+        trust-constr solves, float64).
+    Returns one :class:`FitResult` per problem, in order. Solver failures are reported
+    in ``status``, never raised; bad input raises ValueError before any solve.
+    """
+    _check_solver(solver)
+    count = len(problems)
+    lams = _per_problem(lambda_inv, count, "lambda_inv")
+    taus = _per_problem(tau, count, "tau")
+    for lam in lams:
+        _check_lambda(lam)
+    for t in taus:
+        _check_tau(t)
+    dtype = _dtype(jnp.float64 if solver == "scipy" else dtype)
+    with jax.enable_x64(dtype == jnp.float64):
+        packed, sizes = pack_batch(problems, dtype)
+        n = packed.num_classes
+        accs = [base_accuracy(np.asarray(p[0]), np.asarray(p[1])) for p in problems]
+        taus = [tau_from_accuracy(a, n) if t is None else float(t) for t, a in zip(taus, accs)]
+        common = dict(solver=solver, sc_star=sc_star)
+        if solver == "scipy":
+            from sc_jax.solvers import scipy as scipy_solve  # noqa: PLC0415
+
+            out = []
+            for k in range(count):
+                rows = slice(0, sizes[k])
+                one = Problem(packed.features[k, rows], packed.labels[k, rows],
+                              packed.query_ids[k, rows], packed.mask[k, rows],
+                              packed.num_queries)
+                sol = scipy_solve(one, lams[k], taus[k], sc_star=sc_star,
+                                  options=options or ScipyOptions())
+                out.append(_result(sol, None, tau=taus[k], lam=lams[k],
+                                   num_rows=sizes[k], acc=accs[k], **common))
+            return out
+        from sc_jax.solvers import solve_batch  # noqa: PLC0415
+
+        sol = solve_batch(packed, jnp.asarray(lams, dtype), jnp.asarray(taus, dtype),
+                          method=solver, sc_star=sc_star, options=options)
+        sol = jax.device_get(sol)
+    return [_result(sol, k, tau=taus[k], lam=lams[k], num_rows=sizes[k], acc=accs[k],
+                    **common) for k in range(count)]
+
+
+def fit(features: np.ndarray, labels: np.ndarray, query_ids: np.ndarray, *,
+        lambda_inv: float = DEFAULT_LAMBDA_INV, tau: float | None = None,
+        solver: str = "augmented_lagrangian", sc_star: bool = False, dtype="float32",
+        options: SolverOptions | ScipyOptions | None = None) -> FitResult:
+    """Fit SC for one context size (paper Eq. final_opt_problem).
+
+    features: ``[N, n-1]`` log-odds m_c = log p_c / p_0 of the surrogate rows.
+    labels: ``[N]`` ints in [0, n); every class must occur.
+    query_ids: ``[N]`` which held-out demonstration each row queried (any integers).
+    lambda_inv: weight of the mean invariance penalty (>= 0).
+    tau: trust-region level in [-1, 1]; None: Appendix A schedule from the base
+        model's in-sample accuracy; -1: no trust region.
+    solver: "augmented_lagrangian" (default), "projected" or "scipy".
+    sc_star: fit the bias only (w = 1), the paper's SC*.
+    """
+    return fit_batch([(features, labels, query_ids)], lambda_inv=lambda_inv, tau=tau,
+                     solver=solver, sc_star=sc_star, dtype=dtype, options=options)[0]
+
+
+# ---------------------------------------------------------------------------------
+# Prediction: the two-level ensemble of Algorithm 2.
+
+
+def predict_proba(fits: Sequence[FitResult], features: Sequence[np.ndarray], *,
+                  size_weights: str = "uniform") -> np.ndarray:
+    """p_SC(x) = sum_i a_i (1/m_i) sum_j f(m(x; C_i^(j)); theta_i) (Algorithm 2, Part 2).
+
+    fits: one :class:`FitResult` per context size i in I.
+    features: per size, ``[m_i, T, n-1]`` log-odds of the T test queries under each of
+        the m_i sampled sub-contexts of that size (``[T, n-1]`` means m_i = 1).
+    size_weights: "uniform" (a_i = 1/|I|, the paper) or "reference" (a_i proportional
+        to min(|T_i|, 15000), the reference code).
+    Returns ``[T, n]`` probabilities; the SC prediction is their argmax.
+    """
+    if len(fits) == 0 or len(fits) != len(features):
+        raise ValueError(f"need one feature array per fitted size: {len(fits)} fits, "
+                         f"{len(features)} feature arrays")
+    if size_weights == "uniform":
+        weights = np.ones(len(fits))
+    elif size_weights == "reference":
+        weights = np.array([min(f.num_rows, REFERENCE_SIZE_WEIGHT_CAP) for f in fits], float)
+    else:
+        raise ValueError(f"size_weights must be 'uniform' or 'reference', got {size_weights!r}")
+    weights = weights / weights.sum()
+    total = None
+    for fit_i, feats, a in zip(fits, features, weights):
+        feats = np.asarray(feats, np.float64)
+        if feats.ndim == 2:
+            feats = feats[None]
+        if feats.ndim != 3 or feats.shape[-1] != fit_i.num_classes - 1:
+            raise ValueError(f"features per size must be [m_i, T, {fit_i.num_classes - 1}], "
+                             f"got {feats.shape}")
+        if not np.all(np.isfinite(feats)):
+            raise ValueError("test features contain NaN or infinite values")
+        p = fit_i.predict_proba(feats).mean(axis=0)  # intra-size average, [T, n]
+        if total is not None and p.shape != total.shape:
+            raise ValueError("every size must score the same T test queries")
+        total = a * p if total is None else total + a * p
+    return total
