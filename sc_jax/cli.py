@@ -1,5 +1,7 @@
 """``sc-jax``: the command line, a thin layer over the Python API.
 
+  sc-jax report DIR
+      Rebuild the tables and plots from DIR/results.json without a model.
   sc-jax demo [--model default] [--k 4] [--seed 0]
       Real scoring end to end on a small built-in set of labelled movie-review
       sentences: base few-shot predictions, the surrogate data of Algorithm 1 for
@@ -96,6 +98,15 @@ def _demo(args) -> int:
     return 0
 
 
+def _report(args) -> int:
+    from sc_jax.report import write_report
+
+    paths = write_report(args.dir)
+    print(paths["table"].read_text())
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
 def _info(args) -> int:
     import sc_jax
 
@@ -116,6 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--quiet", action="store_true", help="no progress bars")
     d.set_defaults(fn=_demo)
+    rp = sub.add_parser("report", help="rebuild tables and plots from DIR/results.json")
+    rp.add_argument("dir")
+    rp.set_defaults(fn=_report)
     i = sub.add_parser("info", help="load a model and print its configuration")
     i.add_argument("model")
     i.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
