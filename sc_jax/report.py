@@ -30,7 +30,7 @@ def load_results(path: str | Path) -> dict:
     if path.is_dir():
         path = path / "results.json"
     if not path.exists():
-        raise FileNotFoundError(f"{path} not found: pass a run's output directory (sc-jax run --out DIR)")
+        raise FileNotFoundError(f"{path} not found: pass the output directory of a run (the folder holding results.json)")
     try:
         res = json.loads(path.read_text())
     except json.JSONDecodeError as e:

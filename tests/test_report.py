@@ -48,7 +48,7 @@ def test_write_report_from_dir(tmp_path):
 
 
 def test_bad_results(tmp_path):
-    with pytest.raises(FileNotFoundError, match="sc-jax run"):
+    with pytest.raises(FileNotFoundError, match="results.json"):
         load_results(tmp_path)
     (tmp_path / "results.json").write_text("{broken")
     with pytest.raises(ValueError, match="not valid JSON"):
