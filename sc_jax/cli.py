@@ -1,5 +1,8 @@
 """``sc-jax``: the command line, a thin layer over the Python API.
 
+  sc-jax run --model default --dataset rotten_tomatoes --shots 4 8 --seeds 5 --out DIR
+      The paper's experiment (sc_jax.experiment.run_experiment): writes results.json,
+      results.csv, table.md and plots into DIR; resumes from DIR/cache if interrupted.
   sc-jax report DIR
       Rebuild the tables and plots from DIR/results.json without a model.
   sc-jax demo [--model default] [--k 4] [--seed 0]
@@ -98,6 +101,26 @@ def _demo(args) -> int:
     return 0
 
 
+def _run(args) -> int:
+    from sc_jax.experiment import RunConfig, run_experiment
+
+    seeds = tuple(args.seed_list) if args.seed_list else tuple(range(args.seeds))
+    config = RunConfig(
+        model=args.model, dtype=args.dtype, datasets=tuple(args.dataset),
+        data_files=tuple(tuple(x.split("=", 1)) if "=" in x else (args.dataset[0], x)
+                         for x in args.data_file),
+        shots=tuple(args.shots), seeds=seeds, methods=tuple(args.methods.split(",")),
+        test_size=args.test_size, mode=args.mode, max_size=args.max_size,
+        lambda_inv=args.lambda_inv, tau=args.tau, solver=args.solver, budget=args.budget,
+        m_cap=args.m_cap, size_weighting=args.size_weighting, mesh_devices=args.mesh,
+        max_tokens_per_batch=args.max_tokens_per_batch)
+    results = run_experiment(config, args.out, progress=not args.quiet)
+    print()
+    print((results.out_dir / "table.md").read_text())
+    print(f"outputs in {results.out_dir}: " + ", ".join(sorted(p.name for p in results.files.values())))
+    return 0
+
+
 def _report(args) -> int:
     from sc_jax.report import write_report
 
@@ -127,6 +150,41 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--quiet", action="store_true", help="no progress bars")
     d.set_defaults(fn=_demo)
+    from sc_jax.experiment import METHODS
+
+    r = sub.add_parser("run", help="the paper's experiment: SC and the baselines",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    r.add_argument("--model", default="default",
+                   help="'default' (SmolLM2-135M), a HF model dir, a .gguf file or random:<preset>")
+    r.add_argument("--dataset", nargs="+", default=["rotten_tomatoes"],
+                   help="task names (sc_jax.data.TASKS); rotten_tomatoes works offline")
+    r.add_argument("--data-file", action="append", default=[],
+                   help="local CSV/JSONL/Parquet for a dataset: FILE (first dataset) or NAME=FILE")
+    r.add_argument("--shots", type=int, nargs="+", default=[4, 8], help="k, demonstrations per prompt")
+    r.add_argument("--seeds", type=int, default=5, help="number of seeds (0..N-1)")
+    r.add_argument("--seed-list", type=int, nargs="+", help="explicit seeds (overrides --seeds)")
+    r.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ",".join(METHODS))
+    r.add_argument("--test-size", type=int, default=256, help="held-out test queries per seed")
+    r.add_argument("--mode", default="first_token", choices=["first_token", "sequence"],
+                   help="label scoring: first token, or full label sequence")
+    r.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    r.add_argument("--max-size", type=int, default=5, help="sub-context sizes i = 1..min(this, k-1)")
+    r.add_argument("--lambda-inv", type=float, default=None,
+                   help="invariance weight (default: the calibrators' documented default)")
+    r.add_argument("--tau", type=float, default=None,
+                   help="trust-region cosine (default: the paper's schedule from in-sample accuracy)")
+    r.add_argument("--solver", default="augmented_lagrangian",
+                   choices=["augmented_lagrangian", "projected", "scipy"])
+    r.add_argument("--budget", type=int, default=5000,
+                   help="surrogate (context, query) pairs per size; contexts sampled uniformly above it")
+    r.add_argument("--m-cap", type=int, default=24, help="cap on test-time sub-contexts m_i per size")
+    r.add_argument("--size-weighting", default="uniform", choices=["uniform", "reference"],
+                   help="ensemble over sizes: uniform (paper) or min(|T_i|, 15000) (reference code)")
+    r.add_argument("--mesh", type=int, default=None, help="devices on the data axis (default: 1)")
+    r.add_argument("--max-tokens-per-batch", type=int, default=16384)
+    r.add_argument("--out", default="sc_jax_run", help="output directory (also holds the score cache)")
+    r.add_argument("--quiet", action="store_true", help="no progress bars")
+    r.set_defaults(fn=_run)
     rp = sub.add_parser("report", help="rebuild tables and plots from DIR/results.json")
     rp.add_argument("dir")
     rp.set_defaults(fn=_report)

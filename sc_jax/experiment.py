@@ -100,10 +100,6 @@ class RunConfig:
 
 
 # ------------------------------------------------------------------ scoring stage
-# Content-free inputs of CC (paper Appendix A; the reference code used 'NA').
-CC_STRINGS = ("N/A", "", "[MASK]")
-
-
 @dataclasses.dataclass
 class SeedScores:
     """Label log-probs of one (dataset, k, seed). Shapes: T test queries, n classes.
@@ -121,20 +117,9 @@ class SeedScores:
     y_test: np.ndarray
 
 
-def dc_strings(pool, n_strings: int, seed: int) -> list[str]:
-    """DC's random in-domain inputs: ``n_strings`` strings of words drawn from the bag
-    of words of the unlabeled test pool, each as long as the pool's average text
-    (in words)."""
-    words = [w for t in pool for w in str(t).split()]
-    if not words:
-        raise ValueError("the DC pool is empty")
-    length = max(1, int(round(len(words) / max(len(pool), 1))))
-    rng = np.random.default_rng(seed)
-    return [" ".join(rng.choice(words, size=length)) for _ in range(n_strings)]
-
-
 def score_seed(model, engine, cache, dataset, split, config: RunConfig, k: int) -> SeedScores:
     """Every LLM score one (dataset, k, seed) needs, from the cache where present."""
+    from .baselines import CONTENT_FREE_INPUTS, random_domain_strings
     from .cache import score_key
     from .data import dc_pool
     from .enumeration import default_m, sample_contexts, surrogate_contexts, surrogate_pairs
@@ -142,13 +127,13 @@ def score_seed(model, engine, cache, dataset, split, config: RunConfig, k: int) 
 
     demos = split.demonstrations(dataset)
     tests = list(split.test_texts(dataset))
-    dcs = dc_strings(dc_pool(dataset, split.test_indices), config.dc_strings, split.seed)
-    queries = [t for t, _ in demos] + tests + list(CC_STRINGS) + dcs
+    dcs = random_domain_strings(dc_pool(dataset, split.test_indices), config.dc_strings, seed=split.seed)
+    queries = [t for t, _ in demos] + tests + list(CONTENT_FREE_INPUTS) + dcs
     pieces = build_pieces(model.tokenizer, dataset.template, demos, queries)
     T = len(tests)
     q_test = np.arange(k, k + T)
-    q_cc = np.arange(k + T, k + T + len(CC_STRINGS))
-    q_dc = np.arange(k + T + len(CC_STRINGS), len(queries))
+    q_cc = np.arange(k + T, k + T + len(CONTENT_FREE_INPUTS))
+    q_dc = np.arange(k + T + len(CONTENT_FREE_INPUTS), len(queries))
 
     def scored(ctx, pairs, tag):
         key = score_key(model.identity, config.mode, pieces, ctx, pairs, extra=tag)
@@ -174,3 +159,138 @@ def score_seed(model, engine, cache, dataset, split, config: RunConfig, k: int) 
         tpairs = np.stack([np.repeat(np.arange(m), T), np.tile(q_test, m)], axis=1)
         test[i] = scored(tctx, tpairs, f"test{i}").reshape(m, T, -1)
     return SeedScores(base, cc, dc, surrogate, test, np.asarray(split.test_labels(dataset)))
+
+
+# ------------------------------------------------------------------ the run
+@dataclasses.dataclass
+class Results:
+    """A finished run: ``data`` is what results.json holds; ``files`` the outputs."""
+
+    out_dir: Path
+    data: dict
+    files: dict[str, Path]
+
+    @property
+    def rows(self) -> list[dict]:
+        return self.data["rows"]
+
+
+def _versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    out = {"python": sys.version.split()[0], "platform": platform.platform()}
+    for pkg in ("sc-jax", "jax", "jaxlib", "flax", "jaxopt", "numpy", "scipy", "tokenizers",
+                "safetensors", "gguf"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
+
+
+def _method_probs(method, s: SeedScores, fits, sizes, config) -> np.ndarray:
+    from . import baselines
+    from .calibrators import predict_proba
+    from .scoring import log_odds
+
+    p = np.exp(s.base.astype(np.float64))
+    if method == "base":
+        return baselines.base(p)
+    if method == "cc":
+        return baselines.contextual_calibration(p, np.exp(s.cc.astype(np.float64)))
+    if method == "dc":
+        return baselines.domain_context_calibration(p, np.exp(s.dc.astype(np.float64)))
+    if method == "bc":
+        return baselines.batch_calibration(p, config.bc_batch)
+    return predict_proba([fits[i] for i in sizes], [log_odds(s.test[i]) for i in sizes],
+                         size_weights="uniform" if config.size_weighting == "uniform" else "reference")
+
+
+def run_experiment(config: RunConfig, out_dir, *, progress: bool = True) -> Results:
+    """Run the experiment and write results.json, results.csv, table.md and plots
+    into ``out_dir``. LLM scores are cached in ``out_dir/cache``: a re-run after an
+    interruption recomputes only what is missing."""
+    from . import metrics
+    from .cache import ScoreCache
+    from .calibrators import DEFAULT_LAMBDA_INV, fit_batch
+    from .data import load_task, split_protocol
+    from .loading import load_model
+    from .report import write_report
+    from .scoring import ScoringEngine, log_odds
+    from .sharding import make_mesh
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    # Load data first: a bad dataset name or file fails before the model loads.
+    files = dict(config.data_files)
+    datasets = {name: load_task(name, data_file=files.get(name)) for name in config.datasets}
+    mesh = make_mesh(config.mesh_devices) if config.mesh_devices else None
+    model = load_model(config.model, dtype=config.dtype, mesh=mesh)
+    engine = ScoringEngine(model, max_tokens_per_batch=config.max_tokens_per_batch, progress=progress)
+    cache = ScoreCache(out / "cache")
+    lam = DEFAULT_LAMBDA_INV if config.lambda_inv is None else config.lambda_inv
+    rows, params, notes = [], [], []
+    timing = {"scoring_s": 0.0, "fitting_s": 0.0}
+    for name, ds in datasets.items():
+        n = ds.n_classes
+        for k in config.shots:
+            if n > k:
+                notes.append(f"{name}, k={k}: skipped, {n} classes > {k} demonstrations "
+                             "(some classes would have no surrogate data; paper Appendix A)")
+                continue
+            sizes = config.sizes(k)
+            scores: dict[int, SeedScores] = {}
+            t = time.perf_counter()
+            for seed in config.seeds:
+                if progress:
+                    print(f"[{name} k={k} seed={seed}] scoring", file=sys.stderr, flush=True)
+                split = split_protocol(ds, k=k, test_size=config.test_size, seed=seed)
+                scores[seed] = score_seed(model, engine, cache, ds, split, config, k)
+            timing["scoring_s"] += time.perf_counter() - t
+            # Every (seed, size) of this (dataset, k) in one batched solver call.
+            t = time.perf_counter()
+            keys = [(seed, i) for seed in config.seeds for i in sizes]
+            problems = [(log_odds(scores[seed].surrogate[i][0]), scores[seed].surrogate[i][1],
+                         scores[seed].surrogate[i][2]) for seed, i in keys]
+            fits = {}
+            for method, star in (("sc", False), ("sc_star", True)):
+                if method in config.methods:
+                    res = fit_batch(problems, lambda_inv=lam, tau=config.tau, solver=config.solver,
+                                    sc_star=star)
+                    fits[method] = dict(zip(keys, res))
+                    for (seed, i), r in zip(keys, res):
+                        params.append(dict(dataset=name, shots=k, seed=seed, size=i, method=method,
+                                           b=r.b.tolist(), w=r.w.tolist(), status=r.status.name,
+                                           tau=r.tau, lambda_inv=r.lambda_inv, objective=r.objective,
+                                           base_accuracy=r.base_accuracy, rows=r.num_rows))
+            timing["fitting_s"] += time.perf_counter() - t
+            for seed in config.seeds:
+                s = scores[seed]
+                for method in config.methods:
+                    per = {i: fits[method][(seed, i)] for i in sizes} if method in fits else None
+                    p = _method_probs(method, s, per, sizes, config)
+                    pred = p.argmax(-1)
+                    rows.append(dict(dataset=name, model=config.model, shots=k, method=method, seed=seed,
+                                     accuracy=metrics.accuracy(s.y_test, pred),
+                                     macro_f1=metrics.macro_f1(s.y_test, pred, num_classes=n),
+                                     ece=metrics.expected_calibration_error(p, s.y_test)))
+    timing["total_s"] = time.perf_counter() - t_start
+    failed = [p for p in params if p["status"] != "CONVERGED"]
+    if failed:
+        notes.append(f"{len(failed)} of {len(params)} fits did not report convergence "
+                     f"({sorted({p['status'] for p in failed})}); see params in results.json")
+    data = {"config": config.to_json(), "lambda_inv": lam, "model_identity": model.identity,
+            "versions": _versions(), "rows": rows, "params": params, "notes": notes,
+            "timing": timing, "cache": {"hits": cache.hits, "misses": cache.misses,
+                                        "corrupt": cache.corrupt}}
+    _write_json(out / "results.json", data)
+    written = write_report(data, out)
+    written["json"] = out / "results.json"
+    return Results(out, data, written)

@@ -8,7 +8,8 @@ import pytest
 import sc_jax
 from sc_jax.cache import ScoreCache
 from sc_jax.data import load_task, split_protocol
-from sc_jax.experiment import CC_STRINGS, RunConfig, dc_strings, score_seed
+from sc_jax.baselines import CONTENT_FREE_INPUTS
+from sc_jax.experiment import RunConfig, score_seed
 from sc_jax.scoring import ScoringEngine
 
 
@@ -33,7 +34,7 @@ def test_score_seed_shapes_and_cache(dataset, tmp_path):
     engine = ScoringEngine(model, progress=False)
     cache = ScoreCache(tmp_path / "cache")
     s = score_seed(model, engine, cache, dataset, split, config, k=4)
-    assert s.base.shape == (6, 2) and s.cc.shape == (len(CC_STRINGS), 2) and s.dc.shape == (20, 2)
+    assert s.base.shape == (6, 2) and s.cc.shape == (len(CONTENT_FREE_INPUTS), 2) and s.dc.shape == (20, 2)
     assert sorted(s.surrogate) == [1, 2, 3] and sorted(s.test) == [1, 2, 3]
     lp, y, q = s.surrogate[2]
     assert lp.shape == (4 * 3 * 2, 2) and set(q) == {0, 1, 2, 3}
@@ -47,15 +48,6 @@ def test_score_seed_shapes_and_cache(dataset, tmp_path):
     assert cache2.hits == 9 and cache2.misses == 0
     np.testing.assert_array_equal(s.base, s2.base)
     np.testing.assert_array_equal(s.test[3], s2.test[3])
-
-
-def test_dc_strings():
-    pool = ["a b c d", "e f"]
-    out = dc_strings(pool, 20, seed=1)
-    assert len(out) == 20 and all(len(x.split()) == 3 for x in out)
-    assert out == dc_strings(pool, 20, seed=1) and out != dc_strings(pool, 20, seed=2)
-    with pytest.raises(ValueError, match="empty"):
-        dc_strings([], 3, seed=0)
 
 
 def test_run_config_rejects_bad_input():
