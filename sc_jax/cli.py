@@ -114,6 +114,10 @@ def _run(args) -> int:
         lambda_inv=args.lambda_inv, tau=args.tau, solver=args.solver, budget=args.budget,
         m_cap=args.m_cap, size_weighting=args.size_weighting, mesh_devices=args.mesh,
         max_tokens_per_batch=args.max_tokens_per_batch)
+    print(f"sc-jax run: model {config.model}, datasets {', '.join(config.datasets)}, shots "
+          f"{list(config.shots)}, seeds {list(config.seeds)}, test size {config.test_size}, "
+          f"methods {','.join(config.methods)}, mode {config.mode}, m_i cap {config.m_cap}, "
+          f"solver {config.solver}, out {args.out}", flush=True)
     results = run_experiment(config, args.out, progress=not args.quiet)
     print()
     print((results.out_dir / "table.md").read_text())
