@@ -38,3 +38,22 @@ def hf_gguf_model(default_gguf):
     model = transformers.AutoModelForCausalLM.from_pretrained(
         str(default_gguf.parent), gguf_file=default_gguf.name, dtype=torch.float32)
     return model.eval()
+
+
+@pytest.fixture(scope="session")
+def rt_csv(tmp_path_factory):
+    """A small synthetic Rotten-Tomatoes-format CSV (text,label): 60 three-word
+    reviews, alternating labels."""
+    import csv
+
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    words = "good bad fine dull fun great poor".split()
+    path = tmp_path_factory.mktemp("data") / "rt.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["text", "label"])
+        for j in range(60):
+            w.writerow([" ".join(rng.choice(words, 3)), j % 2])
+    return path

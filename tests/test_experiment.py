@@ -1,7 +1,5 @@
 """The experiment's scoring stage: every score a (dataset, k, seed) needs, cached."""
 
-import csv
-
 import numpy as np
 import pytest
 
@@ -14,16 +12,8 @@ from sc_jax.scoring import ScoringEngine
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    rng = np.random.default_rng(0)
-    words = "good bad fine dull fun great poor".split()
-    path = tmp_path_factory.mktemp("data") / "rt.csv"
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["text", "label"])
-        for j in range(40):
-            w.writerow([" ".join(rng.choice(words, 3)), j % 2])
-    return load_task("rotten_tomatoes", data_file=path)
+def dataset(rt_csv):
+    return load_task("rotten_tomatoes", data_file=rt_csv)
 
 
 def test_score_seed_shapes_and_cache(dataset, tmp_path):

@@ -23,15 +23,8 @@ run_experiment(cfg, sys.argv[1], progress=False)
 
 
 @pytest.fixture(scope="module")
-def config(tmp_path_factory):
-    rng = np.random.default_rng(0)
-    words = "good bad fine dull fun great poor".split()
-    path = tmp_path_factory.mktemp("data") / "rt.csv"
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["text", "label"])
-        for j in range(60):
-            w.writerow([" ".join(rng.choice(words, 3)), j % 2])
+def config(rt_csv):
+    path = rt_csv
     return dict(model="random:tiny-llama", data_files=(("rotten_tomatoes", str(path)),), shots=(4,),
                 seeds=(0, 1), test_size=6, m_cap=2, budget=30, max_size=2)
 
