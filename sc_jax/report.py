@@ -174,7 +174,10 @@ def write_report(results: dict | str | Path, out_dir: str | Path | None = None) 
     paths = {"table": out / "table.md", "csv": out / "results.csv", "f1_bars": out / "f1_bars.png"}
     paths["table"].write_text(markdown_tables(results))
     write_csv(results, paths["csv"])
-    plot_f1_bars(results, paths["f1_bars"])
+    if results["rows"]:  # every (dataset, k) skipped: nothing to plot
+        plot_f1_bars(results, paths["f1_bars"])
+    else:
+        del paths["f1_bars"]
     if plot_params(results, out / "sc_params.png"):
         paths["sc_params"] = out / "sc_params.png"
     return paths
