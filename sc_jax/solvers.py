@@ -87,18 +87,24 @@ class SolverOptions:
 
     tol: stationarity tolerance, the 2-norm of the gradient of the augmented
         Lagrangian (LBFGS) or of the gradient mapping (projected gradient). ``None``
-        picks 1e-10 for float64 and 1e-5 for float32: the objective is a mean of O(1)
-        terms, so these sit a little above each dtype's noise floor.
+        picks 1e-10 (projected: 1e-9) for float64 and 1e-5 for float32: the objective
+        is a mean of O(1) terms, so these sit a little above each dtype's noise floor.
     feas_tol: allowed constraint violation, in units of the cosine. ``None``: 1e-9
         (float64), 1e-6 (float32).
-    max_iter: LBFGS iterations per outer step, or projected-gradient iterations.
+    max_iter: LBFGS iterations per augmented-Lagrangian outer step.
     max_outer: augmented-Lagrangian outer steps.
     max_stepsize: largest LBFGS line-search step.
+    max_pg_iter: projected-gradient iterations in all.
+    pg_restart: projected-gradient iterations between momentum restarts.
     rho_init, rho_growth, rho_max: PHR penalty parameter schedule. rho grows when the
         constraint measure did not shrink by ``progress`` in one outer step, up to
         rho_max (``None``: 1e6 in float64, 1e4 in float32, since the penalty's
         rounding noise grows with rho).
     history_size: LBFGS memory.
+    max_linesearch: zoom line-search evaluations per LBFGS step. Under vmap every
+        instance pays the batch's largest count, and near float32's noise floor the
+        search runs to its limit before giving up: 10 (jaxopt: 30) gave identical
+        optima in half the time on the k = 8, n = 3 benchmark batch.
     """
 
     tol: float | None = None
@@ -111,10 +117,18 @@ class SolverOptions:
     progress: float = 0.25
     history_size: int = 10
     max_stepsize: float = 1e3
+    max_pg_iter: int = 10000
+    pg_restart: int = 100
+    max_linesearch: int = 10
 
-    def tolerances(self, dtype) -> tuple[float, float]:
+    def tolerances(self, dtype, projected: bool = False) -> tuple[float, float]:
         f64 = jnp.dtype(dtype) == jnp.float64
-        tol = self.tol if self.tol is not None else (1e-10 if f64 else 1e-5)
+        if self.tol is not None:
+            tol = self.tol
+        elif projected:  # a first-order method: one decade looser
+            tol = 1e-9 if f64 else 1e-5
+        else:
+            tol = 1e-10 if f64 else 1e-5
         feas = self.feas_tol if self.feas_tol is not None else (1e-9 if f64 else 1e-6)
         return tol, feas
 
@@ -223,6 +237,7 @@ def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = F
         # the line search "fails" far from the optimum. Let it extrapolate.
         max_stepsize=options.max_stepsize,
         increase_factor=2.0,
+        maxls=options.max_linesearch,
         # Forward solves only: no implicit differentiation, and a lax.while_loop (the
         # "auto" default would unroll a scan of max_iter steps without it).
         implicit_diff=False,
@@ -321,18 +336,24 @@ def _pg_fun(x, problem, lambda_inv, *, sc_star):
 
 
 def projected(problem: Problem, lambda_inv, tau, *, sc_star: bool = False,
-              options: SolverOptions = SolverOptions(max_iter=5000)) -> Solution:
+              options: SolverOptions = SolverOptions()) -> Solution:
     """Solve the per-class-constrained problem with ``jaxopt.ProjectedGradient``.
 
-    min f(theta) s.t. cos(theta_c, v) >= tau for every class c. Every iterate is
-    feasible for the paper's mean constraint too; the optimum is never better than the
-    paper's and equals it when the per-class and mean constraints select the same
-    point (inactive constraint, or one class). ``violation`` is the per-class one.
+    min f(theta) s.t. cos(theta_c, v) >= tau for every class c, with the exact cones
+    (the apex included). Every iterate is feasible for the paper's mean constraint too
+    (with the exact cosine), so the optimum is never better than the paper's; it equals
+    it when the constraint is inactive or n = 2. ``violation`` is the per-class one.
+
+    jaxopt's projected gradient is FISTA (accelerated, with backtracking). Without
+    restarts its momentum makes it oscillate on the ill-conditioned, non-separable
+    problems that surrogate data give (thousands of iterations to 1e-8 on a
+    1,680-row problem); restarting the momentum every ``pg_restart`` iterations (a
+    fixed-schedule restart) cuts that by an order of magnitude.
     """
     from jaxopt import ProjectedGradient  # noqa: PLC0415
 
     dtype = problem.features.dtype
-    tol, feas_tol = options.tolerances(dtype)
+    tol, feas_tol = options.tolerances(dtype, projected=True)
     lambda_inv = jnp.asarray(lambda_inv, dtype)
     tau = jnp.asarray(tau, dtype)
 
@@ -344,17 +365,28 @@ def projected(problem: Problem, lambda_inv, tau, *, sc_star: bool = False,
         fun=functools.partial(_pg_fun, sc_star=sc_star),
         projection=projection,
         tol=tol,
-        maxiter=options.max_iter,
+        maxiter=options.pg_restart,
         implicit_diff=False,
         unroll=False,
     )
-    x0 = _initial_x(problem, sc_star)
-    step = pg.run(x0, tau, problem, lambda_inv)
-    params = _to_params(step.params, sc_star)
+
+    def cond(s):
+        x, iters, done = s
+        return (~done) & (iters < options.max_pg_iter)
+
+    def body(s):
+        x, iters, _ = s
+        step = pg.run(x, tau, problem, lambda_inv)
+        return step.params, iters + step.state.iter_num, step.state.error <= tol
+
+    x0 = projection(_initial_x(problem, sc_star), tau)
+    x, iters, done = jax.lax.while_loop(
+        cond, body, (x0, jnp.zeros((), jnp.int32), jnp.asarray(False)))
+    params = _to_params(x, sc_star)
     violation = cone_violation(params, tau)
-    return _finish(params, problem, lambda_inv, tau, converged=step.state.error <= tol,
+    return _finish(params, problem, lambda_inv, tau, converged=done,
                    violation=violation, feas_tol=feas_tol,
-                   iterations=step.state.iter_num, outer_iterations=1)
+                   iterations=iters, outer_iterations=1)
 
 
 # ---------------------------------------------------------------------------------

@@ -1,0 +1,194 @@
+"""The calibrator API: the hidden-truth behaviour check, the tau schedule, the
+ensemble, compile counting and input validation. Runs in float32 (the default)."""
+
+import math
+
+import numpy as np
+import pytest
+
+from sc_jax import baselines, calibrators, metrics, solvers, synthetic
+from sc_jax.enumeration import default_m
+from sc_jax.calibrators import (
+    FitResult,
+    calibrated_proba,
+    fit,
+    fit_batch,
+    predict_proba,
+    tau_from_accuracy,
+)
+from sc_jax.solvers import Status
+
+
+def World(slopes, seed):  # noqa: N802  (reads like the class it builds)
+    """Hidden truth with s = 2.5 (see :class:`sc_jax.synthetic.World`): a slope < 0
+    points that class the wrong way (paper Figure 1)."""
+    return synthetic.World(len(slopes) + 1, slopes, s=2.5, seed=seed)
+
+
+SIZES = (1, 2)
+K = 16  # 240 and 3360 surrogate rows
+
+
+def _evaluate(world, test_size=4000):
+    """Fit SC and SC* on the surrogate data, then score fresh samples: SC with the
+    two-level ensemble, Base / CC / BC on the full context."""
+    sur = list(world.surrogate(K, SIZES).values())
+    fits = fit_batch(sur)
+    fits_star = fit_batch(sur, sc_star=True)
+    assert all(f.converged for f in fits + fits_star)
+    x, y = world.sample(test_size)
+    feats = [np.stack([world.llm(x, world.context())
+                       for _ in range(default_m(len(s[1]), K, i))]) for s, i in zip(sur, SIZES)]
+    identity = (np.zeros(world.n - 1), np.ones(world.n - 1))
+    delta = world.context()
+    p_base = calibrated_proba(*identity, world.llm(x, delta))
+    # Content-free input: a point where the truth is indifferent (t = 0), same context.
+    x_cf = np.full((len(baselines.CONTENT_FREE_INPUTS), world.n - 1), world.s / 2)
+    p_cf = calibrated_proba(*identity, world.llm(x_cf, delta))
+    acc = {
+        "bayes": metrics.accuracy(y, world.bayes(x)),
+        "base": metrics.accuracy(y, p_base.argmax(1)),
+        "sc": metrics.accuracy(y, predict_proba(fits, feats).argmax(1)),
+        "sc_star": metrics.accuracy(y, predict_proba(fits_star, feats).argmax(1)),
+        "cc": metrics.accuracy(y, baselines.contextual_calibration(p_base, p_cf).argmax(1)),
+        "bc": metrics.accuracy(y, baselines.batch_calibration(p_base).argmax(1)),
+    }
+    return acc, fits
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_sc_recovers_a_misoriented_class(seed):
+    # Class 1's log-odds point the wrong way. Shift-only methods (CC, BC, SC*) cannot
+    # turn them around; SC can, by learning w_1 < 0 (tau = -1 from the schedule, since
+    # the base model is below 50% on the surrogate data).
+    acc, fits = _evaluate(World((-0.3, 1.0), seed))
+    chance = 1 / 3
+    assert acc["sc"] >= 0.9 * acc["bayes"], acc
+    for name in ("cc", "bc", "sc_star"):
+        assert abs(acc[name] - chance) <= 0.10, (name, acc)
+    assert all(f.tau == -1.0 and f.w[0] < 0 < f.w[1] for f in fits)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_sc_keeps_a_well_aligned_model(seed):
+    acc, fits = _evaluate(World((1.0, 1.0), seed))
+    assert acc["base"] >= 0.9 * acc["bayes"]
+    assert acc["sc"] >= acc["base"] - 0.01, acc
+    assert all(f.tau > 0.99 for f in fits)  # in-sample accuracy >= 0.7: a tight region
+
+
+def test_tau_schedule():
+    # Appendix A: alpha = 20^(1/(K-1)), 45^(1/(K-1)), 90^(1/(K-1)) degrees, or 180.
+    cos = lambda deg: math.cos(math.radians(deg))  # noqa: E731
+    assert tau_from_accuracy(0.95, 2) == pytest.approx(cos(20))
+    assert tau_from_accuracy(0.9, 2) == pytest.approx(cos(20))
+    assert tau_from_accuracy(0.8, 2) == pytest.approx(cos(45))
+    assert tau_from_accuracy(0.6, 2) == pytest.approx(cos(90), abs=1e-12)
+    assert tau_from_accuracy(0.49, 2) == -1.0
+    assert tau_from_accuracy(0.95, 5) == pytest.approx(cos(20 ** 0.25))
+    assert tau_from_accuracy(0.7, 3) == pytest.approx(cos(45 ** 0.5))
+    assert tau_from_accuracy(0.5, 6) == pytest.approx(cos(90 ** 0.2))
+    with pytest.raises(ValueError):
+        tau_from_accuracy(1.5, 3)
+
+
+def _fit_result(b, w, rows):
+    return FitResult(b=np.asarray(b, float), w=np.asarray(w, float), status=Status.CONVERGED,
+                     iterations=1, outer_iterations=1, objective=0.0, constraint=1.0,
+                     violation=0.0, tau=0.0, lambda_inv=0.0, solver="projected",
+                     sc_star=False, num_rows=rows, base_accuracy=1.0)
+
+
+def test_two_level_ensemble():
+    rng = np.random.default_rng(0)
+    fits = [_fit_result([0.5, -0.2], [1.2, 0.7], 56), _fit_result([0.1, 0.3], [0.8, 1.5], 20160)]
+    feats = [rng.normal(size=(3, 10, 2)), rng.normal(size=(5, 10, 2))]
+    per_size = [calibrated_proba(f.b, f.w, x).mean(0) for f, x in zip(fits, feats)]
+    np.testing.assert_allclose(predict_proba(fits, feats), (per_size[0] + per_size[1]) / 2)
+    weights = np.array([56, 15000]) / (56 + 15000)  # min(|T_i|, 15000)
+    np.testing.assert_allclose(predict_proba(fits, feats, size_weights="reference"),
+                               weights[0] * per_size[0] + weights[1] * per_size[1])
+    # Each m_i sub-context counts once within its size: averaging within sizes first is
+    # not the same as pooling all sub-contexts.
+    pooled = np.concatenate([calibrated_proba(f.b, f.w, x) for f, x in zip(fits, feats)]).mean(0)
+    assert not np.allclose(predict_proba(fits, feats), pooled)
+    with pytest.raises(ValueError, match="one feature array per fitted size"):
+        predict_proba(fits, feats[:1])
+    with pytest.raises(ValueError, match="size_weights"):
+        predict_proba(fits, feats, size_weights="paper")
+
+
+def test_compilations_do_not_grow_with_batch_contents():
+    world = World((1.0, 0.5), 3)
+    sur = list(world.surrogate(8, (1, 2, 3)).values())  # 56, 336, 1680 rows
+    before = dict(solvers.trace_counts)
+    fit_batch(sur, solver="projected")
+    first = solvers.trace_counts["projected"] - before["projected"]
+    assert first <= 1
+    # New data, new taus and lambdas, other row counts in the same bucket, other query
+    # ids: no recompilation.
+    other = list(World((0.7, 1.2), 4).surrogate(8, (1, 2, 3)).values())
+    other[2] = tuple(a[:1670] for a in other[2])  # 1680 and 1670 share the 1792 bucket
+    other[1] = (other[1][0], other[1][1], other[1][2] + 100)
+    fit_batch(other, solver="projected", tau=[0.3, -1.0, 0.9], lambda_inv=[0.0, 1.0, 5.0])
+    fit_batch(sur, solver="projected", tau=0.5, lambda_inv=0.0)
+    assert solvers.trace_counts["projected"] - before["projected"] == first
+    # A larger row bucket is a new shape: exactly one more compilation (the counter works).
+    bigger = list(World((1.0, 0.5), 5).surrogate(8, (1, 4)).values())
+    fit_batch(bigger, solver="projected")
+    assert solvers.trace_counts["projected"] - before["projected"] == first + 1
+
+
+def test_fit_one_problem_and_solver_choice():
+    x, y, g = World((1.0, 0.5), 6).surrogate(8, (2,))[2]
+    al = fit(x, y, g, tau=0.95)
+    assert isinstance(al, FitResult) and al.converged and al.solver == "augmented_lagrangian"
+    assert al.b.shape == (2,) and al.num_rows == len(y) and al.tau == 0.95
+    assert al.predict_proba(x).shape == (len(y), 3)
+    ref = fit(x, y, g, tau=0.95, solver="scipy")
+    assert ref.converged
+    # float32 solve versus the float64 reference.
+    assert abs(al.objective - ref.objective) <= 1e-5 * abs(ref.objective)
+    star = fit(x, y, g, tau=0.95, sc_star=True, solver="scipy")
+    np.testing.assert_array_equal(star.w, 1.0)
+    assert star.objective >= ref.objective - 1e-9  # SC* is SC restricted to w = 1
+
+
+def test_bad_input_is_rejected_before_any_solve(monkeypatch):
+    def no_solve(*a, **k):
+        raise AssertionError("a solver ran on bad input")
+
+    monkeypatch.setattr(solvers, "solve_batch", no_solve)
+    monkeypatch.setattr(solvers, "scipy", no_solve)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(30, 2))
+    y = np.arange(30) % 3
+    g = np.arange(30) % 5
+    cases = [
+        (dict(features=x, labels=np.r_[y[:-1], 3], query_ids=g), "labels .* must be in"),
+        (dict(features=x, labels=np.r_[y[:-1], -1], query_ids=g), "labels .* must be in"),
+        (dict(features=np.where(np.arange(30)[:, None] == 4, np.nan, x), labels=y,
+              query_ids=g), "NaN or infinite"),
+        (dict(features=np.where(np.arange(30)[:, None] == 4, np.inf, x), labels=y,
+              query_ids=g), "NaN or infinite"),
+        (dict(features=x, labels=np.where(y == 2, 0, y), query_ids=g), r"class\(es\) \[2\]"),
+        (dict(features=x, labels=y, query_ids=g, tau=1.5), "tau must be"),
+        (dict(features=x, labels=y, query_ids=g, tau=-1.01), "tau must be"),
+        (dict(features=x, labels=y, query_ids=g, tau=float("nan")), "tau must be"),
+        (dict(features=np.zeros((0, 2)), labels=np.zeros(0, int), query_ids=np.zeros(0, int)),
+         "N = 0"),
+        (dict(features=x, labels=y[:-1], query_ids=g), "shape"),
+        (dict(features=x[:, 0], labels=y, query_ids=g), r"\[N, n-1\]"),
+        (dict(features=x, labels=y, query_ids=g, lambda_inv=-1.0), "lambda_inv"),
+        (dict(features=x, labels=y, query_ids=g, solver="lbfgs"), "unknown solver"),
+        (dict(features=x, labels=y + 0.5, query_ids=g), "integers"),
+    ]
+    for kwargs, match in cases:
+        with pytest.raises(ValueError, match=match):
+            fit(**kwargs)
+    with pytest.raises(ValueError, match="same number of classes"):
+        fit_batch([(x, y, g), (x[:, :1], y % 2, g)])
+    with pytest.raises(ValueError, match="no problems"):
+        fit_batch([])
+    with pytest.raises(ValueError, match="tau has 3 entries for 2 problems"):
+        fit_batch([(x, y, g)] * 2, tau=[0.1, 0.2, 0.3])

@@ -1,0 +1,254 @@
+"""The JAX solvers against SciPy trust-constr (float64), batched against one-by-one,
+and their status codes.
+
+Parity tolerances (issue 4): objective within 1e-6 relative, constraint violation
+<= 1e-7, parameters within 1e-4 (every instance here has a unique optimum: the
+NLL-only problems are strictly convex and the others are checked to match), identical
+argmax predictions. The augmented Lagrangian is compared with SciPy on the paper's
+mean-cosine constraint, the projected solver with SciPy on the per-class cones.
+
+float64 is switched on per test by the ``x64`` fixture: ``jax.enable_x64`` is a
+context manager scoped to the test, so other test modules keep float32.
+"""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sc_jax import solvers
+from sc_jax.calibrators import pack_batch
+from sc_jax.objective import Params, Problem, calibrated_logits, class_cosines
+from sc_jax.solvers import SolverOptions, Status
+
+
+@pytest.fixture
+def x64():
+    with jax.enable_x64(True):
+        yield
+
+
+# ---------------------------------------------------------------------------------
+# Instances.
+
+
+def realistic(n, i, seed, k=8):
+    """Algorithm 1 on k demonstrations of a hidden model: class-conditional Gaussians
+    (true log-odds affine), reported by the "LLM" rescaled per class, with a label bias,
+    a per-context shift and per-row noise."""
+    rng = np.random.default_rng(seed)
+    y = np.arange(k) % n
+    rng.shuffle(y)
+    mu = np.zeros((n, n - 1))
+    mu[1:] = 2.0 * np.eye(n - 1)
+    x = mu[y] + rng.normal(size=(k, n - 1))
+    t = 2.0 * x - 2.0
+    slope = rng.uniform(0.5, 1.5, n - 1)
+    bias = rng.normal(size=n - 1) * 0.5
+    feats, labels, qids = [], [], []
+    for ctx in itertools.permutations(range(k), i):
+        q = [j for j in range(k) if j not in ctx]
+        shift = rng.normal(size=n - 1) * 0.5
+        feats.append(slope * t[q] + bias + shift + rng.normal(size=(len(q), n - 1)) * 1.2)
+        labels += list(y[q])
+        qids += q
+    return np.concatenate(feats), np.array(labels), np.array(qids)
+
+
+def random_instance(n, rows, seed, groups=10):
+    """Gaussian features, labels drawn from a softmax of a random positive-slope
+    affine model (so the optimum is interior and finite), random query ids."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, n - 1)) * 1.5 + rng.normal(size=n - 1)
+    z = np.concatenate([np.zeros((rows, 1)), x * rng.uniform(0.3, 1.5, n - 1)
+                        + rng.normal(size=n - 1) * 0.5], 1)
+    p = np.exp(z - z.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    y = np.array([rng.choice(n, p=pi) for pi in p])
+    y[:n] = np.arange(n)  # every class present
+    return x, y, rng.integers(0, groups, rows)
+
+
+# (kind, size, tau, lambda_inv, whether the constraint is active at the optimum)
+SMALL = [
+    ("random", 50, -1.0, 0.0, False),
+    ("realistic", 2, 0.995, 0.1, True),
+    ("random", 600, 0.99, 0.5, True),
+    ("realistic", 3, 0.0, 0.0, False),
+]
+LARGE_N = 3
+LARGE = [("realistic", 5, 0.9995, 0.0, True), ("realistic", 5, 0.0, 0.1, False)]
+
+
+def _instances(n, cases, seed0):
+    out = []
+    for j, (kind, size, *_rest) in enumerate(cases):
+        seed = 100 * n + seed0 + j
+        out.append(realistic(n, size, seed) if kind == "realistic"
+                   else random_instance(n, size, seed))
+    return out
+
+
+def _scipy_all(packed, sizes, lams, taus, per_class):
+    """SciPy on each problem, on the padded arrays (the mask drops the padding): one
+    shape, so its JAX derivatives compile once."""
+    out = []
+    for k in range(len(sizes)):
+        one = Problem(packed.features[k], packed.labels[k], packed.query_ids[k],
+                      packed.mask[k], packed.num_queries)
+        out.append(solvers.scipy(one, lams[k], taus[k], per_class=per_class))
+    return out
+
+
+def _check_parity(sol, refs, packed, sizes, cases, per_class, report):
+    for k, (ref, case) in enumerate(zip(refs, cases)):
+        active = case[-1]
+        assert ref.status == Status.CONVERGED, (k, ref)
+        assert int(sol.status[k]) == Status.CONVERGED, (k, sol)
+        # The instance is what it claims: constraint active or not at the optimum.
+        tau = case[2]
+        if per_class:
+            cos = np.asarray(ref.params.w) / np.hypot(ref.params.b, ref.params.w)
+            assert (np.min(cos) - tau < 1e-6) == active, (k, cos, tau)
+        else:
+            assert (ref.constraint - tau < 1e-6) == active, (k, ref.constraint, tau)
+        f, f_ref = float(sol.objective[k]), float(ref.objective)
+        gap = abs(f - f_ref) / abs(f_ref)
+        viol = float(sol.violation[k])
+        params = np.concatenate([np.asarray(sol.params.b[k]), np.asarray(sol.params.w[k])])
+        params_ref = np.concatenate([ref.params.b, ref.params.w])
+        dpar = float(np.max(np.abs(params - params_ref)))
+        report.append((gap, viol, dpar))
+        assert gap <= 1e-6, (k, f, f_ref)
+        assert viol <= 1e-7, (k, viol)
+        assert dpar <= 1e-4, (k, params, params_ref)
+        n_rows = sizes[k]
+        x = packed.features[k, :n_rows]
+        pred = np.argmax(calibrated_logits(Params(sol.params.b[k], sol.params.w[k]), x), -1)
+        pred_ref = np.argmax(calibrated_logits(
+            Params(jnp.asarray(ref.params.b), jnp.asarray(ref.params.w)), x), -1)
+        np.testing.assert_array_equal(pred, pred_ref)
+
+
+PARITY = {}  # method -> [(gap, violation, param diff)], printed by the last test
+
+
+# n = 3 is covered by the large instances (each compile costs seconds).
+@pytest.mark.parametrize("n", [2, 4, 5, 6])
+def test_parity_with_scipy_small(x64, n):
+    problems = _instances(n, SMALL, 0)
+    packed, sizes = pack_batch(problems, "float64")
+    lams = [c[3] for c in SMALL]
+    taus = [c[2] for c in SMALL]
+    sols = {}
+    for method, per_class in (("augmented_lagrangian", False), ("projected", True)):
+        sol = solvers.solve_batch(packed, jnp.asarray(lams), jnp.asarray(taus), method=method)
+        refs = _scipy_all(packed, sizes, lams, taus, per_class)
+        _check_parity(sol, refs, packed, sizes, SMALL, per_class,
+                      PARITY.setdefault(method, []))
+        sols[method] = sol
+    # The per-class problem has the smaller feasible set (up to the O(eps^2) smoothing
+    # of the mean form's cosine), so the projected optimum is never lower; where the
+    # constraint binds, the mean form lets some class leave its own cone.
+    al, pg = sols["augmented_lagrangian"], sols["projected"]
+    assert np.all(np.asarray(pg.objective) >= np.asarray(al.objective) * (1 - 1e-5))
+    k = 1  # realistic, tau active
+    cos_al = np.asarray(class_cosines(Params(al.params.b[k], al.params.w[k])))
+    if n > 2:
+        assert np.min(cos_al) < taus[k] - 1e-4
+        assert float(pg.objective[k]) > float(al.objective[k]) * (1 + 1e-6)
+
+
+def test_parity_with_scipy_large(x64):
+    problems = _instances(LARGE_N, LARGE, 50)
+    packed, sizes = pack_batch(problems, "float64")
+    assert min(sizes) == 20160
+    lams = [c[3] for c in LARGE]
+    taus = [c[2] for c in LARGE]
+    for method, per_class in (("augmented_lagrangian", False), ("projected", True)):
+        sol = solvers.solve_batch(packed, jnp.asarray(lams), jnp.asarray(taus), method=method)
+        refs = _scipy_all(packed, sizes, lams, taus, per_class)
+        _check_parity(sol, refs, packed, sizes, LARGE, per_class,
+                      PARITY.setdefault(method, []))
+    for method, rows in PARITY.items():
+        gap, viol, dpar = np.max(np.array(rows), axis=0)
+        print(f"\nparity {method}: {len(rows)} instances, max rel objective gap {gap:.1e}, "
+              f"max violation {viol:.1e}, max param diff {dpar:.1e}")
+
+
+def test_vmapped_equals_one_by_one(x64):
+    n = 4  # the shapes of a parity batch: its compilation is reused
+    problems = _instances(n, SMALL, 0)
+    packed, _ = pack_batch(problems, "float64")
+    lams = jnp.asarray([c[3] for c in SMALL])
+    taus = jnp.asarray([c[2] for c in SMALL])
+    for method, fn in (("augmented_lagrangian", solvers.augmented_lagrangian),
+                       ("projected", solvers.projected)):
+        batched = solvers.solve_batch(packed, lams, taus, method=method)
+        single = jax.jit(fn)
+        for k in range(len(SMALL)):
+            one = jax.tree.map(lambda a: a[k], packed)
+            sol = single(one, lams[k], taus[k])
+            # Batched reductions may round differently, so iterates can part at the
+            # last bits; both must stop at the same optimum, to within the solver
+            # tolerance, with the same status.
+            assert int(sol.status) == int(batched.status[k]) == Status.CONVERGED
+            f, fb = float(sol.objective), float(batched.objective[k])
+            assert abs(f - fb) <= 1e-10 * abs(f)
+            np.testing.assert_allclose(sol.params.b, batched.params.b[k], atol=1e-6)
+            np.testing.assert_allclose(sol.params.w, batched.params.w[k], atol=1e-6)
+
+
+def test_sc_star_parity(x64):
+    problems = _instances(5, SMALL[1:3], 0)
+    packed, sizes = pack_batch(problems, "float64")
+    lams, taus = [0.1, 0.0], [0.999, -1.0]
+    for method, per_class in (("augmented_lagrangian", False), ("projected", True)):
+        sol = solvers.solve_batch(packed, jnp.asarray(lams), jnp.asarray(taus), method=method,
+                                  sc_star=True)
+        np.testing.assert_array_equal(sol.params.w, 1.0)
+        for k in range(2):
+            one = Problem(packed.features[k], packed.labels[k], packed.query_ids[k],
+                          packed.mask[k], packed.num_queries)
+            ref = solvers.scipy(one, lams[k], taus[k], sc_star=True, per_class=per_class)
+            assert int(sol.status[k]) == Status.CONVERGED == ref.status
+            assert abs(float(sol.objective[k]) - ref.objective) <= 1e-6 * abs(ref.objective)
+            np.testing.assert_allclose(sol.params.b[k], ref.params.b, atol=1e-4)
+
+
+def test_status_codes(x64):
+    # One outer step (a quadratic penalty, mu = 0) cannot make an active constraint
+    # feasible to 1e-9; twelve LBFGS steps cannot reach stationarity; with the full budget, tau = -1 converges in one
+    # outer step and an active tau in several. (The shapes of the n = 4 parity batch.)
+    problems = _instances(4, SMALL, 0)
+    packed, _ = pack_batch(problems, "float64")
+    lams = jnp.zeros(4)
+    taus = jnp.asarray([-1.0, 0.995, 0.99, -1.0])
+    tight = solvers.solve_batch(packed, lams, taus, options=SolverOptions(max_outer=1, max_iter=12))
+    assert list(np.asarray(tight.status)) == [Status.MAX_ITERATIONS, Status.INFEASIBLE,
+                                              Status.INFEASIBLE, Status.MAX_ITERATIONS]
+    assert np.all(np.asarray(tight.violation[1:3]) > 1e-9)
+    full = solvers.solve_batch(packed, lams, taus)
+    assert np.all(np.asarray(full.status) == Status.CONVERGED)
+    assert list(np.asarray(full.outer_iterations)[[0, 3]]) == [1, 1]
+    assert np.all(np.asarray(full.outer_iterations)[1:3] > 1)
+    pg = solvers.solve_batch(packed, lams, taus, method="projected",
+                             options=SolverOptions(max_pg_iter=3, pg_restart=3))
+    assert np.all(np.asarray(pg.status) == Status.MAX_ITERATIONS)
+    assert np.all(np.asarray(pg.iterations) == 3)
+
+
+def test_nonfinite_status():
+    # An instance whose data overflow float32 reports NONFINITE instead of raising.
+    prob = Problem(jnp.full((1, 64, 1), 3e38, jnp.float32), jnp.zeros((1, 64), jnp.int32),
+                   jnp.zeros((1, 64), jnp.int32), jnp.ones((1, 64), jnp.float32), 8)
+    prob = jax.tree.map(lambda a: a.at[0, 0].set(1) if a.dtype == jnp.int32 else a, prob)
+    sol = solvers.solve_batch(prob, jnp.zeros(1), jnp.full(1, -1.0), method="projected")
+    assert int(sol.status[0]) == Status.NONFINITE
+
+
+def test_unknown_method():
+    with pytest.raises(ValueError, match="unknown JAX solver"):
+        solvers.solve_batch(None, None, None, method="bfgs")
