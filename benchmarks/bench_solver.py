@@ -4,8 +4,11 @@ For every class count n in {2, ..., 6} it fits all context sizes i = 1..5 x 5 se
 k = 8 surrogate data (Algorithm 1: N = P(8, i) (8 - i) = 56, 336, 1680, 6720, 20160
 rows), tau from the Appendix A schedule and the default lambda_inv:
 
-  (a) as ONE ``jit(vmap)`` call per n and JAX solver (augmented Lagrangian, projected
-      gradient), rows padded to a common N;
+  (a) as ONE jitted call per n and JAX solver (augmented Lagrangian, projected
+      gradient): by default one vmap per padded row count inside it (the
+      ``fit_batch`` default, ``--layouts bucketed``), or every problem padded to the
+      largest N in one vmap (``--layouts padded``; both side by side with
+      ``--layouts bucketed padded``);
   (b) as a loop of ``scipy.optimize.minimize(method="trust-constr")`` calls (float64,
       exact JAX derivatives), the paper's solver. The mean-cosine loop is the reference
       of the augmented Lagrangian, the per-class loop that of the projected solver.
@@ -79,14 +82,29 @@ def median_time(fn, repeats):
     return statistics.median(times)
 
 
-def time_jax(method, packed, lams, taus, repeats):
+def time_jax(method, problems, lams, taus, dtype, repeats, bucketed=True):
+    """Compile and time ONE jitted call on all problems: bucketed (a vmap per padded
+    row count, as ``calibrators.fit_batch`` does by default) or padded to the largest
+    N in one vmap. Returns compile s, median run s and the solutions in problem order."""
+    if bucketed:
+        indices, packed, _ = calibrators.pack_buckets(problems, dtype)
+    else:
+        one, _ = calibrators.pack_batch(problems, dtype)
+        indices, packed = [list(range(len(problems)))], [one]
+    args = (tuple(packed),
+            tuple(jnp.asarray([lams[k] for k in idx], dtype) for idx in indices),
+            tuple(jnp.asarray([taus[k] for k in idx], dtype) for idx in indices))
     fn = solvers._batched(method, False, None)
     t = time.perf_counter()
-    compiled = fn.lower(packed, lams, taus).compile()
+    compiled = fn.lower(*args).compile()
     compile_s = time.perf_counter() - t
-    sol = jax.block_until_ready(compiled(packed, lams, taus))  # warm-up
-    run_s = median_time(lambda: jax.block_until_ready(compiled(packed, lams, taus)), repeats)
-    return compile_s, run_s, jax.device_get(sol)
+    sols = jax.block_until_ready(compiled(*args))  # warm-up
+    run_s = median_time(lambda: jax.block_until_ready(compiled(*args)), repeats)
+    sols = jax.device_get(sols)
+    order = np.argsort(np.concatenate([np.asarray(idx) for idx in indices]), kind="stable")
+    merged = jax.tree.map(lambda *a: np.concatenate(a)[order], *sols)
+    padded_rows = sum(int(p.features.shape[0] * p.features.shape[1]) for p in packed)
+    return compile_s, run_s, merged, padded_rows
 
 
 def scipy_loop(problems, lams, taus, per_class, options=solvers.ScipyOptions()):
@@ -127,7 +145,7 @@ def max_gap(jax_sol, refs, accs):
     return (max(gaps) if gaps else float("nan")), int(lower), unbounded, abs_gap
 
 
-def bench_timing(classes, seeds, repeats, scipy_seeds, dtypes):
+def bench_timing(classes, seeds, repeats, scipy_seeds, dtypes, layouts):
     rows = []
     for n in classes:
         problems = []
@@ -152,30 +170,34 @@ def bench_timing(classes, seeds, repeats, scipy_seeds, dtypes):
 
         for dtype in dtypes:
             with jax.enable_x64(dtype == "float64"):
-                packed, sizes = calibrators.pack_batch(problems, dtype)
-                jl = jnp.asarray(lams, dtype)
-                jt = jnp.asarray(taus, dtype)
-                for method, refs, ref_run in (("augmented_lagrangian", ref_mean, scipy_run),
-                                              ("projected", ref_pc, scipy_pc_run)):
-                    compile_s, run_s, sol = time_jax(method, packed, jl, jt, repeats)
-                    gap, lower, unbounded, abs_gap = max_gap(sol, refs, accs)
-                    row = dict(
-                        n=n, dtype=dtype, solver=method, problems=len(problems),
-                        padded_rows=int(packed.features.shape[1]),
-                        real_rows=int(sum(sizes)),
-                        jax_compile_s=compile_s, jax_run_s=run_s,
-                        scipy_run_s=ref_run, scipy_problems_timed=len(refs),
-                        ratio=ref_run / run_s, max_rel_gap=gap, jax_lower=lower,
-                        no_minimiser=unbounded, no_minimiser_abs_gap=abs_gap,
-                        jax_not_converged=int(np.sum(np.asarray(sol.status) != 0)),
-                        scipy_not_converged=int(sum(int(r.status) != 0 for r in refs)),
-                        max_iterations=int(np.max(sol.iterations)),
-                        max_violation=float(np.max(sol.violation)),
-                    )
-                    rows.append(row)
-                    print(f"  n={n} {dtype:7s} {method:20s} compile {compile_s:6.2f}s "
-                          f"run {run_s:7.3f}s  scipy {ref_run:7.3f}s  ratio {row['ratio']:6.2f}x"
-                          f"  gap {gap:.1e}", flush=True)
+                for layout in layouts:
+                    for method, refs, ref_run in (
+                            ("augmented_lagrangian", ref_mean, scipy_run),
+                            ("projected", ref_pc, scipy_pc_run)):
+                        compile_s, run_s, sol, padded = time_jax(
+                            method, problems, lams, taus, dtype, repeats,
+                            bucketed=layout == "bucketed")
+                        gap, lower, unbounded, abs_gap = max_gap(sol, refs, accs)
+                        row = dict(
+                            n=n, dtype=dtype, layout=layout, solver=method,
+                            problems=len(problems), padded_rows=padded,
+                            real_rows=int(sum(len(p[1]) for p in problems)),
+                            jax_compile_s=compile_s, jax_run_s=run_s,
+                            scipy_run_s=ref_run, scipy_problems_timed=len(refs),
+                            ratio=ref_run / run_s, max_rel_gap=gap, jax_lower=lower,
+                            no_minimiser=unbounded, no_minimiser_abs_gap=abs_gap,
+                            jax_not_converged=int(np.sum(np.asarray(sol.status) != 0)),
+                            jax_status_counts={int(c): int(v) for c, v in zip(
+                                *np.unique(np.asarray(sol.status), return_counts=True))},
+                            scipy_not_converged=int(sum(int(r.status) != 0 for r in refs)),
+                            max_iterations=int(np.max(sol.iterations)),
+                            max_violation=float(np.max(sol.violation)),
+                        )
+                        rows.append(row)
+                        print(f"  n={n} {dtype:7s} {layout:8s} {method:20s} compile "
+                              f"{compile_s:6.2f}s run {run_s:7.3f}s  scipy {ref_run:7.3f}s  "
+                              f"ratio {row['ratio']:6.2f}x  gap {gap:.1e}  "
+                              f"status {row['jax_status_counts']}", flush=True)
     return rows
 
 
@@ -261,25 +283,25 @@ def print_tables(timing, ablation):
               "over those; 'jax lower' counts problems where JAX ended > 1e-5 below SciPy; "
               "'no min' those without a finite minimiser (base 100% right in-sample), "
               "left out of the gap.")
-        head = (f"{'n':>2} {'dtype':7} {'solver':20} {'rows pad/real':>15} {'compile s':>9} "
+        head = (f"{'n':>2} {'dtype':7} {'layout':8} {'solver':20} {'rows pad/real':>15} {'compile s':>9} "
                 f"{'run s':>8} {'scipy s':>8} {'ratio':>7} {'max gap':>8} {'jax lower':>9} {'no min':>6} "
                 f"{'not conv jax/sp':>15}")
         print(head)
         print("-" * len(head))
         for r in timing:
-            print(f"{r['n']:>2} {r['dtype']:7} {r['solver']:20} "
-                  f"{r['padded_rows'] * r['problems']:>7}/{r['real_rows']:<7} "
+            print(f"{r['n']:>2} {r['dtype']:7} {r['layout']:8} {r['solver']:20} "
+                  f"{r['padded_rows']:>7}/{r['real_rows']:<7} "
                   f"{r['jax_compile_s']:>9.2f} {r['jax_run_s']:>8.3f} {r['scipy_run_s']:>8.2f} "
                   f"{r['ratio']:>6.1f}x {r['max_rel_gap']:>8.1e} {r['jax_lower']:>9} {r['no_minimiser']:>6} "
                   f"{r['jax_not_converged']:>7}/{r['scipy_not_converged']:<7}")
         total = {}
         for r in timing:
-            agg = total.setdefault((r["dtype"], r["solver"]), [0.0, 0.0, 0.0])
+            agg = total.setdefault((r["dtype"], r["layout"], r["solver"]), [0.0, 0.0, 0.0])
             agg[0] += r["jax_run_s"]
             agg[1] += r["scipy_run_s"]
             agg[2] = max(agg[2], r["max_rel_gap"])
-        for (dtype, solver), (jr, sr, gap) in total.items():
-            print(f"all n  {dtype:7} {solver:20}: jax {jr:.2f}s, scipy {sr:.1f}s, "
+        for (dtype, layout, solver), (jr, sr, gap) in total.items():
+            print(f"all n  {dtype:7} {layout:8} {solver:20}: jax {jr:.2f}s, scipy {sr:.1f}s, "
                   f"ratio {sr / jr:.1f}x (target 50x), max gap {gap:.1e} (target 1e-5)")
     if ablation:
         print("\nAblation (synthetic, mean over worlds x seeds): SC ensemble on fresh samples")
@@ -299,6 +321,10 @@ def main(argv=None):
     p.add_argument("--scipy-seeds", type=int, default=1,
                    help="seeds whose problems SciPy solves (its time is extrapolated per problem)")
     p.add_argument("--dtypes", nargs="+", default=["float32", "float64"])
+    p.add_argument("--layouts", nargs="+", default=["bucketed"],
+                   choices=["bucketed", "padded"],
+                   help="bucketed: one vmap per padded row count (fit_batch's default); "
+                        "padded: every problem padded to the largest N in one vmap")
     p.add_argument("--ablation-seeds", type=int, default=4)
     p.add_argument("--skip-timing", action="store_true")
     p.add_argument("--skip-ablation", action="store_true")
@@ -307,7 +333,7 @@ def main(argv=None):
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}, "
           f"{os.cpu_count()} CPUs, {platform.processor() or platform.machine()}", flush=True)
     timing = [] if args.skip_timing else bench_timing(
-        args.classes, args.seeds, args.repeats, args.scipy_seeds, args.dtypes)
+        args.classes, args.seeds, args.repeats, args.scipy_seeds, args.dtypes, args.layouts)
     ablation = {} if args.skip_ablation else bench_ablation(args.ablation_seeds)
     print_tables(timing, ablation)
     out = Path(args.out)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -105,6 +105,13 @@ class SolverOptions:
         instance pays the batch's largest count, and near float32's noise floor the
         search runs to its limit before giving up: 10 (jaxopt: 30) gave identical
         optima in half the time on the k = 8, n = 3 benchmark batch.
+    max_scale: an augmented-Lagrangian inner solve that ends infeasible with some
+        |b_c| or |w_c| above this has run off to infinity along a direction in which
+        the data are separable: the objective tends to 0 there, while the cosine's
+        gradient vanishes like 1/||theta||, so the penalty can never pull it back.
+        Such a step is rejected (x and mu kept, rho grown). Features are log-odds of
+        order 1-10, so an infeasible calibrator with logits scaled by 1e3 is never an
+        answer; feasible iterates are never rejected, whatever their scale.
     """
 
     tol: float | None = None
@@ -120,6 +127,7 @@ class SolverOptions:
     max_pg_iter: int = 10000
     pg_restart: int = 100
     max_linesearch: int = 10
+    max_scale: float = 1e3
 
     def tolerances(self, dtype, projected: bool = False) -> tuple[float, float]:
         f64 = jnp.dtype(dtype) == jnp.float64
@@ -195,6 +203,7 @@ class _ALState(NamedTuple):
     outer: Array
     inner: Array  # LBFGS iterations so far
     converged: Array
+    stop: Array  # a run-off that rho can no longer counter: give up
 
 
 def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = False,
@@ -244,8 +253,17 @@ def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = F
         unroll=False,
     )
 
+    def fresh_state(x, mu, rho):
+        # jaxopt starts the line search of a fresh state at max_stepsize, i.e. a
+        # first step of 1e3 x the gradient: from there the zoom search cannot
+        # shrink back into the basin within max_linesearch evaluations, and a failed
+        # search with no acceptable point takes its last trial step anyway (a jump
+        # to w ~ -300 was seen). Start at 1 and let the step grow from there.
+        st = inner.init_state(x, mu, rho, problem, lambda_inv, tau)
+        return st._replace(stepsize=jnp.ones_like(st.stepsize))
+
     def cond(s: _ALState):
-        return (~s.converged) & (s.outer < options.max_outer)
+        return (~s.converged) & (~s.stop) & (s.outer < options.max_outer)
 
     def body(s: _ALState):
         step = inner.run(s.step, s.mu, s.rho, problem, lambda_inv, tau)
@@ -264,25 +282,37 @@ def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = F
         # beyond what is needed it only costs precision.
         stalled = (measure > options.progress * s.measure) & (measure > feas_tol)
         rho = jnp.where(stalled, jnp.minimum(s.rho * options.rho_growth, rho_max), s.rho)
+        # A run-off (see SolverOptions.max_scale): reject the step, keep x and mu,
+        # and grow rho until the penalty outweighs the separable direction's gain.
+        scale = jnp.max(jnp.abs(jnp.concatenate(
+            [jnp.ravel(a) for a in jax.tree.leaves(step.params)])))
+        run_off = (g < -feas_tol) & ~(scale <= options.max_scale)
+        x = jax.tree.map(lambda a, b: jnp.where(run_off, a, b), s.step.params, step.params)
+        mu = jnp.where(run_off, s.mu, mu)
+        rho = jnp.where(run_off, jnp.minimum(s.rho * options.rho_growth, rho_max), rho)
+        give_up = run_off & (s.rho >= rho_max)
         # A line search that failed far from stationarity leaves a curvature pair
-        # that can keep the next direction useless: restart the memory then.
-        fresh = inner.init_state(step.params, mu, rho, problem, lambda_inv, tau)
-        state = jax.tree.map(lambda a, b: jnp.where(stuck, a, b), fresh, state)
-        return _ALState(OptStep(step.params, state), mu, rho, measure, s.outer + 1,
+        # that can keep the next direction useless: restart the memory then (and
+        # after a rejected step, whose history describes the run-off).
+        fresh = fresh_state(x, mu, rho)
+        state = jax.tree.map(lambda a, b: jnp.where(stuck | run_off, a, b), fresh, state)
+        return _ALState(OptStep(x, state), mu, rho,
+                        jnp.where(run_off, s.measure, measure), s.outer + 1,
                         s.inner + step.state.iter_num - s.step.state.iter_num,
-                        inner_ok & (measure <= feas_tol))
+                        inner_ok & (measure <= feas_tol) & ~run_off, give_up)
 
     x0 = _initial_x(problem, sc_star)
     mu0 = jnp.zeros((), dtype)
     rho0 = jnp.asarray(options.rho_init, dtype)
     init = _ALState(
-        step=OptStep(x0, inner.init_state(x0, mu0, rho0, problem, lambda_inv, tau)),
+        step=OptStep(x0, fresh_state(x0, mu0, rho0)),
         mu=mu0,
         rho=rho0,
         measure=jnp.asarray(jnp.inf, dtype),
         outer=jnp.zeros((), jnp.int32),
         inner=jnp.zeros((), jnp.int32),
         converged=jnp.asarray(False),
+        stop=jnp.asarray(False),
     )
     s = jax.lax.while_loop(cond, body, init)
     params = _to_params(s.step.params, sc_star)
@@ -412,25 +442,41 @@ def _batched(method: str, sc_star: bool, options: SolverOptions | None):
     def one(problem, lambda_inv, tau):
         return fn(problem, lambda_inv, tau, **kwargs)
 
-    def batch(problem, lambda_inv, tau):
+    def batch(problems, lambda_invs, taus):
+        # A tuple of buckets, each its own vmap (and so its own while_loops) inside
+        # the one compiled program.
         trace_counts[method] += 1  # runs only while tracing
-        return jax.vmap(one)(problem, lambda_inv, tau)
+        return tuple(jax.vmap(one)(p, lam, t) for p, lam, t in zip(problems, lambda_invs, taus))
 
     return jax.jit(batch)
 
 
-def solve_batch(problem: Problem, lambda_inv: Array, tau: Array, *,
+def solve_batch(problem: Problem | Sequence[Problem], lambda_inv, tau, *,
                 method: str = "augmented_lagrangian", sc_star: bool = False,
-                options: SolverOptions | None = None) -> Solution:
+                options: SolverOptions | None = None):
     """``jit(vmap(method))`` over a batch: every array of ``problem`` has a leading
     ``[B]`` axis, ``lambda_inv`` and ``tau`` are ``[B]``. One compilation per (shapes,
     dtype, num_queries, method, sc_star, options); data, lambda_inv and tau are traced,
     so changing them never recompiles. Padded rows must have mask 0.
+
+    ``problem`` may also be a sequence of batched problems (buckets, each padded to
+    its own N), with ``lambda_inv`` and ``tau`` sequences of matching ``[B_j]``
+    arrays: each bucket is vmapped on its own inside the ONE compiled call and a
+    tuple of :class:`Solution` is returned. Under vmap every instance pays for the
+    batch's padded N and for its slowest instance's iterations, so grouping problems
+    of similar size saves both (see ``sc_jax.calibrators.fit_batch``).
     """
     if method not in _JAX_METHODS:
         raise ValueError(f"unknown JAX solver {method!r}; choose one of "
                          f"{tuple(_JAX_METHODS)} (or 'scipy' through sc_jax.calibrators.fit)")
-    return _batched(method, sc_star, options)(problem, lambda_inv, tau)
+    fn = _batched(method, sc_star, options)
+    if isinstance(problem, Problem):
+        return fn((problem,), (lambda_inv,), (tau,))[0]
+    problem, lambda_inv, tau = tuple(problem), tuple(lambda_inv), tuple(tau)
+    if not (len(problem) == len(lambda_inv) == len(tau)):
+        raise ValueError(f"{len(problem)} buckets but {len(lambda_inv)} lambda_inv and "
+                         f"{len(tau)} tau arrays")
+    return fn(problem, lambda_inv, tau)
 
 
 # ---------------------------------------------------------------------------------

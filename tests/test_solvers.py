@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sc_jax import solvers
+from sc_jax import calibrators, solvers, synthetic
 from sc_jax.calibrators import pack_batch
 from sc_jax.objective import Params, Problem, calibrated_logits, class_cosines
 from sc_jax.solvers import SolverOptions, Status
@@ -252,3 +252,30 @@ def test_nonfinite_status():
 def test_unknown_method():
     with pytest.raises(ValueError, match="unknown JAX solver"):
         solvers.solve_batch(None, None, None, method="bfgs")
+
+
+def test_separable_run_off_is_rejected():
+    # 56 rows of k = 8 surrogate data (size 1) that an affine map separates along a
+    # direction just outside the trust region (mean cosine 0.98 < tau = 0.9989): the
+    # first penalised subproblem runs off to infinity along it, where the objective
+    # tends to 0 and the cosine's gradient vanishes. Before the max_scale guard (and
+    # the unit first step of a fresh LBFGS state) the augmented Lagrangian returned
+    # that run-off, INFEASIBLE, |w| ~ 1e15, objective ~ 1e16, in either dtype.
+    rng = np.random.default_rng(1002)
+    world = synthetic.World(4, rng.uniform(0.5, 1.5, 3), beta=rng.normal(size=3) * 0.5,
+                            seed=2)
+    x, y, g = world.surrogate(8, (1,))[1]
+    acc = calibrators.base_accuracy(x, y)
+    tau = calibrators.tau_from_accuracy(acc, 4)
+    assert len(y) == 56 and acc < 1 and tau > 0.998
+    ref = calibrators.fit(x, y, g, tau=tau, solver="scipy")
+    f32 = calibrators.fit(x, y, g, tau=tau)
+    assert f32.status == Status.CONVERGED and f32.violation <= 1e-6
+    assert f32.objective <= ref.objective * (1 + 1e-5)
+    # In float64 the instance stays hard (the class that the data separate along the
+    # identity has no finite optimal scale): the guard must still return a feasible,
+    # finite calibrator better than the base model.
+    f64 = calibrators.fit(x, y, g, tau=tau, dtype="float64")
+    base = calibrators.fit(x, y, g, tau=tau, options=SolverOptions(max_outer=0))
+    assert f64.violation <= 1e-9 and np.all(np.isfinite(f64.w))
+    assert f64.objective < base.objective
