@@ -5,10 +5,13 @@ k = 8 surrogate data (Algorithm 1: N = P(8, i) (8 - i) = 56, 336, 1680, 6720, 20
 rows), tau from the Appendix A schedule and the default lambda_inv:
 
   (a) as ONE jitted call per n and JAX solver (augmented Lagrangian, projected
-      gradient): by default one vmap per padded row count inside it (the
+      gradient): by default one group per padded row count inside it (the
       ``fit_batch`` default, ``--layouts bucketed``), or every problem padded to the
-      largest N in one vmap (``--layouts padded``; both side by side with
-      ``--layouts bucketed padded``);
+      largest N (``--layouts padded``; both side by side with
+      ``--layouts bucketed padded``). Within a group the instances are vmapped
+      whole (``--batch-sizes all``), run one after another by ``lax.map``
+      (``1``), or in vmapped chunks (an int); ``auto`` (default) is fit_batch's
+      backend default, 1 on CPU and all on GPU/TPU;
   (b) as a loop of ``scipy.optimize.minimize(method="trust-constr")`` calls (float64,
       exact JAX derivatives), the paper's solver. The mean-cosine loop is the reference
       of the augmented Lagrangian, the per-class loop that of the projected solver.
@@ -16,8 +19,11 @@ rows), tau from the Appendix A schedule and the default lambda_inv:
 Compile time and run time are reported separately (the SciPy loop is warmed up once,
 which compiles its JAX derivative functions for every N); run times are medians over
 ``--repeats`` runs with ``block_until_ready``. The ratio is (b) run / (a) run, and the
-gap the largest relative objective difference |f_jax - f_scipy| / |f_scipy| over the
-problems both solvers report converged. Target: (a) >= 50x faster at gaps <= 1e-5.
+gap the largest relative objective excess (f_jax - f_scipy) / |f_scipy| over the
+problems that have a finite minimiser. Each problem above 1e-5 is listed with the KKT
+residual of both points, which tells another local optimum of the non-convex problem
+(residual ~ 0) from an unfinished solve. Target: (a) >= 50x faster at gaps <= 1e-5.
+Rows are written to the JSON as they finish, so an interrupted run keeps them.
 
 Then an ablation on synthetic data with a known truth: lambda_inv in {0, 0.1, 1, 10}
 x trust region on (Appendix A tau) / off (tau = -1), mean test accuracy and macro-F1
@@ -30,6 +36,7 @@ a label bias, a per-context shift and per-row noise), so no model is needed.
 
   python benchmarks/bench_solver.py                    # everything, JSON to bench_out/
   python benchmarks/bench_solver.py --classes 2 3 --repeats 1 --skip-ablation
+  python benchmarks/bench_solver.py --classes 4 --batch-sizes all 1 --skip-ablation
 """
 
 from __future__ import annotations
@@ -82,10 +89,26 @@ def median_time(fn, repeats):
     return statistics.median(times)
 
 
-def time_jax(method, problems, lams, taus, dtype, repeats, bucketed=True):
-    """Compile and time ONE jitted call on all problems: bucketed (a vmap per padded
-    row count, as ``calibrators.fit_batch`` does by default) or padded to the largest
-    N in one vmap. Returns compile s, median run s and the solutions in problem order."""
+def parse_batch(value):
+    """--batch-sizes entry -> resolved ``_batched`` batch size: "auto" is fit_batch's
+    backend default, "all" one vmap per bucket, an int that many per vmap."""
+    if value == "auto":
+        return solvers.resolve_batch_size(None)
+    if value == "all":
+        return None
+    return solvers.resolve_batch_size(int(value))
+
+
+def batch_label(batch):
+    return "vmap" if batch is None else ("map" if batch == 1 else f"map/{batch}")
+
+
+def time_jax(method, problems, lams, taus, dtype, repeats, bucketed=True, batch=None):
+    """Compile and time ONE jitted call on all problems: bucketed (one vmap or map per
+    padded row count, as ``calibrators.fit_batch`` does by default) or padded to the
+    largest N; ``batch`` as resolved by :func:`parse_batch` (None: whole-bucket vmap,
+    1: ``lax.map`` one instance after another). Returns compile s, median run s and
+    the solutions in problem order."""
     if bucketed:
         indices, packed, _ = calibrators.pack_buckets(problems, dtype)
     else:
@@ -94,7 +117,7 @@ def time_jax(method, problems, lams, taus, dtype, repeats, bucketed=True):
     args = (tuple(packed),
             tuple(jnp.asarray([lams[k] for k in idx], dtype) for idx in indices),
             tuple(jnp.asarray([taus[k] for k in idx], dtype) for idx in indices))
-    fn = solvers._batched(method, False, None)
+    fn = solvers._batched(method, False, None, batch)
     t = time.perf_counter()
     compiled = fn.lower(*args).compile()
     compile_s = time.perf_counter() - t
@@ -107,14 +130,35 @@ def time_jax(method, problems, lams, taus, dtype, repeats, bucketed=True):
     return compile_s, run_s, merged, padded_rows
 
 
+def _sp_problem(x, y, g):
+    g = np.unique(g, return_inverse=True)[1].reshape(-1)
+    return Problem(np.asarray(x, np.float64), y.astype(np.int32), g.astype(np.int32),
+                   np.ones(len(y)), int(g.max()) + 1)
+
+
 def scipy_loop(problems, lams, taus, per_class, options=solvers.ScipyOptions()):
-    out = []
-    for (x, y, g), lam, tau in zip(problems, lams, taus):
-        g = np.unique(g, return_inverse=True)[1].reshape(-1)
-        prob = Problem(x, y.astype(np.int32), g.astype(np.int32), np.ones(len(y)),
-                       int(g.max()) + 1)
-        out.append(solvers.scipy(prob, lam, tau, per_class=per_class, options=options))
-    return out
+    return [solvers.scipy(_sp_problem(*prob), lam, tau, per_class=per_class, options=options)
+            for prob, lam, tau in zip(problems, lams, taus)]
+
+
+def kkt_residual(b, w, prob, lam, tau, per_class):
+    """First-order optimality of (b, w) in float64: || grad f - J_A^T mu || with mu >= 0
+    fitted by NNLS over the near-active constraints A (mean cosine, or the per-class
+    cones). About 0 at any KKT point, global or not; a gap to SciPy at a point with
+    a residual near 0 is another local optimum of the non-convex problem, not an
+    unfinished solve."""
+    from scipy.optimize import nnls  # noqa: PLC0415
+    with jax.enable_x64(True):
+        p = _sp_problem(*prob)
+        x = np.concatenate([np.ravel(b), np.ravel(w)]).astype(np.float64)
+        n1 = x.shape[0] // 2
+        _, grad = solvers._sp_value_and_grad(x, p, lam, False)
+        c, jac = solvers._sp_constraint(x, tau, n1, False, per_class)
+        grad, c, jac = np.asarray(grad), np.asarray(c), np.asarray(jac)
+    active = c <= 1e-6 * (1.0 + np.abs(x[n1:]) if per_class else 1.0)
+    if not active.any():
+        return float(np.linalg.norm(grad))
+    return float(nnls(jac[active].T, grad)[1])
 
 
 def warm_scipy(problems, lams, taus, per_class):
@@ -126,13 +170,14 @@ def warm_scipy(problems, lams, taus, per_class):
 def max_gap(jax_sol, refs, accs):
     """Largest relative objective excess of JAX over SciPy, (f_jax - f_sp) / |f_sp|,
     over the problems SciPy solved (its first len(refs)) that have a minimiser, and
-    how many of those JAX ended more than 1e-5 *below* SciPy (SciPy stopped early).
+    how many of those JAX ended more than 1e-5 *below* SciPy (SciPy stopped early),
+    and the indices of the problems where it ended more than 1e-5 above.
 
     Problems whose base model is already 100% right in-sample (``accs`` = 1) have no
     finite minimiser: scaling w along the identity keeps the constraint and drives
     the objective to its infimum 0, so each solver stops somewhere on the way (both
     below 1e-5). They are counted apart and their absolute gap reported."""
-    gaps, lower, unbounded, abs_gap = [], 0, 0, 0.0
+    gaps, lower, unbounded, abs_gap, over = [], 0, 0, 0.0, []
     for k, ref in enumerate(refs):
         f, f_ref = float(jax_sol.objective[k]), float(ref.objective)
         if accs[k] == 1.0:
@@ -142,10 +187,12 @@ def max_gap(jax_sol, refs, accs):
         rel = (f - f_ref) / abs(f_ref)
         gaps.append(max(rel, 0.0))
         lower += rel < -1e-5
-    return (max(gaps) if gaps else float("nan")), int(lower), unbounded, abs_gap
+        if rel > 1e-5:
+            over.append(k)
+    return (max(gaps) if gaps else float("nan")), int(lower), unbounded, abs_gap, over
 
 
-def bench_timing(classes, seeds, repeats, scipy_seeds, dtypes, layouts):
+def bench_timing(classes, seeds, repeats, scipy_seeds, dtypes, layouts, batches, save):
     rows = []
     for n in classes:
         problems = []
@@ -156,8 +203,9 @@ def bench_timing(classes, seeds, repeats, scipy_seeds, dtypes, layouts):
         taus = [calibrators.tau_from_accuracy(a, n) for a in accs]
         lams = [calibrators.DEFAULT_LAMBDA_INV] * len(problems)
 
-        # (b) SciPy loops on the first `scipy_seeds` seeds (all sizes), after their
-        # JAX derivatives are compiled; run time extrapolated per problem to all seeds.
+        # (b) SciPy loops on the first `scipy_seeds` seeds (all sizes; by default all
+        # seeds), after their JAX derivatives are compiled; with fewer seeds the run
+        # time is extrapolated per problem to all of them.
         sp = len(SIZES) * min(scipy_seeds, seeds)
         scale = len(problems) / sp
         runs = {}
@@ -170,22 +218,37 @@ def bench_timing(classes, seeds, repeats, scipy_seeds, dtypes, layouts):
 
         for dtype in dtypes:
             with jax.enable_x64(dtype == "float64"):
-                for layout in layouts:
+                for layout, batch in [(lay, b) for lay in layouts for b in batches]:
                     for method, refs, ref_run in (
                             ("augmented_lagrangian", ref_mean, scipy_run),
                             ("projected", ref_pc, scipy_pc_run)):
                         compile_s, run_s, sol, padded = time_jax(
                             method, problems, lams, taus, dtype, repeats,
-                            bucketed=layout == "bucketed")
-                        gap, lower, unbounded, abs_gap = max_gap(sol, refs, accs)
+                            bucketed=layout == "bucketed", batch=batch)
+                        gap, lower, unbounded, abs_gap, over = max_gap(sol, refs, accs)
+                        per_class = method == "projected"
+                        # Is each point above the gap target stationary (another local
+                        # optimum) or unfinished? KKT residuals of JAX's and SciPy's.
+                        kkt = [(kkt_residual(sol.params.b[k], sol.params.w[k], problems[k],
+                                             lams[k], taus[k], per_class),
+                                kkt_residual(refs[k].params.b, refs[k].params.w,
+                                             problems[k], lams[k], taus[k], per_class))
+                               for k in over]
                         row = dict(
-                            n=n, dtype=dtype, layout=layout, solver=method,
+                            n=n, dtype=dtype, layout=layout, batch=batch_label(batch),
+                            solver=method,
                             problems=len(problems), padded_rows=padded,
                             real_rows=int(sum(len(p[1]) for p in problems)),
                             jax_compile_s=compile_s, jax_run_s=run_s,
                             scipy_run_s=ref_run, scipy_problems_timed=len(refs),
                             ratio=ref_run / run_s, max_rel_gap=gap, jax_lower=lower,
                             no_minimiser=unbounded, no_minimiser_abs_gap=abs_gap,
+                            over_gap=[dict(problem=k, seed=k // len(SIZES),
+                                           size=SIZES[k % len(SIZES)],
+                                           rel_gap=float((sol.objective[k] - refs[k].objective)
+                                                         / abs(refs[k].objective)),
+                                           kkt_jax=kj, kkt_scipy=ks)
+                                      for k, (kj, ks) in zip(over, kkt)],
                             jax_not_converged=int(np.sum(np.asarray(sol.status) != 0)),
                             jax_status_counts={int(c): int(v) for c, v in zip(
                                 *np.unique(np.asarray(sol.status), return_counts=True))},
@@ -194,10 +257,16 @@ def bench_timing(classes, seeds, repeats, scipy_seeds, dtypes, layouts):
                             max_violation=float(np.max(sol.violation)),
                         )
                         rows.append(row)
-                        print(f"  n={n} {dtype:7s} {layout:8s} {method:20s} compile "
+                        print(f"  n={n} {dtype:7s} {layout:8s} {row['batch']:5s} "
+                              f"{method:20s} compile "
                               f"{compile_s:6.2f}s run {run_s:7.3f}s  scipy {ref_run:7.3f}s  "
                               f"ratio {row['ratio']:6.2f}x  gap {gap:.1e}  "
                               f"status {row['jax_status_counts']}", flush=True)
+                        for o in row["over_gap"]:
+                            print(f"      gap {o['rel_gap']:.1e} at seed {o['seed']} size "
+                                  f"{o['size']}: KKT residual jax {o['kkt_jax']:.1e}, "
+                                  f"scipy {o['kkt_scipy']:.1e}", flush=True)
+                        save(rows)  # an interrupted run keeps every finished row
     return rows
 
 
@@ -278,30 +347,31 @@ def print_tables(timing, ablation):
         r0 = timing[0]
         print(f"\nSolver timing: one jit(vmap) call per n ({r0['problems']} problems: sizes "
               f"1..5 x seeds) vs a loop of SciPy trust-constr. JAX run times are medians; "
-              f"SciPy solved {r0['scipy_problems_timed']} of them (all sizes, first seed(s)), "
-              "its time extrapolated per problem. gap = max (f_jax - f_scipy) / |f_scipy| "
+              f"SciPy solved {r0['scipy_problems_timed']} of them (all sizes, first seed(s); "
+              "if fewer than all, its time is extrapolated per problem). gap = max (f_jax - f_scipy) / |f_scipy| "
               "over those; 'jax lower' counts problems where JAX ended > 1e-5 below SciPy; "
               "'no min' those without a finite minimiser (base 100% right in-sample), "
-              "left out of the gap.")
-        head = (f"{'n':>2} {'dtype':7} {'layout':8} {'solver':20} {'rows pad/real':>15} {'compile s':>9} "
+              "left out of the gap; points above 1e-5 are listed with KKT residuals.")
+        head = (f"{'n':>2} {'dtype':7} {'layout':8} {'batch':5} {'solver':20} {'rows pad/real':>15} {'compile s':>9} "
                 f"{'run s':>8} {'scipy s':>8} {'ratio':>7} {'max gap':>8} {'jax lower':>9} {'no min':>6} "
                 f"{'not conv jax/sp':>15}")
         print(head)
         print("-" * len(head))
         for r in timing:
-            print(f"{r['n']:>2} {r['dtype']:7} {r['layout']:8} {r['solver']:20} "
+            print(f"{r['n']:>2} {r['dtype']:7} {r['layout']:8} {r['batch']:5} {r['solver']:20} "
                   f"{r['padded_rows']:>7}/{r['real_rows']:<7} "
                   f"{r['jax_compile_s']:>9.2f} {r['jax_run_s']:>8.3f} {r['scipy_run_s']:>8.2f} "
                   f"{r['ratio']:>6.1f}x {r['max_rel_gap']:>8.1e} {r['jax_lower']:>9} {r['no_minimiser']:>6} "
                   f"{r['jax_not_converged']:>7}/{r['scipy_not_converged']:<7}")
         total = {}
         for r in timing:
-            agg = total.setdefault((r["dtype"], r["layout"], r["solver"]), [0.0, 0.0, 0.0])
+            agg = total.setdefault((r["dtype"], r["layout"], r["batch"], r["solver"]),
+                                   [0.0, 0.0, 0.0])
             agg[0] += r["jax_run_s"]
             agg[1] += r["scipy_run_s"]
             agg[2] = max(agg[2], r["max_rel_gap"])
-        for (dtype, layout, solver), (jr, sr, gap) in total.items():
-            print(f"all n  {dtype:7} {layout:8} {solver:20}: jax {jr:.2f}s, scipy {sr:.1f}s, "
+        for (dtype, layout, batch, solver), (jr, sr, gap) in total.items():
+            print(f"all n  {dtype:7} {layout:8} {batch:5} {solver:20}: jax {jr:.2f}s, scipy {sr:.1f}s, "
                   f"ratio {sr / jr:.1f}x (target 50x), max gap {gap:.1e} (target 1e-5)")
     if ablation:
         print("\nAblation (synthetic, mean over worlds x seeds): SC ensemble on fresh samples")
@@ -318,13 +388,18 @@ def main(argv=None):
     p.add_argument("--classes", type=int, nargs="+", default=[2, 3, 4, 5, 6])
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--scipy-seeds", type=int, default=1,
-                   help="seeds whose problems SciPy solves (its time is extrapolated per problem)")
+    p.add_argument("--scipy-seeds", type=int, default=None,
+                   help="seeds whose problems SciPy solves (default: all; fewer are "
+                        "faster, and SciPy's time is then extrapolated per problem)")
     p.add_argument("--dtypes", nargs="+", default=["float32", "float64"])
     p.add_argument("--layouts", nargs="+", default=["bucketed"],
                    choices=["bucketed", "padded"],
                    help="bucketed: one vmap per padded row count (fit_batch's default); "
                         "padded: every problem padded to the largest N in one vmap")
+    p.add_argument("--batch-sizes", nargs="+", default=["auto"],
+                   help="instances per vmap: auto (fit_batch's default: 1 on CPU, all "
+                        "on GPU/TPU), all (one vmap per bucket), or an int (lax.map over "
+                        "chunks of that many); several are timed side by side")
     p.add_argument("--ablation-seeds", type=int, default=4)
     p.add_argument("--skip-timing", action="store_true")
     p.add_argument("--skip-ablation", action="store_true")
@@ -332,17 +407,25 @@ def main(argv=None):
 
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}, "
           f"{os.cpu_count()} CPUs, {platform.processor() or platform.machine()}", flush=True)
-    timing = [] if args.skip_timing else bench_timing(
-        args.classes, args.seeds, args.repeats, args.scipy_seeds, args.dtypes, args.layouts)
-    ablation = {} if args.skip_ablation else bench_ablation(args.ablation_seeds)
-    print_tables(timing, ablation)
+    scipy_seeds = args.seeds if args.scipy_seeds is None else args.scipy_seeds
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(dict(
-        device=str(jax.devices()[0]), cpus=os.cpu_count(), jax=jax.__version__,
-        sizes=SIZES, k=K, seeds=args.seeds, repeats=args.repeats,
-        default_lambda_inv=calibrators.DEFAULT_LAMBDA_INV,
-        timing=timing, ablation=ablation), indent=2))
+
+    def save(timing, ablation=None, complete=False):
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(dict(
+            device=str(jax.devices()[0]), cpus=os.cpu_count(), jax=jax.__version__,
+            sizes=SIZES, k=K, seeds=args.seeds, scipy_seeds=scipy_seeds,
+            repeats=args.repeats, default_lambda_inv=calibrators.DEFAULT_LAMBDA_INV,
+            complete=complete, timing=timing, ablation=ablation or {}), indent=2))
+        tmp.replace(out)  # atomic: a kill mid-write leaves the previous file
+
+    timing = [] if args.skip_timing else bench_timing(
+        args.classes, args.seeds, args.repeats, scipy_seeds, args.dtypes, args.layouts,
+        [parse_batch(b) for b in args.batch_sizes], save)
+    ablation = {} if args.skip_ablation else bench_ablation(args.ablation_seeds)
+    print_tables(timing, ablation)
+    save(timing, ablation, complete=True)
     print(f"\nwrote {out}")
 
 

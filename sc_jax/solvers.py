@@ -16,7 +16,9 @@ Three solvers, all on the objective of :mod:`sc_jax.objective`:
   solves either constraint form (``per_class``).
 
 The JAX solvers are pure functions of pytrees, without Python control flow on values,
-so :func:`solve_batch` runs ``jit(vmap(.))`` over a batch of problems padded to one N.
+so :func:`solve_batch` runs ``jit(vmap(.))`` over a batch of problems padded to one N
+(on CPU by default ``jit(lax.map(.))``, one instance after another: see
+:func:`resolve_batch_size`).
 Each instance returns a :class:`Status` code instead of raising (optimistix-style).
 
 jaxopt is imported inside the functions that use it: importing it prints a deprecation
@@ -110,8 +112,11 @@ class SolverOptions:
         the data are separable: the objective tends to 0 there, while the cosine's
         gradient vanishes like 1/||theta||, so the penalty can never pull it back.
         Such a step is rejected (x and mu kept, rho grown). Features are log-odds of
-        order 1-10, so an infeasible calibrator with logits scaled by 1e3 is never an
-        answer; feasible iterates are never rejected, whatever their scale.
+        order 1-10, so an infeasible calibrator with logits scaled by 1e4 is never an
+        answer; feasible iterates are never rejected, whatever their scale. Not lower:
+        a nearly separable class can have a legitimate subproblem minimiser with w_c
+        in the thousands (n = 5 benchmark instances: 1e3 rejected such steps, grew rho
+        needlessly and ended infeasible where SciPy converged).
     """
 
     tol: float | None = None
@@ -127,7 +132,7 @@ class SolverOptions:
     max_pg_iter: int = 10000
     pg_restart: int = 100
     max_linesearch: int = 10
-    max_scale: float = 1e3
+    max_scale: float = 1e4
 
     def tolerances(self, dtype, projected: bool = False) -> tuple[float, float]:
         f64 = jnp.dtype(dtype) == jnp.float64
@@ -288,7 +293,12 @@ def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = F
             [jnp.ravel(a) for a in jax.tree.leaves(step.params)])))
         run_off = (g < -feas_tol) & ~(scale <= options.max_scale)
         x = jax.tree.map(lambda a, b: jnp.where(run_off, a, b), s.step.params, step.params)
-        mu = jnp.where(run_off, s.mu, mu)
+        # A multiplier update needs a solved subproblem: after a stuck inner solve
+        # (line search failed far from stationarity) keep mu and rho and only restart
+        # the memory. Updating them from such a point made mu oscillate and rho hit
+        # rho_max, and the iterates then ran away (n = 5, tight tau benchmark cases).
+        mu = jnp.where(run_off | stuck, s.mu, mu)
+        rho = jnp.where(stuck, s.rho, rho)
         rho = jnp.where(run_off, jnp.minimum(s.rho * options.rho_growth, rho_max), rho)
         give_up = run_off & (s.rho >= rho_max)
         # A line search that failed far from stationarity leaves a curvature pair
@@ -432,8 +442,30 @@ _JAX_METHODS: dict[str, Callable[..., Solution]] = {
 trace_counts: dict[str, int] = {name: 0 for name in _JAX_METHODS}
 
 
+def resolve_batch_size(batch_size: int | None) -> int | None:
+    """The number of instances solved in lockstep by one ``vmap``.
+
+    ``None`` picks by backend: 1 on CPU, where a vmapped solve does the instances'
+    arithmetic one after another anyway but makes every instance wait, at each loop
+    step, for the batch's slowest (the nested while_loops run to the largest
+    iteration count of the batch; 2-3.5x slower on the k = 8 benchmark batches, see
+    benchmarks/RESULTS.md); the whole bucket (returned as None) on GPU and TPU, where
+    the lockstep is what fills the device. An int >= 1 is used as given.
+    """
+    if batch_size is None:
+        return 1 if jax.default_backend() == "cpu" else None
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
+            or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
+    return int(batch_size)
+
+
 @functools.lru_cache(maxsize=None)
-def _batched(method: str, sc_star: bool, options: SolverOptions | None):
+def _batched(method: str, sc_star: bool, options: SolverOptions | None,
+             batch_size: int | None = None):
+    """jit of the solver over a tuple of buckets; ``batch_size`` (resolved, static):
+    None vmaps each bucket whole, k runs ``lax.map`` over chunks of k vmapped
+    instances (k = 1: one instance after another, no vmap)."""
     fn = _JAX_METHODS[method]
     kwargs = {"sc_star": sc_star}
     if options is not None:
@@ -442,22 +474,33 @@ def _batched(method: str, sc_star: bool, options: SolverOptions | None):
     def one(problem, lambda_inv, tau):
         return fn(problem, lambda_inv, tau, **kwargs)
 
+    def bucket(p, lam, t):
+        if batch_size is None or batch_size >= lam.shape[0]:
+            return jax.vmap(one)(p, lam, t)
+        return jax.lax.map(lambda a: one(*a), (p, lam, t),
+                           batch_size=None if batch_size == 1 else batch_size)
+
     def batch(problems, lambda_invs, taus):
-        # A tuple of buckets, each its own vmap (and so its own while_loops) inside
-        # the one compiled program.
+        # A tuple of buckets, each its own vmap or map (and so its own while_loops)
+        # inside the one compiled program.
         trace_counts[method] += 1  # runs only while tracing
-        return tuple(jax.vmap(one)(p, lam, t) for p, lam, t in zip(problems, lambda_invs, taus))
+        return tuple(bucket(p, lam, t) for p, lam, t in zip(problems, lambda_invs, taus))
 
     return jax.jit(batch)
 
 
 def solve_batch(problem: Problem | Sequence[Problem], lambda_inv, tau, *,
                 method: str = "augmented_lagrangian", sc_star: bool = False,
-                options: SolverOptions | None = None):
+                options: SolverOptions | None = None, batch_size: int | None = None):
     """``jit(vmap(method))`` over a batch: every array of ``problem`` has a leading
     ``[B]`` axis, ``lambda_inv`` and ``tau`` are ``[B]``. One compilation per (shapes,
-    dtype, num_queries, method, sc_star, options); data, lambda_inv and tau are traced,
-    so changing them never recompiles. Padded rows must have mask 0.
+    dtype, num_queries, method, sc_star, options, batch_size); data, lambda_inv and tau
+    are traced, so changing them never recompiles. Padded rows must have mask 0.
+
+    batch_size: instances per vmap (:func:`resolve_batch_size`; None: 1 on CPU, all
+    on accelerators). With k < B the batch runs as ``lax.map`` over chunks of k, still
+    in the one compiled call; every choice gives the same solutions (a test compares
+    them), only the speed differs.
 
     ``problem`` may also be a sequence of batched problems (buckets, each padded to
     its own N), with ``lambda_inv`` and ``tau`` sequences of matching ``[B_j]``
@@ -469,7 +512,7 @@ def solve_batch(problem: Problem | Sequence[Problem], lambda_inv, tau, *,
     if method not in _JAX_METHODS:
         raise ValueError(f"unknown JAX solver {method!r}; choose one of "
                          f"{tuple(_JAX_METHODS)} (or 'scipy' through sc_jax.calibrators.fit)")
-    fn = _batched(method, sc_star, options)
+    fn = _batched(method, sc_star, options, resolve_batch_size(batch_size))
     if isinstance(problem, Problem):
         return fn((problem,), (lambda_inv,), (tau,))[0]
     problem, lambda_inv, tau = tuple(problem), tuple(lambda_inv), tuple(tau)

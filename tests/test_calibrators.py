@@ -192,6 +192,9 @@ def test_bad_input_is_rejected_before_any_solve(monkeypatch):
         fit_batch([])
     with pytest.raises(ValueError, match="tau has 3 entries for 2 problems"):
         fit_batch([(x, y, g)] * 2, tau=[0.1, 0.2, 0.3])
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="batch_size must be"):
+            fit_batch([(x, y, g)] * 2, batch_size=bad)
 
 
 def test_bucketed_equals_padded():
