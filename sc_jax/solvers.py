@@ -453,7 +453,8 @@ def resolve_batch_size(batch_size: int | None) -> int | None:
     ``None`` picks by backend: 1 on CPU, where a vmapped solve does the instances'
     arithmetic one after another anyway but makes every instance wait, at each loop
     step, for the batch's slowest (the nested while_loops run to the largest
-    iteration count of the batch; 2-3.5x slower on the k = 8 benchmark batches, see
+    iteration count of the batch; 11x (AL) and 3.7x (PG) slower on the k = 8, n = 4
+    float32 benchmark batch, see
     benchmarks/RESULTS.md); the whole bucket (returned as None) on GPU and TPU, where
     the lockstep is what fills the device. An int >= 1 is used as given.
     """
