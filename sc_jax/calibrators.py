@@ -20,11 +20,11 @@ Defaults and where they come from:
   differs. Evidence, the ablation in ``benchmarks/bench_solver.py`` (synthetic k = 8
   surrogate data with per-context shifts, 3 worlds x 4 seeds, SC ensemble over sizes
   1..3, accuracy / macro-F1 on fresh samples, trust region on | off):
-  lambda 0: 0.692/0.682 | 0.729/0.726; 0.1: 0.692/0.682 | 0.729/0.726;
-  1: 0.629/0.589 | 0.589/0.533; 10: 0.568/0.520 | 0.390/0.262
-  (rerun after the solver changes of this revision,
+  lambda 0: 0.692/0.682 | 0.729/0.726; 0.1: 0.692/0.681 | 0.729/0.726;
+  1: 0.622/0.586 | 0.589/0.533; 10: 0.554/0.497 | 0.390/0.262
+  (rerun with the solver of this revision,
   ``benchmarks/bench_solver_ablation_cpu_2core.json``).
-  0 and 0.1 tie (within 0.0003), 1 and 10 lose 6 to 46 points: the symmetric
+  0 and 0.1 tie (within 0.0003), 1 and 10 lose 7 to 46 points: the symmetric
   cross-entropy rewards confident, identical predictions, so a large weight collapses
   the calibrated predictions towards one class (what the reference code's unnormalised
   sum did). 0.1 keeps the paper's invariance term at no measured cost.
