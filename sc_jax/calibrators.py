@@ -395,8 +395,8 @@ def fit_batch(problems: Sequence[tuple], *, lambda_inv=DEFAULT_LAMBDA_INV, tau=N
         :func:`sc_jax.solvers.resolve_batch_size`). ``None``: 1 on CPU, where the
         lockstep only makes every instance wait for the slowest (one after another
         inside the compiled call was 11x (AL) and 3.7x (PG) faster on the n = 4
-        float32 benchmark batch), the
-        whole bucket on GPU/TPU. Same solutions either way (a test compares them).
+        float32 benchmark batch), the whole bucket on GPU/TPU. Same solutions either
+        way (a test compares them).
     Returns one :class:`FitResult` per problem, in order. Solver failures are reported
     in ``status``, never raised; bad input raises ValueError before any solve.
     """

@@ -302,6 +302,9 @@ def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = F
         # (line search failed far from stationarity) keep mu and rho and only restart
         # the memory. Updating them from such a point made mu oscillate and rho hit
         # rho_max, and the iterates then ran away (n = 5, tight tau benchmark cases).
+        # Known cost: a solve classed stuck just above the floor repeats the same
+        # subproblem until max_outer (2 of 25 n = 6 float64 benchmark instances end
+        # INFEASIBLE so; see benchmarks/RESULTS.md).
         mu = jnp.where(run_off | stuck, s.mu, mu)
         rho = jnp.where(stuck, s.rho, rho)
         rho = jnp.where(run_off, jnp.minimum(s.rho * options.rho_growth, rho_max), rho)
@@ -454,9 +457,9 @@ def resolve_batch_size(batch_size: int | None) -> int | None:
     arithmetic one after another anyway but makes every instance wait, at each loop
     step, for the batch's slowest (the nested while_loops run to the largest
     iteration count of the batch; 11x (AL) and 3.7x (PG) slower on the k = 8, n = 4
-    float32 benchmark batch, see
-    benchmarks/RESULTS.md); the whole bucket (returned as None) on GPU and TPU, where
-    the lockstep is what fills the device. An int >= 1 is used as given.
+    float32 benchmark batch, see benchmarks/RESULTS.md); the whole bucket (returned
+    as None) on GPU and TPU, where the lockstep is what fills the device. An int
+    >= 1 is used as given.
     """
     if batch_size is None:
         return 1 if jax.default_backend() == "cpu" else None
