@@ -22,7 +22,7 @@ which compiles its JAX derivative functions for every N); run times are medians 
 gap the largest relative objective excess (f_jax - f_scipy) / |f_scipy| over the
 problems that have a finite minimiser. Each problem above 1e-5 is listed with the KKT
 residual of both points, which tells another local optimum of the non-convex problem
-(residual ~ 0) from an unfinished solve. Target: (a) >= 50x faster at gaps <= 1e-5.
+(residual ~ 0) from an unfinished solve. Target: (a) >= 50x faster at gaps <= 1e-7 (float64), 1e-4 (float32).
 Rows are written to the JSON as they finish, so an interrupted run keeps them.
 
 Then an ablation on synthetic data with a known truth: lambda_inv in {0, 0.1, 1, 10}
@@ -167,11 +167,17 @@ def warm_scipy(problems, lams, taus, per_class):
     scipy_loop(problems, lams, taus, per_class, solvers.ScipyOptions(max_iter=1))
 
 
-def max_gap(jax_sol, refs, accs):
+# Parity targets (issue 11): float64 within 1e-7 of SciPy (or below), float32 within
+# 1e-4 (of the float64 solution; SciPy's stands in for it here).
+GAP_TARGET = {"float64": 1e-7, "float32": 1e-4}
+
+
+def max_gap(jax_sol, refs, accs, target=1e-7):
     """Largest relative objective excess of JAX over SciPy, (f_jax - f_sp) / |f_sp|,
     over the problems SciPy solved (its first len(refs)) that have a minimiser, and
-    how many of those JAX ended more than 1e-5 *below* SciPy (SciPy stopped early),
-    and (index, relative gap) of each problem where it ended more than 1e-5 above.
+    how many of those JAX ended more than ``target`` *below* SciPy (SciPy stopped
+    early), and (index, relative gap) of each problem where it ended more than
+    ``target`` above.
 
     Problems whose base model is already 100% right in-sample (``accs`` = 1) have no
     finite minimiser: scaling w along the identity keeps the constraint and drives
@@ -186,8 +192,8 @@ def max_gap(jax_sol, refs, accs):
             continue
         rel = (f - f_ref) / abs(f_ref)
         gaps.append(max(rel, 0.0))
-        lower += rel < -1e-5
-        if rel > 1e-5:
+        lower += rel < -target
+        if rel > target:
             over.append((k, rel))
     return (max(gaps) if gaps else float("nan")), int(lower), unbounded, abs_gap, over
 
@@ -225,7 +231,8 @@ def bench_timing(classes, seeds, repeats, scipy_seeds, dtypes, layouts, batches,
                         compile_s, run_s, sol, padded = time_jax(
                             method, problems, lams, taus, dtype, repeats,
                             bucketed=layout == "bucketed", batch=batch)
-                        gap, lower, unbounded, abs_gap, over = max_gap(sol, refs, accs)
+                        gap, lower, unbounded, abs_gap, over = max_gap(sol, refs, accs,
+                                                                       GAP_TARGET[dtype])
                         per_class = method == "projected"
                         # Is each point above the gap target stationary (another local
                         # optimum) or unfinished? KKT residuals of JAX's and SciPy's.
@@ -347,9 +354,9 @@ def print_tables(timing, ablation):
               f"1..5 x seeds) vs a loop of SciPy trust-constr. JAX run times are medians; "
               f"SciPy solved {r0['scipy_problems_timed']} of them (all sizes, first seed(s); "
               "if fewer than all, its time is extrapolated per problem). gap = max (f_jax - f_scipy) / |f_scipy| "
-              "over those; 'jax lower' counts problems where JAX ended > 1e-5 below SciPy; "
+              "over those; 'jax lower' counts problems where JAX ended below SciPy by more than the gap target; "
               "'no min' those without a finite minimiser (base 100% right in-sample), "
-              "left out of the gap; points above 1e-5 are listed with KKT residuals.")
+              "left out of the gap; points above the gap target (1e-7 float64, 1e-4 float32) are listed with KKT residuals.")
         head = (f"{'n':>2} {'dtype':7} {'layout':8} {'batch':5} {'solver':20} {'rows pad/real':>15} {'compile s':>9} "
                 f"{'run s':>8} {'scipy s':>8} {'ratio':>7} {'max gap':>8} {'jax lower':>9} {'no min':>6} "
                 f"{'not conv jax/sp':>15}")
@@ -370,7 +377,7 @@ def print_tables(timing, ablation):
             agg[2] = max(agg[2], r["max_rel_gap"])
         for (dtype, layout, batch, solver), (jr, sr, gap) in total.items():
             print(f"all n  {dtype:7} {layout:8} {batch:5} {solver:20}: jax {jr:.2f}s, scipy {sr:.1f}s, "
-                  f"ratio {sr / jr:.1f}x (target 50x), max gap {gap:.1e} (target 1e-5)")
+                  f"ratio {sr / jr:.1f}x (target 50x), max gap {gap:.1e} (target {GAP_TARGET[dtype]:.0e})")
     if ablation:
         print("\nAblation (synthetic, mean over worlds x seeds): SC ensemble on fresh samples")
         print(f"{'lambda_inv':>10} {'trust region':>12} {'accuracy':>9} {'macro-F1':>9} "

@@ -17,6 +17,11 @@ _LAZY = {
     "ModelConfig": "sc_jax.config",
     "Decoder": "sc_jax.model",
     "make_mesh": "sc_jax.sharding",
+    "calibrate": "sc_jax.functional",
+    "Calibration": "sc_jax.functional",
+    "calibrated_log_probs": "sc_jax.functional",
+    "ensemble_proba": "sc_jax.functional",
+    "tau_schedule": "sc_jax.functional",
 }
 
 

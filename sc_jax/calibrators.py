@@ -410,6 +410,21 @@ def fit_batch(problems: Sequence[tuple], *, lambda_inv=DEFAULT_LAMBDA_INV, tau=N
         _check_lambda(lam)
     for t in taus:
         _check_tau(t)
+    # Problems of different class counts: one group (and compiled solver) per n, so
+    # that each gets its own n in the tau schedule and its own parameter count.
+    widths = [np.shape(p[0])[-1] if len(p) == 3 and np.ndim(p[0]) == 2 else None
+              for p in problems]
+    if len(set(widths)) > 1 and None not in widths:
+        out: list[FitResult | None] = [None] * count
+        for width in sorted(set(widths)):
+            idx = [k for k in range(count) if widths[k] == width]
+            fits = fit_batch([problems[k] for k in idx], lambda_inv=[lams[k] for k in idx],
+                             tau=[taus[k] for k in idx], solver=solver, sc_star=sc_star,
+                             dtype=dtype, options=options, bucketed=bucketed,
+                             batch_size=batch_size)
+            for k, f in zip(idx, fits):
+                out[k] = f
+        return out
     dtype = _dtype(jnp.float64 if solver == "scipy" else dtype)
     with jax.enable_x64(dtype == jnp.float64):
         if bucketed and solver != "scipy":
@@ -493,9 +508,8 @@ def predict_proba(fits: Sequence[FitResult], features: Sequence[np.ndarray], *,
         weights = np.array([min(f.num_rows, REFERENCE_SIZE_WEIGHT_CAP) for f in fits], float)
     else:
         raise ValueError(f"size_weights must be 'uniform' or 'reference', got {size_weights!r}")
-    weights = weights / weights.sum()
-    total = None
-    for fit_i, feats, a in zip(fits, features, weights):
+    feats_all = []
+    for fit_i, feats in zip(fits, features):
         feats = np.asarray(feats, np.float64)
         if feats.ndim == 2:
             feats = feats[None]
@@ -504,8 +518,13 @@ def predict_proba(fits: Sequence[FitResult], features: Sequence[np.ndarray], *,
                              f"got {feats.shape}")
         if not np.all(np.isfinite(feats)):
             raise ValueError("test features contain NaN or infinite values")
-        p = fit_i.predict_proba(feats).mean(axis=0)  # intra-size average, [T, n]
-        if total is not None and p.shape != total.shape:
+        if feats_all and feats.shape[1] != feats_all[0].shape[1]:
             raise ValueError("every size must score the same T test queries")
-        total = a * p if total is None else total + a * p
-    return total
+        feats_all.append(feats)
+    from sc_jax.functional import ensemble_proba  # noqa: PLC0415
+
+    with jax.enable_x64(True):
+        out = ensemble_proba(jnp.asarray(np.stack([f.b for f in fits])),
+                             jnp.asarray(np.stack([f.w for f in fits])),
+                             [jnp.asarray(f) for f in feats_all], jnp.asarray(weights))
+        return np.asarray(out)

@@ -199,8 +199,35 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def compilation_cache_dir() -> str | None:
+    """Where ``sc-jax`` keeps JAX's persistent compilation cache: ``$SC_JAX_XLA_CACHE``
+    if set (an empty value turns the cache off), else ``~/.cache/sc_jax/xla``."""
+    import os  # noqa: PLC0415
+
+    path = os.environ.get("SC_JAX_XLA_CACHE")
+    if path is None:
+        return os.path.join(os.path.expanduser("~"), ".cache", "sc_jax", "xla")
+    return path or None
+
+
+def enable_compilation_cache() -> str | None:
+    """Turn on JAX's persistent compilation cache, so that a second ``sc-jax`` process
+    reuses the first one's compiled solvers and forward passes (each solver and row
+    bucket costs seconds to compile on a 2-core CPU)."""
+    import jax  # noqa: PLC0415
+
+    path = compilation_cache_dir()
+    if path:
+        jax.config.update("jax_compilation_cache_dir", path)
+        # Cache every program that took a noticeable time to compile.
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return path
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    enable_compilation_cache()
     try:
         return args.fn(args)
     except (ValueError, FileNotFoundError) as e:

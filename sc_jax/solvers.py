@@ -2,9 +2,10 @@
 
 Three solvers, all on the objective of :mod:`sc_jax.objective`:
 
-* :func:`augmented_lagrangian`: a PHR augmented-Lagrangian outer loop for the single
-  inequality constraint around a ``jaxopt.LBFGS`` inner solve. Solves the paper's
-  problem (the *mean* cosine constraint).
+* :func:`augmented_lagrangian`: a PHR augmented Lagrangian for the single
+  inequality constraint, its subproblems minimised by trust-region Newton steps with
+  the exact Hessian (at most 10 parameters: one eigendecomposition per step), in one
+  bounded loop. Solves the paper's problem (the *mean* cosine constraint).
 * :func:`projected`: ``jaxopt.ProjectedGradient`` (FISTA with backtracking) with the
   exact closed-form projection onto the per-class cones
   { (b_c, w_c) : w_c >= tau ||(b_c, w_c)|| }. Every class then satisfies the
@@ -42,8 +43,11 @@ from sc_jax.objective import (
     class_cosines,
     cone_margins,
     cone_violation,
+    design,
     objective,
     trust_region,
+    value,
+    value_grad_hess,
 )
 
 Array = jax.Array
@@ -58,6 +62,9 @@ class Status(enum.IntEnum):
     MAX_ITERATIONS = 1  # stationarity tolerance not met within the iteration budget
     INFEASIBLE = 2  # trust-region constraint violated by more than feas_tol at the end
     NONFINITE = 3  # NaN or inf in the parameters or the objective
+    # The infimum is not attained: the data are separable along a feasible
+    # direction, f -> 0 as ||theta|| grows; params are the last (feasible) iterate.
+    UNBOUNDED = 4
 
 
 class Solution(NamedTuple):
@@ -65,13 +72,15 @@ class Solution(NamedTuple):
 
     params: fitted :class:`Params` (``w`` is all ones for SC*).
     status: int32 :class:`Status` code.
-    iterations: int32 inner iterations in total (LBFGS steps summed over outer steps;
-        projected-gradient steps; trust-constr iterations).
-    outer_iterations: int32 augmented-Lagrangian outer steps (1 for the others).
+    iterations: int32 iterations in total (trust-region Newton steps, outer updates
+        included; projected-gradient steps; trust-constr iterations).
+    outer_iterations: int32 augmented-Lagrangian subproblems (1 for the others).
     objective: final f(theta), mean-NLL + lambda_inv * InvPenalty.
     constraint: final mean cosine, trust_region(params).
     violation: final violation of the constraint form that was solved: max(0, tau -
         mean cosine), or for the per-class form max_c max(0, tau - cos_c).
+    multiplier: Lagrange multiplier of the mean-cosine constraint (augmented
+        Lagrangian; 0 for the others).
     """
 
     params: Params
@@ -81,69 +90,50 @@ class Solution(NamedTuple):
     objective: Array
     constraint: Array
     violation: Array
+    multiplier: Array
 
 
 @dataclasses.dataclass(frozen=True)
 class SolverOptions:
     """Static solver settings (hashable: part of the compilation key).
 
-    tol: stationarity tolerance, the 2-norm of the gradient of the augmented
-        Lagrangian (LBFGS) or of the gradient mapping (projected gradient). ``None``
-        picks 1e-10 (projected: 1e-9) for float64 and 1e-5 for float32: the objective
-        is a mean of O(1) terms, so these sit a little above each dtype's noise floor.
+    tol: stationarity tolerance, the largest entry of the gradient of the augmented
+        Lagrangian (of the gradient mapping for the projected solver). ``None``:
+        1e-9 (projected: 1e-9) for float64 and 1e-5 for float32. The objective is a
+        mean of O(1) terms, so these sit a little above each dtype's noise floor;
+        near that floor a Newton step whose predicted decrease is below the
+        rounding of the value also counts as converged.
     feas_tol: allowed constraint violation, in units of the cosine. ``None``: 1e-9
         (float64), 1e-6 (float32).
-    max_iter: LBFGS iterations per augmented-Lagrangian outer step.
-    max_outer: augmented-Lagrangian outer steps.
-    max_stepsize: largest LBFGS line-search step.
-    max_pg_iter: projected-gradient iterations in all.
-    pg_restart: projected-gradient iterations between momentum restarts.
+    max_iter: trust-region Newton steps in all (every step costs one pass of value,
+        gradient and Hessian over the rows), outer updates included. Under vmap
+        the batch runs to its slowest instance's count, and never beyond this.
     rho_init, rho_growth, rho_max: PHR penalty parameter schedule. rho grows when the
         constraint measure did not shrink by ``progress`` in one outer step, up to
-        rho_max (``None``: 1e6 in float64, 1e4 in float32, since the penalty's
+        rho_max (``None``: 1e8 in float64, 1e4 in float32, since the penalty's
         rounding noise grows with rho).
-    history_size: LBFGS memory.
-    max_linesearch: zoom line-search evaluations per LBFGS step. Under vmap every
-        instance pays the batch's largest count, and near float32's noise floor the
-        search runs to its limit before giving up: 10 (jaxopt: 30) gave identical
-        optima in half the time on the k = 8, n = 3 benchmark batch.
-    max_scale: an augmented-Lagrangian inner solve that ends infeasible with some
-        class both outside its cone (cos_c < tau) and of norm ||(b_c, w_c)|| above
-        this has run off to infinity along a direction in which the data are
-        separable: the objective tends to 0 there, while the cosine's gradient
-        vanishes like 1/||theta||, so the penalty can never pull it back (and in
-        float32 the gradient underflows, so the inner solve may even report
-        convergence). Such a step is rejected (x and mu kept, rho grown). Features
-        are log-odds of order 1-10, so such a calibrator is never an answer. Feasible
-        iterates are never rejected, and neither is a huge class inside its cone: a
-        nearly separable class may legitimately reach w_c in the thousands along the
-        identity (n = 5 benchmark instances: rejecting those grew rho needlessly and
-        ended infeasible where SciPy converged).
+    radius_init, radius_max: trust-region radius in parameter units.
+    max_pg_iter, pg_restart: projected-gradient iterations in all, and between
+        momentum restarts.
     """
 
     tol: float | None = None
     feas_tol: float | None = None
-    max_iter: int = 500
-    max_outer: int = 30
-    rho_init: float = 100.0
+    max_iter: int = 100
+    max_inner: int = 20
+    num_starts: int = 1
+    rho_init: float = 10.0
     rho_growth: float = 10.0
     rho_max: float | None = None
     progress: float = 0.25
-    history_size: int = 10
-    max_stepsize: float = 1e3
+    radius_init: float = 1.0
+    radius_max: float = 1e3
     max_pg_iter: int = 10000
     pg_restart: int = 100
-    max_linesearch: int = 10
-    max_scale: float = 1e3
 
     def tolerances(self, dtype, projected: bool = False) -> tuple[float, float]:
         f64 = jnp.dtype(dtype) == jnp.float64
-        if self.tol is not None:
-            tol = self.tol
-        elif projected:  # a first-order method: one decade looser
-            tol = 1e-9 if f64 else 1e-5
-        else:
-            tol = 1e-10 if f64 else 1e-5
+        tol = self.tol if self.tol is not None else (1e-9 if f64 else 1e-5)
         feas = self.feas_tol if self.feas_tol is not None else (1e-9 if f64 else 1e-6)
         return tol, feas
 
@@ -165,15 +155,26 @@ def _initial_x(problem: Problem, sc_star: bool):
     return b if sc_star else Params(b, jnp.ones(n1, dtype))
 
 
+def _flat_params(x: Array, sc_star: bool) -> Params:
+    """Flat x (``[2(n-1)]``, or ``[n-1]`` for SC*) -> :class:`Params`."""
+    if sc_star:
+        return Params(x, jnp.ones_like(x))
+    n1 = x.shape[0] // 2
+    return Params(x[:n1], x[n1:])
+
+
 def _finish(params: Params, problem: Problem, lambda_inv, tau, *, converged, violation,
-            feas_tol, iterations, outer_iterations) -> Solution:
+            feas_tol, iterations, outer_iterations, unbounded=False,
+            multiplier=None) -> Solution:
     obj = objective(params, problem, lambda_inv)
     finite = jnp.isfinite(obj) & jnp.all(jnp.isfinite(params.b)) & jnp.all(
         jnp.isfinite(params.w))
     status = jnp.where(
         ~finite, Status.NONFINITE,
         jnp.where(violation > feas_tol, Status.INFEASIBLE,
-                  jnp.where(converged, Status.CONVERGED, Status.MAX_ITERATIONS)))
+                  jnp.where(unbounded, Status.UNBOUNDED,
+                            jnp.where(converged, Status.CONVERGED, Status.MAX_ITERATIONS))))
+    dtype = obj.dtype
     return Solution(
         params=params,
         status=status.astype(jnp.int32),
@@ -182,162 +183,281 @@ def _finish(params: Params, problem: Problem, lambda_inv, tau, *, converged, vio
         objective=obj,
         constraint=trust_region(params),
         violation=violation,
+        multiplier=jnp.zeros((), dtype) if multiplier is None else jnp.asarray(multiplier, dtype),
     )
 
 
 # ---------------------------------------------------------------------------------
-# Augmented Lagrangian (PHR) around jaxopt.LBFGS.
+# Trust-region subproblem, exact for p <= 10 parameters.
 
 
-def _al_lagrangian(x, mu, rho, problem, lambda_inv, tau, *, sc_star):
-    """PHR augmented Lagrangian for g(x) = trust_region - tau >= 0:
+_SECULAR_STEPS = 60
 
-        f(x) + [max(0, mu - rho g(x))^2 - mu^2] / (2 rho)
 
-    C^1 in x, which is all LBFGS needs.
+def trust_region_step(g: Array, H: Array, radius: Array) -> tuple[Array, Array]:
+    """argmin_s g.s + s.H.s / 2 subject to ||s|| <= radius, and its predicted decrease.
+
+    g ``[p]``, H ``[p, p]`` symmetric (any inertia), radius > 0. Exact up to rounding
+    (More & Sorensen 1983, via one eigendecomposition, affordable for p <= 10): the
+    Newton step -H^-1 g when H is positive definite and the step fits; otherwise
+    s(l) = -(H + l I)^-1 g with l > max(0, -lambda_min) solving ||s(l)|| = radius by
+    safeguarded Newton on 1/||s(l)|| - 1/radius (a fixed, unrolled number of steps,
+    so that vmapped instances stay in lockstep), plus a component along the lowest
+    eigenvector in the "hard case" where g has none. Returns (s, -(g.s + s.H.s/2)).
     """
-    params = _to_params(x, sc_star)
-    g = trust_region(params) - tau
-    shifted = jnp.maximum(mu - rho * g, 0.0)
-    return objective(params, problem, lambda_inv) + (shifted**2 - mu**2) / (2.0 * rho)
+    dtype = g.dtype
+    eps = jnp.finfo(dtype).eps
+    lam, Qm = jnp.linalg.eigh(H)  # ascending
+    gt = Qm.T @ g
+    scale = jnp.maximum(jnp.max(jnp.abs(lam)), jnp.finfo(dtype).tiny)
+    floor = 10.0 * eps * scale  # eigenvalues below this count as zero
+    lo = jnp.maximum(0.0, -lam[0])
+    gnorm = jnp.linalg.norm(g)
+
+    def norms(l):
+        den = jnp.maximum(lam + l, floor)
+        s = -gt / den
+        return s, jnp.linalg.norm(s), jnp.sum(gt * gt / den**3)
+
+    s0, n0, _ = norms(0.0)
+    newton = (lam[0] > floor) & (n0 <= radius)
+
+    # Secular equation on (lo, hi]: ||s(hi)|| <= ||g|| / (lam_min + hi) <= radius.
+    hi = lo + gnorm / radius + floor
+    # From the left of the root, where 1/||s(l)|| is concave, Newton's iterates rise
+    # monotonically to it (More & Sorensen); the bracket guards against rounding.
+    a, b, l = lo, hi, lo + floor
+    for _ in range(_SECULAR_STEPS):
+        s, ns, q = norms(l)
+        a = jnp.where(ns > radius, l, a)
+        b = jnp.where(ns > radius, b, l)
+        # Moré-Sorensen: l += (||s|| / ||q||)^2 (||s|| - radius) / radius with
+        # ||q||^2 = s.(H + l I)^-1 s = sum gt^2 / (lam + l)^3.
+        step = (ns * ns / jnp.maximum(q, jnp.finfo(dtype).tiny)) * (ns - radius) / radius
+        cand = l + step
+        l = jnp.where((cand > a) & (cand < b), cand, 0.5 * (a + b))
+    s, ns, _ = norms(l)
+    # Hard case: g (nearly) orthogonal to the lowest eigenvector of an indefinite H,
+    # so ||s(l)|| < radius for every l > lo: move along that eigenvector to the
+    # boundary (it lowers the model there).
+    hard = (lam[0] < -floor) & (ns < radius * (1.0 - 1e-6))
+    # Stretch the lowest-eigenvector component to reach the boundary, on the side
+    # where g does not rise.
+    edge = jnp.sqrt(jnp.maximum(radius * radius - ns * ns + s[0] * s[0], 0.0))
+    s = s.at[0].set(jnp.where(hard, jnp.where(gt[0] > 0, -edge, edge), s[0]))
+    s = jnp.where(newton, s0, s)
+    pred = -(jnp.dot(gt, s) + 0.5 * jnp.dot(lam * s, s))
+    return Qm @ s, pred
+
+
+# ---------------------------------------------------------------------------------
+# Augmented Lagrangian (PHR) with trust-region Newton inner steps.
+
+
+def _not_attained(x: Array, f: Array, fun, feasible, n1: int) -> Array:
+    """Whether f decreases strictly, twice in a row, when theta (or one class's
+    (b_c, w_c)) is scaled by 2 and 4.
+
+    Scaling leaves every cosine unchanged (up to the O(eps^2) smoothing), so the rays
+    are feasible. At a minimiser f rises along every ray (or, at theta_c = 0, stays
+    exactly the same); where the data are separable along the ray, f keeps falling
+    towards an infimum that no finite theta attains. In float32 the fall can be
+    below the resolution of f, and the instance then reports CONVERGED or
+    MAX_ITERATIONS instead.
+    """
+    p = x.shape[0]
+    # Ray directions: all of x, then each class's parameters alone.
+    cls = jnp.arange(p) % n1
+    dirs = jnp.concatenate([jnp.ones((1, p), x.dtype),
+                            (cls[None, :] == jnp.arange(n1)[:, None]).astype(x.dtype)])
+    scaled = x + dirs[:, None, :] * x * jnp.asarray([1.0, 3.0], x.dtype)[None, :, None]
+    fs = jax.vmap(jax.vmap(fun))(scaled)  # [rays, 2]: f at 2x and 4x along each ray
+    # Only feasible rays count (for SC*, whose w is pinned, scaling b leaves the cone).
+    ok = jnp.all(jax.vmap(jax.vmap(feasible))(scaled), axis=1)
+    return jnp.any(ok & (fs[:, 0] < f) & (fs[:, 1] < fs[:, 0]))
 
 
 class _ALState(NamedTuple):
-    step: object  # jaxopt OptStep: params and LBFGS state (its curvature history)
+    x: Array  # [p] flat parameters
+    f: Array  # objective, gradient and Hessian at x
+    grad: Array
+    hess: Array
     mu: Array  # multiplier estimate, >= 0
     rho: Array  # penalty parameter
-    measure: Array  # |min(g, mu/rho)|: feasibility and complementarity in one number
+    radius: Array  # trust-region radius
+    measure: Array  # |min(g, mu/rho)| at the last outer update
+    flat: Array  # the last Newton step predicted a decrease below rounding
     outer: Array
-    inner: Array  # LBFGS iterations so far
-    converged: Array
-    stop: Array  # a run-off that rho can no longer counter: give up
+    inner: Array  # steps on the current subproblem
+    it: Array
+    done: Array
 
 
 def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = False,
                          options: SolverOptions = SolverOptions()) -> Solution:
     """Solve Eq. final_opt_problem (mean-cosine constraint) for one problem.
 
-    Outer loop (Powell-Hestenes-Rockafellar): minimise the augmented Lagrangian in x
-    with LBFGS, warm-started from the previous x *and* its curvature history (only the
-    penalty term changed), update mu <- max(0, mu - rho g(x)), and grow rho when the
-    constraint measure |min(g, mu/rho)| stalls. Converged when that measure is
-    <= feas_tol and the last inner solve met its tolerance. tau = -1 makes the
-    constraint vacuous (the cosine is >= -1): one outer step, an unconstrained fit.
+    PHR augmented Lagrangian for the single constraint g(x) = mean_c cos_c - tau >= 0,
+
+        L_A(x; mu, rho) = f(x) + [max(0, mu - rho g(x))^2 - mu^2] / (2 rho),
+
+    minimised by trust-region Newton steps with the exact Hessian (f's from
+    :func:`sc_jax.objective.value_grad_hess`, the constraint's by autodiff of its
+    n - 1 cosines; the generalised Hessian of the max term), every step solved
+    exactly by :func:`trust_region_step`. A trust region cannot stall: a rejected
+    step shrinks the radius until the quadratic model is accurate, and an accepted
+    one lowers L_A. One flat loop of at most ``max_iter`` steps: whenever the
+    Lagrangian gradient is below ``tol`` the multiplier is updated in place
+    (mu <- max(0, mu - rho g), rho x ``rho_growth`` if the constraint measure
+    |min(g, mu/rho)| did not shrink by ``progress``), and the solve ends when that
+    measure is below ``feas_tol`` too, a KKT point. Starts from the identity (b = 0,
+    w = 1), feasible for every tau. tau = -1 makes the constraint vacuous (the
+    cosine is > -1): plain Newton on f.
+
+    An infimum that is not attained (data separable along a feasible direction: f
+    tends to 0 as ||theta|| grows) ends ``UNBOUNDED``: the final point is feasible
+    and f halves (at least) when theta is doubled, which no minimiser allows.
 
     problem: one unbatched :class:`Problem`; lambda_inv, tau: scalars (may be traced).
     """
-    from jaxopt import LBFGS  # noqa: PLC0415  (deprecation warning on import)
-    from jaxopt import OptStep  # noqa: PLC0415
-
     dtype = problem.features.dtype
     tol, feas_tol = options.tolerances(dtype)
-    eps = float(jnp.finfo(dtype).eps)
+    eps = jnp.finfo(dtype).eps
     rho_max = options.rho_max if options.rho_max is not None else (
-        1e6 if jnp.dtype(dtype) == jnp.float64 else 1e4)
+        1e8 if jnp.dtype(dtype) == jnp.float64 else 1e4)
     lambda_inv = jnp.asarray(lambda_inv, dtype)
     tau = jnp.asarray(tau, dtype)
+    d = design(problem)
+    n1 = problem.num_classes - 1
 
-    inner = LBFGS(
-        # sc_star is bound here, not passed: jaxopt jit-compiles its step and would
-        # trace it.
-        fun=functools.partial(_al_lagrangian, sc_star=sc_star),
-        tol=tol,
-        maxiter=options.max_iter,
-        history_size=options.history_size,
-        # Near the float noise floor a line search can fail to find a decrease;
-        # going on would burn the whole iteration budget of the batch under vmap.
-        stop_if_linesearch_fails=True,
-        # jaxopt caps the step at 1 by default, so a quasi-Newton direction that
-        # underestimates the step (common right after a restart, and on the
-        # non-convex invariance term) can never satisfy the curvature condition:
-        # the line search "fails" far from the optimum. Let it extrapolate.
-        max_stepsize=options.max_stepsize,
-        increase_factor=2.0,
-        maxls=options.max_linesearch,
-        # Forward solves only: no implicit differentiation, and a lax.while_loop (the
-        # "auto" default would unroll a scan of max_iter steps without it).
-        implicit_diff=False,
-        unroll=False,
-    )
+    def fgh(x):
+        if sc_star:
+            f, g, h = value_grad_hess(jnp.concatenate([x, jnp.ones_like(x)]), d, lambda_inv)
+            return f, g[:n1], h[:n1, :n1]
+        return value_grad_hess(x, d, lambda_inv)
 
-    def fresh_state(x, mu, rho):
-        # jaxopt starts the line search of a fresh state at max_stepsize, i.e. a
-        # first step of 1e3 x the gradient: from there the zoom search cannot
-        # shrink back into the basin within max_linesearch evaluations, and a failed
-        # search with no acceptable point takes its last trial step anyway (a jump
-        # to w ~ -300 was seen). Start at 1 and let the step grow from there.
-        st = inner.init_state(x, mu, rho, problem, lambda_inv, tau)
-        return st._replace(stepsize=jnp.ones_like(st.stepsize))
+    def fgh_value(x):
+        return value(jnp.concatenate([x, jnp.ones_like(x)]) if sc_star else x, d, lambda_inv)
+
+    def con(x):
+        # The mean-cosine constraint times sqrt(1 + ||x||^2): the same feasible set
+        # and KKT points, but a penalty that grows along every infeasible ray. The
+        # plain cosine is homogeneous of degree 0, so its penalty is bounded on
+        # rays, while f's cost of turning away from a direction along which the
+        # data are separable grows with ||x||: once an iterate runs off along such
+        # an infeasible direction, no finite rho brings it back.
+        return (trust_region(_flat_params(x, sc_star)) - tau) * jnp.sqrt(1.0 + jnp.dot(x, x))
+
+    def con_derivs(x):
+        return con(x), jax.grad(con)(x), jax.hessian(con)(x)
+
+    def lagrangian(f, gf, hf, c, gc, hc, mu, rho):
+        shifted = jnp.maximum(mu - rho * c, 0.0)
+        value = f + (shifted**2 - mu**2) / (2.0 * rho)
+        grad = gf - shifted * gc
+        hess = hf - shifted * hc + jnp.where(mu - rho * c > 0, rho, 0.0) * jnp.outer(gc, gc)
+        return value, grad, hess, shifted
+
+    def body(s: _ALState) -> _ALState:
+        c, gc, hc = con_derivs(s.x)
+        _, ga, _, shifted = lagrangian(s.f, s.grad, s.hess, c, gc, hc, s.mu, s.rho)
+        # Outer update once the subproblem is solved.
+        solved = (jnp.max(jnp.abs(ga)) <= tol) | s.flat
+        # A subproblem gets at most max_inner steps: where the data are separable
+        # along an infeasible direction its infimum lies at infinity (f -> 0 there,
+        # and the penalty, a function of the cosines, is bounded on rays), so it
+        # would never be solved; updating mu and rho anyway raises the penalty until
+        # that direction no longer pays.
+        inner_ok = solved | (s.inner >= options.max_inner)
+        # In cosine units (c carries the factor sqrt(1 + ||x||^2)).
+        measure = jnp.abs(jnp.minimum(c, shifted / s.rho)) * jax.lax.rsqrt(1.0 + jnp.dot(s.x, s.x))
+        kkt = solved & (measure <= feas_tol)
+        update = inner_ok & ~kkt
+        stalled = measure > options.progress * s.measure
+        mu = jnp.where(update, shifted, s.mu)
+        rho = jnp.where(update & stalled, jnp.minimum(s.rho * options.rho_growth, rho_max),
+                        s.rho)
+        measure = jnp.where(update, measure, s.measure)
+        # The step, on the (possibly updated) subproblem.
+        La, ga, ha, _ = lagrangian(s.f, s.grad, s.hess, c, gc, hc, mu, rho)
+        step, pred = trust_region_step(ga, ha, s.radius)
+        xt = s.x + step
+        ft, gft, hft = fgh(xt)
+        ct = con(xt)
+        Lt = ft + (jnp.maximum(mu - rho * ct, 0.0) ** 2 - mu**2) / (2.0 * rho)
+        ared = La - Lt
+        noise = 100.0 * eps * jnp.maximum(jnp.abs(La), 1.0)
+        ratio = ared / jnp.maximum(pred, jnp.finfo(dtype).tiny)
+        finite = jnp.isfinite(Lt) & jnp.all(jnp.isfinite(gft))
+        # Below the rounding of L_A the ratio is noise: accept a step the model
+        # predicts to be that small (it cannot hurt by more than the noise).
+        tiny = pred <= noise
+        accept = finite & ((ratio >= 0.1) | (tiny & (ared >= -noise))) & ~kkt
+        snorm = jnp.linalg.norm(step)
+        radius = jnp.where(
+            ~finite | (~tiny & (ratio < 0.25)), 0.25 * snorm,
+            jnp.where((ratio > 0.75) & (snorm >= 0.99 * s.radius),
+                      jnp.minimum(2.0 * s.radius, options.radius_max), s.radius))
+        radius = jnp.maximum(radius, jnp.finfo(dtype).tiny)
+        pick = lambda new, old: jnp.where(accept, new, old)  # noqa: E731
+        return _ALState(
+            x=pick(xt, s.x), f=pick(ft, s.f), grad=pick(gft, s.grad), hess=pick(hft, s.hess),
+            mu=mu, rho=rho, radius=jnp.where(kkt, s.radius, radius), measure=measure,
+            flat=accept & tiny,
+            outer=s.outer + update.astype(jnp.int32),
+            inner=jnp.where(update, 0, s.inner + 1),
+            it=s.it + (~kkt).astype(jnp.int32), done=kkt)
 
     def cond(s: _ALState):
-        return (~s.converged) & (~s.stop) & (s.outer < options.max_outer)
+        return (~s.done) & (s.it < options.max_iter)
 
-    def body(s: _ALState):
-        step = inner.run(s.step, s.mu, s.rho, problem, lambda_inv, tau)
-        state = step.state
-        g = trust_region(_to_params(step.params, sc_star)) - tau
-        measure = jnp.abs(jnp.minimum(g, s.mu / s.rho))
-        # Near the optimum a line search can only fail: the decrease it looks for,
-        # about error^2 / curvature, drops below the resolution of the value, eps
-        # |f|, once error < sqrt(eps * curvature) ~ sqrt(eps * rho). A failure at
-        # that floor is convergence at float precision; one above it is "stuck".
-        floor = 100.0 * tol + jnp.sqrt(eps * s.rho)
-        stuck = state.failed_linesearch & (state.error > floor)
-        inner_ok = (state.error <= tol) | (state.failed_linesearch & ~stuck)
-        mu = jnp.maximum(s.mu - s.rho * g, 0.0)
-        # Grow rho only while the constraint measure stalls above the tolerance:
-        # beyond what is needed it only costs precision.
-        stalled = (measure > options.progress * s.measure) & (measure > feas_tol)
-        rho = jnp.where(stalled, jnp.minimum(s.rho * options.rho_growth, rho_max), s.rho)
-        # A run-off (see SolverOptions.max_scale): reject the step, keep x and mu,
-        # and grow rho until the penalty outweighs the separable direction's gain.
-        # Only a class that is both huge and outside the cone is running off: a
-        # nearly separable class may legitimately grow to w_c in the thousands
-        # *along* the identity, where it helps the constraint.
-        new = _to_params(step.params, sc_star)
-        huge = ~(jnp.sqrt(new.b * new.b + new.w * new.w) <= options.max_scale)
-        run_off = (g < -feas_tol) & jnp.any(huge & ~(class_cosines(new) >= tau))
-        x = jax.tree.map(lambda a, b: jnp.where(run_off, a, b), s.step.params, step.params)
-        # A multiplier update needs a solved subproblem: after a stuck inner solve
-        # (line search failed far from stationarity) keep mu and rho and only restart
-        # the memory. Updating them from such a point made mu oscillate and rho hit
-        # rho_max, and the iterates then ran away (n = 5, tight tau benchmark cases).
-        # Known cost: a solve classed stuck just above the floor repeats the same
-        # subproblem until max_outer (2 of 25 n = 6 float64 benchmark instances end
-        # INFEASIBLE so; see benchmarks/RESULTS.md).
-        mu = jnp.where(run_off | stuck, s.mu, mu)
-        rho = jnp.where(stuck, s.rho, rho)
-        rho = jnp.where(run_off, jnp.minimum(s.rho * options.rho_growth, rho_max), rho)
-        give_up = run_off & (s.rho >= rho_max)
-        # A line search that failed far from stationarity leaves a curvature pair
-        # that can keep the next direction useless: restart the memory then (and
-        # after a rejected step, whose history describes the run-off).
-        fresh = fresh_state(x, mu, rho)
-        state = jax.tree.map(lambda a, b: jnp.where(stuck | run_off, a, b), fresh, state)
-        return _ALState(OptStep(x, state), mu, rho,
-                        jnp.where(run_off, s.measure, measure), s.outer + 1,
-                        s.inner + step.state.iter_num - s.step.state.iter_num,
-                        inner_ok & (measure <= feas_tol) & ~run_off, give_up)
+    def solve_from(x0):
+        f0, g0, h0 = fgh(x0)
+        init = _ALState(
+            x=x0, f=f0, grad=g0, hess=h0,
+            mu=jnp.zeros((), dtype), rho=jnp.asarray(options.rho_init, dtype),
+            radius=jnp.asarray(options.radius_init, dtype),
+            measure=jnp.asarray(jnp.inf, dtype), flat=jnp.asarray(False),
+            outer=jnp.zeros((), jnp.int32), inner=jnp.zeros((), jnp.int32),
+            it=jnp.zeros((), jnp.int32), done=jnp.asarray(False))
+        return jax.lax.while_loop(cond, body, init)
 
-    x0 = _initial_x(problem, sc_star)
-    mu0 = jnp.zeros((), dtype)
-    rho0 = jnp.asarray(options.rho_init, dtype)
-    init = _ALState(
-        step=OptStep(x0, fresh_state(x0, mu0, rho0)),
-        mu=mu0,
-        rho=rho0,
-        measure=jnp.asarray(jnp.inf, dtype),
-        outer=jnp.zeros((), jnp.int32),
-        inner=jnp.zeros((), jnp.int32),
-        converged=jnp.asarray(False),
-        stop=jnp.asarray(False),
-    )
-    s = jax.lax.while_loop(cond, body, init)
-    params = _to_params(s.step.params, sc_star)
+    starts = _starts(n1, options.num_starts, sc_star, dtype)  # [S, p]
+    runs = jax.vmap(solve_from)(starts) if options.num_starts > 1 else jax.tree.map(
+        lambda a: a[None], solve_from(starts[0]))
+    # The best KKT point; the identity start's end point if none converged.
+    score = jnp.where(runs.done, runs.f, jnp.inf)
+    k = jnp.where(jnp.any(runs.done), jnp.argmin(score), 0)
+    s = jax.tree.map(lambda a: a[k], runs)
+    params = _flat_params(s.x, sc_star)
     violation = jnp.maximum(tau - trust_region(params), 0.0)
-    return _finish(params, problem, lambda_inv, tau, converged=s.converged,
+    unbounded = _not_attained(
+        s.x, s.f, lambda z: fgh_value(z),
+        lambda z: trust_region(_flat_params(z, sc_star)) - tau >= -feas_tol, n1)
+    # mu belongs to the scaled constraint; the paper's constraint has mu * scale.
+    multiplier = s.mu * jnp.sqrt(1.0 + jnp.dot(s.x, s.x))
+    return _finish(params, problem, lambda_inv, tau, converged=s.done,
                    violation=violation, feas_tol=feas_tol,
-                   iterations=s.inner, outer_iterations=s.outer)
+                   iterations=jnp.sum(runs.it), outer_iterations=jnp.sum(runs.outer) + 1,
+                   unbounded=unbounded, multiplier=multiplier)
+
+
+# Start points of the multi-start (SolverOptions.num_starts): the identity, then the
+# identity with its slopes shrunk and stretched. The invariance term is not convex and
+# the mean-cosine feasible set is not convex either, so a problem can have several
+# KKT points (with lambda_inv = 10, four were seen on one 120-row instance);
+# shrunk and stretched slopes reach the basins of collapsed and of confident
+# calibrators that the identity misses.
+_START_SLOPES = (1.0, 3.0, 0.3, -1.0)
+
+
+def _starts(n1: int, count: int, sc_star: bool, dtype) -> Array:
+    if not 1 <= count <= len(_START_SLOPES):
+        raise ValueError(f"num_starts must be in 1..{len(_START_SLOPES)}, got {count}")
+    if sc_star:  # only b moves; offsets of b instead
+        return jnp.stack([jnp.full(n1, o, dtype) for o in (0.0, 1.0, -1.0, 2.0)[:count]])
+    return jnp.stack([jnp.concatenate([jnp.zeros(n1, dtype), jnp.full(n1, s, dtype)])
+                      for s in _START_SLOPES[:count]])
 
 
 # ---------------------------------------------------------------------------------
@@ -596,13 +716,14 @@ def _sp_constraint_hess(x, v, tau, n1, sc_star, per_class):
 
 
 def scipy(problem: Problem, lambda_inv: float, tau: float, *, sc_star: bool = False,
-          per_class: bool = False, options: ScipyOptions = ScipyOptions()) -> Solution:
+          per_class: bool = False, options: ScipyOptions = ScipyOptions(),
+          x0=None) -> Solution:
     """``scipy.optimize.minimize(method="trust-constr")`` on the same problem, float64.
 
     Objective gradient and Hessian, constraint Jacobian and constraint Hessian are exact
     (JAX autodiff, jit-compiled once per shape). ``per_class=True`` imposes cos_c >= tau
     for every class (the problem :func:`projected` solves) instead of the mean. Starts
-    from the identity. Runs under a local ``jax.enable_x64`` scope, so it works
+    from ``x0`` (flat (b, w), or b for SC*), by default the identity. Runs under a local ``jax.enable_x64`` scope, so it works
     whatever the process-wide setting is. Returns NumPy arrays in a :class:`Solution`.
     """
     import scipy.optimize as so  # noqa: PLC0415
@@ -617,7 +738,9 @@ def scipy(problem: Problem, lambda_inv: float, tau: float, *, sc_star: bool = Fa
         )
         n1 = prob.num_classes - 1
         lam = jnp.asarray(lambda_inv, jnp.float64)
-        x0 = np.zeros(n1) if sc_star else np.concatenate([np.zeros(n1), np.ones(n1)])
+        if x0 is None:
+            x0 = np.zeros(n1) if sc_star else np.concatenate([np.zeros(n1), np.ones(n1)])
+        x0 = np.asarray(x0, np.float64)
 
         def fun(x):
             v, g = _sp_value_and_grad(jnp.asarray(x), prob, lam, sc_star)
@@ -675,4 +798,6 @@ def scipy(problem: Problem, lambda_inv: float, tau: float, *, sc_star: bool = Fa
         objective=np.float64(obj),
         constraint=np.float64(constraint),
         violation=np.float64(violation),
+        # trust-constr's multiplier of the one constraint, sign-free.
+        multiplier=np.float64(abs(res.v[0][0]) if constraints else 0.0),
     )

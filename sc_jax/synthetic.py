@@ -89,3 +89,67 @@ class World:
                 qids += q
             out[i] = (np.concatenate(feats), np.array(labels), np.array(qids))
         return out
+
+
+# ---------------------------------------------------------------------------------
+# Solver test instances: the families a calibrator meets, drawn at random.
+
+FAMILIES = ("informative", "flipped", "apex", "near_separable", "tight_tau", "no_trust_region")
+
+
+def solver_instance(family: str, seed: int):
+    """One random SC problem of a family, for solver parity and robustness checks.
+
+    Returns ``(features [N, n-1], labels [N], query_ids [N], lambda_inv, tau)``.
+    Surrogate data come from :meth:`World.surrogate` with k demonstrations and one
+    context size i, so N = P(k, i) (k - i) ranges from 12 (k = 4, i = 1) to 20,160
+    (k = 8, i = 5); large N is drawn only for small n, to keep reference solves
+    affordable. Families:
+
+    * ``informative``: slopes in [0.5, 1.5], a label bias; tau from Appendix A.
+    * ``flipped``: one class's slope negative (the paper's Figure 1); tau from
+      Appendix A, which here is often tight, so the constraint binds.
+    * ``apex``: uninformative log-odds (slopes 0, pure noise) with a strong
+      invariance weight (1 or 10): the optimum shrinks towards theta = 0.
+    * ``near_separable``: a large signal and little noise.
+    * ``tight_tau``: n in {5, 6} with tau from the Appendix A schedule at high
+      accuracy (alpha = 20^(1/(K-1)) degrees, the tightest it gives).
+    * ``no_trust_region``: tau = -1.
+
+    lambda_inv is drawn from {0, 0.1, 1, 10} except where the family fixes it.
+    """
+    import math
+
+    rng = np.random.default_rng([FAMILIES.index(family), seed])
+    n = int(rng.integers(2, 7))
+    k, i = [(4, 1), (4, 2), (6, 1), (6, 2), (8, 1), (8, 2), (8, 3)][int(rng.integers(0, 7))]
+    if n <= 3 and rng.uniform() < 0.25:  # large N, small n only
+        k, i = (8, int(rng.integers(4, 6)))
+    k = max(k, n)
+    i = min(i, k - 1)
+    lam = float(rng.choice([0.0, 0.1, 1.0, 10.0]))
+    slopes = rng.uniform(0.5, 1.5, n - 1)
+    kw = dict(beta=rng.normal(size=n - 1) * 0.5, seed=int(rng.integers(1 << 30)))
+    tau = None
+    if family == "flipped":
+        slopes[int(rng.integers(0, n - 1))] *= -1.0
+    elif family == "apex":
+        slopes[:] = 0.0
+        lam = float(rng.choice([1.0, 10.0]))
+    elif family == "near_separable":
+        kw.update(s=4.0, ctx_sd=0.1, row_sd=0.1)
+    elif family == "tight_tau":
+        n = int(rng.integers(5, 7))
+        k, i = 8, int(rng.integers(1, 3))
+        slopes = rng.uniform(0.5, 1.5, n - 1)
+        kw["beta"] = rng.normal(size=n - 1) * 0.5
+        tau = math.cos(math.radians(20.0 ** (1.0 / (n - 1))))
+    elif family == "no_trust_region":
+        tau = -1.0
+    world = World(n, slopes, **kw)
+    x, y, g = world.surrogate(k, (i,))[i]
+    if tau is None:
+        from sc_jax.calibrators import base_accuracy, tau_from_accuracy  # noqa: PLC0415
+
+        tau = tau_from_accuracy(base_accuracy(x, y), n)
+    return x, y, g, lam, float(tau)
