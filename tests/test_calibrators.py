@@ -186,8 +186,10 @@ def test_bad_input_is_rejected_before_any_solve(monkeypatch):
     for kwargs, match in cases:
         with pytest.raises(ValueError, match=match):
             fit(**kwargs)
+    # Mixed class counts are grouped, one solver per n (tests/test_functional.py);
+    # pack_batch itself still refuses them.
     with pytest.raises(ValueError, match="same number of classes"):
-        fit_batch([(x, y, g), (x[:, :1], y % 2, g)])
+        calibrators.pack_batch([(x, y, g), (x[:, :1], y % 2, g)])
     with pytest.raises(ValueError, match="no problems"):
         fit_batch([])
     with pytest.raises(ValueError, match="tau has 3 entries for 2 problems"):
