@@ -54,7 +54,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sc_jax.objective import Params, Problem
+from sc_jax.objective import Problem
 from sc_jax.solvers import (
     METHODS,
     ScipyOptions,

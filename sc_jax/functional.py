@@ -18,7 +18,6 @@ The NumPy-facing :mod:`sc_jax.calibrators` (``fit``, ``fit_batch``,
 from __future__ import annotations
 
 import functools
-import math
 from typing import NamedTuple, Sequence
 
 import jax
