@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sc_jax.objective import Design, Params, Problem, class_cosines, value
+from sc_jax.objective import Params, Problem, class_cosines, design_arrays, value
 from sc_jax.objective import calibrated_log_probs as _log_probs
 
 Array = jax.Array
@@ -130,7 +130,7 @@ def _kkt(z, features, labels1h, groups, lambda_inv, tau, sc_star):
     mu > 0 (active) or mu = 0 where it is not. Zero at the solver's solution; jaxopt
     differentiates it."""
     x, mu = z[:-1], z[-1]
-    design = Design(features.T, labels1h, groups)
+    design = design_arrays(features, labels1h, groups)
 
     def f(x):
         p = _params_of(x, sc_star)
@@ -248,7 +248,7 @@ def calibrate(features: Array, labels: Array, query_ids: Array, *,
         x = z[:-1]
         p = _params_of(x, sc_star)
         # Recomputed from x so that they carry derivatives too.
-        objective = value(jnp.concatenate([p.b, p.w]), Design(features.T, labels1h, groups),
+        objective = value(jnp.concatenate([p.b, p.w]), design_arrays(features, labels1h, groups),
                           lambda_inv)
         constraint = jnp.mean(class_cosines(p))
         return Calibration(b=p.b, w=p.w, status=sol.status, objective=objective,

@@ -20,7 +20,7 @@ import pytest
 
 from sc_jax import calibrators, solvers, synthetic
 from sc_jax.calibrators import pack_batch
-from sc_jax.objective import Params, Problem, calibrated_logits, class_cosines
+from sc_jax.objective import Params, Problem, calibrated_logits, class_cosines, objective
 from sc_jax.solvers import SolverOptions, Status
 
 
@@ -346,22 +346,82 @@ def test_trust_region_step_is_the_exact_subproblem_solution(x64):
         assert model(s) <= best + 1e-7 * max(1.0, abs(best)), (case, model(s), best)
 
 
-def test_value_grad_hess_equals_autodiff(x64):
+def test_value_grad_hess_equals_autodiff(x64, monkeypatch):
     # The solvers' one-pass derivatives against jax.grad / jax.hessian of the
     # objective, with padding rows and an invariance term; float64, so rounding only.
+    # With ROW_BLOCK = 64, the 150-row instance runs in three blocks (the last one
+    # padded) and the 50-row ones in one, as 20,160 rows do at the default 4,096.
+    from sc_jax import objective as objective_module
     from sc_jax.objective import design, objective, value, value_grad_hess
 
+    monkeypatch.setattr(objective_module, "ROW_BLOCK", 64)
     rng = np.random.default_rng(0)
-    for n in (2, 3, 6):
-        rows = 90
+    for n, rows in ((2, 50), (3, 50), (6, 50), (4, 150)):
         prob = Problem(jnp.asarray(rng.normal(size=(rows, n - 1)) * 2),
                        jnp.asarray(rng.integers(0, n, rows), jnp.int32),
                        jnp.asarray(rng.integers(0, 7, rows), jnp.int32),
                        jnp.asarray((rng.uniform(size=rows) > 0.2).astype(float)), 8)
         x = jnp.asarray(rng.normal(size=2 * (n - 1)))
         ref = lambda z: objective(Params(z[:n - 1], z[n - 1:]), prob, 0.7)  # noqa: E731
+        assert design(prob).features.shape[0] == (3 if rows > 64 else 1)
         f, g, h = value_grad_hess(x, design(prob), 0.7)
         assert abs(float(f - ref(x))) <= 1e-12
         assert abs(float(value(x, design(prob), 0.7) - ref(x))) <= 1e-12
         np.testing.assert_allclose(g, jax.grad(ref)(x), atol=1e-12)
         np.testing.assert_allclose(h, jax.hessian(ref)(x), atol=1e-12)
+
+
+# ---------------------------------------------------------------------------------
+# Randomised families (issue 11): a representative subset here, the full sweep of
+# 216 instances in benchmarks/sweep_solver.py (its table is in benchmarks/RESULTS.md).
+
+
+def _family_subset(per_family=2, max_rows=1500):
+    """The first ``per_family`` seeds of every family of
+    ``synthetic.solver_instance`` with at most ``max_rows`` rows (a fixed rule, not a
+    pick of instances that pass; larger N is covered by the parity tests above)."""
+    out = []
+    for fam in synthetic.FAMILIES:
+        seed, found = 0, 0
+        while found < per_family:
+            inst = synthetic.solver_instance(fam, seed)
+            if len(inst[1]) <= max_rows:
+                out.append((fam, seed, inst))
+                found += 1
+            seed += 1
+    return out
+
+
+def _problem64(x, y, g):
+    g = np.unique(g, return_inverse=True)[1]
+    return Problem(np.asarray(x, np.float64), np.asarray(y, np.int32), g.astype(np.int32),
+                   np.ones(len(y)), int(g.max()) + 1)
+
+
+def test_families_reach_the_best_scipy_optimum(x64):
+    # float64: CONVERGED (or UNBOUNDED, with f falling along a ray), violation <= 1e-9,
+    # objective at most 1e-7 relative above the best of five SciPy trust-constr
+    # starts (identity, slopes 3 and 0.3, two random points). The solver's
+    # stationarity tolerance (1e-9 on the gradient) puts its own objective error near
+    # 1e-18, SciPy's gtol 1e-11 lower still: 1e-7 is the issue's bound, with room.
+    # float32: the float32 parameters' objective (in float64) at most 1e-4 relative
+    # above the float64 solution's: float32 stops at a gradient of 1e-5, an objective
+    # error of order 1e-10 / curvature, and rounds the parameters at 6e-8 relative.
+    subset = _family_subset()
+    problems = [inst[:3] for _, _, inst in subset]
+    lams = [inst[3] for _, _, inst in subset]
+    taus = [inst[4] for _, _, inst in subset]
+    fits64 = calibrators.fit_batch(problems, lambda_inv=lams, tau=taus, dtype="float64")
+    fits32 = calibrators.fit_batch(problems, lambda_inv=lams, tau=taus, dtype="float32")
+    for (fam, seed, (x, y, g, lam, tau)), r64, r32 in zip(subset, fits64, fits32):
+        where = (fam, seed, len(y), lam, tau)
+        assert r64.status in (Status.CONVERGED, Status.UNBOUNDED), (where, r64)
+        assert r64.violation <= 1e-9, (where, r64.violation)
+        if r64.status == Status.UNBOUNDED:
+            continue
+        ref = solvers.scipy_best(_problem64(x, y, g), lam, tau, seed=seed)
+        assert (r64.objective - ref.objective) / abs(ref.objective) <= 1e-7, \
+            (where, r64.objective, ref.objective)
+        f32 = float(objective(Params(jnp.asarray(r32.b), jnp.asarray(r32.w)),
+                              _problem64(x, y, g), lam))
+        assert (f32 - r64.objective) / abs(r64.objective) <= 1e-4, (where, f32, r64.objective)

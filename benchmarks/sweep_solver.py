@@ -1,0 +1,167 @@
+"""Randomised parity and robustness sweep of the JAX solvers against SciPy.
+
+Draws ``--per-family`` instances of every family of
+:func:`sc_jax.synthetic.solver_instance` (informative, partly flipped, apex =
+uninformative with strong invariance, near-separable, tight tau at K = 5 and 6, no
+trust region; lambda_inv in {0, 0.1, 1, 10}; N from 12 to 20,160 rows) and solves each
+
+  * with the augmented Lagrangian in float64 and float32 (``calibrators.fit_batch``:
+    one compiled call per class count and dtype), and
+  * with SciPy trust-constr (float64) from several starts: the identity, slopes 3
+    and 0.3, and two random points; the best feasible end point is the reference
+    (``solvers.scipy_best``).
+
+Checks, per instance (issue 11):
+  * float64: status CONVERGED (or UNBOUNDED), violation <= 1e-9, and objective at most
+    1e-7 relative above the best SciPy start (below it is fine);
+  * float32: objective of the float32 parameters (evaluated in float64) at most 1e-4
+    relative above the float64 solution's.
+
+Every instance is appended to the JSON-lines output as it finishes, so an interrupted
+run resumes where it stopped (``--out``; delete the file to start over). Prints a
+table per family and every instance that misses a check.
+
+  python benchmarks/sweep_solver.py                      # 36 per family (216 instances)
+  python benchmarks/sweep_solver.py --per-family 4 --families apex flipped
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from sc_jax import calibrators, solvers  # noqa: E402
+from sc_jax.objective import Params, Problem, objective  # noqa: E402
+from sc_jax.synthetic import FAMILIES, solver_instance  # noqa: E402
+
+GAP64 = 1e-7
+GAP32 = 1e-4
+FEAS = 1e-9
+
+
+def _problem64(x, y, g) -> Problem:
+    # NumPy arrays: jnp would round them to float32 outside an x64 scope, and
+    # solvers.scipy converts them to float64 under its own.
+    g = np.unique(g, return_inverse=True)[1].reshape(-1)
+    return Problem(np.asarray(x, np.float64), np.asarray(y, np.int32), g.astype(np.int32),
+                   np.ones(len(y)), int(g.max()) + 1)
+
+
+def f64_objective(b, w, x, y, g, lam) -> float:
+    with jax.enable_x64(True):
+        return float(objective(Params(jnp.asarray(b, jnp.float64), jnp.asarray(w, jnp.float64)),
+                               _problem64(x, y, g), jnp.asarray(lam, jnp.float64)))
+
+
+def _fmt(v, spec="+.1e"):
+    return "none" if v is None else format(v, spec)
+
+
+def run(families, per_family, out: Path, options):
+    done = {}
+    if out.exists():
+        for line in out.read_text().splitlines():
+            r = json.loads(line)
+            done[(r["family"], r["seed"])] = r
+    todo = [(f, s) for f in families for s in range(per_family) if (f, s) not in done]
+    print(f"{len(done)} instances already in {out}, {len(todo)} to solve", flush=True)
+    if not todo:
+        return [done[(f, s)] for f in families for s in range(per_family)]
+    inst = {key: solver_instance(*key) for key in todo}
+    fits = {}
+    for dtype in ("float64", "float32"):
+        t = time.perf_counter()
+        res = calibrators.fit_batch([inst[k][:3] for k in todo],
+                                    lambda_inv=[inst[k][3] for k in todo],
+                                    tau=[inst[k][4] for k in todo], dtype=dtype, options=options)
+        print(f"JAX {dtype}: {len(todo)} fits in {time.perf_counter() - t:.1f}s "
+              "(compile included)", flush=True)
+        fits[dtype] = dict(zip(todo, res))
+    with out.open("a") as fh:
+        for key in todo:
+            x, y, g, lam, tau = inst[key]
+            t = time.perf_counter()
+            ref = solvers.scipy_best(_problem64(x, y, g), lam, tau, seed=key[1])
+            sp_s = time.perf_counter() - t
+            r64, r32 = fits["float64"][key], fits["float32"][key]
+            f_ref = None if ref is None else float(ref.objective)
+            f64 = float(r64.objective)
+            f32 = f64_objective(r32.b, r32.w, x, y, g, lam)
+            rec = dict(
+                family=key[0], seed=key[1], n=int(x.shape[1] + 1), rows=int(len(y)),
+                lambda_inv=lam, tau=tau, scipy_best=f_ref, scipy_s=sp_s,
+                f64=f64, status64=r64.status.name, violation64=float(r64.violation),
+                iterations64=int(r64.iterations),
+                gap64=None if f_ref is None else (f64 - f_ref) / max(abs(f_ref), 1e-300),
+                f32=f32, status32=r32.status.name, violation32=float(r32.violation),
+                gap32=(f32 - f64) / max(abs(f64), 1e-300),
+            )
+            rec["ok64"] = bool(rec["status64"] in ("CONVERGED", "UNBOUNDED")
+                               and rec["violation64"] <= FEAS
+                               and (rec["gap64"] is None or rec["gap64"] <= GAP64
+                                    or rec["status64"] == "UNBOUNDED"))
+            # An infimum that is not attained has no float32 parity to check: both
+            # solutions stop somewhere on the way down.
+            rec["ok32"] = bool(rec["status64"] == "UNBOUNDED" or rec["gap32"] <= GAP32)
+            fh.write(json.dumps(rec) + "\n")
+            fh.flush()
+            done[key] = rec
+            flag = "" if rec["ok64"] and rec["ok32"] else "   <-- MISS"
+            print(f"{key[0]:16s} {key[1]:3d} n={rec['n']} N={rec['rows']:6d} "
+                  f"lam={lam:<4g} tau={tau:+.5f} {rec['status64']:10s} it={rec['iterations64']:3d} "
+                  f"f64={f64:.10f} scipy={_fmt(f_ref, '.10f')} gap64={_fmt(rec['gap64'])} "
+                  f"gap32={rec['gap32']:+.1e}{flag}", flush=True)
+    return [done[(f, s)] for f in families for s in range(per_family)]
+
+
+def table(records):
+    print(f"\n{'family':16s} {'count':>5} {'N range':>13} {'worst gap64':>11} "
+          f"{'worst gap32':>11} {'statuses (float64)':30s} {'misses':>6}")
+    for fam in dict.fromkeys(r["family"] for r in records):
+        rs = [r for r in records if r["family"] == fam]
+        g64 = [r["gap64"] for r in rs if r["gap64"] is not None and r["status64"] != "UNBOUNDED"]
+        g32 = [r["gap32"] for r in rs if r["status64"] != "UNBOUNDED"]
+        st = {}
+        for r in rs:
+            st[r["status64"]] = st.get(r["status64"], 0) + 1
+        misses = sum(not (r["ok64"] and r["ok32"]) for r in rs)
+        print(f"{fam:16s} {len(rs):>5} {min(r['rows'] for r in rs):>6}-{max(r['rows'] for r in rs):<6} "
+              f"{max(g64, default=float('nan')):>11.1e} {max(g32, default=float('nan')):>11.1e} "
+              f"{', '.join(f'{k} {v}' for k, v in st.items()):30s} {misses:>6}")
+    bad = [r for r in records if not (r["ok64"] and r["ok32"])]
+    print(f"\n{len(records)} instances, {len(bad)} miss a check")
+    for r in bad:
+        print(f"  {r['family']} seed {r['seed']}: n={r['n']} N={r['rows']} lam={r['lambda_inv']} "
+              f"tau={r['tau']:.5f} {r['status64']} f64={r['f64']:.10g} scipy={r['scipy_best']} "
+              f"gap64={r['gap64']} gap32={r['gap32']:.1e}")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--per-family", type=int, default=36)
+    p.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
+    p.add_argument("--num-starts", type=int, default=1,
+                   help="augmented-Lagrangian starts (SolverOptions.num_starts)")
+    p.add_argument("--out", default="bench_out/sweep_solver.jsonl")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    print(f"jax {jax.__version__} on {jax.default_backend()}, {platform.machine()}", flush=True)
+    records = run(args.families, args.per_family, out,
+                  solvers.SolverOptions(num_starts=args.num_starts))
+    table(records)
+
+
+if __name__ == "__main__":
+    main()
