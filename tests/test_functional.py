@@ -42,8 +42,10 @@ def test_jit_vmap_equals_one_by_one(x64):
                                                                    num_queries=6)))(
         feats, labels, qids, taus)
     leading = sc_jax.calibrate(feats, labels, qids, tau=taus)  # leading axes, too
+    # One compiled single-problem solve (tau traced), called per problem.
+    single = jax.jit(lambda f, y, g, t: sc_jax.calibrate(f, y, g, tau=t, num_queries=6))
     for k, (x, y, g) in enumerate(probs):
-        one = sc_jax.calibrate(x, y, g, tau=float(taus[k]))
+        one = single(x, y, g, taus[k])
         ref = calibrators.fit(x, y, g, tau=float(taus[k]), dtype="float64")
         assert int(one.status) == Status.CONVERGED == ref.status
         for other in (batched, leading):
@@ -59,6 +61,7 @@ def test_grad_matches_finite_differences(x64, tau):
     x, y, g = _problem(0)[1]
     test = jnp.asarray(np.random.default_rng(1).normal(size=(5, 2)))
 
+    @jax.jit  # one compile for the finite differences' eight calls
     def downstream(features, lam, t):
         cal = sc_jax.calibrate(features, y, g, tau=t, lambda_inv=lam, num_queries=6)
         return jnp.sum(sc_jax.calibrated_log_probs(cal.b, cal.w, test)[:, 1]) + cal.w[0] ** 2
