@@ -363,12 +363,15 @@ def test_value_grad_hess_equals_autodiff(x64, monkeypatch):
                        jnp.asarray((rng.uniform(size=rows) > 0.2).astype(float)), 8)
         x = jnp.asarray(rng.normal(size=2 * (n - 1)))
         ref = lambda z: objective(Params(z[:n - 1], z[n - 1:]), prob, 0.7)  # noqa: E731
-        assert design(prob).features.shape[0] == (3 if rows > 64 else 1)
-        f, g, h = value_grad_hess(x, design(prob), 0.7)
+        d = design(prob)
+        assert d.features.shape[0] == (3 if rows > 64 else 1)
+        # Everything jitted: op-by-op dispatch of the scans and of jax.hessian is
+        # what made this test slow, not the arithmetic.
+        f, g, h = jax.jit(value_grad_hess)(x, d, 0.7)
         assert abs(float(f - ref(x))) <= 1e-12
-        assert abs(float(value(x, design(prob), 0.7) - ref(x))) <= 1e-12
-        np.testing.assert_allclose(g, jax.grad(ref)(x), atol=1e-12)
-        np.testing.assert_allclose(h, jax.hessian(ref)(x), atol=1e-12)
+        assert abs(float(jax.jit(value)(x, d, 0.7) - ref(x))) <= 1e-12
+        np.testing.assert_allclose(g, jax.jit(jax.grad(ref))(x), atol=1e-12)
+        np.testing.assert_allclose(h, jax.jit(jax.hessian(ref))(x), atol=1e-12)
 
 
 # ---------------------------------------------------------------------------------
