@@ -34,7 +34,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -42,26 +41,19 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from sc_jax import calibrators, solvers  # noqa: E402
-from sc_jax.objective import Params, Problem, objective  # noqa: E402
+from sc_jax.objective import Params, objective  # noqa: E402
 from sc_jax.synthetic import FAMILIES, solver_instance  # noqa: E402
+from bench_solver import _sp_problem  # noqa: E402  (NumPy float64 Problem, ids 0..G-1)
 
 GAP64 = 1e-7
 GAP32 = 1e-4
 FEAS = 1e-9
 
 
-def _problem64(x, y, g) -> Problem:
-    # NumPy arrays: jnp would round them to float32 outside an x64 scope, and
-    # solvers.scipy converts them to float64 under its own.
-    g = np.unique(g, return_inverse=True)[1].reshape(-1)
-    return Problem(np.asarray(x, np.float64), np.asarray(y, np.int32), g.astype(np.int32),
-                   np.ones(len(y)), int(g.max()) + 1)
-
-
 def f64_objective(b, w, x, y, g, lam) -> float:
     with jax.enable_x64(True):
         return float(objective(Params(jnp.asarray(b, jnp.float64), jnp.asarray(w, jnp.float64)),
-                               _problem64(x, y, g), jnp.asarray(lam, jnp.float64)))
+                               _sp_problem(x, y, g), jnp.asarray(lam, jnp.float64)))
 
 
 def _fmt(v, spec="+.1e"):
@@ -92,7 +84,7 @@ def run(families, per_family, out: Path, options):
         for key in todo:
             x, y, g, lam, tau = inst[key]
             t = time.perf_counter()
-            ref = solvers.scipy_best(_problem64(x, y, g), lam, tau, seed=key[1])
+            ref = solvers.scipy_best(_sp_problem(x, y, g), lam, tau, seed=key[1])
             sp_s = time.perf_counter() - t
             r64, r32 = fits["float64"][key], fits["float32"][key]
             f_ref = None if ref is None else float(ref.objective)

@@ -26,6 +26,7 @@ import numpy as np
 
 from sc_jax.objective import Params, Problem, class_cosines, design_arrays, value
 from sc_jax.objective import calibrated_log_probs as _log_probs
+from sc_jax.solvers import _flat_params as _params_of
 
 Array = jax.Array
 
@@ -115,13 +116,6 @@ def ensemble_proba(b: Array, w: Array, features: Sequence[Array],
 # ---------------------------------------------------------------------------------
 # calibrate: one solve, batched over leading axes, differentiable by implicit
 # differentiation of its KKT conditions.
-
-
-def _params_of(x: Array, sc_star: bool) -> Params:
-    if sc_star:
-        return Params(x, jnp.ones_like(x))
-    n1 = x.shape[0] // 2
-    return Params(x[:n1], x[n1:])
 
 
 def _kkt(z, features, labels1h, groups, lambda_inv, tau, sc_star):
