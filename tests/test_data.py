@@ -271,7 +271,7 @@ def test_missing_datasets_package_says_how_to_pass_a_local_file(monkeypatch):
     with pytest.raises(DataUnavailableError) as info:
         load_task("financial_phrasebank")
     message = str(info.value)
-    assert "pip install datasets" in message and "--data-file" in message
+    assert "pip install 'sc-jax[data]'" in message and "--data-file" in message
     assert "column 'sentence'" in message and "negative, neutral, positive" in message
 
 

