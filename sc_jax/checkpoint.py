@@ -122,7 +122,6 @@ def convert(config: ModelConfig, tensors: Mapping[str, np.ndarray] | Callable[[s
     get = tensors.__getitem__ if isinstance(tensors, Mapping) else tensors
     kmap = key_map(config)
     out: dict[str, np.ndarray] = {}
-    stacked: dict[str, list] = {}
     for key, rule in kmap.items():
         arr = np.asarray(get(key))
         if tuple(arr.shape) != rule.hf_shape:
@@ -131,9 +130,11 @@ def convert(config: ModelConfig, tensors: Mapping[str, np.ndarray] | Callable[[s
         if rule.layer is None:
             out[rule.target] = val
         else:
-            stacked.setdefault(rule.target, [None] * config.num_layers)[rule.layer] = val
-    for name, parts in stacked.items():
-        out[name] = np.stack(parts)
+            # Written into the stacked array as it is read (no list of layers and a
+            # stack after it: that held every layer weight twice).
+            if rule.target not in out:
+                out[rule.target] = np.empty((config.num_layers, *val.shape), val.dtype)
+            out[rule.target][rule.layer] = val
     return out
 
 
@@ -190,12 +191,14 @@ def read_safetensors(config: ModelConfig, files: list[Path]) -> dict[str, np.nda
         handles.clear()
 
 
-def decoder_from_arrays(config: ModelConfig, arrays: Mapping[str, np.ndarray], *, dtype, sharding=None):
+def decoder_from_arrays(config: ModelConfig, arrays: Mapping[str, np.ndarray], *, dtype, sharding=None,
+                        consume: bool = False):
     """Build a :class:`~sc_jax.model.Decoder` from converted arrays without ever
     allocating random weights (the module is created abstractly, then filled).
 
     ``sharding``: a ``jax.sharding.Sharding`` for every parameter (default: the
-    default device).
+    default device). ``consume``: delete each array from ``arrays`` (a dict) once it is
+    on the device, so host memory holds about one copy of the weights, not two.
     """
     import jax
     import jax.numpy as jnp
@@ -216,13 +219,16 @@ def decoder_from_arrays(config: ModelConfig, arrays: Mapping[str, np.ndarray], *
             x.astype(jnp.dtype(dtype)), sharding)
         return x
 
-    for name, arr in arrays.items():
+    for name in list(arrays):
+        arr = arrays[name]
         owner = model.layers if name in LAYER_PARAMS else model
         var = getattr(owner, name)
         if tuple(var.get_value().shape) != tuple(arr.shape):
             raise ValueError(f"{name}: converted shape {arr.shape} != model shape "
                              f"{var.get_value().shape}")
         var.set_value(put(arr))
+        if consume:
+            del arrays[name], arr  # host copy freed as soon as the device has it
     from .config import rope_inv_freq
 
     consts = {"inv_freq": jnp.asarray(rope_inv_freq(config), jnp.float32),

@@ -271,7 +271,7 @@ def load_model(source: str, *, dtype: str = "float32", mesh=None, seed: int = 0)
             f"model source {source!r} is neither a directory, a .gguf file, a named model "
             f"('default', {', '.join(map(repr, MODELS))}) nor 'random:<preset>' "
             f"(presets: {', '.join(PRESETS)})")
-    module = decoder_from_arrays(config, arrays, dtype=jdtype, sharding=sharding)
+    module = decoder_from_arrays(config, arrays, dtype=jdtype, sharding=sharding, consume=True)
     return LoadedModel(module, tok, mesh=mesh, source=source, identity=ident)
 
 

@@ -600,6 +600,24 @@ def test_write_hf_dir_atomic(tmp_path):
         "model.layers.1.self_attn.k_proj.weight"]))  # fmt: skip
 
 
+def test_write_hf_dir_shards(tmp_path):
+    """Past shard_bytes the weights go to shards with an index; both loaders read them."""
+    _write_tiny_gguf(tmp_path / "tiny.gguf")
+    ck = read_gguf(tmp_path / "tiny.gguf")
+    out = write_hf_dir(ck, tmp_path / "sharded", shard_bytes=40_000)
+    shards = sorted(p.name for p in out.glob("*.safetensors"))
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert len(shards) >= 3 and shards[0] == f"model-00001-of-{len(shards):05d}.safetensors"
+    assert set(index["weight_map"]) == set(ck.tensors) and set(index["weight_map"].values()) == set(shards)
+    assert index["metadata"]["total_size"] == 4 * sum(w.size for w in ck.tensors.values())
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).state_dict()
+    for name, w in ck.tensors.items():
+        assert np.array_equal(hf[name].numpy(), w), name
+    ids = [[5, 9, 260], [7]]
+    assert np.array_equal(sc_jax.load_model(str(out)).last_logits(ids),
+                          sc_jax.load_model(str(tmp_path / "tiny.gguf")).last_logits(ids))  # fmt: skip
+
+
 # --------------------------------------------------------------------------- (c) bad input
 
 

@@ -7,8 +7,8 @@ files of every common quantisation type, against transformers' own GGUF loader (
     its own kernels; the tensors are compared bit for bit). What remains is float32
     summation order over 24 layers: attention and MLP sums of up to 4,864 terms, logits
     up to about 30 in magnitude, where one float32 ulp is 2e-6. Tolerance: max |logit
-    difference| <= 2e-3 (100 ulps at the largest logit, over 24 layers); the argmax must
-    agree. The figure measured is printed.
+    difference| <= 5e-4 (250 ulps at the largest logit, as for SmolLM2's 30 layers;
+    measured 6.5e-5 on 2 CPU threads); the argmax must agree. The figure is printed.
 (b) Its tokenizer, token for token on ~480 strings (digits, whitespace runs, tabs and
     newlines, CJK, emoji, the nine task templates with real texts), against
     transformers' `Qwen2Tokenizer` (the model's own tokenizer class: Qwen2's split regex
@@ -59,7 +59,7 @@ from sc_jax.prompts import TEMPLATES  # noqa: E402
 from tokenizers import AddedToken  # noqa: E402
 
 torch.set_num_threads(2)
-REAL_TOL = 2e-3
+REAL_TOL = 5e-4
 TINY_TOL = 2e-5
 QWEN = "qwen2.5-0.5b"
 
@@ -357,12 +357,15 @@ def test_tiny_qwen2_quant_type_matches_transformers(tmp_path, qtype):
         np.testing.assert_allclose(ck.tensors[name], state[name].numpy(), rtol=0, atol=1e-6, err_msg=name)
     seqs = [[5, 70, 200, 259], [12], list(range(30, 90))]
     got = ours.last_logits(seqs)
+    worst = 0.0
     for i, seq in enumerate(seqs):
         with torch.no_grad():
             want = ref(torch.tensor([seq])).logits[0, -1].numpy()
         scale = np.abs(want).max()
         assert scale > 0.1  # not a degenerate model
-        np.testing.assert_allclose(got[i], want, rtol=0, atol=TINY_TOL * scale, err_msg=f"{qtype} sequence {i}")
+        worst = max(worst, float(np.abs(got[i] - want).max() / scale))
+    print(f"tiny qwen2 {qtype}: max |logit diff| / max |logit| = {worst:.1e}")
+    assert worst <= TINY_TOL
 
 
 # --------------------------------------------------------------------------- (d) bad input
