@@ -14,8 +14,8 @@ r"""GGUF reading and the offline default model, against transformers' own GGUF l
       character follows a space or another numeric (" ²", " ١"). No token in the
       vocabulary joins an ASCII digit to anything, so that is the only place it shows.
 (b) Converter: transformers (PyTorch, float32) loaded from our converted directory
-    against transformers loaded from the GGUF. Both dequantise with gguf, so the weights
-    are bit-identical (tested); the logits (magnitude up to ~40) must agree to float32
+    against transformers loaded from the GGUF. The weights agree to 2 float32 ulps
+    (bit-identical on our machine; see `assert_same_dequantisation`); the logits (magnitude up to ~40) must agree to float32
     rounding: max |diff| <= 1e-4. Measured with 2 torch threads: 2.8e-5 on the one-token
     prompt, 0.0 on the 5-, 28- and 109-token ones. q/k rows are checked directly
     against transformers and against llama.cpp's permutation.
@@ -62,6 +62,19 @@ from sc_jax.prompts import TEMPLATES, build_pieces  # noqa: E402
 
 torch.set_num_threads(2)
 LOGIT_TOL = 1e-4
+
+
+def assert_same_dequantisation(ours, theirs, name=""):
+    """Two dequantisers' float32 outputs: equal up to 2 ulps of the tensor's largest value.
+
+    Block formats with a minimum (Q4_1, Q5_1, K-quants: d * q + m) round once or twice
+    depending on whether the compiled kernel fuses the multiply-add (FMA), which can
+    change with the CPU; on this project's 2-core AMD machine they are bit-identical.
+    """
+    ours, theirs = np.asarray(ours), np.asarray(theirs)
+    assert ours.shape == theirs.shape and ours.dtype == theirs.dtype == np.float32, name
+    bound = 2 * np.spacing(np.abs(theirs).max())
+    assert np.abs(ours - theirs).max() <= bound, (name, np.abs(ours - theirs).max(), bound)
 
 
 # --------------------------------------------------------------------------- fixtures
@@ -391,7 +404,7 @@ def test_tensors_equal_transformers_gguf(checkpoint, hf_gguf_model):
     assert set(checkpoint.tensors) == set(ref) - {"lm_head.weight"}
     for name, w in checkpoint.tensors.items():
         assert w.dtype == np.float32 and w.shape == ref[name].shape, name
-        assert np.array_equal(w, ref[name]), name
+        assert_same_dequantisation(w, ref[name], name)
 
 
 def test_qk_rows_unpermuted(checkpoint, hf_gguf_model, default_gguf):
@@ -412,7 +425,7 @@ def test_qk_rows_unpermuted(checkpoint, hf_gguf_model, default_gguf):
             ours = checkpoint.tensors[f"model.layers.{i}.self_attn.{proj}.weight"]
             t = raw[f"blk.{i}.attn_{short}.weight"]
             stored = gguf.quants.dequantize(t.data, t.tensor_type)
-            assert np.array_equal(ours, ref[f"model.layers.{i}.self_attn.{proj}.weight"].numpy())
+            assert_same_dequantisation(ours, ref[f"model.layers.{i}.self_attn.{proj}.weight"].numpy())
             assert not np.array_equal(ours, stored)  # the permutation is not a no-op
             assert np.array_equal(llama_cpp_permute(ours, heads), stored)
         v = raw[f"blk.{i}.attn_v.weight"]

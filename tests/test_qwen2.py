@@ -56,6 +56,7 @@ from sc_jax import _pypi  # noqa: E402
 from sc_jax import named_models as nm  # noqa: E402
 from sc_jax.gguf import GGUFError, read_gguf  # noqa: E402
 from sc_jax.prompts import TEMPLATES  # noqa: E402
+from test_gguf import assert_same_dequantisation  # noqa: E402
 from tokenizers import AddedToken  # noqa: E402
 
 torch.set_num_threads(2)
@@ -125,7 +126,7 @@ def test_qwen_config_and_weights(qwen, hf_qwen, qwen_gguf):
     for name in ("lm_head.weight", "model.embed_tokens.weight", "model.layers.0.mlp.down_proj.weight",
                  "model.layers.3.self_attn.q_proj.weight", "model.layers.3.self_attn.q_proj.bias",
                  "model.layers.0.self_attn.v_proj.weight", "model.layers.5.mlp.down_proj.weight"):  # fmt: skip
-        assert np.array_equal(ck.tensors[name], state[name].numpy()), name
+        assert_same_dequantisation(ck.tensors[name], state[name].numpy(), name)
 
 
 def test_qwen_converted_once(qwen, capsys):
@@ -181,7 +182,7 @@ EXTRA_STRINGS = [
 
 
 def _corpus() -> list[str]:
-    from test_gguf import NUMERIC_STRINGS, _corpus as llama_corpus
+    from test_gguf import NUMERIC_STRINGS, _corpus as llama_corpus  # noqa: PLC0415
 
     strings = llama_corpus() + NUMERIC_STRINGS + EXTRA_STRINGS
     for task, texts in REAL_TEXTS.items():
