@@ -2,9 +2,17 @@
 on any machine. This must run before JAX initialises its backends."""
 
 import os
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One persistent XLA compilation cache for the whole run, read by JAX from these
+# variables: the two xdist workers, and the subprocesses some tests start, compile
+# many of the same programs (solvers per class count, the tiny models). Entries are
+# keyed by the program, the JAX version and the flags, so a stale one is never used.
+os.environ.setdefault(
+    "JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"sc_jax_tests_xla_{os.getuid()}"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 
 
 import pytest  # noqa: E402
