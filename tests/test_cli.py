@@ -10,6 +10,13 @@ import pytest
 from sc_jax import cli
 
 
+@pytest.fixture(autouse=True)
+def _keep_jax_config(monkeypatch):
+    # cli.main turns on its own compilation cache; an empty value keeps the test
+    # session's JAX configuration as it is.
+    monkeypatch.setenv("SC_JAX_XLA_CACHE", "")
+
+
 def test_info_lists_the_named_models(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SC_JAX_CACHE", str(tmp_path))
     assert cli.main(["info"]) == 0
