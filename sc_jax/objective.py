@@ -208,11 +208,11 @@ def accuracy_of_argmax(params: Params, problem: Problem) -> Array:
 # Exact value, gradient and Hessian in one pass, for the second-order solvers.
 
 
-# Rows per block of the one-pass derivatives. A block's intermediates (about 40
-# numbers per row for n = 4) stay in a core's cache; one pass over all 20,160 rows of
-# a k = 8 problem did not (12 ms per pass against 1.6 ms for 7,168 rows on the 2-core
-# CPU, n = 4 float64).
-ROW_BLOCK = 4096
+# Rows per block of the derivative passes. A block's intermediates (a few dozen
+# numbers per row) stay in a core's cache; one pass over all 20,160 rows of a k = 8
+# problem did not (n = 3 float64 on the 2-core CPU: the 25-problem benchmark batch
+# took 305 ms in one block, 221 ms in blocks of 8,192 and 228 ms of 4,096 rows).
+ROW_BLOCK = 8192
 
 
 class Design(NamedTuple):
@@ -226,11 +226,26 @@ class Design(NamedTuple):
     labels: ``[B, n, C]`` one-hot labels times the row mask.
     groups: ``[B, C, G]`` one-hot query ids times the row mask: segment sums become
         matrix products.
+    query_ids: ``[B, C]`` int32 query id of each row (0 for padding), to read group
+        sums back at the rows (a gather is much cheaper than a product with the
+        one-hot on CPU).
+    mask: ``[B, C]`` 1 for real rows.
+    row_counts: ``[B, C]`` size M of each row's query group (0 for padding).
+    row_xsums: ``[B, n-1, C]`` sum of the features over each row's query group.
+    counts: ``[G]`` rows per query group.
+
+    The last four depend on the data alone, not on theta, so they are computed here
+    once instead of at every evaluation.
     """
 
     features: Array
     labels: Array
     groups: Array
+    query_ids: Array
+    mask: Array
+    row_counts: Array
+    row_xsums: Array
+    counts: Array
 
 
 def design_arrays(features: Array, labels: Array, groups: Array) -> Design:
@@ -248,7 +263,15 @@ def design_arrays(features: Array, labels: Array, groups: Array) -> Design:
                                              + a.shape[axis + 1:])
         return jnp.moveaxis(a, 1, axis + 1)
 
-    return Design(block(features.T, 1), block(labels, 1), block(groups, 0))
+    mask = jnp.sum(groups, axis=1)  # [N]
+    query_ids = jnp.argmax(groups, axis=1).astype(jnp.int32)  # padding: 0, masked
+    counts = jnp.sum(groups, axis=0)  # [G]
+    xsums = features.T @ groups  # [n-1, G]
+    row_counts = counts[query_ids] * mask
+    row_xsums = xsums[:, query_ids] * mask
+    return Design(block(features.T, 1), block(labels, 1), block(groups, 0),
+                  block(query_ids, 0), block(mask, 0), block(row_counts, 0),
+                  block(row_xsums, 1), counts)
 
 
 def design(problem: Problem) -> Design:
@@ -262,79 +285,72 @@ def design(problem: Problem) -> Design:
     return design_arrays(problem.features, labels, groups)
 
 
-def _over_blocks(fn, d: Design, *args):
-    """sum_b fn(block_b, *args): a Python call for one block, else a scan whose
-    carry is the running sum (every block's work stays in cache)."""
-    blocks = (d.features, d.labels, d.groups)
-    if d.features.shape[0] == 1:
-        return fn(*(a[0] for a in blocks), *args)
-    first = jax.eval_shape(lambda: fn(*(a[0] for a in blocks), *args))
-    init = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), first)
-
-    def step(acc, blk):
-        return jax.tree.map(jnp.add, acc, fn(*blk, *args)), None
-
-    return jax.lax.scan(step, init, blocks)[0]
+def _over_blocks(fn, blocks: tuple, *args):
+    """sum_b fn(*(a[b] for a in blocks), *args), unrolled over the B blocks (B is at
+    most a few). A ``lax.scan`` over the blocks compiled 10% faster but ran 1.6x
+    slower inside the solver's loop (n = 3 float64 benchmark batch on the 2-core
+    CPU: 358 ms against 221 ms)."""
+    total = None
+    for k in range(blocks[0].shape[0]):
+        out = fn(*(a[k] for a in blocks), *args)
+        total = out if total is None else jax.tree.map(jnp.add, total, out)
+    return total
 
 
 def _softmax_rows(x: Array, X: Array):
-    """Calibrated log-probabilities and probabilities of one block, ``[n, C]`` each."""
+    """Calibrated probabilities and log-probabilities of one block, ``[n, C]`` each."""
     n1 = X.shape[0]
     b, w = x[:n1], x[n1:]
-    Lr = X * w[:, None] + b[:, None]  # [n-1, C]
-    # log-softmax with class 0 pinned at 0.
-    top = jnp.maximum(jnp.max(Lr, axis=0), 0.0)  # [C]
-    lse = top + jnp.log(jnp.exp(-top) + jnp.sum(jnp.exp(Lr - top), axis=0))  # [C]
-    lp = jnp.concatenate([-lse[None], Lr - lse], axis=0)  # [n, C]
-    return lp, jnp.exp(lp)
+    L = jnp.concatenate([jnp.zeros_like(X[:1]), X * w[:, None] + b[:, None]], axis=0)
+    top = jnp.max(L, axis=0)  # [C]
+    e = jnp.exp(L - top)  # the largest is exactly 1
+    # log(sum e) = log1p(rest), with rest the sum of the other terms: where the
+    # data are separable, log-probabilities near 0 keep their digits (-rest, not a
+    # rounded 0), so f keeps falling along a ray of separation (see
+    # solvers._not_attained) instead of stalling at exactly 0.
+    first = jnp.arange(n1 + 1)[:, None] == jnp.argmax(L, axis=0)
+    rest = jnp.sum(jnp.where(first, 0.0, e), axis=0)
+    lp = L - top - jnp.log1p(rest)
+    return e / (1.0 + rest), lp
 
 
-def _group_pass(X, Y, OH, x, hessian: bool):
-    """Per-block group sums (one product with the one-hot) and row sums: u, v, the
-    group sums of J_a Z_a (Hessian cross terms, if ``hessian``), of X and of the
-    mask; and sum_a y_a.l_a, sum_a P_a.l_a."""
-    n1 = X.shape[0]
-    mask = jnp.sum(OH, axis=1)  # [C]
-    lp, P = _softmax_rows(x, X)
-    parts = [P * mask, lp * mask]
-    if hessian:
-        Pr = P[1:]
-        J = jnp.eye(n1, dtype=X.dtype)[:, :, None] * Pr[:, None] - Pr[:, None] * Pr[None]
-        Jm = J * mask
-        parts += [Jm.reshape(n1 * n1, -1), (Jm * X[None]).reshape(n1 * n1, -1), X]
-    grouped = jnp.concatenate(parts + [mask[None]], axis=0) @ OH
-    terms = jnp.stack([jnp.sum(Y * lp), jnp.sum(P * mask * lp)])
-    return grouped, terms
+def _group_pass(X, Y, OH, mask, x):
+    """Per-block group sums u = sum_a P_a and v = sum_a l_a (one product with the
+    one-hot, ``[2n, G]``) and the row sums sum_a y_a.l_a, sum_a P_a.l_a."""
+    P, lp = _softmax_rows(x, X)
+    grouped = jnp.concatenate([P * mask, lp * mask], axis=0) @ OH
+    return grouped, jnp.stack([jnp.sum(Y * lp), jnp.sum(P * lp * mask)])
 
 
-def _row_pass(X, Y, OH, x, back_groups, n_eff, lam):
-    """Per-block row sums of the gradient and of the row-diagonal Hessian blocks."""
-    n1 = X.shape[0]
-    n = n1 + 1
-    dtype = X.dtype
-    mask = jnp.sum(OH, axis=1)
-    # Query id of each row, for gathering group sums back to rows (a gather is much
-    # cheaper than a product with the [G, C] one-hot on CPU); padded rows read
-    # group 0 and are masked.
-    qid = jnp.argmax(OH, axis=1)
-    lp, P = _softmax_rows(x, X)
-    Pr = P[1:]
-    eye = jnp.eye(n1, dtype=dtype)[:, :, None]
-    J = eye * Pr[:, None] - Pr[:, None] * Pr[None]  # [n-1, n-1, C] softmax Jacobian
-    back = jnp.take(back_groups, qid, axis=1)
-    u_a, v_a, M_a = back[:n], back[n:2 * n], back[2 * n]  # [n, C], [n, C], [C]
-    z = lp - v_a
-    Pz = jnp.sum(P * z, axis=0)  # [C]
-    gL = ((P * mask - Y) / n_eff + lam * mask * (P * (z - Pz) - u_a + M_a * P))[1:]
-    zP = (z * P)[1:]  # [n-1, C]
-    D = (eye * (zP - Pz * Pr)[:, None] - zP[:, None] * Pr[None] - Pr[:, None] * zP[None]
-         + 2.0 * Pz * Pr[:, None] * Pr[None])
-    Q = mask * (J / n_eff + lam * (D + (1.0 + M_a) * J))  # per-row Hessian blocks
-    # Every row sum (gradient, row-diagonal Hessian) in one product.
-    rows = jnp.concatenate([gL, gL * X, Q.reshape(n1 * n1, -1),
-                            (Q * X[None]).reshape(n1 * n1, -1),
-                            (Q * X[:, None] * X[None]).reshape(n1 * n1, -1)], axis=0)
-    return rows @ jnp.ones(X.shape[1], dtype)
+def _row_pass(X, Y, qid, mask, M, XS, x, uv, n_eff, lam):
+    """Per-block row sums of the gradient and Hessian (see :func:`value_grad_hess`):
+    the part of the Hessian that is a Gram matrix over rows as one product
+    ``[p, C] @ [C, p]``, the rest (gradient, per-class 2 x 2 blocks) as row sums."""
+    n = X.shape[0] + 1
+    P, lp = _softmax_rows(x, X)
+    back = jnp.take(uv, qid, axis=1)  # [2n, C]: the group sums at each row
+    u, v = back[:n], back[n:]
+    zP = (lp - v) * P
+    Pz = jnp.sum(zP, axis=0)  # [C]
+    Pr, zPr = P[1:], zP[1:]
+    lm = lam * mask
+    a = mask / n_eff + lm * (1.0 + M)  # coefficient of J_a in Q_a
+    grad_L = (Pr * mask - Y[1:]) / n_eff + lm * (zPr - Pz * Pr - u[1:] + M * Pr)
+    diag = a * Pr + lm * (zPr - Pz * Pr)  # diagonal part of Q_a
+    t = lm * Pr
+    A = jnp.concatenate([Pr, Pr * X], axis=0)  # [p, C]: rows (1, m_ac) P_ac
+    q = lm * zPr
+    F = 0.5 * (a - 2.0 * lm * Pz) * A + jnp.concatenate([q - t * M, q * X - t * XS], axis=0)
+    sums = jnp.concatenate([grad_L, grad_L * X, diag, diag * X, diag * X * X,
+                            t * M, t * (XS + X * M), t * X * XS], axis=0)
+    return F @ A.T, jnp.sum(sums, axis=1)
+
+
+def _scales(d: Design, lambda_inv):
+    n_eff = jnp.maximum(jnp.sum(d.counts), 1.0)
+    pairs = jnp.sum(d.counts * (d.counts - 1.0)) / 2.0
+    lam = jnp.where(pairs > 0, lambda_inv / jnp.maximum(pairs, 1.0), 0.0)
+    return n_eff, lam
 
 
 def value_grad_hess(x: Array, d: Design, lambda_inv: Array) -> tuple[Array, Array, Array]:
@@ -344,8 +360,8 @@ def value_grad_hess(x: Array, d: Design, lambda_inv: Array) -> tuple[Array, Arra
     cross-entropy); the result equals ``jax.hessian`` of it (a test checks this to
     1e-12 in float64) at a fraction of the cost: the calibrated logits are linear in
     theta, L_ac = w_c m_ac + b_c, so every derivative is a per-row quantity in logit
-    space contracted with the rows' (1, m_ac), and all row sums are matrix products.
-    Two passes over the row blocks: group sums, then row sums that read them.
+    space contracted with the rows' (1, m_ac). Two passes over the row blocks: group
+    sums, then row sums that read them.
 
     With P_a = softmax(L_a), l_a = log P_a, J_a = diag(P_a) - P_a P_a^T and, per query
     group g, u = sum_a P_a, v = sum_a l_a, M = |g|, the group's pair sum
@@ -356,30 +372,29 @@ def value_grad_hess(x: Array, d: Design, lambda_inv: Array) -> tuple[Array, Arra
 
     where D_a(z) is the Hessian of z . softmax(L_a) for fixed z. The NLL adds
     (P_a - e_y) / N and J_a / N. Padded rows (mask 0) contribute nothing.
+
+    Every term of the Hessian is diagonal in the classes (a 2 x 2 block per class)
+    or of the form sum_a (s_a P_ac)(t_a P_ad) Z_ac Z_ad^T: with A_a the ``[p]``
+    vector (P_ac, P_ac m_ac)_c, the latter is the Gram product F^T A of two ``[C, p]``
+    matrices, one small matrix product per block instead of p^2 row sums.
     """
     n1 = d.features.shape[1]
     n = n1 + 1
-    grouped, terms = _over_blocks(functools.partial(_group_pass, hessian=True), d, x)
-    U, V = grouped[:n], grouped[n:2 * n]  # [n, G]
-    S1 = jnp.concatenate([grouped[2 * n:2 * n + n1 * n1].reshape(n1, n1, -1),
-                          grouped[2 * n + n1 * n1:2 * n + 2 * n1 * n1].reshape(n1, n1, -1)],
-                         axis=1)  # [n-1 (row class), p, G]
-    XG, counts = grouped[-n1 - 1:-1], grouped[-1]  # [n-1, G], [G]
-    n_eff = jnp.maximum(jnp.sum(counts), 1.0)
-    pairs = jnp.sum(counts * (counts - 1.0)) / 2.0
-    lam = jnp.where(pairs > 0, lambda_inv / jnp.maximum(pairs, 1.0), 0.0)
-    back_groups = jnp.concatenate([U, V, counts[None]], axis=0)
-    sums = _over_blocks(_row_pass, d, x, back_groups, n_eff, lam)
+    n_eff, lam = _scales(d, lambda_inv)
+    grouped, terms = _over_blocks(_group_pass, (d.features, d.labels, d.groups, d.mask), x)
+    U, V = grouped[:n], grouped[n:]  # [n, G]
+    gram, sums = _over_blocks(
+        _row_pass, (d.features, d.labels, d.query_ids, d.mask, d.row_counts, d.row_xsums),
+        x, grouped, n_eff, lam)
     f = -terms[0] / n_eff + lam * (terms[1] - jnp.sum(U * V))
     grad = sums[:2 * n1]
-    Hbb, Hbw, Hww = (sums[2 * n1 + k * n1 * n1: 2 * n1 + (k + 1) * n1 * n1]
-                     .reshape(n1, n1) for k in range(3))
-    H = jnp.block([[Hbb, Hbw], [Hbw.T, Hww]])
-    # Cross terms -sum_g (S1^T S0 + S0^T S1) between the rows of one group; S0 (the
-    # group sums of Z_a) of column (kind, c) is nonzero only in row class c.
-    S0 = jnp.stack([jnp.broadcast_to(counts, XG.shape), XG])  # [2, n-1, G]
-    C = jnp.einsum("cpg,kcg->pkc", S1, S0).reshape(2 * n1, 2 * n1)
-    H = H - lam * (C + C.T)
+    diag, diag_x, diag_xx, t_m, t_x, t_xx = sums[2 * n1:].reshape(6, n1)
+    idx = jnp.arange(n1)
+    H = -(gram + gram.T)
+    H = H.at[idx, idx].add(diag - 2.0 * t_m)
+    H = H.at[idx, idx + n1].add(diag_x - t_x)
+    H = H.at[idx + n1, idx].add(diag_x - t_x)
+    H = H.at[idx + n1, idx + n1].add(diag_xx - 2.0 * t_xx)
     return f, grad, H
 
 
@@ -387,9 +402,6 @@ def value(x: Array, d: Design, lambda_inv: Array) -> Array:
     """f(theta) at flat x = (b, w) on a :class:`Design`: :func:`objective` without
     the derivatives (one pass, cheaper than :func:`value_grad_hess`)."""
     n = d.features.shape[1] + 1
-    grouped, terms = _over_blocks(functools.partial(_group_pass, hessian=False), d, x)
-    U, V, counts = grouped[:n], grouped[n:2 * n], grouped[-1]
-    n_eff = jnp.maximum(jnp.sum(counts), 1.0)
-    pairs = jnp.sum(counts * (counts - 1.0)) / 2.0
-    lam = jnp.where(pairs > 0, lambda_inv / jnp.maximum(pairs, 1.0), 0.0)
-    return -terms[0] / n_eff + lam * (terms[1] - jnp.sum(U * V))
+    n_eff, lam = _scales(d, lambda_inv)
+    grouped, terms = _over_blocks(_group_pass, (d.features, d.labels, d.groups, d.mask), x)
+    return -terms[0] / n_eff + lam * (terms[1] - jnp.sum(grouped[:n] * grouped[n:]))

@@ -302,7 +302,6 @@ class ScoringEngine:
         t0 = time.perf_counter()
         n = len(pieces.labels)
         seq = mode == "sequence"
-        m = self.model
         st = self.stats = EngineStats()
         out = np.zeros((len(pairs), n) if not seq else (len(pairs) * n,), np.float32)
         if len(pairs) == 0:

@@ -122,6 +122,15 @@ class SolverOptions:
     radius_init, radius_max: trust-region radius in parameter units.
     max_pg_iter, pg_restart: projected-gradient iterations in all, and between
         momentum restarts.
+    coarse_rows, coarse_tol, max_coarse_iter: a problem with more than
+        2 ``coarse_rows`` rows is first solved on a fixed random subsample of
+        ``coarse_rows`` of them, to a stationarity and feasibility of ``coarse_tol``
+        (the subsample's sampling error is about 1/sqrt(coarse_rows), so a tighter
+        solve there buys nothing), in at most ``max_coarse_iter`` evaluations; the
+        augmented Lagrangian then continues on all rows from that point, multiplier
+        and penalty, where Newton's steps converge in a few evaluations. If the
+        subsample solve fails, the full solve starts afresh. At most
+        ``max_iter - 1`` evaluations go to the subsample. 0 disables.
     """
 
     tol: float | None = None
@@ -137,6 +146,9 @@ class SolverOptions:
     radius_max: float = 1e3
     max_pg_iter: int = 10000
     pg_restart: int = 100
+    coarse_rows: int = 2048
+    coarse_tol: float = 1e-3
+    max_coarse_iter: int = 60
 
     def tolerances(self, dtype) -> tuple[float, float]:
         f64 = jnp.dtype(dtype) == jnp.float64
@@ -341,6 +353,9 @@ class _ALState(NamedTuple):
     inner: Array  # steps on the current subproblem
     it: Array  # objective evaluations (one per pass)
     done: Array
+    fresh: Array  # the trial is a start point: accept it unconditionally
+    fine: Array  # evaluating on all rows (False: on the row subsample)
+    start: Array  # [p] the start point (the full solve's, if the coarse one fails)
 
 
 def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = False,
@@ -368,6 +383,14 @@ def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = F
     identity (b = 0, w = 1), feasible for every tau. tau = -1 makes the constraint
     vacuous (the cosine is > -1): plain Newton on f.
 
+    Problems of more than 2 ``options.coarse_rows`` rows are first solved, by the same
+    loop, on a fixed random subsample of that many rows to a tolerance of
+    ``options.coarse_tol``; the loop then continues on all rows from there (point,
+    multiplier, penalty), where Newton converges in a few evaluations. On the k = 8
+    benchmark batch (n = 3, float64) this took the largest problems from about 15
+    full evaluations to 11 on the subsample plus 5 to 8 on all rows, and the batch
+    from 237 to 144 ms.
+
     An infimum that is not attained (data separable along a feasible direction: f
     tends to 0 as ||theta|| grows) ends ``UNBOUNDED``: the final point is feasible
     and f falls when theta (or one class's part of it) is doubled and doubled
@@ -386,11 +409,22 @@ def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = F
     tau = jnp.asarray(tau, dtype)
     d = design(problem)
     n1 = problem.num_classes - 1
+    num_rows = problem.features.shape[0]
+    coarse = (0 < options.coarse_rows and num_rows > 2 * options.coarse_rows
+              and options.max_iter > 1)
+    # The subsample solve hands over before the budget ends, so every solve ends on
+    # all rows (its final f, gradient and status are the full problem's).
+    coarse_budget = min(options.max_coarse_iter, options.max_iter - 1)
+    if coarse:
+        rows = coarse_subsample(num_rows, options.coarse_rows)
+        d_coarse = design(jax.tree.map(lambda a: a[rows], problem))
+    coarse_tol = max(options.coarse_tol, tol)
+    coarse_feas = max(options.coarse_tol, feas_tol)
 
     def full(x):
         return jnp.concatenate([x, jnp.ones_like(x)]) if sc_star else x
 
-    def fgh(x):
+    def fgh(x, d):
         f, g, h = value_grad_hess(full(x), d, lambda_inv)
         if sc_star:
             return f, g[:n1], h[:n1, :n1]
@@ -413,9 +447,17 @@ def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = F
         return value_, grad, hess, shifted
 
     def body(s: _ALState) -> _ALState:
-        first = s.it == 0
-        # 1. Evaluate the pending trial point; accept or reject it.
-        ft, gft, hft = fgh(s.trial)
+        first = s.fresh
+        # 1. Evaluate the pending trial point (on the subsample or on all rows);
+        # accept or reject it.
+        if coarse:  # on CPU (instances one by one) only the branch taken runs
+            ft, gft, hft = jax.lax.cond(s.fine, lambda: fgh(s.trial, d),
+                                        lambda: fgh(s.trial, d_coarse))
+            tol_s = jnp.where(s.fine, tol, coarse_tol)
+            feas_s = jnp.where(s.fine, feas_tol, coarse_feas)
+        else:
+            ft, gft, hft = fgh(s.trial, d)
+            tol_s, feas_s = tol, feas_tol
         ct, gct, hct = con(s.trial), jax.grad(con)(s.trial), jax.hessian(con)(s.trial)
         Lt = ft + (jnp.maximum(s.mu - s.rho * ct, 0.0) ** 2 - s.mu**2) / (2.0 * s.rho)
         ared = s.La - Lt
@@ -445,8 +487,8 @@ def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = F
         # the gradient is near the tolerance too. (Far from it, a tiny step means a
         # stiff penalty term, e.g. at the apex, where the cosine's curvature is
         # 1 / COSINE_EPS^2: float32 once stopped there 4% above the optimum.)
-        flat = ~first & accept & tiny & s.interior & (gmax <= 10.0 * tol)
-        solved = (gmax <= tol) | flat
+        flat = ~first & accept & tiny & s.interior & (gmax <= 10.0 * tol_s)
+        solved = (gmax <= tol_s) | flat
         # In cosine units (c carries the factor sqrt(1 + ||x||^2)).
         measure = jnp.abs(jnp.minimum(c, shifted / s.rho)) * jax.lax.rsqrt(1.0 + jnp.dot(x, x))
         # Subproblems are solved only as well as the multiplier is known: to a
@@ -458,7 +500,7 @@ def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = F
         # and the penalty, a function of the cosines, is bounded on rays), so it
         # would never be solved; updating mu and rho anyway raises the penalty until
         # that direction no longer pays.
-        kkt = solved & (measure <= feas_tol)
+        kkt = solved & (measure <= feas_s)
         update = (loose | (s.inner >= options.max_inner)) & ~kkt
         stalled = measure > options.progress * s.measure
         # Newton step on the dual function psi(mu) = min_x L_A(x; mu, rho) instead of
@@ -479,14 +521,22 @@ def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = F
         # 3. The next step, on the (possibly updated) subproblem.
         La, ga, ha, _ = lagrangian(f, gf, hf, c, gc, hc, mu, rho)
         step, pred = trust_region_step(ga, ha, radius)
+        # End of the subsample solve: continue on all rows from its KKT point,
+        # multiplier and penalty, or, if it did not get there, afresh.
+        switch = ~s.fine & (kkt | (s.it + 1 >= coarse_budget))
+        restart = switch & ~kkt
         return _ALState(
-            x=x, f=f, grad=gf, hess=hf, c=c, gc=gc, hc=hc, La=La, trial=x + step,
+            x=x, f=f, grad=gf, hess=hf, c=c, gc=gc, hc=hc, La=La,
+            trial=jnp.where(switch, jnp.where(kkt, x, s.start), x + step),
             pred=pred, interior=jnp.linalg.norm(step) < 0.99 * radius,
-            mu=mu, rho=rho, radius=radius,
-            measure=jnp.where(update, measure, s.measure),
+            mu=jnp.where(restart, 0.0, mu),
+            rho=jnp.where(restart, options.rho_init, rho),
+            radius=jnp.where(restart, options.radius_init, radius),
+            measure=jnp.where(switch, jnp.inf, jnp.where(update, measure, s.measure)),
             outer=s.outer + update.astype(jnp.int32),
-            inner=jnp.where(update, 0, s.inner + 1),
-            it=s.it + 1, done=kkt)
+            inner=jnp.where(update | switch, 0, s.inner + 1),
+            it=s.it + 1, done=kkt & s.fine, fresh=switch, fine=s.fine | switch,
+            start=s.start)
 
     def cond(s: _ALState):
         return (~s.done) & (s.it < options.max_iter)
@@ -502,7 +552,8 @@ def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = F
             radius=jnp.asarray(options.radius_init, dtype),
             measure=jnp.asarray(jnp.inf, dtype),
             outer=jnp.zeros((), jnp.int32), inner=jnp.zeros((), jnp.int32),
-            it=jnp.zeros((), jnp.int32), done=jnp.asarray(False))
+            it=jnp.zeros((), jnp.int32), done=jnp.asarray(False),
+            fresh=jnp.asarray(True), fine=jnp.asarray(not coarse), start=x0)
         return jax.lax.while_loop(cond, body, init)
 
     starts = _starts(n1, options.num_starts, sc_star, dtype)  # [S, p]
@@ -524,6 +575,16 @@ def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = F
                    violation=violation, feas_tol=feas_tol,
                    iterations=jnp.sum(runs.it), outer_iterations=jnp.sum(runs.outer) + 1,
                    unbounded=unbounded, multiplier=multiplier, objective_value=s.f)
+
+
+def coarse_subsample(num_rows: int, size: int) -> np.ndarray:
+    """The rows of the subsample solve (:class:`SolverOptions` ``coarse_rows``):
+    ``size`` of ``num_rows`` drawn without replacement by a fixed generator, sorted.
+    A function of the two sizes alone (static under jit); random rather than
+    strided, so that no period of the rows' order (contexts enumerated per query)
+    aliases with it. Padded rows drawn stay masked."""
+    rng = np.random.default_rng(num_rows)
+    return np.sort(rng.choice(num_rows, size, replace=False))
 
 
 # Start points of the multi-start (SolverOptions.num_starts): the identity, then the

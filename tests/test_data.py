@@ -116,6 +116,35 @@ def test_jsonl_and_json_list(tmp_path):
     assert again.texts == ds.texts and again.labels.tolist() == ds.labels.tolist()
 
 
+def test_jsonl_lines_end_at_newline_only(tmp_path):
+    # Raw text may hold U+0085, U+2028 and U+2029 unescaped (Rotten Tomatoes has
+    # U+0085); str.splitlines() broke such a line in two and failed on it. A CRLF
+    # file still reads.
+    texts = ["a\u0085b", "line\u2028sep", "para\u2029sep", "plain"]
+    body = "".join(json.dumps({"text": t, "label": i % 2}, ensure_ascii=False) + "\n"
+                   for i, t in enumerate(texts))
+    path = tmp_path / "rt.jsonl"
+    path.write_text(body, encoding="utf-8")
+    assert load_task("rotten_tomatoes", data_file=path).texts == tuple(texts)
+    path.write_bytes(body.replace("\n", "\r\n").encode("utf-8"))
+    assert load_task("rotten_tomatoes", data_file=path).texts == tuple(texts)
+
+
+def test_data_dir_finds_each_task_file(tmp_path):
+    write_jsonl(tmp_path / "rotten_tomatoes.jsonl", [{"text": "good", "label": 1},
+                                                     {"text": "bad", "label": 0}])
+    write_csv(tmp_path / "subj.csv", ["text", "label"], [["it rains", 0], ["i think", 1]])
+    assert load_task("rotten_tomatoes", data_dir=tmp_path).texts == ("good", "bad")
+    assert load_task("subj", data_dir=tmp_path).labels.tolist() == [0, 1]
+    # data_file wins over data_dir.
+    other = write_jsonl(tmp_path / "x.jsonl", [{"text": "x", "label": 0}])
+    assert load_task("subj", data_file=other, data_dir=tmp_path).texts == ("x",)
+    with pytest.raises(ValueError, match=r"no data file for task 'sst2'.*sst2\.jsonl"):
+        load_task("sst2", data_dir=tmp_path)
+    with pytest.raises(ValueError, match="does not exist"):
+        load_task("sst2", data_dir=tmp_path / "nowhere")
+
+
 def test_source_label_names_are_mapped(tmp_path):
     rows = [["q1", "HUM"], ["q2", "abbr"], ["q3", "NUM"], ["q4", "description"]]
     ds = load_task("trec", data_file=write_csv(tmp_path / "t.csv", ["text", "coarse_label"], rows))
@@ -381,6 +410,23 @@ def test_split_is_reproducible_and_seed_dependent():
     for k in (4, 16):
         assert np.array_equal(split_protocol(ds, k=k, test_size=64, seed=7).test_indices, a.test_indices)
     assert not a.demo_indices.flags.writeable and not a.test_indices.flags.writeable
+
+
+def test_fixed_test_set_is_shared_by_seeds():
+    ds = synthetic(4, 50, "ag_news")
+    splits = [split_protocol(ds, k=8, test_size=64, seed=s, test_seed=99) for s in range(4)]
+    for sp in splits:
+        assert np.array_equal(sp.test_indices, splits[0].test_indices)
+        assert sp.test_hash() == splits[0].test_hash() and sp.test_seed == 99
+        assert not set(sp.demo_indices.tolist()) & set(sp.test_indices.tolist())
+        assert sorted(np.bincount(sp.demo_labels, minlength=4).tolist()) == [2, 2, 2, 2]
+    assert len({tuple(sp.demo_indices.tolist()) for sp in splits}) == 4  # seeds vary the demos
+    assert np.array_equal(splits[0].test_indices, data.fixed_test_indices(len(ds), 64, 99))
+    other = split_protocol(ds, k=8, test_size=64, seed=0, test_seed=100)
+    assert other.test_hash() != splits[0].test_hash()
+    # Without a test seed the test set is redrawn per seed, as before.
+    assert split_protocol(ds, k=8, test_size=64, seed=0).test_hash() != \
+        split_protocol(ds, k=8, test_size=64, seed=1).test_hash()
 
 
 def test_remainder_goes_to_distinct_random_classes_and_order_is_shuffled():

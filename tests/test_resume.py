@@ -64,6 +64,11 @@ def test_killed_run_resumes_identically(config, tmp_path):
     assert _numbers(resumed.data) == _numbers(reference.data)  # bitwise on CPU
     saved = json.loads((out / "results.json").read_text())
     assert _numbers(saved) == _numbers(reference.data)
+    # The paper's protocol: one test set for both seeds, recorded with the demos.
+    splits = saved["splits"]
+    assert [s["seed"] for s in splits] == [0, 1] and splits[0]["test_size"] == 6
+    assert splits[0]["test_hash"] == splits[1]["test_hash"]
+    assert splits[0]["demo_indices"] != splits[1]["demo_indices"]
 
 
 def test_skips_when_classes_exceed_shots(config, tmp_path):

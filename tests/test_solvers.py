@@ -346,6 +346,30 @@ def test_trust_region_step_is_the_exact_subproblem_solution(x64):
         assert model(s) <= best + 1e-7 * max(1.0, abs(best)), (case, model(s), best)
 
 
+def test_subsample_start_reaches_the_plain_solution(x64):
+    # The fast path (solve on a 1,024-row subsample, then continue on all rows)
+    # against the plain one (all rows from the start), on 6,720 rows with the
+    # constraint active and inactive. Both end at KKT points of the same optimum,
+    # each within feas_tol = 1e-9 of the constraint (in the cosine) and tol = 1e-9 in
+    # the gradient: the objectives then differ by at most about multiplier x 2e-9
+    # (the constraint's price) plus O(tol^2), and the parameters by O(1e-9 /
+    # curvature); bounds 1e-12 + 4e-9 multiplier and 1e-6.
+    x, y, g = realistic(3, 4, 7)
+    packed, _ = pack_batch([(x, y, g)] * 2, "float64")
+    lams, taus = jnp.asarray([0.1, 0.1]), jnp.asarray([0.999, -1.0])
+    fast = solvers.solve_batch(packed, lams, taus, options=SolverOptions(coarse_rows=1024))
+    plain = solvers.solve_batch(packed, lams, taus, options=SolverOptions(coarse_rows=0))
+    assert np.all(np.asarray(fast.status) == Status.CONVERGED)
+    assert np.all(np.asarray(plain.status) == Status.CONVERGED)
+    assert float(fast.multiplier[0]) > 0  # the constraint binds in the first
+    bound = 1e-12 + 4e-9 * np.maximum(np.asarray(fast.multiplier), np.asarray(plain.multiplier))
+    assert np.all(np.abs(np.asarray(fast.objective) - np.asarray(plain.objective)) <= bound)
+    np.testing.assert_allclose(fast.params.w, plain.params.w, atol=1e-6)
+    np.testing.assert_allclose(fast.params.b, plain.params.b, atol=1e-6)
+    # The subsample stage ran (its evaluations count in the total).
+    assert np.all(np.asarray(fast.iterations) != np.asarray(plain.iterations))
+
+
 def test_value_grad_hess_equals_autodiff(x64, monkeypatch):
     # The solvers' one-pass derivatives against jax.grad / jax.hessian of the
     # objective, with padding rows and an invariance term; float64, so rounding only.
