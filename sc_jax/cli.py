@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -140,6 +141,31 @@ def _report(args) -> int:
     return 0
 
 
+def _lambda_grid(values):
+    out = []
+    for v in values:
+        if v in ("paper", "run"):
+            out.append(None if v == "run" else v)
+            continue
+        try:
+            out.append(float(v))
+        except ValueError:
+            raise SystemExit(f"error: --lambda-inv takes numbers, 'run' or 'paper', got {v!r}") from None
+    return tuple(out)
+
+
+def _ablate(args) -> int:
+    from sc_jax.ablation import ablate, write_ablation
+
+    rows = ablate(args.dir, lambda_invs=_lambda_grid(args.lambda_inv),
+                  m_values=tuple(args.m_values), solver=args.solver, progress=not args.quiet)
+    out = args.out or str(Path(args.dir) / "ablation")
+    files = write_ablation(rows, out)
+    print(files["table"].read_text())
+    print("wrote " + ", ".join(str(p) for p in files.values()))
+    return 0
+
+
 def _info(args) -> int:
     import sc_jax
 
@@ -224,6 +250,20 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("report", help="rebuild tables and plots from DIR/results.json")
     rp.add_argument("dir")
     rp.set_defaults(fn=_report)
+    a = sub.add_parser("ablate", help="refit SC from DIR's saved scores (no model, no forward "
+                                      "pass): lambda_inv x trust region, SC-N, m_i, single sizes",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    a.add_argument("dir", help="output directory of a finished `sc-jax run`")
+    a.add_argument("--lambda-inv", nargs="+", default=["0", "run", "1", "paper"],
+                   help="lambda_inv grid: numbers, 'run' (the run's value) and 'paper' (the "
+                        "paper's weight 10 on our mean scale)")
+    a.add_argument("--m-values", type=int, nargs="+", default=[1, 2, 4, 8, 16, 24],
+                   help="test-time sub-contexts per size, up to what the run scored")
+    a.add_argument("--solver", default=None, choices=["augmented_lagrangian", "projected", "scipy"],
+                   help="default: the run's")
+    a.add_argument("--out", default=None, help="default: DIR/ablation")
+    a.add_argument("--quiet", action="store_true")
+    a.set_defaults(fn=_ablate)
     i = sub.add_parser("info", help="list the named models, or load one and print its configuration")
     i.add_argument("model", nargs="?", help=_MODEL_HELP)
     i.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])

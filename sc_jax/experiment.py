@@ -168,6 +168,39 @@ def score_seed(model, engine, cache, dataset, split, config: RunConfig, k: int) 
     return SeedScores(base, cc, dc, surrogate, test, np.asarray(split.test_labels(dataset)))
 
 
+def scores_path(out_dir, dataset: str, k: int, seed: int) -> Path:
+    """Where a run keeps the assembled scores of one (dataset, k, seed)."""
+    return Path(out_dir) / "scores" / f"{dataset}-k{k}-seed{seed}.npz"
+
+
+def save_scores(path: Path, s: SeedScores) -> None:
+    """Write one seed's :class:`SeedScores` (a few hundred KB) atomically: refits
+    (``sc-jax ablate``) read these, with no model and no forward pass."""
+    arrays = {"base": s.base, "cc": s.cc, "dc": s.dc, "y_test": s.y_test}
+    for i, (lp, y, q) in s.surrogate.items():
+        arrays.update({f"surrogate{i}_logp": lp, f"surrogate{i}_labels": y,
+                       f"surrogate{i}_queries": q})
+    for i, t in s.test.items():
+        arrays[f"test{i}"] = t
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".tmp-{path.name}")
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+    tmp.replace(path)
+
+
+def load_scores(path: Path) -> SeedScores:
+    """The :class:`SeedScores` written by :func:`save_scores`."""
+    with np.load(path) as z:
+        a = {name: z[name] for name in z.files}
+    sizes = sorted(int(name[len("test"):]) for name in a if name.startswith("test"))
+    return SeedScores(
+        base=a["base"], cc=a["cc"], dc=a["dc"], y_test=a["y_test"],
+        surrogate={i: (a[f"surrogate{i}_logp"], a[f"surrogate{i}_labels"],
+                       a[f"surrogate{i}_queries"]) for i in sizes},
+        test={i: a[f"test{i}"] for i in sizes})
+
+
 # ------------------------------------------------------------------ the run
 @dataclasses.dataclass
 class Results:
@@ -222,7 +255,9 @@ def _method_probs(method, s: SeedScores, fits, sizes, config) -> np.ndarray:
 def run_experiment(config: RunConfig, out_dir, *, progress: bool = True) -> Results:
     """Run the experiment and write results.json, results.csv, table.md and plots
     into ``out_dir``. LLM scores are cached in ``out_dir/cache``: a re-run after an
-    interruption recomputes only what is missing."""
+    interruption recomputes only what is missing. Each seed's assembled scores are
+    also kept in ``out_dir/scores/`` (:func:`save_scores`), from which
+    :func:`sc_jax.ablation.ablate` refits without the model."""
     from . import metrics
     from .cache import ScoreCache
     from .calibrators import DEFAULT_LAMBDA_INV, fit_batch
@@ -244,12 +279,13 @@ def run_experiment(config: RunConfig, out_dir, *, progress: bool = True) -> Resu
     engine = ScoringEngine(model, max_tokens_per_batch=config.max_tokens_per_batch, progress=progress)
     cache = ScoreCache(out / "cache")
     lam = DEFAULT_LAMBDA_INV if config.lambda_inv is None else config.lambda_inv
-    rows, params, notes, splits = [], [], [], []
+    rows, params, notes, splits, skipped = [], [], [], [], []
     timing = {"scoring_s": 0.0, "fitting_s": 0.0}
     for name, ds in datasets.items():
         n = ds.n_classes
         for k in config.shots:
             if n > k:
+                skipped.append(dict(dataset=name, shots=k))
                 notes.append(f"{name}, k={k}: skipped, {n} classes > {k} demonstrations "
                              "(some classes would have no surrogate data; paper Appendix A)")
                 continue
@@ -266,6 +302,7 @@ def run_experiment(config: RunConfig, out_dir, *, progress: bool = True) -> Resu
                                    test_size=int(split.test_indices.size),
                                    test_hash=split.test_hash()))
                 scores[seed] = score_seed(model, engine, cache, ds, split, config, k)
+                save_scores(scores_path(out, name, k, seed), scores[seed])
             timing["scoring_s"] += time.perf_counter() - t
             # Every (seed, size) of this (dataset, k) in one batched solver call.
             t = time.perf_counter()
@@ -301,7 +338,7 @@ def run_experiment(config: RunConfig, out_dir, *, progress: bool = True) -> Resu
                      f"({sorted({p['status'] for p in failed})}); see params in results.json")
     data = {"config": config.to_json(), "lambda_inv": lam, "model_identity": model.identity,
             "versions": _versions(), "rows": rows, "params": params, "splits": splits,
-            "notes": notes,
+            "skipped": skipped, "notes": notes,
             "timing": timing, "cache": {"hits": cache.hits, "misses": cache.misses,
                                         "corrupt": cache.corrupt}}
     _write_json(out / "results.json", data)

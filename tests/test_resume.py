@@ -38,7 +38,7 @@ def _numbers(res):
     return [(r["seed"], r["method"], r["accuracy"], r["macro_f1"], r["ece"]) for r in res["rows"]]
 
 
-def test_killed_run_resumes_identically(config, tmp_path):
+def test_killed_run_resumes_identically(config, tmp_path, monkeypatch, capsys):
     reference = run_experiment(RunConfig(**config), tmp_path / "ref", progress=False)
     assert reference.data["cache"]["misses"] > 0 and reference.data["cache"]["hits"] == 0
     for name in ("table", "csv", "f1_bars", "sc_params", "json"):
@@ -69,6 +69,34 @@ def test_killed_run_resumes_identically(config, tmp_path):
     assert [s["seed"] for s in splits] == [0, 1] and splits[0]["test_size"] == 6
     assert splits[0]["test_hash"] == splits[1]["test_hash"]
     assert splits[0]["demo_indices"] != splits[1]["demo_indices"]
+
+    # Ablations refit from the saved scores: no model load, no forward pass.
+    from sc_jax import ablation, cli, loading, scoring
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("ablate loaded a model or ran a forward pass")
+
+    monkeypatch.setattr(scoring.ScoringEngine, "score", refuse)
+    monkeypatch.setattr(loading, "load_model", refuse)
+    rows = ablation.ablate(out, lambda_invs=(0.0, None, "paper"), m_values=(1, 2, 4))
+    assert {r["study"] for r in rows} == set(ablation.STUDIES)
+    # The run's own settings reproduce its SC numbers in every study.
+    sc = {r["seed"]: r["accuracy"] for r in reference.rows if r["method"] == "sc"}
+    base = {r["seed"]: r["accuracy"] for r in reference.rows if r["method"] == "base"}
+    run_lam = reference.data["lambda_inv"]
+    for seed in (0, 1):
+        mine = {r["setting"]: r["accuracy"] for r in rows if r["seed"] == seed}
+        assert mine[f"lambda_inv={float(run_lam)}, trust region on"] == sc[seed]
+        assert mine["SC-2"] == sc[seed] and mine["m=2"] == sc[seed]  # sizes 1..2, m_cap 2
+        assert mine["uncalibrated"] == base[seed]
+        assert "m=4" not in mine and {"SC_1", "SC_2", "m=1"} <= set(mine)
+    # lambda_inv "paper" is 10 P / N per problem: 4 queries x 3 contexts of size 1.
+    assert ablation.paper_lambda_inv(np.repeat(np.arange(4), 3)) == 10.0 * 12 / 12
+    assert cli.main(["ablate", str(out), "--quiet", "--lambda-inv", "0", "run",
+                     "--m-values", "1", "2"]) == 0
+    assert "SC-N" in capsys.readouterr().out
+    for name in ("ablation.md", "ablation.csv", "ablation_sc_n.png", "ablation_m.png"):
+        assert (out / "ablation" / name).exists()
 
 
 def test_skips_when_classes_exceed_shots(config, tmp_path):

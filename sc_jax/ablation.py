@@ -1,0 +1,262 @@
+"""Ablations of SC refitted from a finished run's scores, with no model and no LLM
+forward pass (``sc-jax ablate DIR``), in the style of the paper's appendix.
+
+A run of ``sc-jax run`` keeps each (dataset, k, seed)'s assembled label log-probs
+in ``DIR/scores/`` (:func:`sc_jax.experiment.save_scores`). From them
+:func:`ablate` refits SC under other settings and scores the test queries again:
+
+* ``lambda_trust``: the invariance weight lambda_inv over a grid, crossed with the
+  directional trust region on (the run's tau: the Appendix A schedule unless the
+  run fixed one) or off (tau = -1), plus the uncalibrated model. The paper's
+  ablation table is the rows "uncalibrated", lambda_inv = 0 without trust region
+  ("neither"), lambda_inv > 0 without ("invariance only"), lambda_inv = 0 with
+  ("trust region only") and both.
+* ``sc_n``: the ensemble over sizes 1..N, N = 1..max size (the paper's context-size
+  figure; SC-5 is SC).
+* ``m_i``: the first m of the m_i sampled test-time sub-contexts of every size, for
+  m in ``m_values`` up to what the run scored (the paper's m_i figure).
+* ``single_size``: each size i alone (SC_i).
+
+The last three use the run's own settings (its lambda_inv and tau).
+
+lambda_inv "paper": the paper's objective sums the NLL over the N rows and the
+penalty over the P pairs of rows that share a query, with weight 10; ours averages
+both (``sc_jax.objective``), so the same problem has lambda_inv = 10 P / N, computed
+per problem (it grows with the size: P / N = (M - 1) / 2 for groups of M rows, e.g.
+10 at k = 4, size 1 and 12,595 at k = 8, size 5).
+"""
+
+from __future__ import annotations
+
+import csv
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+STUDIES = ("lambda_trust", "sc_n", "m_i", "single_size")
+PAPER_LAMBDA = 10.0
+M_VALUES = (1, 2, 4, 8, 16, 24)
+ROW_FIELDS = ("dataset", "shots", "seed", "study", "setting", "lambda_inv", "trust_region",
+              "sizes", "m", "accuracy", "macro_f1")
+
+
+def paper_lambda_inv(query_ids, weight: float = PAPER_LAMBDA) -> float:
+    """The paper's summed-objective weight on our mean scale: weight x P / N for the
+    N rows and P same-query pairs of one problem (``query_ids [N]``)."""
+    counts = np.bincount(np.unique(np.asarray(query_ids), return_inverse=True)[1].ravel())
+    rows = counts.sum()
+    pairs = float(np.sum(counts * (counts - 1)) / 2)
+    return weight * pairs / rows if rows else 0.0
+
+
+def _load_run(run_dir: Path):
+    from .experiment import load_scores, scores_path
+    from .report import load_results
+
+    results = load_results(run_dir)
+    config = results["config"]
+    skipped = {(x["dataset"], x["shots"]) for x in results.get("skipped", [])}
+    runs, missing = {}, []
+    for name in config["datasets"]:
+        for k in config["shots"]:
+            if (name, k) in skipped:
+                continue
+            for seed in config["seeds"]:
+                path = scores_path(run_dir, name, k, seed)
+                if path.exists():
+                    runs.setdefault((name, k), {})[seed] = load_scores(path)
+                else:
+                    missing.append(path.name)
+    if missing:
+        raise FileNotFoundError(
+            f"{run_dir}: no saved scores for {len(missing)} (dataset, k, seed) "
+            f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}). Runs made "
+            "before scores were saved can write them: run the same `sc-jax run` command "
+            "again with the same --out (every score is read from its cache, no forward "
+            "pass).")
+    if not runs:
+        raise ValueError(f"{run_dir}: the run has no (dataset, k) to ablate")
+    return results, runs
+
+
+def ablate(run_dir, *, lambda_invs=(0.0, None, 1.0, "paper"), m_values=M_VALUES,
+           solver: str | None = None, dtype: str = "float32",
+           progress: bool = False) -> list[dict]:
+    """Refit SC from the scores of the run in ``run_dir`` under the settings of every
+    study in :data:`STUDIES` and return a tidy table: one dict per (dataset, shots,
+    seed, study, setting) with the fields of :data:`ROW_FIELDS`.
+
+    lambda_invs: the grid of the ``lambda_trust`` study; None stands for the run's
+        lambda_inv and "paper" for :func:`paper_lambda_inv`.
+    m_values: test-time sub-contexts per size for the ``m_i`` study; values above
+        the largest m_i the run scored are left out (sizes with fewer use all theirs).
+    solver: None uses the run's. Every fit of one setting is one ``fit_batch`` call.
+    No model is loaded and no LLM forward pass is made.
+    """
+    import sys
+
+    from . import metrics
+    from .calibrators import DEFAULT_LAMBDA_INV, fit_batch, predict_proba
+    from .scoring import log_odds
+
+    run_dir = Path(run_dir)
+    results, runs = _load_run(run_dir)
+    config = results["config"]
+    run_lambda = results.get("lambda_inv", DEFAULT_LAMBDA_INV)
+    solver = solver or config.get("solver", "augmented_lagrangian")
+    weighting = "uniform" if config.get("size_weighting", "uniform") == "uniform" else "reference"
+    rows = []
+    for (name, k), per_seed in runs.items():
+        if progress:
+            print(f"[ablate {name} k={k}] {len(per_seed)} seeds", file=sys.stderr, flush=True)
+        seeds = sorted(per_seed)
+        sizes = sorted(per_seed[seeds[0]].surrogate)
+        keys = [(seed, i) for seed in seeds for i in sizes]
+        problems = [(log_odds(per_seed[seed].surrogate[i][0]), per_seed[seed].surrogate[i][1],
+                     per_seed[seed].surrogate[i][2]) for seed, i in keys]
+
+        def fit(lam, tau):
+            lams = [paper_lambda_inv(q) if lam == "paper" else (run_lambda if lam is None else lam)
+                    for _, _, q in problems]
+            res = fit_batch(problems, lambda_inv=lams, tau=tau, solver=solver, dtype=dtype)
+            return dict(zip(keys, res))
+
+        def score(seed, fits, use_sizes, m=None):
+            s = per_seed[seed]
+            feats = [log_odds(s.test[i][:m] if m else s.test[i]) for i in use_sizes]
+            pred = predict_proba([fits[(seed, i)] for i in use_sizes], feats,
+                                 size_weights=weighting).argmax(-1)
+            n = s.base.shape[-1]
+            return dict(accuracy=metrics.accuracy(s.y_test, pred),
+                        macro_f1=metrics.macro_f1(s.y_test, pred, num_classes=n))
+
+        def add(seed, study, setting, result, **fields):
+            row = dict(dataset=name, shots=k, seed=seed, study=study, setting=setting,
+                       lambda_inv=None, trust_region=None, sizes=None, m=None)
+            row.update(fields, **result)
+            rows.append(row)
+
+        for seed in seeds:
+            s = per_seed[seed]
+            pred = s.base.argmax(-1)
+            add(seed, "lambda_trust", "uncalibrated",
+                dict(accuracy=metrics.accuracy(s.y_test, pred),
+                     macro_f1=metrics.macro_f1(s.y_test, pred, num_classes=s.base.shape[-1])))
+        default_fits = None
+        for lam in lambda_invs:
+            for trust in (True, False):
+                fits = fit(lam, config.get("tau") if trust else -1.0)
+                label = "paper" if lam == "paper" else float(run_lambda if lam is None else lam)
+                if lam is None and trust:
+                    default_fits = fits
+                for seed in seeds:
+                    add(seed, "lambda_trust",
+                        f"lambda_inv={label}, trust region {'on' if trust else 'off'}",
+                        score(seed, fits, sizes), lambda_inv=label, trust_region=trust,
+                        sizes=len(sizes))
+        if default_fits is None:
+            default_fits = fit(None, config.get("tau"))
+        for seed in seeds:
+            for n_max in range(1, len(sizes) + 1):
+                add(seed, "sc_n", f"SC-{sizes[n_max - 1]}",
+                    score(seed, default_fits, sizes[:n_max]), sizes=sizes[n_max - 1])
+            for i in sizes:
+                add(seed, "single_size", f"SC_{i}", score(seed, default_fits, [i]), sizes=i)
+            scored = max(per_seed[seed].test[i].shape[0] for i in sizes)
+            for m in m_values:
+                if m <= scored:
+                    add(seed, "m_i", f"m={m}", score(seed, default_fits, sizes, m=m), m=m)
+    return rows
+
+
+def summarize(rows) -> dict[tuple, dict]:
+    """``{(study, setting, dataset, shots): {metric: (mean, std, n_seeds)}}``."""
+    groups = defaultdict(list)
+    for r in rows:
+        groups[(r["study"], r["setting"], r["dataset"], r["shots"])].append(r)
+    return {key: {m: (float(np.mean([r[m] for r in rs])), float(np.std([r[m] for r in rs])), len(rs))
+                  for m in ("accuracy", "macro_f1")} for key, rs in groups.items()}
+
+
+_TITLES = {
+    "lambda_trust": "Invariance weight x trust region (the paper's ablation table)",
+    "sc_n": "SC-N: the ensemble over sizes 1..N (the paper's context-size figure)",
+    "m_i": "Test-time sub-contexts per size m (the paper's m_i figure)",
+    "single_size": "Each size alone (SC_i)",
+}
+
+
+def markdown(rows) -> str:
+    """One macro-F1 table per study and shot count: settings as rows, datasets and
+    their average as columns, cells mean ± std over seeds (in %)."""
+    summ = summarize(rows)
+    datasets = sorted({r["dataset"] for r in rows})
+    out = ["# Ablations (refitted from saved scores; no forward pass)", "",
+           "Cells: macro-F1, mean ± std over seeds (in %). lambda_inv=paper is the paper's "
+           "summed-objective weight 10 on our mean scale (10 P / N per problem).", ""]
+    for study in STUDIES:
+        for k in sorted({r["shots"] for r in rows if r["study"] == study}):
+            settings = list(dict.fromkeys(r["setting"] for r in rows
+                                          if r["study"] == study and r["shots"] == k))
+            out += [f"## {_TITLES[study]}, {k}-shot", "",
+                    "| Setting | " + " | ".join(datasets) + " | Average |",
+                    "|---|" + "---|" * (len(datasets) + 1)]
+            for setting in settings:
+                cells, means = [], []
+                for d in datasets:
+                    v = summ.get((study, setting, d, k))
+                    if v is None:
+                        cells.append("-")
+                        continue
+                    mean, std, _ = v["macro_f1"]
+                    means.append(mean)
+                    cells.append(f"{100 * mean:.1f} ± {100 * std:.1f}")
+                avg = f"{100 * np.mean(means):.1f}" if len(means) == len(datasets) else "-"
+                out.append(f"| {setting} | " + " | ".join(cells) + f" | {avg} |")
+            out.append("")
+    return "\n".join(out)
+
+
+def _plot_curve(rows, study: str, x_field: str, xlabel: str, path: Path) -> bool:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summ = summarize(rows)
+    keys = sorted({(r["dataset"], r["shots"]) for r in rows if r["study"] == study})
+    if not keys:
+        return False
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for d, k in keys:
+        pts = sorted({(r[x_field], r["setting"]) for r in rows
+                      if r["study"] == study and r["dataset"] == d and r["shots"] == k})
+        xs = [x for x, _ in pts]
+        ys = [100 * summ[(study, s, d, k)]["macro_f1"][0] for _, s in pts]
+        es = [100 * summ[(study, s, d, k)]["macro_f1"][1] for _, s in pts]
+        ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=f"{d}, k={k}")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("macro-F1 (%)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def write_ablation(rows, out_dir) -> dict[str, Path]:
+    """``ablation.md``, ``ablation.csv`` and the SC-N and m_i plots into ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    files = {"table": out / "ablation.md", "csv": out / "ablation.csv"}
+    files["table"].write_text(markdown(rows))
+    with open(files["csv"], "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=ROW_FIELDS)
+        w.writeheader()
+        w.writerows({k: r.get(k) for k in ROW_FIELDS} for r in rows)
+    if _plot_curve(rows, "sc_n", "sizes", "largest size N in the ensemble", out / "ablation_sc_n.png"):
+        files["sc_n_plot"] = out / "ablation_sc_n.png"
+    if _plot_curve(rows, "m_i", "m", "test-time sub-contexts per size m", out / "ablation_m.png"):
+        files["m_plot"] = out / "ablation_m.png"
+    return files
