@@ -155,13 +155,15 @@ def _lambda_grid(values):
 
 
 def _ablate(args) -> int:
-    from sc_jax.ablation import ablate, write_ablation
+    from sc_jax.ablation import ablate, diagnose, write_ablation
 
     rows = ablate(args.dir, lambda_invs=_lambda_grid(args.lambda_inv),
                   m_values=tuple(args.m_values), solver=args.solver, progress=not args.quiet)
+    diag = diagnose(args.dir, solver=args.solver)
     out = args.out or str(Path(args.dir) / "ablation")
-    files = write_ablation(rows, out)
+    files = write_ablation(rows, out, diagnostics=diag)
     print(files["table"].read_text())
+    print(files["diagnostics"].read_text())
     print("wrote " + ", ".join(str(p) for p in files.values()))
     return 0
 

@@ -92,10 +92,20 @@ def test_killed_run_resumes_identically(config, tmp_path, monkeypatch, capsys):
         assert "m=4" not in mine and {"SC_1", "SC_2", "m=1"} <= set(mine)
     # lambda_inv "paper" is 10 P / N per problem: 4 queries x 3 contexts of size 1.
     assert ablation.paper_lambda_inv(np.repeat(np.arange(4), 3)) == 10.0 * 12 / 12
+    # Diagnostics: k = 4 on a two-class task gives 2 + 2 demonstrations, so a
+    # held-out row's class has 1 of the other 3 and a test query's 2 of the 4.
+    diag = ablation.diagnose(out)
+    assert len(diag) == 2 * 2  # seeds x sizes
+    for r in diag:
+        assert r["heldout_class_share"] == pytest.approx(1 / 3)
+        assert r["test_class_share"] == pytest.approx(1 / 2)
+        assert r["base_accuracy"] == base[r["seed"]]
+        assert 0.0 <= r["surrogate_accuracy"] <= 1.0 and r["rows"] == {1: 12, 2: 24}[r["size"]]
     assert cli.main(["ablate", str(out), "--quiet", "--lambda-inv", "0", "run",
                      "--m-values", "1", "2"]) == 0
     assert "SC-N" in capsys.readouterr().out
-    for name in ("ablation.md", "ablation.csv", "ablation_sc_n.png", "ablation_m.png"):
+    for name in ("ablation.md", "ablation.csv", "ablation_sc_n.png", "ablation_m.png",
+                 "diagnostics.md", "diagnostics.csv"):
         assert (out / "ablation" / name).exists()
 
 
