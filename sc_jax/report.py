@@ -52,6 +52,45 @@ def summarize(rows) -> dict[tuple, dict]:
     return out
 
 
+BASELINES = ("base", "cc", "dc", "bc")
+
+
+def sc_against_best_baseline(rows, metric: str = "macro_f1", *, n_boot: int = 10000,
+                             seed: int = 0) -> list[dict]:
+    """SC minus the best baseline, per (dataset, shots), paired over seeds.
+
+    The best baseline is the one of Base, CC, DC and BC present with the highest mean
+    ``metric`` over seeds on that (dataset, shots): chosen on the test results
+    themselves, which favours the baseline. Per seed s, d_s = SC_s - best_s (the same
+    test set and demonstrations); the 95% interval is the 2.5 and 97.5 percentiles of
+    the mean of d over ``n_boot`` resamples of the seeds with replacement (a paired
+    bootstrap; with few seeds it is coarse, and with one seed it is the point). The
+    outcome is "win" if the interval lies above 0, "loss" if below, else "tie".
+    Returns one dict per (dataset, shots) with both methods' seeds.
+    """
+    by = defaultdict(dict)  # (dataset, shots) -> method -> {seed: value}
+    for r in rows:
+        by[(r["dataset"], r["shots"])].setdefault(r["method"], {})[r["seed"]] = r[metric]
+    rng = np.random.default_rng(seed)
+    out = []
+    for (d, k), methods in sorted(by.items()):
+        if "sc" not in methods:
+            continue
+        candidates = [m for m in BASELINES if m in methods]
+        if not candidates:
+            continue
+        best = max(candidates, key=lambda m: np.mean(list(methods[m].values())))
+        seeds = sorted(set(methods["sc"]) & set(methods[best]))
+        diff = np.array([methods["sc"][x] - methods[best][x] for x in seeds])
+        means = diff[rng.integers(0, len(diff), (n_boot, len(diff)))].mean(axis=1)
+        lo, hi = np.percentile(means, [2.5, 97.5])
+        outcome = "win" if lo > 0 else ("loss" if hi < 0 else "tie")
+        out.append(dict(dataset=d, shots=k, best_baseline=best, seeds=len(seeds),
+                        diff=float(diff.mean()), ci_low=float(lo), ci_high=float(hi),
+                        outcome=outcome))
+    return out
+
+
 def markdown_tables(results: dict) -> str:
     rows = results["rows"]
     summ = summarize(rows)
@@ -81,6 +120,22 @@ def markdown_tables(results: dict) -> str:
                 avg = f"{100 * np.mean(means):.1f}" if len(means) == len(datasets) else "–"
                 out.append(f"| {METHOD_NAMES[m]} | " + " | ".join(cells) + f" | {avg} |")
             out.append("")
+    paired = sc_against_best_baseline(rows)
+    if paired:
+        out += ["## SC minus the best baseline (macro-F1, paired over seeds)", "",
+                "The best of Base, CC, DC and BC by mean on the same test data; 95% paired "
+                "bootstrap interval over seeds; win / loss when it excludes 0.", "",
+                "| Dataset | k | best baseline | SC - best | 95% CI | outcome |",
+                "|---|---|---|---|---|---|"]
+        for p in paired:
+            out.append(f"| {p['dataset']} | {p['shots']} | {METHOD_NAMES[p['best_baseline']]} | "
+                       f"{100 * p['diff']:+.1f} | [{100 * p['ci_low']:+.1f}, "
+                       f"{100 * p['ci_high']:+.1f}] | {p['outcome']} |")
+        for k in sorted({p["shots"] for p in paired}):
+            got = [p["outcome"] for p in paired if p["shots"] == k]
+            out.append(f"\n{k}-shot win / tie / loss over datasets: {got.count('win')} / "
+                       f"{got.count('tie')} / {got.count('loss')}")
+        out.append("")
     notes = results.get("notes") or []
     if notes:
         out += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]

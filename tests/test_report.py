@@ -5,7 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from sc_jax.report import load_results, markdown_tables, summarize, write_report
+from sc_jax.report import (load_results, markdown_tables, sc_against_best_baseline,
+                           summarize, write_report)
 
 
 def _results():
@@ -35,6 +36,33 @@ def test_summary_and_table():
     assert "## Macro-F1, 4-shot" in table and "## Accuracy, 8-shot" in table
     assert f"{100 * mean:.1f} ± {100 * std:.1f}" in table
     assert "- a note" in table
+
+
+def test_sc_against_the_best_baseline_is_paired_over_seeds():
+    def rows(sc, base, cc):
+        out = []
+        for m, vals in (("sc", sc), ("base", base), ("cc", cc)):
+            out += [dict(dataset="t", shots=4, method=m, seed=s, macro_f1=v, accuracy=v, ece=0.0)
+                    for s, v in enumerate(vals)]
+        return out
+
+    # CC is the best baseline; SC beats it on every seed, by 0.05 to 0.06: a win whose
+    # interval lies within the range of the per-seed differences (up to rounding).
+    (p,) = sc_against_best_baseline(rows([0.75, 0.66, 0.86], [0.5, 0.5, 0.5], [0.70, 0.60, 0.80]))
+    assert p["best_baseline"] == "cc" and p["diff"] == pytest.approx((0.05 + 0.06 + 0.06) / 3)
+    assert 0.05 - 1e-12 <= p["ci_low"] <= p["diff"] <= p["ci_high"] <= 0.06 + 1e-12
+    assert p["outcome"] == "win"
+    # Paired: large seed-to-seed spread shared by both methods does not hide a
+    # consistent difference, but differences of both signs make a tie, and a
+    # consistent deficit a loss.
+    assert sc_against_best_baseline(rows([0.71, 0.59, 0.8], [0, 0, 0], [0.70, 0.60, 0.80]))[0][
+        "outcome"] == "tie"
+    assert sc_against_best_baseline(rows([0.6, 0.5, 0.7], [0, 0, 0], [0.70, 0.60, 0.80]))[0][
+        "outcome"] == "loss"
+    table = markdown_tables({"config": {"model": "m", "seeds": [0, 1, 2], "test_size": 4,
+                                        "mode": "first_token", "solver": "s"},
+                             "rows": rows([0.6, 0.5, 0.7], [0, 0, 0], [0.70, 0.60, 0.80])})
+    assert "| t | 4 | CC | -10.0 |" in table and "4-shot win / tie / loss over datasets: 0 / 0 / 1" in table
 
 
 def test_write_report_from_dir(tmp_path):
