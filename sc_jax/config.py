@@ -201,6 +201,16 @@ _PRESETS: dict[str, dict[str, Any]] = {
                        intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
                        num_key_value_heads=32, rms_norm_eps=1e-5, rope_theta=10000.0,
                        max_position_embeddings=4096, bos_token_id=1, eos_token_id=2),
+    # The paper's appendix scales to LLaMA-13B; 70B (grouped-query attention, 8 KV
+    # heads) is the size that needs weights sharded over devices (issue 12).
+    "llama-2-13b": dict(model_type="llama", vocab_size=32000, hidden_size=5120,
+                        intermediate_size=13824, num_hidden_layers=40, num_attention_heads=40,
+                        num_key_value_heads=40, rms_norm_eps=1e-5, rope_theta=10000.0,
+                        max_position_embeddings=4096, bos_token_id=1, eos_token_id=2),
+    "llama-2-70b": dict(model_type="llama", vocab_size=32000, hidden_size=8192,
+                        intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
+                        num_key_value_heads=8, rms_norm_eps=1e-5, rope_theta=10000.0,
+                        max_position_embeddings=4096, bos_token_id=1, eos_token_id=2),
     "mistral-7b": dict(model_type="mistral", vocab_size=32768, hidden_size=4096,
                        intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                        num_key_value_heads=8, rms_norm_eps=1e-5, rope_theta=1000000.0,

@@ -160,6 +160,16 @@ def test_random_presets_load_and_run():
         assert out.shape == (1, m.config.vocab_size) and np.isfinite(out).all()
 
 
+def test_llama_2_presets_have_the_published_sizes():
+    # Parameter counts of the released checkpoints (safetensors headers):
+    # 6,738,415,616 / 13,015,864,320 / 68,976,648,192.
+    from sc_jax.config import preset
+
+    assert preset("llama-2-7b").num_params() == 6_738_415_616
+    assert preset("llama-2-13b").num_params() == 13_015_864_320
+    assert preset("llama-2-70b").num_params() == 68_976_648_192
+
+
 # ------------------------------------------------------------------ bad input
 def test_bad_inputs(checkpoints, tmp_path):
     path, _ = checkpoints["llama"]
