@@ -196,8 +196,9 @@ def decoder_from_arrays(config: ModelConfig, arrays: Mapping[str, np.ndarray], *
     """Build a :class:`~sc_jax.model.Decoder` from converted arrays without ever
     allocating random weights (the module is created abstractly, then filled).
 
-    ``sharding``: a ``jax.sharding.Sharding`` for every parameter (default: the
-    default device). ``consume``: delete each array from ``arrays`` (a dict) once it is
+    ``sharding``: a ``jax.sharding.Sharding`` for every parameter, or a function
+    ``(name, shape) -> Sharding`` (:func:`sc_jax.sharding.param_sharding` over a mesh)
+    (default: the default device). ``consume``: delete each array from ``arrays`` (a dict) once it is
     on the device, so host memory holds about one copy of the weights, not two.
     """
     import jax
@@ -213,10 +214,13 @@ def decoder_from_arrays(config: ModelConfig, arrays: Mapping[str, np.ndarray], *
         raise ValueError(f"converted arrays {sorted(arrays)} do not match the model's "
                          f"parameters {sorted(expected)}")
 
-    def put(x):
+    def where(name, shape):
+        return sharding(name, shape) if callable(sharding) else sharding
+
+    def put(x, name):
         x = np.asarray(x)
         x = jnp.asarray(x, dtype=dtype) if sharding is None else jax.device_put(
-            x.astype(jnp.dtype(dtype)), sharding)
+            x.astype(jnp.dtype(dtype)), where(name, x.shape))
         return x
 
     for name in list(arrays):
@@ -226,7 +230,7 @@ def decoder_from_arrays(config: ModelConfig, arrays: Mapping[str, np.ndarray], *
         if tuple(var.get_value().shape) != tuple(arr.shape):
             raise ValueError(f"{name}: converted shape {arr.shape} != model shape "
                              f"{var.get_value().shape}")
-        var.set_value(put(arr))
+        var.set_value(put(arr, name))
         if consume:
             del arrays[name], arr  # host copy freed as soon as the device has it
     from .config import rope_inv_freq
@@ -234,5 +238,5 @@ def decoder_from_arrays(config: ModelConfig, arrays: Mapping[str, np.ndarray], *
     consts = {"inv_freq": jnp.asarray(rope_inv_freq(config), jnp.float32),
               "windows": jnp.asarray(config.windows, jnp.int32)}
     for name, val in consts.items():
-        getattr(model, name).set_value(val if sharding is None else jax.device_put(val, sharding))
+        getattr(model, name).set_value(val if sharding is None else jax.device_put(val, where(name, val.shape)))
     return model

@@ -103,14 +103,13 @@ def _demo(args) -> int:
     return 0
 
 
-def _run(args) -> int:
-    from sc_jax.experiment import RunConfig, run_experiment
-
+def _run_config(args):
     from sc_jax.data import TASKS
+    from sc_jax.experiment import RunConfig
 
     seeds = tuple(args.seed_list) if args.seed_list else tuple(range(args.seeds))
     datasets = tuple(TASKS) if args.dataset == ["all"] else tuple(args.dataset)
-    config = RunConfig(
+    return RunConfig(
         model=args.model, dtype=args.dtype, datasets=datasets,
         data_files=tuple(tuple(x.split("=", 1)) if "=" in x else (datasets[0], x)
                          for x in args.data_file),
@@ -119,8 +118,57 @@ def _run(args) -> int:
         shots=tuple(args.shots), seeds=seeds, methods=tuple(args.methods.split(",")),
         test_size=args.test_size, mode=args.mode, max_size=args.max_size,
         lambda_inv=args.lambda_inv, tau=args.tau, solver=args.solver, budget=args.budget,
-        m_cap=args.m_cap, size_weighting=args.size_weighting, mesh_devices=args.mesh,
-        max_tokens_per_batch=args.max_tokens_per_batch)
+        m_cap=args.m_cap, size_weighting=args.size_weighting,
+        mesh_devices=(args.mesh or (None, 1))[0] or None, mesh_model=(args.mesh or (None, 1))[1],
+        max_tokens_per_batch=args.max_tokens_per_batch, device_memory=args.device_memory)
+
+
+def _mesh(text: str):
+    from sc_jax.sharding import parse_mesh
+
+    try:
+        return parse_mesh(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _bytes(text: str) -> int:
+    """'80GiB', '24GB', '512MiB', '1e9' -> bytes (GB and GiB both mean 2**30 here:
+    device memory is quoted in binary units)."""
+    import re
+
+    m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([KMGT]?)(i?B)?\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a memory size: {text!r} (e.g. 80GiB)")
+    scale = {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}[m.group(2).upper()]
+    value = int(float(m.group(1)) * scale)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"memory size must be positive, got {text!r}")
+    return value
+
+
+def _plan(args) -> int:
+    import json
+
+    from sc_jax.plan import plan_run, plan_table
+
+    config = _run_config(args)
+    data, model = args.mesh or (1, 1)
+    plan = plan_run(config, device_memory=args.device_memory, n_devices=data or 1, model_shards=model,
+                    peak_flops=args.peak_tflops * 1e12, mfu=args.mfu, xla=not args.no_xla,
+                    progress=not args.quiet)
+    print(plan_table(plan))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(plan, indent=1))
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _run(args) -> int:
+    from sc_jax.experiment import run_experiment
+
+    config = _run_config(args)
     print(f"sc-jax run: model {config.model}, datasets {', '.join(config.datasets)}, shots "
           f"{list(config.shots)}, seeds {list(config.seeds)}, test size {config.test_size}, "
           f"methods {','.join(config.methods)}, mode {config.mode}, m_i cap {config.m_cap}, "
@@ -193,22 +241,11 @@ _MODEL_HELP = ("a named model ('default' = smollm2-135m, qwen2.5-0.5b; `sc-jax i
                "a HF model dir, a .gguf file or random:<preset>")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sc-jax", description="Supervised Calibration for ICL, in JAX.")
-    sub = p.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("demo", help="real scoring end to end on built-in sentences")
-    d.add_argument("--model", default="default",
-                   help=_MODEL_HELP)
-    d.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    d.add_argument("--k", type=int, default=4, help="number of demonstrations (2..8)")
-    d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--quiet", action="store_true", help="no progress bars")
-    d.set_defaults(fn=_demo)
+def _add_run_options(r) -> None:
+    """Options shared by `sc-jax run` and `sc-jax plan`."""
     from sc_jax.data import DEFAULT_TEST_SEED
     from sc_jax.experiment import METHODS
 
-    r = sub.add_parser("run", help="the paper's experiment: SC and the baselines",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     r.add_argument("--model", default="default",
                    help=_MODEL_HELP)
     r.add_argument("--dataset", nargs="+", default=["rotten_tomatoes"],
@@ -244,11 +281,46 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--m-cap", type=int, default=24, help="cap on test-time sub-contexts m_i per size")
     r.add_argument("--size-weighting", default="uniform", choices=["uniform", "reference"],
                    help="ensemble over sizes: uniform (paper) or min(|T_i|, 15000) (reference code)")
-    r.add_argument("--mesh", type=int, default=None, help="devices on the data axis (default: 1)")
-    r.add_argument("--max-tokens-per-batch", type=int, default=16384)
+    r.add_argument("--mesh", type=_mesh, default=None,
+                   help="device mesh data=D,model=M: batches split over D devices, weights over "
+                        "M (heads, MLP width, vocabulary); a bare number is data=N (default: one "
+                        "device)")
+    r.add_argument("--max-tokens-per-batch", type=int, default=None,
+                   help="padded tokens per forward call (default: planned from the device's memory)")
+    r.add_argument("--device-memory", type=_bytes, default=None,
+                   help="memory per device, e.g. 80GiB or 24GB (default: the device's own "
+                        "figure; on CPU the host's memory)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sc-jax", description="Supervised Calibration for ICL, in JAX.")
+    sub = p.add_subparsers(dest="command", required=True)
+    d = sub.add_parser("demo", help="real scoring end to end on built-in sentences")
+    d.add_argument("--model", default="default",
+                   help=_MODEL_HELP)
+    d.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    d.add_argument("--k", type=int, default=4, help="number of demonstrations (2..8)")
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--quiet", action="store_true", help="no progress bars")
+    d.set_defaults(fn=_demo)
+    r = sub.add_parser("run", help="the paper's experiment: SC and the baselines",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    _add_run_options(r)
     r.add_argument("--out", default="sc_jax_run", help="output directory (also holds the score cache)")
     r.add_argument("--quiet", action="store_true", help="no progress bars")
     r.set_defaults(fn=_run)
+    pl = sub.add_parser("plan", help="dry run of `run`: pairs, tokens, FLOPs, chunks, planned and "
+                                     "XLA peak memory, compiles, time; no weights read, nothing scored",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    _add_run_options(pl)
+    pl.add_argument("--json", default=None, help="also write the plan as JSON here")
+    pl.add_argument("--quiet", action="store_true", help="no per-job progress lines")
+    pl.add_argument("--peak-tflops", type=float, default=989.0,
+                    help="device peak for the time estimate (H100 SXM dense bf16: 989)")
+    pl.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation assumed")
+    pl.add_argument("--no-xla", action="store_true",
+                    help="skip compiling the worst program for XLA's memory figure")
+    pl.set_defaults(fn=_plan)
     rp = sub.add_parser("report", help="rebuild tables and plots from DIR/results.json")
     rp.add_argument("dir")
     rp.set_defaults(fn=_report)
@@ -308,6 +380,7 @@ def main(argv=None) -> int:
     try:
         return args.fn(args)
     except (ValueError, FileNotFoundError, WheelFileError, DataUnavailableError) as e:
+        # PlanError (memory) is a ValueError: its message names the numbers.
         print(f"error: {e}", file=sys.stderr)
         return 2
     except ImportError as e:

@@ -240,6 +240,12 @@ _PRESETS: dict[str, dict[str, Any]] = {
                        num_key_value_heads=3, rms_norm_eps=1e-6, rope_theta=10000.0,
                        max_position_embeddings=512, tie_word_embeddings=True,
                        bos_token_id=1, eos_token_id=2),
+    # Dimensions that a model axis of 2, 4 or 8 divides (heads 8, key/value heads 4,
+    # MLP 128, vocabulary 640): for tests of model-parallel sharding.
+    "tiny-llama-8h": dict(model_type="llama", vocab_size=640, hidden_size=64,
+                          intermediate_size=128, num_hidden_layers=2, num_attention_heads=8,
+                          num_key_value_heads=4, rms_norm_eps=1e-5, rope_theta=10000.0,
+                          max_position_embeddings=512, bos_token_id=1, eos_token_id=2),
     # A mid-size model for CPU benchmarks: big enough that compute dominates.
     "small-llama": dict(model_type="llama", vocab_size=4096, hidden_size=256,
                         intermediate_size=704, num_hidden_layers=6, num_attention_heads=8,

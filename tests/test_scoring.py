@@ -84,18 +84,6 @@ def test_test_time_contexts_all_queries(model, setup):
     assert eng.stats.nodes == 4 + len(set(ctx[:, 0]))
 
 
-def test_sharded_engine_equals_single_device(setup):
-    k, pieces = setup
-    one = sc_jax.load_model("random:tiny-llama", seed=1)
-    eight = sc_jax.load_model("random:tiny-llama", seed=1, mesh=make_mesh(8))
-    ctx = all_contexts(k, 2)
-    pairs = surrogate_pairs(ctx, k)
-    for mode in ("first_token", "sequence"):
-        a = ScoringEngine(one, progress=False).score(pieces, ctx, pairs, mode)
-        b = ScoringEngine(eight, max_tokens_per_batch=2048, progress=False).score(pieces, ctx, pairs, mode)
-        assert np.abs(a - b).max() <= TOL
-
-
 def test_prefix_sharing_saves_tokens(model, setup):
     k, pieces = setup
     ctx = all_contexts(k, 3)
@@ -198,3 +186,49 @@ def test_engine_with_sliding_window_shorter_than_prompts():
     assert max(len(pieces.prompt(ctx[c], q)) for c, q in pairs) > 64
     got = ScoringEngine(model, progress=False).score(pieces, ctx, pairs)
     assert np.abs(got - score_plain(model, pieces, ctx, pairs)).max() <= TOL
+
+
+@pytest.mark.parametrize("data,model_axis,modes", [(8, 1, ("first_token",)), (1, 8, ("first_token",)),
+                                                  (2, 4, ("first_token", "sequence"))])
+def test_two_dimensional_meshes_equal_one_device(data, model_axis, modes):
+    """Data-parallel, model-parallel and mixed meshes on 8 simulated devices give one
+    device's label log-probs (engine and flat path; both label modes on the mixed
+    mesh). tiny-llama-8h has 8 heads, 4 key/value heads, MLP 128 and vocabulary 640,
+    so the model axis really splits them (key/value heads stay replicated on a model
+    axis of 8, which does not divide 4)."""
+    from sc_jax.sharding import spec
+
+    rng = np.random.default_rng(7)
+    one = sc_jax.load_model("random:tiny-llama-8h", seed=3)
+    mesh = make_mesh(data, model=model_axis)
+    many = sc_jax.load_model("random:tiny-llama-8h", seed=3, mesh=mesh)
+    wq = many.module.layers.wq[...].sharding.spec
+    assert wq == spec(mesh, ("layers", "embed", "heads", "head_dim"), (2, 64, 8, 8))
+    assert ("model" in str(wq)) == (model_axis > 1)
+    k = 3
+    demos = list(zip(_texts(rng, k), rng.integers(0, 3, k).tolist()))
+    pieces = build_pieces(one.tokenizer, TEMPLATE, demos, [t for t, _ in demos] + _texts(rng, 2))
+    ctx = all_contexts(k, 2)
+    pairs = np.concatenate([surrogate_pairs(ctx, k), [[0, 3], [1, 4]]])
+    for mode in modes:
+        a = ScoringEngine(one, progress=False).score(pieces, ctx, pairs, mode)
+        b = ScoringEngine(many, max_tokens_per_batch=1024, progress=False).score(pieces, ctx, pairs, mode)
+        c = score_flat(many, pieces, ctx, pairs, mode, max_tokens_per_batch=1024)
+        assert np.abs(a - b).max() <= TOL and np.abs(a - c).max() <= TOL, mode
+
+
+def test_parse_mesh_and_single_process_distributed(monkeypatch):
+    from sc_jax.sharding import initialize_distributed, parse_mesh
+
+    assert parse_mesh("data=2,model=4") == (2, 4)
+    assert parse_mesh("model=8") == (0, 8) and parse_mesh("8") == (8, 1)
+    with pytest.raises(ValueError, match="data=D,model=M"):
+        parse_mesh("data=2,heads=4")
+    monkeypatch.delenv("SC_JAX_COORDINATOR", raising=False)
+    assert initialize_distributed() is False  # one process: nothing to initialise
+    monkeypatch.setenv("SC_JAX_COORDINATOR", "127.0.0.1:1234")
+    monkeypatch.setenv("SC_JAX_NUM_PROCESSES", "two")
+    with pytest.raises(ValueError, match="must be integers"):
+        initialize_distributed()
+    with pytest.raises(ValueError, match="needs 16 devices"):
+        make_mesh(2, model=8)

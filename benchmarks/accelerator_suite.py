@@ -1,0 +1,217 @@
+"""One command for the day a GPU (or TPU) is available: scoring, solvers and one
+end-to-end SC seed, JSON plus tables, designed to finish within 9 minutes on one H100.
+
+1. Scoring (``bench_scoring.bench_case``): k = 8, every surrogate pair of sizes 1..5
+   (full enumeration), ``random:llama-2-7b`` in bfloat16, through the engine (every
+   prompt), flat batches and batch 1 (uniform samples of the prompts, extrapolated per
+   prompt: the table says so); unique tokens; MFU of the engine = 2 x non-embedding
+   parameters x unique tokens / engine time / the measured bf16 matmul peak; the
+   memory plan's peak against the device's ``peak_bytes_in_use``.
+2. Solvers (``bench_solver.bench_timing``): 5 sizes x 5 seeds per n = 2..6 in one
+   compiled call per n with whole-bucket vmap on the device, float32, augmented
+   Lagrangian and projected, against the SciPy trust-constr loop on the host (one
+   seed timed, extrapolated to five: said so in the JSON).
+3. One SC seed end to end with random weights (``run_experiment``): k = 8, 256 test
+   queries, m_i cap 24 (the paper's), surrogate budget 5000 pairs per size (the
+   run's default), synthetic review texts; stage times.
+
+``--smoke`` runs the same code paths on CPU with a tiny preset in under a minute; it
+is part of the test suite (tests/test_accelerator_suite.py), so the suite cannot rot.
+
+On a GPU machine that has jax with CUDA but not this package's other dependencies:
+copy the checkout and the wheels of jaxopt and gguf (``pip download jaxopt gguf
+--no-deps -d wheels``), then ``pip install --no-deps wheels/*.whl`` and run
+``PYTHONPATH=. python benchmarks/accelerator_suite.py --out bench_out/suite``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+WORDS = ("the film is a great fun boring plot with some moments of real charm but too long "
+         "and actors seem lost in it story never quite works yet its heart shows").split()
+
+
+def _device() -> dict:
+    import jax
+
+    d = jax.devices()[0]
+    return dict(backend=jax.default_backend(), device=str(d), kind=getattr(d, "device_kind", ""),
+                count=jax.device_count(), jax=jax.__version__, host=platform.node(),
+                python=platform.python_version())
+
+
+def _peak_in_use() -> int | None:
+    import jax
+
+    try:
+        stats = jax.devices()[0].memory_stats()
+    except Exception:
+        return None
+    return int(stats["peak_bytes_in_use"]) if stats and "peak_bytes_in_use" in stats else None
+
+
+def section_scoring(args) -> dict:
+    import jax.numpy as jnp
+
+    import bench_scoring
+    import sc_jax
+    dtype = jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32
+    peak = bench_scoring.matmul_peak(dtype)
+    t = time.perf_counter()
+    model = sc_jax.load_model(args.model, dtype=args.dtype)
+    load_s = time.perf_counter() - t
+    r = bench_scoring.bench_case(model, args.k, args.words, args.sample_a, args.sample_b,
+                                 args.repeats, 0, False)
+    c = model.config
+    nonembed = c.num_params() - c.vocab_size * c.hidden_size * (1 if c.tie_word_embeddings else 2)
+    r.update(model=args.model, dtype=args.dtype, load_s=load_s, matmul_peak_flops=peak,
+             engine_compile_s=r["c_first_run_s"] - r["c_s"],
+             engine_mfu=2 * nonembed * r["unique_tokens"] / r["c_s"] / peak,
+             a_over_c=r["a_s"] / r["c_s"], b_over_c=r["b_s"] / r["c_s"],
+             a_and_b_extrapolated=True, peak_bytes_in_use=_peak_in_use())
+    # The memory plan the engine used for the largest size, against what the device saw.
+    import jax
+
+    from sc_jax.enumeration import all_contexts, surrogate_pairs
+    from sc_jax.plan import _engine_calls, device_memory_bytes, host_memory_bytes, peak_bytes
+    from sc_jax.prompts import TEMPLATES, build_pieces
+
+    rng = np.random.default_rng(0)
+    demos = [(" ".join(rng.choice(WORDS, args.words)), j % 2) for j in range(args.k)]
+    pieces = build_pieces(model.tokenizer, TEMPLATES["rotten_tomatoes"], demos, [t for t, _ in demos])
+    ctx = all_contexts(args.k, min(5, args.k - 1))
+    e = _engine_calls(c, model.dtype, pieces, ctx, surrogate_pairs(ctx, args.k), "first_token",
+                      budget_bytes=device_memory_bytes() or host_memory_bytes(),
+                      n_devices=model.n_devices, platform=jax.default_backend())
+    r.update(planned_peak_bytes=peak_bytes(c, model.dtype, e["calls"])["peak_bytes"],
+             max_tokens_per_batch=e["tokens"], max_cache_tokens=e["cache"])
+    return r
+
+
+def section_solvers(args) -> list[dict]:
+    import bench_solver
+
+    if args.smoke:  # one size (one row bucket, two compiles) keeps the smoke run short
+        bench_solver.SIZES = (1,)
+    rows = bench_solver.bench_timing(args.classes, args.solver_seeds, args.repeats, args.scipy_seeds,
+                                     ("float32",), ("bucketed",), (None,), lambda rows: None)
+    for r in rows:
+        r["scipy_extrapolated_from_seeds"] = min(args.scipy_seeds, args.solver_seeds)
+    return rows
+
+
+def section_end_to_end(args) -> dict:
+    from sc_jax.experiment import RunConfig, run_experiment
+
+    rng = np.random.default_rng(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        n = max(400, 2 * args.e2e_tests)
+        (tmp / "rotten_tomatoes.jsonl").write_text("".join(
+            json.dumps({"text": " ".join(rng.choice(WORDS, args.words)), "label": j % 2}) + "\n"
+            for j in range(n)))
+        config = RunConfig(model=args.model, dtype=args.dtype, datasets=("rotten_tomatoes",),
+                           data_dir=str(tmp), shots=(args.k,), seeds=(0,), test_size=args.e2e_tests,
+                           m_cap=args.m_cap, budget=args.budget, max_size=args.max_size)
+        t = time.perf_counter()
+        res = run_experiment(config, tmp / "run", progress=False)
+        wall = time.perf_counter() - t
+    timing = res.data["timing"]
+    return dict(model=args.model, dtype=args.dtype, k=args.k, test_size=args.e2e_tests, max_size=args.max_size,
+                m_cap=args.m_cap, budget=args.budget, wall_s=wall, scoring_s=timing["scoring_s"],
+                fitting_s=timing["fitting_s"], total_s=timing["total_s"],
+                sc_macro_f1=[r["macro_f1"] for r in res.rows if r["method"] == "sc"],
+                statuses=sorted({p["status"] for p in res.data["params"]}))
+
+
+def tables(out: dict) -> str:
+    lines = [f"device: {out['device']['kind'] or out['device']['device']} ({out['device']['backend']}), "
+             f"jax {out['device']['jax']}{' (smoke)' if out['smoke'] else ''}", ""]
+    s = out.get("scoring")
+    if s:
+        gib = 2 ** 30
+        lines += ["| model | k | prompts | unique tokens | engine s | compile s | flat s* | batch-1 s* | "
+                  "batch-1/engine | flat/engine | MFU | peak GiB plan / used |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|",
+                  f"| {s['model']} {s['dtype']} | {s['k']} | {s['prompts']:,} | {s['unique_tokens']:,} | "
+                  f"{s['c_s']:.2f} | {s['engine_compile_s']:.1f} | {s['b_s']:.2f} | {s['a_s']:.2f} | "
+                  f"{s['a_over_c']:.1f}x | {s['b_over_c']:.1f}x | {100 * s['engine_mfu']:.1f}% | "
+                  f"{s.get('planned_peak_bytes', 0) / gib:.2f} / "
+                  f"{(s['peak_bytes_in_use'] or 0) / gib:.2f} |",
+                  "", "\\* flat and batch 1 timed on uniform samples of the prompts, extrapolated "
+                  "per prompt.", ""]
+    if out.get("solvers"):
+        lines += ["| n | solver | problems | compile s | run s | SciPy s** | ratio | max rel gap | statuses |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for r in out["solvers"]:
+            lines.append(f"| {r['n']} | {r['solver']} | {r['problems']} | {r['jax_compile_s']:.1f} | "
+                         f"{r['jax_run_s']:.4f} | {r['scipy_run_s']:.2f} | {r['ratio']:.0f}x | "
+                         f"{r['max_rel_gap']:.1e} | {r['jax_status_counts']} |")
+        lines += ["", "\\*\\* SciPy on the host, timed on the first seed's problems and "
+                  "extrapolated per problem.", ""]
+    e = out.get("end_to_end")
+    if e:
+        lines += ["| SC seed | k | test queries | m_i cap | budget | scoring s | fitting s | total s |",
+                  "|---|---|---|---|---|---|---|---|",
+                  f"| {e['model']} {e['dtype']} | {e['k']} | {e['test_size']} | {e['m_cap']} | "
+                  f"{e['budget']} | {e['scoring_s']:.1f} | {e['fitting_s']:.1f} | {e['total_s']:.1f} |"]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--smoke", action="store_true", help="tiny preset on CPU, under a minute")
+    ap.add_argument("--out", default="bench_out/accelerator_suite", help="directory for suite.json")
+    ap.add_argument("--skip", nargs="*", default=[], choices=["scoring", "solvers", "end_to_end"])
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.__dict__.update(model="random:tiny-llama", dtype="float32", k=3, words=4, sample_a=0.2,
+                             sample_b=0.5, repeats=1, classes=[2], solver_seeds=1, scipy_seeds=1,
+                             e2e_tests=16, m_cap=2, budget=40, max_size=2)
+    else:
+        args.__dict__.update(model="random:llama-2-7b", dtype="bfloat16", k=8, words=10,
+                             sample_a=0.002, sample_b=0.02, repeats=2, classes=[2, 3, 4, 5, 6],
+                             solver_seeds=5, scipy_seeds=1, e2e_tests=256, m_cap=24, budget=5000,
+                             max_size=5)
+    outdir = Path(args.out)
+    outdir.mkdir(parents=True, exist_ok=True)
+    out = dict(device=_device(), smoke=args.smoke,
+               settings={k: v for k, v in vars(args).items() if k not in ("out", "skip")})
+    t0 = time.perf_counter()
+
+    def save():
+        out["wall_s"] = time.perf_counter() - t0
+        (outdir / "suite.json").write_text(json.dumps(out, indent=1, default=str))
+
+    for name, fn in (("scoring", section_scoring), ("solvers", section_solvers),
+                     ("end_to_end", section_end_to_end)):
+        if name in args.skip:
+            continue
+        t = time.perf_counter()
+        print(f"[suite] {name} ...", file=sys.stderr, flush=True)
+        out[name] = fn(args)
+        out[f"{name}_wall_s"] = time.perf_counter() - t
+        save()  # an interrupted suite keeps every finished section
+    save()
+    text = tables(out)
+    (outdir / "suite.md").write_text(text + "\n")
+    print(text)
+    print(f"\nwall {out['wall_s']:.1f}s; wrote {outdir / 'suite.json'} and {outdir / 'suite.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
