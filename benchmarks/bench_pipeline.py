@@ -105,13 +105,14 @@ def _replay(calls) -> float:
     return time.perf_counter() - t
 
 
-def measure(pkg, source: str, dtype: str, k: int, n_test: int, repeats: int, seed: int):
+def measure(pkg, source: str, dtype: str, k: int, n_test: int, repeats: int, seed: int,
+            max_tokens: int = 16384):
     import jax
 
     scoring = importlib.import_module(pkg.__name__ + ".scoring")
     model = pkg.load_model(source, dtype=dtype)
     pieces, jobs = _workload(pkg, model, k, n_test, seed)
-    eng = scoring.ScoringEngine(model, progress=False)
+    eng = scoring.ScoringEngine(model, progress=False, max_tokens_per_batch=max_tokens)
     t = time.perf_counter()
     for _, ctx, pairs in jobs:
         eng.score(pieces, ctx, pairs)
@@ -128,6 +129,7 @@ def measure(pkg, source: str, dtype: str, k: int, n_test: int, repeats: int, see
         del rec
     wall, dev = statistics.median(walls), statistics.median(devs)
     return dict(package=pkg.__name__, model=source, dtype=dtype, k=k, n_test=n_test,
+                max_tokens_per_batch=max_tokens,
                 prompts=int(sum(len(p) for _, _, p in jobs)), calls=calls,
                 first_run_s=compile_s, wall_s=wall, device_s=dev,
                 wall_per_call_ms=1e3 * wall / calls, device_per_call_ms=1e3 * dev / calls,
@@ -141,19 +143,25 @@ def main(argv=None):
     ap.add_argument("--k", type=int, nargs="*", default=[6, 5], help="one k per model")
     ap.add_argument("--tests", type=int, default=64, help="test queries of the test-time stage")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--max-tokens-per-batch", type=int, nargs="*", default=[16384],
+                    help="one per model (or one for all): small budgets mean many small calls, "
+                         "where host overhead shows (an accelerator's regime)")
     ap.add_argument("--before", default=None, help="an older copy of the package (see above)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="bench_out/bench_pipeline.json")
     args = ap.parse_args(argv)
     if len(args.k) != len(args.model):
         ap.error("give one --k per --model")
+    budgets = args.max_tokens_per_batch * (len(args.model) if len(args.max_tokens_per_batch) == 1 else 1)
+    if len(budgets) != len(args.model):
+        ap.error("give one --max-tokens-per-batch per --model, or one for all")
 
     pkgs = [_package(None)] + ([_package(args.before)] if args.before else [])
     rows = []
-    for source, k in zip(args.model, args.k):
+    for source, k, budget in zip(args.model, args.k, budgets):
         outs = []
         for pkg in pkgs:
-            r, o = measure(pkg, source, args.dtype, k, args.tests, args.repeats, args.seed)
+            r, o = measure(pkg, source, args.dtype, k, args.tests, args.repeats, args.seed, budget)
             rows.append(r)
             outs.append(o)
             print(f"{source} k={k} {r['package']}: wall {r['wall_s']:.2f}s, device {r['device_s']:.2f}s "
@@ -167,12 +175,13 @@ def main(argv=None):
                 jax=jax.__version__, device=str(jax.devices()[0]), args=vars(args))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
-    print("| engine | model | k | prompts | calls | first run s | wall s | device s | wall/call ms | "
-          "device/call ms | host overhead |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| engine | model | k | tokens/batch | prompts | calls | first run s | wall s | device s | "
+          "wall/call ms | device/call ms | host overhead |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         name = "before" if r["package"] != "sc_jax" else "after"
-        print(f"| {name} | {r['model']} | {r['k']} | {r['prompts']:,} | {r['calls']} | {r['first_run_s']:.1f} | "
+        print(f"| {name} | {r['model']} | {r['k']} | {r['max_tokens_per_batch']} | {r['prompts']:,} | "
+              f"{r['calls']} | {r['first_run_s']:.1f} | "
               f"{r['wall_s']:.2f} | {r['device_s']:.2f} | {r['wall_per_call_ms']:.1f} | "
               f"{r['device_per_call_ms']:.1f} | {100 * r['host_overhead']:+.0f}% |")
     return 0

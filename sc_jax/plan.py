@@ -99,19 +99,19 @@ class Call:
 
     @property
     def key(self):
-        """What determines its compiled shape."""
-        return (self.kind, self.B, self.T, self.S, self.Bc, self.out_len, self.level_rows,
-                self.parent_rows)
+        """What determines the shape of its model program (the gathers and in-place
+        writes around it are model-free programs that compile in milliseconds)."""
+        return (self.kind, self.B, self.T, self.S, self.Bc)
 
 
 def call_temp_bytes(config, dtype, call: Call, model_shards: int = 1) -> int:
     """Estimated temporaries of one engine call on one device (beyond its arguments
     and the level buffer it updates in place).
 
-    gathered cache rows ``[L, Bc, S, K, Dh] x 2``; for growth, the scan's stacked
-    new keys and values ``[L, B, T, K, Dh] x 2`` and their concatenation to the
-    gathered rows (query calls discard the new keys and values, and XLA removes
-    them); one layer's working set: hidden states, q/k/v with their float32 rotary
+    gathered cache rows ``[L, Bc, S, K, Dh] x 2`` (the model program's input); for
+    growth, the scan's stacked new keys and values ``[L, B, T, K, Dh] x 2`` (its
+    output, written in place into the level afterwards; query calls discard them and
+    XLA removes them); one layer's working set: hidden states, q/k/v with their float32 rotary
     copies, attention scores ``[B, H, T, S + T]`` in float32 plus probabilities, the
     MLP's gate, up and product ``[B, T, F]``.
     """
@@ -122,12 +122,11 @@ def call_temp_bytes(config, dtype, call: Call, model_shards: int = 1) -> int:
     gathered = call.Bc * call.S * kv_row
     grow = call.kind == "grow"
     seg = call.B * call.T * kv_row if grow else 0
-    concat = call.B * call.out_len * kv_row if grow else 0
     BT = call.B * call.T
     heads = (H + 2 * K) * Dh // model_shards
     layer = BT * (4 * D * e + heads * (e + 4) + 3 * F * e // model_shards) \
         + BT * (H // model_shards) * (call.S + call.T) * (4 + e)
-    return int(gathered + seg + concat + layer + BT * D * e)
+    return int(gathered + seg + layer + BT * D * e)
 
 
 def schedule(shapes, contexts: np.ndarray, pairs: np.ndarray, nr: int, G: int, *,
@@ -304,17 +303,14 @@ def xla_call_bytes(config, dtype, call: Call, *, mode: str = "first_token", n_la
         return sds(shape, d, sharding=shard(("data",)))
 
     seq = mode == "sequence"
+    rows = cache(call.Bc, call.S)  # the gathered cache rows the model program extends
     if call.kind == "grow":
-        lowered = scoring._grow.lower(gd, st, cache(call.parent_rows, call.parent_len), ints(call.B),
-                                      ints(call.B, call.T), ints(call.B, call.T, d=jnp.bool_),
-                                      cache(call.level_rows, call.out_len), sds((), jnp.int32))
+        lowered = scoring._grow.lower(gd, st, rows, ints(call.B, call.T), ints(call.B, call.T, d=jnp.bool_))
     else:
-        P_ = 1
-        rows = None if seq else sds((n_labels,), jnp.int32)
+        labels = None if seq else sds((n_labels,), jnp.int32)
         lowered = scoring._score_cached.lower(
-            gd, st, cache(call.level_rows, call.S), ints(call.Bc), ints(call.B, call.T),
-            ints(call.B, call.T, d=jnp.bool_), ints(call.B, P_), ints(call.B, P_),
-            ints(call.B, P_, d=jnp.bool_), rows, sequence=seq)
+            gd, st, rows, ints(call.B, call.T), ints(call.B, call.T, d=jnp.bool_), ints(call.B, 1),
+            ints(call.B, 1), ints(call.B, 1, d=jnp.bool_), labels, sequence=seq)
     opts = None
     if jax.default_backend() == "cpu" and jnp.dtype(dtype) == jnp.bfloat16:
         opts = {"xla_disable_hlo_passes": "while-loop-invariant-code-motion"}
@@ -325,16 +321,22 @@ def xla_call_bytes(config, dtype, call: Call, *, mode: str = "first_token", n_la
 
 
 def xla_peak_bytes(config, dtype, calls: list[Call], **kw) -> dict[str, Any]:
-    """XLA's peak over the distinct programs of ``calls``: arguments + outputs +
-    temps - aliased (donated) bytes, the largest over programs. The arguments hold
-    the weights and the level buffers, so this is comparable with
-    :func:`peak_bytes`."""
+    """XLA's peak over the distinct model programs of ``calls``: arguments (the
+    weights and the gathered cache rows) + outputs + temps - aliased bytes, plus the
+    level buffers resident beside the program (the same figure as in
+    :func:`peak_bytes`), the largest over programs."""
     seen, best = {}, dict(xla_peak_bytes=0)
+    ms = kw.get("mesh")
+    from .sharding import MODEL, axis_size
+
+    kvb = kv_bytes_per_token(config, dtype, axis_size(ms, MODEL))
     for call in calls:
         if call.key in seen:
             continue
         m = seen[call.key] = xla_call_bytes(config, dtype, call, **kw)
-        peak = m["argument_bytes"] + m["output_bytes"] + m["temp_bytes"] - m["alias_bytes"]
+        resident = (call.level_rows * call.out_len + call.parent_rows * call.parent_len) * kvb \
+            if call.kind == "grow" else call.level_rows * call.S * kvb
+        peak = m["argument_bytes"] + m["output_bytes"] + m["temp_bytes"] - m["alias_bytes"] + resident
         if peak > best["xla_peak_bytes"]:
             best = dict(xla_peak_bytes=peak, call=dataclasses.asdict(call), **m)
     best["programs"] = len(seen)

@@ -38,7 +38,7 @@ import numpy as np
 from flax import nnx
 
 from .loading import LoadedModel, bucket_batch
-from .model import KVCache, concat_cache, empty_cache, positions_from_valid
+from .model import KVCache, empty_cache, positions_from_valid
 from .prompts import PromptPieces
 
 MODES = ("first_token", "sequence")
@@ -210,21 +210,46 @@ def _take_rows(parent: KVCache, idx) -> KVCache:
     return KVCache(parent.k[:, idx], parent.v[:, idx], parent.pos[idx], parent.valid[idx])
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("level",))
-def _grow(graphdef, state, parent: KVCache, parent_idx, tokens, valid, level: KVCache, offset):
-    """Children caches (parent rows gathered + one segment each), written in place
-    into rows ``offset .. offset + B`` of the donated ``level`` buffer
-    ``[L, N, S_d, K, Dh]``: a level is never held twice (no concatenation of parts)."""
+# The model's programs take only the cache rows they extend (gathered by a separate,
+# model-free program), so their shapes do not depend on how many nodes a trie level
+# has: a run compiles one growth program per depth and micro-batch, not one per
+# (level size, depth). Model programs are the expensive compiles (seconds to tens of
+# seconds for a 7B model on a GPU); gathers and in-place writes compile in
+# milliseconds.
+@jax.jit
+def _gather_rows(level: KVCache, idx) -> KVCache:
+    """Rows ``idx [B]`` of a level buffer: ``[L, B, S, K, Dh]``."""
+    COMPILES["gather"] += 1
+    return _take_rows(level, idx)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _grow(graphdef, state, rows: KVCache, tokens, valid) -> KVCache:
+    """One segment after each of ``rows`` (B cached prefixes of S tokens): the new
+    tokens' keys and values ``[L, B, T, K, Dh]``."""
     COMPILES["grow"] += 1
     model = nnx.merge(graphdef, state)
-    cache = _take_rows(parent, parent_idx)
-    _, seg = model(tokens, positions_from_valid(valid, cache.next_position(tokens.shape[0])), valid, cache)
-    full = concat_cache(cache, seg)
+    _, seg = model(tokens, positions_from_valid(valid, rows.next_position(tokens.shape[0])), valid, rows)
+    return seg
+
+
+@functools.partial(jax.jit, donate_argnames=("level",))
+def _write_rows(level: KVCache, rows: KVCache, seg: KVCache, offset) -> KVCache:
+    """Children (``rows`` then ``seg``) written in place into rows ``offset .. offset
+    + B`` of the donated ``level`` buffer ``[L, N, S_d, K, Dh]``: a level is never held
+    twice (no concatenation of parts)."""
+    COMPILES["write"] += 1
     z = jnp.zeros((), jnp.int32)
-    return KVCache(jax.lax.dynamic_update_slice(level.k, full.k.astype(level.k.dtype), (z, offset, z, z, z)),
-                   jax.lax.dynamic_update_slice(level.v, full.v.astype(level.v.dtype), (z, offset, z, z, z)),
-                   jax.lax.dynamic_update_slice(level.pos, full.pos, (offset, z)),
-                   jax.lax.dynamic_update_slice(level.valid, full.valid, (offset, z)))
+    S = rows.length
+
+    def put(dst, a, b, lead):
+        idx = (z, offset) if lead else (offset,)
+        dst = jax.lax.dynamic_update_slice(dst, a.astype(dst.dtype), idx + (z,) * (a.ndim - len(idx)))
+        at = idx + (jnp.int32(S),) + (z,) * (b.ndim - len(idx) - 1)
+        return jax.lax.dynamic_update_slice(dst, b.astype(dst.dtype), at)
+
+    return KVCache(put(level.k, rows.k, seg.k, True), put(level.v, rows.v, seg.v, True),
+                   put(level.pos, rows.pos, seg.pos, False), put(level.valid, rows.valid, seg.valid, False))
 
 
 @functools.partial(jax.jit, static_argnames=("config", "rows", "length", "dtype", "sharding"))
@@ -240,14 +265,13 @@ def _empty_level(config, rows: int, length: int, dtype, sharding=None):
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "sequence"))
-def _score_cached(graphdef, state, parent: KVCache, parent_idx, tokens, valid, gather,
-                  targets, tmask, rows, sequence):
-    """Queries after their contexts' caches: ``parent_idx [Bc]`` picks one cached
-    context per group of G = B / Bc consecutive query rows. Label scores ``[B, n]``
-    or ``[B]``."""
+def _score_cached(graphdef, state, cache: KVCache, tokens, valid, gather, targets, tmask, rows,
+                  sequence):
+    """Queries after their contexts' caches: ``cache`` holds Bc gathered contexts,
+    each serving G = B / Bc consecutive query rows. Label scores ``[B, n]`` or
+    ``[B]``."""
     COMPILES["score"] += 1
     model = nnx.merge(graphdef, state)
-    cache = _take_rows(parent, parent_idx)
     hidden, _ = model(tokens, positions_from_valid(valid, cache.next_position(tokens.shape[0])),
                       valid, cache)
     return _label_scores(model, hidden, gather, targets, tmask, rows, sequence)
@@ -462,8 +486,10 @@ class ScoringEngine:
                 demo = np.full(B, seg[s])  # filler rows repeat a real one, land in padding rows
                 demo[:real] = seg[sl]
                 tokens, valid = segs.batch(demo, first)
-                level = _grow(m._graphdef, m._state, parent, self._put_idx(idx),
-                              self._put_idx(tokens), self._put_idx(valid), level, np.int32(s))
+                rows = _gather_rows(parent, self._put_idx(idx))
+                seg_kv = _grow(m._graphdef, m._state, rows, self._put_idx(tokens), self._put_idx(valid))
+                level = _write_rows(level, rows, seg_kv, np.int32(s))
+                del rows, seg_kv
                 st.calls += 1
                 st.tokens += int(segs.lengths(first)[seg[sl]].sum())
                 st.padded_tokens += B * segs.T
@@ -499,9 +525,10 @@ class ScoringEngine:
             keep = (groups.keep[sel] & real[:, None]).reshape(-1)
             tokens, valid, g, t, msk = qt.batch(rows)
             put = self._put_idx
-            res = _score_cached(m._graphdef, m._state, cache, put(groups.leaf[sel].astype(np.int32)),
-                                put(tokens), put(valid), put(g), put(t), put(msk), rows_arg,
-                                sequence=seq)
+            ctx_rows = _gather_rows(cache, put(groups.leaf[sel].astype(np.int32)))
+            res = _score_cached(m._graphdef, m._state, ctx_rows, put(tokens), put(valid), put(g),
+                                put(t), put(msk), rows_arg, sequence=seq)
+            del ctx_rows
             st.calls += 1
             st.tokens += int(qt.length[rows[keep]].sum())
             st.padded_tokens += len(rows) * qt.T
