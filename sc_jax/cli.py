@@ -3,6 +3,10 @@
   sc-jax run --model default --dataset rotten_tomatoes --shots 4 8 --seeds 5 --out DIR
       The paper's experiment (sc_jax.experiment.run_experiment): writes results.json,
       results.csv, table.md and plots into DIR; resumes from DIR/cache if interrupted.
+  sc-jax plan --model random:llama-2-7b --dtype bfloat16 --shots 8 --device-memory 80GiB ...
+      Dry run of `run` (same options): pairs, unique and flat tokens, FLOPs, chunks,
+      micro-batches, compiles, planned and XLA peak memory, a time estimate. No weights
+      are read and nothing is scored (sc_jax.plan.plan_run).
   sc-jax report DIR
       Rebuild the tables and plots from DIR/results.json without a model.
   sc-jax demo [--model default] [--k 4] [--seed 0]

@@ -129,15 +129,16 @@ def call_temp_bytes(config, dtype, call: Call, model_shards: int = 1) -> int:
     return int(gathered + seg + layer + BT * D * e)
 
 
-def schedule(shapes, contexts: np.ndarray, pairs: np.ndarray, nr: int, G: int, *,
+def schedule(shapes, contexts: np.ndarray, pairs: np.ndarray, nr: int, G: int, qlen: np.ndarray, *,
              max_tokens_per_batch: int, max_cache_tokens: int, n_devices: int = 1) -> list[Call]:
     """The calls :meth:`ScoringEngine.score` makes for these inputs, in order (same
     chunking, micro-batching and grouping, computed with NumPy alone).
 
     shapes: :class:`sc_jax.scoring.EngineShapes`; contexts ``[M, i]``; pairs ``[N, 2]``;
-    nr: query rows per pair (n labels in sequence mode, else 1); G: rows per group.
+    nr: query rows per pair (n labels in sequence mode, else 1); G: rows per group;
+    qlen: tokens of every query row (row q * nr + j).
     """
-    from .scoring import _query_groups, micro_batch, _round_up
+    from .scoring import _query_batches, _query_groups, micro_batch, _round_up
 
     lens = shapes.lens
     order = np.lexsort(contexts.T[::-1])
@@ -154,12 +155,15 @@ def schedule(shapes, contexts: np.ndarray, pairs: np.ndarray, nr: int, G: int, *
             calls.append(Call("grow", B, shapes.T_seg, lens[d - 1], B, lens[d], rows, parent_rows,
                               parent_len, count=rows // B))
             parent_rows, parent_len, leaf_of = rows, lens[d], inverse.reshape(-1)
-        groups = _query_groups(chunk, len(contexts), pairs, nr, G, leaf_of)
+        groups = _query_groups(chunk, len(contexts), pairs, nr, G, leaf_of, qlen)
         if groups is None:
             continue
         Bc = micro_batch(len(groups.leaf), lens[-1] + G * shapes.T_q, max_tokens_per_batch, n_devices)
-        calls.append(Call("score", Bc * G, shapes.T_q, lens[-1], Bc, 0, parent_rows, 0, 0,
-                          count=-(-len(groups.leaf) // Bc)))
+        per_T: dict[int, int] = {}
+        for _, _, T in _query_batches(groups, Bc, shapes.T_q):
+            per_T[T] = per_T.get(T, 0) + 1
+        for T, count in per_T.items():
+            calls.append(Call("score", Bc * G, T, lens[-1], Bc, 0, parent_rows, 0, 0, count=count))
     return calls
 
 
@@ -368,11 +372,12 @@ def _engine_calls(config, dtype, pieces, ctx, pairs, mode, *, budget_bytes, n_de
         G = b.max_group
     tokens = max_tokens_per_batch or b.max_tokens_per_batch
     cache = max_cache_tokens or b.max_cache_tokens
-    calls = schedule(shapes, ctx, pairs, nr, G, max_tokens_per_batch=tokens, max_cache_tokens=cache,
-                     n_devices=n_devices)
-    seg = np.asarray([len(pieces.segment(j)) for j in range(len(pieces.demos))])
     rows, _, _ = _query_rows(pieces, mode, range(len(pieces.queries)))
-    qlen = np.asarray([len(r) for r in rows]).reshape(len(pieces.queries), nr).sum(1)
+    row_len = np.asarray([len(r) for r in rows])
+    calls = schedule(shapes, ctx, pairs, nr, G, row_len, max_tokens_per_batch=tokens,
+                     max_cache_tokens=cache, n_devices=n_devices)
+    seg = np.asarray([len(pieces.segment(j)) for j in range(len(pieces.demos))])
+    qlen = row_len.reshape(len(pieces.queries), nr).sum(1)
     # Tokens the engine computes: each chunk's distinct prefixes (a prefix shared by
     # two chunks is computed in both), then every query row.
     order = np.lexsort(ctx.T[::-1])
@@ -478,7 +483,8 @@ def plan_run(run_config, *, device_memory: int | None = None, n_devices: int = 1
                            micro_batches=sum(r["micro_batches"] for r in rows),
                            compiles=len({c.key for c in all_calls}),
                            peak_bytes=worst["peak_bytes"], worst_job=worst["job"])
-            setting["seconds_per_seed"] = setting["flops"] / (mfu * peak_flops)
+            # The mesh's devices share the work: peak_flops is per device.
+            setting["seconds_per_seed"] = setting["flops"] / (mfu * peak_flops * n_devices * model_shards)
             if xla and (mesh is not None or n_devices * model_shards == 1):
                 ctx, pairs = sj.jobs[worst["job"]]
                 e = _engine_calls(config, dtype, sj.pieces, ctx, pairs, run_config.mode,
@@ -507,8 +513,9 @@ def plan_table(plan: dict[str, Any]) -> str:
     gib = 2 ** 30
     lines = [f"model {plan['model']} ({plan['dtype']}): weights {plan['weight_bytes'] / gib:.2f} GiB, "
              f"KV {plan['kv_bytes_per_token'] / 2 ** 20:.3f} MiB per token; budget "
-             f"{plan['budget_bytes'] / gib:.1f} GiB per device; time at {plan['mfu']:.0%} MFU of "
-             f"{plan['peak_flops'] / 1e12:.0f} TFLOP/s", "",
+             f"{plan['budget_bytes'] / gib:.1f} GiB per device; mesh data {plan['n_devices']} x model "
+             f"{plan['model_shards']}; time at {plan['mfu']:.0%} MFU of {plan['peak_flops'] / 1e12:.0f} "
+             "TFLOP/s per device", "",
              "| dataset | k | pairs | unique tokens | flat tokens | flat/unique | TFLOP | micro-batches | "
              "compiles | peak GiB | XLA peak GiB | s per seed |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]

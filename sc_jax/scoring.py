@@ -20,8 +20,17 @@ contexts are sorted so that shared prefixes sit together, cut into chunks that f
 ``max_cache_tokens``, and within a chunk the trie is grown depth by depth, each node
 extending its parent's KV cache by one demonstration. Every query of a context is then
 scored against the context's cache in one batch. Shapes are padded to fixed buckets
-(one segment length per run, cache lengths in multiples of 32, power-of-two batches)
-so the number of compilations stays small; :data:`COMPILES` counts them.
+(one segment length per run, cache lengths in multiples of 32, query rows in
+power-of-two length buckets, power-of-two batches) so the number of compilations
+stays small; :data:`COMPILES` counts them.
+
+Device pipeline: each trie level is one preallocated buffer that growth steps write
+in place (donated), so a level is never held twice; the model programs take only the
+cache rows they extend (gathered by a model-free program), so their shapes do not
+depend on level sizes; host batches are row lookups into tables packed once per
+call; and each micro-batch's result is fetched after the next one is dispatched, so
+the host never waits on the batch it has just sent. The token budgets come from the
+device's memory (:mod:`sc_jax.plan`) unless given.
 """
 
 from __future__ import annotations
@@ -353,7 +362,7 @@ class ScoringEngine:
             return dev, True
         return host_memory_bytes(), False
 
-    def _resolve(self, shapes, contexts, pairs, nr: int, G: int) -> None:
+    def _resolve(self, shapes, contexts, pairs, nr: int, G: int, pieces, mode) -> int:
         """Set this call's token budgets (given, or planned) and check the plan."""
         from . import plan
 
@@ -370,7 +379,8 @@ class ScoringEngine:
         else:
             self.max_tokens_per_batch, self.max_cache_tokens = self._tokens, self._cache
         if enforce:
-            calls = plan.schedule(shapes, contexts, pairs, nr, G,
+            rows, _, _ = _query_rows(pieces, mode, range(len(pieces.queries)))
+            calls = plan.schedule(shapes, contexts, pairs, nr, G, np.asarray([len(r) for r in rows]),
                                   max_tokens_per_batch=self.max_tokens_per_batch,
                                   max_cache_tokens=self.max_cache_tokens, n_devices=m.n_devices)
             peak = plan.peak_bytes(m.config, m.dtype, calls, model_shards=m.model_shards)
@@ -435,7 +445,7 @@ class ScoringEngine:
         # Query rows of one context form groups of G that share one copy of its cache.
         per_ctx = np.bincount(pairs[:, 0], minlength=len(contexts))
         G = int(min(self.max_group, per_ctx.max() * nr))
-        G = self._resolve(shapes, contexts, pairs, nr, G)
+        G = self._resolve(shapes, contexts, pairs, nr, G, pieces, mode)
         # Sort contexts so shared prefixes are adjacent; chunk by cache memory.
         order = np.lexsort(contexts.T[::-1])
         per_chunk = max(1, self.max_cache_tokens // lens[-1])
@@ -449,7 +459,7 @@ class ScoringEngine:
             for c0 in range(0, len(order), per_chunk):
                 chunk = order[c0:c0 + per_chunk]
                 leaf_cache, leaf_of = self._grow_trie(segs, contexts[chunk], lens)
-                groups = _query_groups(chunk, len(contexts), pairs, nr, G, leaf_of)
+                groups = _query_groups(chunk, len(contexts), pairs, nr, G, leaf_of, qt.length)
                 if groups is None:
                     continue
                 self._run_queries(leaf_cache, groups, qt, lens[-1], rows_arg, seq, out, bar)
@@ -505,7 +515,6 @@ class ScoringEngine:
         m, st = self.model, self.stats
         G = groups.rows.shape[1]
         Bc = self._micro_batch(len(groups.leaf), S + G * qt.T)
-        n_groups = len(groups.leaf)
         pending = None
 
         def collect(p):
@@ -517,13 +526,10 @@ class ScoringEngine:
                 bar.update(len(dest))
                 bar.set_postfix(tokens=st.tokens, refresh=False)
 
-        for s0 in range(0, n_groups, Bc):
-            sel = np.arange(s0, s0 + Bc)
-            sel[sel >= n_groups] = s0  # filler groups repeat a real one, discarded
-            real = np.arange(s0, s0 + Bc) < n_groups
+        for sel, real, T in _query_batches(groups, Bc, qt.T):
             rows = groups.rows[sel].reshape(-1)
             keep = (groups.keep[sel] & real[:, None]).reshape(-1)
-            tokens, valid, g, t, msk = qt.batch(rows)
+            tokens, valid, g, t, msk = qt.batch(rows, T)
             put = self._put_idx
             ctx_rows = _gather_rows(cache, put(groups.leaf[sel].astype(np.int32)))
             res = _score_cached(m._graphdef, m._state, ctx_rows, put(tokens), put(valid), put(g),
@@ -531,7 +537,7 @@ class ScoringEngine:
             del ctx_rows
             st.calls += 1
             st.tokens += int(qt.length[rows[keep]].sum())
-            st.padded_tokens += len(rows) * qt.T
+            st.padded_tokens += len(rows) * T
             if pending is not None:
                 collect(pending)
             pending = (res, keep, groups.dest[sel].reshape(-1)[keep])
@@ -592,13 +598,22 @@ class _QueryTable:
 
     def __init__(self, pieces: PromptPieces, mode: str, T: int, P: int, side: str):
         rows, gathers, targets = _query_rows(pieces, mode, range(len(pieces.queries)))
-        self.T = T
+        self.T, self.side = T, side
         self.tokens, self.valid, start = _pack(rows, T, side)
         self.gather, self.targets, self.mask = _gather_arrays(gathers, targets, start, P)
         self.length = np.asarray([len(r) for r in rows], np.int64)
 
-    def batch(self, rows):
-        return (self.tokens[rows], self.valid[rows], self.gather[rows], self.targets[rows],
+    def batch(self, rows, T: int | None = None):
+        """The rows, cut to ``T`` columns (every row in the batch fits)."""
+        T = self.T if T is None else T
+        cut = self.T - T
+        if self.side == "right":
+            cols = slice(0, T)
+            g = self.gather[rows]
+        else:  # left padding: the real tokens are the last columns
+            cols = slice(cut, self.T)
+            g = np.where(self.mask[rows], self.gather[rows] - cut, 0)
+        return (self.tokens[rows, cols], self.valid[rows, cols], g, self.targets[rows],
                 self.mask[rows])
 
 
@@ -606,17 +621,41 @@ class _QueryTable:
 class _Groups:
     """Query rows of one chunk in groups of G that share one leaf: ``rows``,
     ``dest`` (output index), ``keep`` (False for filler slots) ``[n_groups, G]``;
-    ``leaf`` ``[n_groups]``."""
+    ``leaf``, ``length`` (its longest row) ``[n_groups]``."""
 
     rows: np.ndarray
     dest: np.ndarray
     keep: np.ndarray
     leaf: np.ndarray
+    length: np.ndarray
 
 
-def _query_groups(chunk, n_contexts: int, pairs, nr: int, G: int, leaf_of) -> _Groups | None:
+def query_length(n: int, T_max: int) -> int:
+    """Padded query-row length of a batch whose longest row has ``n`` tokens: a power
+    of two from 16, at most ``T_max`` (the run's longest row rounded up to 8). A few
+    buckets, each padding less than 2x, instead of every row padded to the longest
+    query of the run."""
+    return min(T_max, max(16, 1 << (int(n) - 1).bit_length()))
+
+
+def _query_batches(groups: _Groups, Bc: int, T_max: int):
+    """Micro-batches of Bc groups, longest groups first so that each batch is
+    padded to its own length bucket. Yields (group indices [Bc] with filler, real
+    mask [Bc], padded length T)."""
+    order = np.argsort(-groups.length, kind="stable")
+    n = len(order)
+    for s0 in range(0, n, Bc):
+        sel = order[s0:s0 + Bc]
+        real = np.ones(Bc, bool)
+        real[len(sel):] = False
+        sel = np.r_[sel, np.full(Bc - len(sel), sel[0])]  # filler groups repeat a real one
+        yield sel, real, query_length(groups.length[sel].max(), T_max)
+
+
+def _query_groups(chunk, n_contexts: int, pairs, nr: int, G: int, leaf_of, qlen) -> _Groups | None:
     """Group the query rows of the pairs whose context is in ``chunk`` (vectorised:
-    rows of one context are consecutive, cut every G)."""
+    rows of one context are consecutive, longest first, cut every G, so a group's
+    rows have similar lengths). ``qlen``: tokens of each query row."""
     local = np.full(n_contexts, -1, np.int64)
     local[chunk] = np.arange(len(chunk))
     pos = local[pairs[:, 0]]
@@ -630,6 +669,8 @@ def _query_groups(chunk, n_contexts: int, pairs, nr: int, G: int, leaf_of) -> _G
     ctx = np.repeat(pos[sel], nr)
     qrow = pairs[r, 1] * nr + j
     dest = r * nr + j
+    by_len = np.lexsort((-qlen[qrow], ctx))  # within a context, longest rows first
+    ctx, qrow, dest = ctx[by_len], qrow[by_len], dest[by_len]
     first = np.r_[0, np.flatnonzero(np.diff(ctx)) + 1]  # first entry of each context
     start = np.repeat(first, np.diff(np.r_[first, len(ctx)]))
     rank = np.arange(len(ctx)) - start
@@ -643,7 +684,7 @@ def _query_groups(chunk, n_contexts: int, pairs, nr: int, G: int, leaf_of) -> _G
     rows[gid, slot] = qrow
     dests[gid, slot] = dest
     keep[gid, slot] = True
-    return _Groups(rows, dests, keep, leaf_of[ctx[head]])
+    return _Groups(rows, dests, keep, leaf_of[ctx[head]], qlen[qrow[head]])
 
 
 def flat_length(n: int) -> int:
