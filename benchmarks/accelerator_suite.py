@@ -125,7 +125,8 @@ def section_end_to_end(args) -> dict:
             for j in range(n)))
         config = RunConfig(model=args.model, dtype=args.dtype, datasets=("rotten_tomatoes",),
                            data_dir=str(tmp), shots=(args.k,), seeds=(0,), test_size=args.e2e_tests,
-                           m_cap=args.m_cap, budget=args.budget, max_size=args.max_size)
+                           m_cap=args.m_cap, budget=args.budget, max_size=args.max_size,
+                           methods=args.methods)
         t = time.perf_counter()
         res = run_experiment(config, tmp / "run", progress=False)
         wall = time.perf_counter() - t
@@ -180,12 +181,13 @@ def main(argv=None) -> int:
     if args.smoke:
         args.__dict__.update(model="random:tiny-llama", dtype="float32", k=3, words=4, sample_a=0.2,
                              sample_b=0.5, repeats=1, classes=[2], solver_seeds=1, scipy_seeds=1,
-                             e2e_tests=16, m_cap=2, budget=40, max_size=2)
+                             e2e_tests=16, m_cap=2, budget=40, max_size=2,
+                             methods=("base", "bc", "sc"))
     else:
         args.__dict__.update(model="random:llama-2-7b", dtype="bfloat16", k=8, words=10,
                              sample_a=0.002, sample_b=0.02, repeats=2, classes=[2, 3, 4, 5, 6],
                              solver_seeds=5, scipy_seeds=1, e2e_tests=256, m_cap=24, budget=5000,
-                             max_size=5)
+                             max_size=5, methods=("base", "cc", "dc", "bc", "sc_star", "sc"))
     outdir = Path(args.out)
     outdir.mkdir(parents=True, exist_ok=True)
     out = dict(device=_device(), smoke=args.smoke,

@@ -35,3 +35,18 @@ def rt_csv(tmp_path_factory):
         for j in range(60):
             w.writerow([" ".join(rng.choice(words, 3)), j % 2])
     return path
+
+
+# Longest files first. With `--dist loadfile` each worker takes the next whole file;
+# in alphabetical order the longest (test_solvers.py, several minutes) came last, so
+# one worker ran it alone while the other sat idle. Longest-first keeps the two
+# workers' loads even, and starts the model downloads of test_qwen2.py and
+# test_gguf.py early, beside CPU-bound work. Order within a file is unchanged.
+_LONGEST_FIRST = ("test_solvers.py", "test_qwen2.py", "test_gguf.py", "test_scoring.py",
+                  "test_model.py", "test_functional.py", "test_accelerator_suite.py",
+                  "test_resume.py", "test_experiment.py", "test_calibrators.py", "test_plan.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))

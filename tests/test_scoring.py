@@ -188,11 +188,12 @@ def test_engine_with_sliding_window_shorter_than_prompts():
     assert np.abs(got - score_plain(model, pieces, ctx, pairs)).max() <= TOL
 
 
-@pytest.mark.parametrize("data,model_axis,modes", [(8, 1, ("first_token",)), (1, 8, ("first_token",)),
+# Data-parallel alone is covered by test_mesh_of_six_devices (and test_model.py).
+@pytest.mark.parametrize("data,model_axis,modes", [(1, 8, ("first_token",)),
                                                   (2, 4, ("first_token", "sequence"))])
 def test_two_dimensional_meshes_equal_one_device(data, model_axis, modes):
-    """Data-parallel, model-parallel and mixed meshes on 8 simulated devices give one
-    device's label log-probs (engine and flat path; both label modes on the mixed
+    """Model-parallel and mixed meshes on 8 simulated devices give one device's label
+    log-probs (engine and flat path; both label modes on the mixed
     mesh). tiny-llama-8h has 8 heads, 4 key/value heads, MLP 128 and vocabulary 640,
     so the model axis really splits them (key/value heads stay replicated on a model
     axis of 8, which does not divide 4)."""
