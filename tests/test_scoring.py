@@ -56,8 +56,11 @@ def test_engine_equals_plain(model, setup, mode, i):
     # Chunkings that cut the trie in different places, micro-batches of several sizes.
     # Query groups of 1 (a cache copy per row), 2 (groups split a context's queries)
     # and 64 (all queries of a context share one copy).
-    for max_cache, max_tok, side, group in [(1 << 18, 1 << 14, "right", 64), (100, 256, "left", 1),
-                                            (300, 700, "right", 2)]:
+    # Each configuration runs in two of the four cases (every configuration compiles
+    # its own shapes; CI's budget).
+    configs = [(1 << 18, 1 << 14, "right", 64), (100, 256, "left", 1), (300, 700, "right", 2)]
+    for max_cache, max_tok, side, group in [c for j, c in enumerate(configs)
+                                            if (j + i + (mode == "sequence")) % 3 != 0]:
         eng = ScoringEngine(model, max_cache_tokens=max_cache, max_tokens_per_batch=max_tok,
                             side=side, progress=False, max_group=group)
         got = eng.score(pieces, ctx, pairs, mode)
