@@ -362,7 +362,7 @@ class ScoringEngine:
             return dev, True
         return host_memory_bytes(), False
 
-    def _resolve(self, shapes, contexts, pairs, nr: int, G: int, pieces, mode) -> int:
+    def _resolve(self, shapes, contexts, pairs, nr: int, G: int, row_lengths) -> int:
         """Set this call's token budgets (given, or planned) and check the plan."""
         from . import plan
 
@@ -379,8 +379,7 @@ class ScoringEngine:
         else:
             self.max_tokens_per_batch, self.max_cache_tokens = self._tokens, self._cache
         if enforce:
-            rows, _, _ = _query_rows(pieces, mode, range(len(pieces.queries)))
-            calls = plan.schedule(shapes, contexts, pairs, nr, G, np.asarray([len(r) for r in rows]),
+            calls = plan.schedule(shapes, contexts, pairs, nr, G, row_lengths,
                                   max_tokens_per_batch=self.max_tokens_per_batch,
                                   max_cache_tokens=self.max_cache_tokens, n_devices=m.n_devices)
             peak = plan.peak_bytes(m.config, m.dtype, calls, model_shards=m.model_shards)
@@ -445,7 +444,7 @@ class ScoringEngine:
         # Query rows of one context form groups of G that share one copy of its cache.
         per_ctx = np.bincount(pairs[:, 0], minlength=len(contexts))
         G = int(min(self.max_group, per_ctx.max() * nr))
-        G = self._resolve(shapes, contexts, pairs, nr, G, pieces, mode)
+        G = self._resolve(shapes, contexts, pairs, nr, G, qt.length)
         # Sort contexts so shared prefixes are adjacent; chunk by cache memory.
         order = np.lexsort(contexts.T[::-1])
         per_chunk = max(1, self.max_cache_tokens // lens[-1])
