@@ -16,8 +16,12 @@ in ``DIR/scores/`` (:func:`sc_jax.experiment.save_scores`). From them
 * ``m_i``: the first m of the m_i sampled test-time sub-contexts of every size, for
   m in ``m_values`` up to what the run scored (the paper's m_i figure).
 * ``single_size``: each size i alone (SC_i).
+* ``guard``: what SC does with sizes whose surrogate data the LLM scores below
+  chance: nothing (the paper), the guard (SC* for those sizes,
+  :func:`sc_jax.calibrators.below_chance`), and SC* for every size, at the run's
+  lambda_inv and tau.
 
-The last three use the run's own settings (its lambda_inv and tau).
+All but ``guard`` use the run's guard; the last three also its lambda_inv and tau.
 
 lambda_inv "paper": the paper's objective sums the NLL over the N rows and the
 penalty over the P pairs of rows that share a query, with weight 10; ours averages
@@ -34,7 +38,9 @@ from pathlib import Path
 
 import numpy as np
 
-STUDIES = ("lambda_trust", "sc_n", "m_i", "single_size")
+STUDIES = ("lambda_trust", "sc_n", "m_i", "single_size", "guard")
+GUARD_SETTINGS = (("paper (no guard)", "none", False), ("guard: SC* where below chance", "bias_only", False),
+                  ("SC* at every size", "none", True))
 PAPER_LAMBDA = 10.0
 M_VALUES = (1, 2, 4, 8, 16, 24)
 ROW_FIELDS = ("dataset", "shots", "seed", "study", "setting", "lambda_inv", "trust_region",
@@ -81,7 +87,7 @@ def _load_run(run_dir: Path):
 
 
 def ablate(run_dir, *, lambda_invs=(0.0, None, 1.0, "paper"), m_values=M_VALUES,
-           solver: str | None = None, dtype: str = "float32",
+           solver: str | None = None, dtype: str = "float32", guard: str | None = None,
            progress: bool = False) -> list[dict]:
     """Refit SC from the scores of the run in ``run_dir`` under the settings of every
     study in :data:`STUDIES` and return a tidy table: one dict per (dataset, shots,
@@ -92,6 +98,8 @@ def ablate(run_dir, *, lambda_invs=(0.0, None, 1.0, "paper"), m_values=M_VALUES,
     m_values: test-time sub-contexts per size for the ``m_i`` study; values above
         the largest m_i the run scored are left out (sizes with fewer use all theirs).
     solver: None uses the run's. Every fit of one setting is one ``fit_batch`` call.
+    guard: the guard of every study but ``guard`` ("none" or "bias_only", see
+        :func:`sc_jax.calibrators.fit_batch`); None uses the run's.
     No model is loaded and no LLM forward pass is made.
     """
     import sys
@@ -104,6 +112,7 @@ def ablate(run_dir, *, lambda_invs=(0.0, None, 1.0, "paper"), m_values=M_VALUES,
     results, runs = _load_run(run_dir)
     config = results["config"]
     run_lambda = results.get("lambda_inv", DEFAULT_LAMBDA_INV)
+    run_guard = guard or config.get("guard", "none")
     solver = solver or config.get("solver", "augmented_lagrangian")
     weighting = "uniform" if config.get("size_weighting", "uniform") == "uniform" else "reference"
     rows = []
@@ -116,10 +125,11 @@ def ablate(run_dir, *, lambda_invs=(0.0, None, 1.0, "paper"), m_values=M_VALUES,
         problems = [(log_odds(per_seed[seed].surrogate[i][0]), per_seed[seed].surrogate[i][1],
                      per_seed[seed].surrogate[i][2]) for seed, i in keys]
 
-        def fit(lam, tau):
+        def fit(lam, tau, guard=run_guard, sc_star=False):
             lams = [paper_lambda_inv(q) if lam == "paper" else (run_lambda if lam is None else lam)
                     for _, _, q in problems]
-            res = fit_batch(problems, lambda_inv=lams, tau=tau, solver=solver, dtype=dtype)
+            res = fit_batch(problems, lambda_inv=lams, tau=tau, solver=solver, dtype=dtype,
+                            guard=guard, sc_star=sc_star)
             return dict(zip(keys, res))
 
         def score(seed, fits, use_sizes, m=None):
@@ -167,6 +177,10 @@ def ablate(run_dir, *, lambda_invs=(0.0, None, 1.0, "paper"), m_values=M_VALUES,
             for m in m_values:
                 if m <= scored:
                     add(seed, "m_i", f"m={m}", score(seed, default_fits, sizes, m=m), m=m)
+        for label, guard, star in GUARD_SETTINGS:
+            fits = fit(None, config.get("tau"), guard=guard, sc_star=star)
+            for seed in seeds:
+                add(seed, "guard", label, score(seed, fits, sizes), sizes=len(sizes))
     return rows
 
 
@@ -277,6 +291,7 @@ _TITLES = {
     "sc_n": "SC-N: the ensemble over sizes 1..N (the paper's context-size figure)",
     "m_i": "Test-time sub-contexts per size m (the paper's m_i figure)",
     "single_size": "Each size alone (SC_i)",
+    "guard": "Sizes the LLM scores below chance on the surrogate data: the guard",
 }
 
 

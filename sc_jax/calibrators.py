@@ -65,13 +65,18 @@ from sc_jax.solvers import (
 )
 
 DEFAULT_LAMBDA_INV = 0.1
+# What fit_batch does with a size whose surrogate data the LLM scores below chance:
+# "none" fits SC as the paper does; "bias_only" fits SC* (w = 1) there instead.
+GUARDS = ("none", "bias_only")
 # Reference code: the final average across sizes is weighted by min(|T_i|, 15000).
 REFERENCE_SIZE_WEIGHT_CAP = 15000
 
 __all__ = [
     "DEFAULT_LAMBDA_INV",
+    "GUARDS",
     "FitResult",
     "base_accuracy",
+    "below_chance",
     "calibrated_proba",
     "fit",
     "fit_batch",
@@ -116,6 +121,19 @@ def base_accuracy(features: np.ndarray, labels: np.ndarray) -> float:
     return float(np.mean(np.argmax(logits, axis=1) == np.asarray(labels)))
 
 
+def below_chance(accuracy: float, num_classes: int) -> bool:
+    """The guard's test: the LLM's in-sample accuracy on the surrogate data of one
+    size is below chance, 1 / n.
+
+    Leave-one-out surrogate data are drawn against the held-out class: its
+    demonstrations are under-represented in the other k - 1 (absent when k = n), so a
+    model that copies the labels in its context scores below chance on them while it
+    scores above chance at test time, where the sub-contexts come from all k
+    (``sc_jax.ablation.diagnose`` measures both). Fitted there, SC learns to reverse
+    the LLM (negative w)."""
+    return accuracy < 1.0 / num_classes
+
+
 # ---------------------------------------------------------------------------------
 # Results.
 
@@ -131,6 +149,7 @@ class FitResult:
         constraint form the solver kept (per-class cones for "projected").
     tau, lambda_inv, solver, sc_star: the settings used (tau after the schedule).
     num_rows: |T_i|; base_accuracy: in-sample accuracy of the base model.
+    guarded: SC was asked for and the guard fitted SC* instead (``sc_star`` True).
     """
 
     b: np.ndarray
@@ -147,6 +166,7 @@ class FitResult:
     sc_star: bool
     num_rows: int
     base_accuracy: float
+    guarded: bool = False
 
     @property
     def converged(self) -> bool:
@@ -369,7 +389,8 @@ def _result(sol: Solution, k: int | None, *, tau, lam, solver, sc_star, num_rows
 def fit_batch(problems: Sequence[tuple], *, lambda_inv=DEFAULT_LAMBDA_INV, tau=None,
               solver: str = "augmented_lagrangian", sc_star: bool = False,
               dtype="float32", options: SolverOptions | ScipyOptions | None = None,
-              bucketed: bool = True, batch_size: int | None = None) -> list[FitResult]:
+              bucketed: bool = True, batch_size: int | None = None,
+              guard: str = "none") -> list[FitResult]:
     """Fit many SC problems of one class count in ONE compiled call (``jit`` of a
     ``vmap`` per row bucket).
 
@@ -397,10 +418,16 @@ def fit_batch(problems: Sequence[tuple], *, lambda_inv=DEFAULT_LAMBDA_INV, tau=N
         inside the compiled call was 11x (AL) and 3.7x (PG) faster on the n = 4
         float32 benchmark batch), the whole bucket on GPU/TPU. Same solutions either
         way (a test compares them).
+    guard: "none" (the paper) or "bias_only": problems whose surrogate in-sample
+        accuracy is below chance (:func:`below_chance`) are fitted as SC* (bias only,
+        w = 1) and marked ``guarded``; the others as asked. A deviation from the paper
+        (README, "Defaults"); ignored for ``sc_star=True``.
     Returns one :class:`FitResult` per problem, in order. Solver failures are reported
     in ``status``, never raised; bad input raises ValueError before any solve.
     """
     _check_solver(solver)
+    if guard not in GUARDS:
+        raise ValueError(f"guard must be one of {GUARDS}, got {guard!r}")
     if solver != "scipy":
         resolve_batch_size(batch_size)  # bad values fail before any packing
     count = len(problems)
@@ -421,10 +448,29 @@ def fit_batch(problems: Sequence[tuple], *, lambda_inv=DEFAULT_LAMBDA_INV, tau=N
             fits = fit_batch([problems[k] for k in idx], lambda_inv=[lams[k] for k in idx],
                              tau=[taus[k] for k in idx], solver=solver, sc_star=sc_star,
                              dtype=dtype, options=options, bucketed=bucketed,
-                             batch_size=batch_size)
+                             batch_size=batch_size, guard=guard)
             for k, f in zip(idx, fits):
                 out[k] = f
         return out
+    if guard == "bias_only" and not sc_star and count:
+        for j, prob in enumerate(problems):  # bad input fails here, before any solve
+            if len(prob) != 3:
+                raise ValueError(f"problem {j} must be (features, labels, query_ids)")
+            _check_problem(*prob, where=str(j))
+        flagged = [below_chance(base_accuracy(np.asarray(p[0]), np.asarray(p[1])),
+                                np.shape(p[0])[-1] + 1) for p in problems]
+        if any(flagged):
+            out = [None] * count
+            common = dict(solver=solver, dtype=dtype, options=options, bucketed=bucketed,
+                          batch_size=batch_size)
+            for star in (False, True):
+                idx = [j for j in range(count) if flagged[j] == star]
+                if idx:
+                    fits = fit_batch([problems[j] for j in idx], lambda_inv=[lams[j] for j in idx],
+                                     tau=[taus[j] for j in idx], sc_star=star, **common)
+                    for j, f in zip(idx, fits):
+                        out[j] = dataclasses.replace(f, guarded=True) if star else f
+            return out
     dtype = _dtype(jnp.float64 if solver == "scipy" else dtype)
     with jax.enable_x64(dtype == jnp.float64):
         if bucketed and solver != "scipy":

@@ -121,7 +121,8 @@ def _run_config(args):
         test_seed=None if args.per_seed_test_sets else args.test_seed,
         shots=tuple(args.shots), seeds=seeds, methods=tuple(args.methods.split(",")),
         test_size=args.test_size, mode=args.mode, max_size=args.max_size,
-        lambda_inv=args.lambda_inv, tau=args.tau, solver=args.solver, budget=args.budget,
+        lambda_inv=args.lambda_inv, tau=args.tau, guard=args.guard, solver=args.solver,
+        budget=args.budget,
         m_cap=args.m_cap, size_weighting=args.size_weighting,
         mesh_devices=(args.mesh or (None, 1))[0] or None, mesh_model=(args.mesh or (None, 1))[1],
         max_tokens_per_batch=args.max_tokens_per_batch, device_memory=args.device_memory)
@@ -210,7 +211,8 @@ def _ablate(args) -> int:
     from sc_jax.ablation import ablate, diagnose, write_ablation
 
     rows = ablate(args.dir, lambda_invs=_lambda_grid(args.lambda_inv),
-                  m_values=tuple(args.m_values), solver=args.solver, progress=not args.quiet)
+                  m_values=tuple(args.m_values), solver=args.solver, guard=args.guard,
+                  progress=not args.quiet)
     diag = diagnose(args.dir, solver=args.solver)
     out = args.out or str(Path(args.dir) / "ablation")
     files = write_ablation(rows, out, diagnostics=diag)
@@ -278,6 +280,10 @@ def _add_run_options(r) -> None:
                    help="invariance weight (default: the calibrators' documented default)")
     r.add_argument("--tau", type=float, default=None,
                    help="trust-region cosine (default: the paper's schedule from in-sample accuracy)")
+    r.add_argument("--guard", default="none", choices=["none", "bias_only"],
+                   help="none: SC as the paper fits it; bias_only: SC* (w = 1) for a size whose "
+                        "surrogate data the LLM scores below chance (a deviation; README, "
+                        "'Defaults')")
     r.add_argument("--solver", default="augmented_lagrangian",
                    choices=["augmented_lagrangian", "projected", "scipy"])
     r.add_argument("--budget", type=int, default=5000,
@@ -329,7 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("dir")
     rp.set_defaults(fn=_report)
     a = sub.add_parser("ablate", help="refit SC from DIR's saved scores (no model, no forward "
-                                      "pass): lambda_inv x trust region, SC-N, m_i, single sizes",
+                                      "pass): lambda_inv x trust region, SC-N, m_i, single sizes, guard",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     a.add_argument("dir", help="output directory of a finished `sc-jax run`")
     a.add_argument("--lambda-inv", nargs="+", default=["0", "run", "1", "paper"],
@@ -339,6 +345,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="test-time sub-contexts per size, up to what the run scored")
     a.add_argument("--solver", default=None, choices=["augmented_lagrangian", "projected", "scipy"],
                    help="default: the run's")
+    a.add_argument("--guard", default=None, choices=["none", "bias_only"],
+                   help="the guard of every study but the guard study (default: the run's)")
     a.add_argument("--out", default=None, help="default: DIR/ablation")
     a.add_argument("--quiet", action="store_true")
     a.set_defaults(fn=_ablate)

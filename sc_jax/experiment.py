@@ -65,6 +65,9 @@ class RunConfig:
     max_size: int = 5  # sizes i = 1..min(max_size, k-1)
     lambda_inv: float | None = None  # None: the calibrators' documented default
     tau: float | None = None  # None: the paper's schedule from in-sample accuracy
+    # "none": SC as the paper fits it; "bias_only": SC* for a size whose surrogate
+    # data the LLM scores below chance (sc_jax.calibrators.fit_batch).
+    guard: str = "none"
     solver: str = "augmented_lagrangian"
     budget: int | None = 5000  # surrogate (context, query) pairs per size
     m_cap: int = 24
@@ -92,6 +95,10 @@ class RunConfig:
             raise ValueError(f"tau must lie in [-1, 1], got {self.tau}")
         if self.lambda_inv is not None and self.lambda_inv < 0:
             raise ValueError(f"lambda_inv must be >= 0, got {self.lambda_inv}")
+        from .calibrators import GUARDS
+
+        if self.guard not in GUARDS:
+            raise ValueError(f"guard must be one of {GUARDS}, got {self.guard!r}")
         if self.size_weighting not in ("uniform", "reference"):
             raise ValueError("size_weighting must be 'uniform' (paper) or 'reference' (code)")
         if not self.datasets:
@@ -343,13 +350,14 @@ def run_experiment(config: RunConfig, out_dir, *, progress: bool = True) -> Resu
             for method, star in (("sc", False), ("sc_star", True)):
                 if method in config.methods:
                     res = fit_batch(problems, lambda_inv=lam, tau=config.tau, solver=config.solver,
-                                    sc_star=star)
+                                    sc_star=star, guard=config.guard)
                     fits[method] = dict(zip(keys, res))
                     for (seed, i), r in zip(keys, res):
                         params.append(dict(dataset=name, shots=k, seed=seed, size=i, method=method,
                                            b=r.b.tolist(), w=r.w.tolist(), status=r.status.name,
                                            tau=r.tau, lambda_inv=r.lambda_inv, objective=r.objective,
-                                           base_accuracy=r.base_accuracy, rows=r.num_rows))
+                                           base_accuracy=r.base_accuracy, rows=r.num_rows,
+                                           guarded=r.guarded))
             timing["fitting_s"] += time.perf_counter() - t
             for seed in config.seeds:
                 s = scores[seed]

@@ -221,3 +221,30 @@ def test_bucketed_equals_padded():
         assert abs(a.objective - b.objective) <= 1e-10 * abs(b.objective)
     for (x, _, _), a, b in zip(problems, bucketed, padded):
         np.testing.assert_allclose(a.predict_proba(x), b.predict_proba(x), atol=1e-6)
+
+
+def test_guard_fits_bias_only_where_the_surrogate_data_are_below_chance():
+    """guard="bias_only": a size whose surrogate data the LLM scores below chance
+    (here 2 of 12 rows right, a model oriented against the labels) is fitted as SC*
+    and marked guarded; a size above chance is fitted as the paper does, unchanged."""
+    rng = np.random.default_rng(3)
+    y = np.repeat([0, 1], 6)
+    q = np.tile(np.arange(4), 3)
+    against = ((1.0 - 2.0 * y) * rng.uniform(0.5, 2.0, 12))[:, None]  # sign opposite to y
+    against[:2] *= -1.0  # two rows right: accuracy 2/12, below 1/2
+    along = -against
+    assert calibrators.below_chance(calibrators.base_accuracy(against, y), 2)
+    assert not calibrators.below_chance(calibrators.base_accuracy(along, y), 2)
+    problems = [(against, y, q), (along, y, q)]
+    paper = fit_batch(problems)
+    guarded = fit_batch(problems, guard="bias_only")
+    star = fit_batch(problems, sc_star=True)
+    assert paper[0].w[0] < 0 and not paper[0].guarded  # the paper's SC reverses the model
+    assert guarded[0].guarded and guarded[0].sc_star and guarded[0].w[0] == 1.0
+    # The same SC* problem solved in another batch: float32, solver tol 1e-6 -> 1e-5.
+    np.testing.assert_allclose(guarded[0].b, star[0].b, atol=1e-5)
+    assert not guarded[1].guarded and not guarded[1].sc_star
+    np.testing.assert_allclose(guarded[1].b, paper[1].b, atol=1e-5)
+    np.testing.assert_allclose(guarded[1].w, paper[1].w, atol=1e-5)
+    with pytest.raises(ValueError, match="guard must be one of"):
+        fit_batch(problems, guard="always")

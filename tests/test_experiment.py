@@ -45,6 +45,8 @@ def test_run_config_rejects_bad_input():
         RunConfig(methods=("sc", "magic"))
     with pytest.raises(ValueError, match="tau"):
         RunConfig(tau=2.0)
+    with pytest.raises(ValueError, match="guard must be one of"):
+        RunConfig(guard="always")
     with pytest.raises(ValueError, match="shots"):
         RunConfig(shots=(1,))
     with pytest.raises(ValueError, match="not among the datasets"):

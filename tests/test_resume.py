@@ -83,12 +83,17 @@ def test_killed_run_resumes_identically(config, tmp_path, monkeypatch, capsys):
     # The run's own settings reproduce its SC numbers in every study.
     sc = {r["seed"]: r["accuracy"] for r in reference.rows if r["method"] == "sc"}
     base = {r["seed"]: r["accuracy"] for r in reference.rows if r["method"] == "base"}
+    star = {r["seed"]: r["accuracy"] for r in reference.rows if r["method"] == "sc_star"}
     run_lam = reference.data["lambda_inv"]
     for seed in (0, 1):
         mine = {r["setting"]: r["accuracy"] for r in rows if r["seed"] == seed}
         assert mine[f"lambda_inv={float(run_lam)}, trust region on"] == sc[seed]
         assert mine["SC-2"] == sc[seed] and mine["m=2"] == sc[seed]  # sizes 1..2, m_cap 2
         assert mine["uncalibrated"] == base[seed]
+        # The run has no guard: the guard study's paper row is its SC, its last row SC*.
+        assert mine["paper (no guard)"] == sc[seed]
+        assert mine["SC* at every size"] == star[seed]
+        assert "guard: SC* where below chance" in mine
         assert "m=4" not in mine and {"SC_1", "SC_2", "m=1"} <= set(mine)
     # lambda_inv "paper" is 10 P / N per problem: 4 queries x 3 contexts of size 1.
     assert ablation.paper_lambda_inv(np.repeat(np.arange(4), 3)) == 10.0 * 12 / 12
