@@ -13,8 +13,9 @@ in ``DIR/scores/`` (:func:`sc_jax.experiment.save_scores`). From them
   ("trust region only") and both.
 * ``sc_n``: the ensemble over sizes 1..N, N = 1..max size (the paper's context-size
   figure; SC-5 is SC).
-* ``m_i``: the first m of the m_i sampled test-time sub-contexts of every size, for
-  m in ``m_values`` up to what the run scored (the paper's m_i figure).
+* ``m_i``: m of the m_i sampled test-time sub-contexts of every size, a uniformly
+  random subset (:func:`context_subset`; nested: the m = 2 subset contains the m = 1
+  one), for m in ``m_values`` up to what the run scored (the paper's m_i figure).
 * ``single_size``: each size i alone (SC_i).
 * ``guard``: what SC does with sizes whose surrogate data the LLM scores below
   chance: nothing (the paper), the guard (SC* for those sizes,
@@ -45,6 +46,17 @@ PAPER_LAMBDA = 10.0
 M_VALUES = (1, 2, 4, 8, 16, 24)
 ROW_FIELDS = ("dataset", "shots", "seed", "study", "setting", "lambda_inv", "trust_region",
               "sizes", "m", "accuracy", "macro_f1")
+
+
+def context_subset(m_i: int, m: int, seed: int, size: int) -> np.ndarray:
+    """Indices of m of the m_i test-time sub-contexts a run scored for one (seed,
+    size), uniformly at random and nested in m (a prefix of one fixed permutation).
+
+    The run stores its sampled sub-contexts in lexicographic order (so that shared
+    prefixes sit together for the engine), so its first m are not a uniform sample:
+    at size 2 they mostly begin with the first demonstration."""
+    order = np.random.default_rng([seed, size, 2024]).permutation(m_i)
+    return np.sort(order[:min(m, m_i)])
 
 
 def paper_lambda_inv(query_ids, weight: float = PAPER_LAMBDA) -> float:
@@ -134,7 +146,8 @@ def ablate(run_dir, *, lambda_invs=(0.0, None, 1.0, "paper"), m_values=M_VALUES,
 
         def score(seed, fits, use_sizes, m=None):
             s = per_seed[seed]
-            feats = [log_odds(s.test[i][:m] if m else s.test[i]) for i in use_sizes]
+            feats = [log_odds(s.test[i][context_subset(s.test[i].shape[0], m, seed, i)]
+                              if m else s.test[i]) for i in use_sizes]
             pred = predict_proba([fits[(seed, i)] for i in use_sizes], feats,
                                  size_weights=weighting).argmax(-1)
             n = s.base.shape[-1]
@@ -203,7 +216,7 @@ def diagnose(run_dir, *, solver: str | None = None, dtype: str = "float32") -> l
         class; test_class_share: the same for the test queries, whose sub-contexts
         come from all k: n_y / k. A model that copies the labels in its context sees
         the held-out class under-represented in the surrogate data only.
-    tau, mean_w, status, sc_size_accuracy: the run's SC fit of that size (its tau
+    tau, mean_w, status, sc_size_accuracy: SC fitted as the paper does (no guard; its tau
         from the schedule, mean slope, solver status) and its test accuracy alone.
     """
     from . import metrics

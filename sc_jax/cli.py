@@ -280,10 +280,10 @@ def _add_run_options(r) -> None:
                    help="invariance weight (default: the calibrators' documented default)")
     r.add_argument("--tau", type=float, default=None,
                    help="trust-region cosine (default: the paper's schedule from in-sample accuracy)")
-    r.add_argument("--guard", default="none", choices=["none", "bias_only"],
+    r.add_argument("--guard", default="bias_only", choices=["none", "bias_only"],
                    help="none: SC as the paper fits it; bias_only: SC* (w = 1) for a size whose "
-                        "surrogate data the LLM scores below chance (a deviation; README, "
-                        "'Defaults')")
+                        "surrogate data the LLM scores below chance (a deviation from the "
+                        "paper, chosen on development tasks; README, 'Defaults')")
     r.add_argument("--solver", default="augmented_lagrangian",
                    choices=["augmented_lagrangian", "projected", "scipy"])
     r.add_argument("--budget", type=int, default=5000,

@@ -42,6 +42,11 @@ import numpy as np
 from .data import DEFAULT_TEST_SEED
 
 METHODS = ("base", "cc", "dc", "bc", "sc_star", "sc")
+# The run's guard (sc_jax.calibrators.fit_batch): SC* for a size whose surrogate data
+# the LLM scores below chance. A deviation from the paper, chosen on the development
+# tasks (Rotten Tomatoes, SST-2, AG News; seeds 100-104; README "Defaults"), where the
+# paper's fit reverses the LLM at those sizes; guard="none" is the paper's SC.
+DEFAULT_GUARD = "bias_only"
 LABEL_MODES = ("first_token", "sequence")
 
 
@@ -67,7 +72,7 @@ class RunConfig:
     tau: float | None = None  # None: the paper's schedule from in-sample accuracy
     # "none": SC as the paper fits it; "bias_only": SC* for a size whose surrogate
     # data the LLM scores below chance (sc_jax.calibrators.fit_batch).
-    guard: str = "none"
+    guard: str = DEFAULT_GUARD
     solver: str = "augmented_lagrangian"
     budget: int | None = 5000  # surrogate (context, query) pairs per size
     m_cap: int = 24
@@ -370,6 +375,11 @@ def run_experiment(config: RunConfig, out_dir, *, progress: bool = True) -> Resu
                                      macro_f1=metrics.macro_f1(s.y_test, pred, num_classes=n),
                                      ece=metrics.expected_calibration_error(p, s.y_test)))
     timing["total_s"] = time.perf_counter() - t_start
+    sc_fits = [p for p in params if p["method"] == "sc"]
+    guarded = [p for p in sc_fits if p["guarded"]]
+    if guarded:
+        notes.append(f"SC: the guard fitted SC* at {len(guarded)} of {len(sc_fits)} (dataset, k, "
+                     "seed, size), where the LLM scored its surrogate data below chance")
     failed = [p for p in params if p["status"] != "CONVERGED"]
     if failed:
         notes.append(f"{len(failed)} of {len(params)} fits did not report convergence "

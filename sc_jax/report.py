@@ -100,7 +100,8 @@ def markdown_tables(results: dict) -> str:
     cfg = results["config"]
     out = [f"# Results: {cfg['model']}", "",
            f"Seeds {cfg['seeds']}, test size {cfg['test_size']}, mode {cfg['mode']}, "
-           f"solver {cfg['solver']}, lambda_inv {results.get('lambda_inv', cfg.get('lambda_inv'))}. "
+           f"solver {cfg['solver']}, lambda_inv {results.get('lambda_inv', cfg.get('lambda_inv'))}, "
+           f"guard {cfg.get('guard', 'none')}. "
            "Cells: mean ± std over seeds (in %).", ""]
     for metric, title in (("macro_f1", "Macro-F1"), ("accuracy", "Accuracy")):
         for k in shots:

@@ -90,10 +90,12 @@ def test_killed_run_resumes_identically(config, tmp_path, monkeypatch, capsys):
         assert mine[f"lambda_inv={float(run_lam)}, trust region on"] == sc[seed]
         assert mine["SC-2"] == sc[seed] and mine["m=2"] == sc[seed]  # sizes 1..2, m_cap 2
         assert mine["uncalibrated"] == base[seed]
-        # The run has no guard: the guard study's paper row is its SC, its last row SC*.
-        assert mine["paper (no guard)"] == sc[seed]
+        # The run has the default guard: the guard study's guard row is its SC, its
+        # last row SC*.
+        assert reference.data["config"]["guard"] == "bias_only"
+        assert mine["guard: SC* where below chance"] == sc[seed]
         assert mine["SC* at every size"] == star[seed]
-        assert "guard: SC* where below chance" in mine
+        assert "paper (no guard)" in mine
         assert "m=4" not in mine and {"SC_1", "SC_2", "m=1"} <= set(mine)
     # lambda_inv "paper" is 10 P / N per problem: 4 queries x 3 contexts of size 1.
     assert ablation.paper_lambda_inv(np.repeat(np.arange(4), 3)) == 10.0 * 12 / 12
@@ -127,3 +129,20 @@ def test_skips_when_classes_exceed_shots(config, tmp_path):
     cfg.update(datasets=("financial_phrasebank",), data_files=(("financial_phrasebank", str(path)),))
     res = run_experiment(RunConfig(**cfg), tmp_path / "run", progress=False)
     assert res.rows == [] and "3 classes > 2 demonstrations" in res.data["notes"][0]
+
+
+def test_m_study_subsets_are_uniform_and_nested():
+    """The m_i ablation keeps m of the m_i scored sub-contexts. Those are stored in
+    lexicographic order, so the subset must be random: over many seeds every one of
+    the 8 is kept about equally often (a first-m rule keeps indices 0 and 1 only)."""
+    from sc_jax.ablation import context_subset
+
+    counts = np.zeros(8)
+    for seed in range(400):
+        two = context_subset(8, 2, seed, size=2)
+        assert len(set(two)) == 2 and set(two) <= set(context_subset(8, 4, seed, size=2))
+        counts[two] += 1
+    # Each index is kept with probability 1/4: 100 of 400 expected, binomial sd 8.7;
+    # 55..145 is more than 5 sd either side.
+    assert counts.min() > 55 and counts.max() < 145
+    np.testing.assert_array_equal(context_subset(4, 8, 0, size=1), np.arange(4))
