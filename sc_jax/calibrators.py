@@ -421,7 +421,7 @@ def fit_batch(problems: Sequence[tuple], *, lambda_inv=DEFAULT_LAMBDA_INV, tau=N
     guard: "none" (the paper) or "bias_only": problems whose surrogate in-sample
         accuracy is below chance (:func:`below_chance`) are fitted as SC* (bias only,
         w = 1) and marked ``guarded``; the others as asked. A deviation from the paper
-        (README, "Defaults"); ignored for ``sc_star=True``.
+        (README, "Real data"); ignored for ``sc_star=True``.
     Returns one :class:`FitResult` per problem, in order. Solver failures are reported
     in ``status``, never raised; bad input raises ValueError before any solve.
     """

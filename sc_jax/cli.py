@@ -283,7 +283,7 @@ def _add_run_options(r) -> None:
     r.add_argument("--guard", default="bias_only", choices=["none", "bias_only"],
                    help="none: SC as the paper fits it; bias_only: SC* (w = 1) for a size whose "
                         "surrogate data the LLM scores below chance (a deviation from the "
-                        "paper, chosen on development tasks; README, 'Defaults')")
+                        "paper, chosen on development tasks; README, 'Real data')")
     r.add_argument("--solver", default="augmented_lagrangian",
                    choices=["augmented_lagrangian", "projected", "scipy"])
     r.add_argument("--budget", type=int, default=5000,
