@@ -44,7 +44,7 @@ from .data import DEFAULT_TEST_SEED
 METHODS = ("base", "cc", "dc", "bc", "sc_star", "sc")
 # The run's guard (sc_jax.calibrators.fit_batch): SC* for a size whose surrogate data
 # the LLM scores below chance. A deviation from the paper, chosen on the development
-# tasks (Rotten Tomatoes, SST-2, AG News; seeds 100-102; README "Real data"), where the
+# tasks (Rotten Tomatoes, SST-2, AG News; seeds 100-104; README "Real data"), where the
 # paper's fit reverses the LLM at those sizes; guard="none" is the paper's SC.
 DEFAULT_GUARD = "bias_only"
 LABEL_MODES = ("first_token", "sequence")
