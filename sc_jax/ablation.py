@@ -191,7 +191,9 @@ def ablate(run_dir, *, lambda_invs=(0.0, None, 1.0, "paper"), m_values=M_VALUES,
                 if m <= scored:
                     add(seed, "m_i", f"m={m}", score(seed, default_fits, sizes, m=m), m=m)
         for label, guard, star in GUARD_SETTINGS:
-            fits = fit(None, config.get("tau"), guard=guard, sc_star=star)
+            # The run's own setting was fitted above; the others are fitted here.
+            fits = (default_fits if (guard, star) == (run_guard, False)
+                    else fit(None, config.get("tau"), guard=guard, sc_star=star))
             for seed in seeds:
                 add(seed, "guard", label, score(seed, fits, sizes), sizes=len(sizes))
     return rows
