@@ -471,7 +471,9 @@ def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = F
         snorm = jnp.linalg.norm(s.trial - s.x)
         radius = jnp.where(
             first, s.radius,
-            jnp.where(~finite | (~tiny & (ratio < 0.25)), 0.25 * snorm,
+            # Every rejected step shrinks the radius (a step rejected below the
+            # rounding threshold too: else the same trial comes back forever).
+            jnp.where(~accept | (~tiny & (ratio < 0.25)), 0.25 * snorm,
                       jnp.where((ratio > 0.75) & ~s.interior,
                                 jnp.minimum(2.0 * s.radius, options.radius_max), s.radius)))
         radius = jnp.maximum(radius, tiny_)

@@ -298,6 +298,29 @@ def test_separable_infeasible_direction_does_not_run_off():
     assert abs(f32.objective - f64.objective) <= 1e-4 * f64.objective
 
 
+def test_rejected_step_below_rounding_shrinks_the_radius():
+    # A real surrogate problem (SmolLM2-135M, SST-2, k = 4, seed 102, size 1: 12
+    # rows) whose optimum is the apex theta = 0 (the LLM is anti-informative there and
+    # tau = cos 90 deg). float32 reaches a point where the step's predicted decrease
+    # is below the rounding of f (100 eps |L_A|) and the step is rejected: the radius
+    # did not shrink then, the same trial came back every pass, and the fit ended
+    # MAX_ITERATIONS after 200. Each rejection now shrinks the radius.
+    x = np.array([-2.6642838, -2.1440563, 1.7712517, -2.2794876, -1.3384476, 1.7430305,
+                  1.1588364, 2.616272, 2.261942, 2.9940777, 3.4085026, 2.6681194])[:, None]
+    y = np.array([0, 1, 1, 0, 1, 1, 0, 0, 1, 0, 0, 1])
+    g = np.array([1, 2, 3, 0, 2, 3, 0, 1, 3, 0, 1, 2])
+    acc = calibrators.base_accuracy(x, y)
+    tau = calibrators.tau_from_accuracy(acc, 2)
+    assert 0.5 <= acc < 0.7 and abs(tau) < 1e-15
+    f64 = calibrators.fit(x, y, g, tau=tau, dtype="float64")
+    assert f64.status == Status.CONVERGED and np.hypot(f64.b, f64.w).max() < 1e-6
+    f32 = calibrators.fit(x, y, g, tau=tau)
+    assert f32.status == Status.CONVERGED and f32.violation <= 1e-6
+    # Within 1e-4 of the float64 optimum (float32 tolerances: 1e-5 on the gradient,
+    # 1e-6 on the cosine; f is O(1)).
+    assert abs(f32.objective - f64.objective) <= 1e-4 * f64.objective
+
+
 def test_separable_along_the_identity_is_unbounded(x64):
     # Every class's log-odds separate the labels perfectly (the base model is 100%
     # right in-sample), so scaling w along the identity keeps the constraint and
@@ -446,7 +469,8 @@ def family_fits():
     lams = [inst[3] for _, _, inst in FAMILY_SUBSET]
     taus = [inst[4] for _, _, inst in FAMILY_SUBSET]
     # One fit_batch per dtype for the whole subset (float64 enables x64 for the solve).
-    return {dtype: calibrators.fit_batch(problems, lambda_inv=lams, tau=taus, dtype=dtype)
+    return {dtype: calibrators.fit_batch(problems, lambda_inv=lams, tau=taus, dtype=dtype,
+                                         bucketed=False)
             for dtype in ("float64", "float32")}
 
 
