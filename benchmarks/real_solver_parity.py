@@ -56,7 +56,10 @@ def main(argv=None):
     p.add_argument("--lambda-inv", type=float, default=calibrators.DEFAULT_LAMBDA_INV)
     p.add_argument("--out", default="bench_out/real_solver_parity.json")
     args = p.parse_args(argv)
-    items = problems_of_run(args.run_dir)
+    try:
+        items = problems_of_run(args.run_dir)
+    except (FileNotFoundError, ValueError) as err:
+        p.error(str(err))
     keys, probs = [k for k, _ in items], [p for _, p in items]
     print(f"jax {jax.__version__} on {jax.default_backend()}, {platform.machine()}; "
           f"{len(probs)} problems from {args.run_dir}", flush=True)

@@ -170,6 +170,9 @@ def main(argv=None):
                    help="earlier sweeps' output: reuse their best SciPy objective for the "
                         "instances they hold (only the JAX solvers are rerun)")
     args = p.parse_args(argv)
+    missing = [r for r in args.reference if not Path(r).is_file()]
+    if missing:
+        p.error(f"--reference: no such file: {', '.join(missing)}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     print(f"jax {jax.__version__} on {jax.default_backend()}, {platform.machine()}", flush=True)
