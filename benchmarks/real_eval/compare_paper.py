@@ -1,0 +1,104 @@
+"""This project's runs beside the paper's 7B tables, in the paper's shape.
+
+One block of rows per model: Base, CC, DC, BC, SC* (ours only; the paper's main tables
+have no SC* row) and SC, as mean ± s.d. over seeds in %, one column per task in the
+paper's order, and Avg over the columns shown. The paper's blocks are recomputed from
+its cells over the same tasks, so that every Avg in the table averages the same
+columns (`paper_tables.py` lists where the paper's own Avg differs from its cells).
+The best method of each block and column is in bold.
+
+  python benchmarks/real_eval/compare_paper.py benchmarks/real_eval/smollm2-135m/k4 \\
+      benchmarks/real_eval/qwen2.5-0.5b/k4 --shots 4 --out comparison_k4.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from sc_jax.report import load_results, summarize  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+OURS = ("base", "cc", "dc", "bc", "sc_star", "sc")
+LABELS = {"base": "Base", "cc": "CC", "dc": "DC", "bc": "BC", "sc_star": "SC*", "sc": "SC"}
+
+
+def blocks(run_dirs, paper: dict, shots: int, metric: str):
+    """([task], [(model, {method: {task: (mean, sd or None)}})]) for the runs, then
+    the paper's models, over the paper's tasks (in its order) that some run has."""
+    ours = []
+    for run in run_dirs:
+        res = load_results(run)
+        summary = summarize(res["rows"])
+        model = res["config"].get("model", str(run))
+        cells = {}
+        for (task, k, method), stats in summary.items():
+            if k == shots:
+                mean, sd, _ = stats[metric]
+                cells.setdefault(method, {})[task] = (100 * mean, 100 * sd)
+        if not cells:
+            raise ValueError(f"{run}: no results at k = {shots}")
+        ours.append((f"{model} ({Path(run).name})", cells))
+    key = f"{metric}_k{shots}"
+    if key not in paper:
+        raise ValueError(f"the paper has no {metric} table at k = {shots} "
+                         f"(it has {', '.join(paper)})")
+    paper_order = list(next(iter(paper[key].values()))["sc"])
+    present = {t for _, cells in ours for v in cells.values() for t in v}
+    tasks = [t for t in paper_order if t in present]
+    theirs = [(f"{model} 7B (paper)",
+               {m: {t: (v["mean"], v["sd"]) for t, v in per_task.items()}
+                for m, per_task in methods.items()})
+              for model, methods in paper[key].items()]
+    return tasks, ours + theirs
+
+
+def markdown(tasks, rows, metric: str, shots: int) -> str:
+    head = f"| Model | Method | Avg | {' | '.join(tasks)} |"
+    out = [f"{metric.replace('_', '-')} (%), k = {shots}", "", head,
+           "|" + "---|" * (len(tasks) + 3)]
+    for model, cells in rows:
+        methods = [m for m in OURS if m in cells]
+        best = {t: max((cells[m][t][0] for m in methods if t in cells[m]), default=None)
+                for t in tasks}
+        for m in methods:
+            vals = [cells[m].get(t) for t in tasks]
+            shown = [v[0] for v in vals if v is not None]
+            avg = f"{statistics.mean(shown):.1f}" if len(shown) == len(tasks) else "-"
+            strs = []
+            for t, v in zip(tasks, vals):
+                if v is None:
+                    strs.append("-")
+                    continue
+                s = f"{v[0]:.1f}" + ("" if v[1] is None else f" ± {v[1]:.1f}")
+                strs.append(f"**{s}**" if v[0] == best[t] else s)
+            out.append(f"| {model} | {LABELS[m]} | {avg} | {' | '.join(strs)} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("runs", nargs="+", help="output directories of `sc-jax run`")
+    p.add_argument("--shots", type=int, default=4)
+    p.add_argument("--metric", choices=("macro_f1", "accuracy"), default="macro_f1")
+    p.add_argument("--paper", default=str(HERE / "paper_7b_tables.json"))
+    p.add_argument("--out", help="also write the table to this Markdown file")
+    args = p.parse_args(argv)
+    try:
+        paper = json.loads(Path(args.paper).read_text())
+        tasks, rows = blocks(args.runs, paper, args.shots, args.metric)
+    except (FileNotFoundError, ValueError) as err:
+        p.error(str(err))
+    text = markdown(tasks, rows, args.metric, args.shots)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+
+
+if __name__ == "__main__":
+    main()
