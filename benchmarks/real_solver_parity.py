@@ -30,8 +30,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from sc_jax import calibrators, solvers  # noqa: E402
-from sc_jax.ablation import _load_run  # noqa: E402
-from sc_jax.scoring import log_odds  # noqa: E402
+from sc_jax.ablation import _load_run, surrogate_problems  # noqa: E402
 from sweep_solver import GAP32, GAP64  # noqa: E402
 from bench_solver import _sp_problem  # noqa: E402
 
@@ -42,11 +41,9 @@ def problems_of_run(run_dir):
     _, runs = _load_run(Path(run_dir))
     out = []
     for (name, k), per_seed in runs.items():
-        for seed, s in sorted(per_seed.items()):
-            for size in sorted(s.surrogate):
-                f, y, q = s.surrogate[size]
-                out.append(((name, k, seed, size), (np.asarray(log_odds(f)), np.asarray(y),
-                                                    np.asarray(q))))
+        keys, problems = surrogate_problems(per_seed)
+        out += [((name, k, seed, size), tuple(np.asarray(a) for a in prob))
+                for (seed, size), prob in zip(keys, problems)]
     return out
 
 

@@ -98,6 +98,20 @@ def _load_run(run_dir: Path):
     return results, runs
 
 
+def surrogate_problems(per_seed: dict) -> tuple[list, list]:
+    """The SC fitting problems of one (dataset, k) of a run, from its saved scores:
+    ``per_seed`` maps seed -> scores (:func:`sc_jax.experiment.load_scores`). Returns
+    ``keys [(seed, size)]`` and ``problems [(log-odds [N, n-1], labels [N],
+    query_ids [N])]`` in the same order, seeds and sizes ascending."""
+    from .scoring import log_odds
+
+    seeds = sorted(per_seed)
+    keys = [(seed, i) for seed in seeds for i in sorted(per_seed[seeds[0]].surrogate)]
+    problems = [(log_odds(per_seed[seed].surrogate[i][0]), per_seed[seed].surrogate[i][1],
+                 per_seed[seed].surrogate[i][2]) for seed, i in keys]
+    return keys, problems
+
+
 def ablate(run_dir, *, lambda_invs=(0.0, None, 1.0, "paper"), m_values=M_VALUES,
            solver: str | None = None, dtype: str = "float32", guard: str | None = None,
            progress: bool = False) -> list[dict]:
@@ -131,11 +145,8 @@ def ablate(run_dir, *, lambda_invs=(0.0, None, 1.0, "paper"), m_values=M_VALUES,
     for (name, k), per_seed in runs.items():
         if progress:
             print(f"[ablate {name} k={k}] {len(per_seed)} seeds", file=sys.stderr, flush=True)
-        seeds = sorted(per_seed)
-        sizes = sorted(per_seed[seeds[0]].surrogate)
-        keys = [(seed, i) for seed in seeds for i in sizes]
-        problems = [(log_odds(per_seed[seed].surrogate[i][0]), per_seed[seed].surrogate[i][1],
-                     per_seed[seed].surrogate[i][2]) for seed, i in keys]
+        keys, problems = surrogate_problems(per_seed)
+        seeds, sizes = sorted(per_seed), sorted({i for _, i in keys})
 
         def fit(lam, tau, guard=run_guard, sc_star=False):
             lams = [paper_lambda_inv(q) if lam == "paper" else (run_lambda if lam is None else lam)
@@ -231,11 +242,7 @@ def diagnose(run_dir, *, solver: str | None = None, dtype: str = "float32") -> l
     solver = solver or config.get("solver", "augmented_lagrangian")
     rows = []
     for (name, k), per_seed in runs.items():
-        seeds = sorted(per_seed)
-        sizes = sorted(per_seed[seeds[0]].surrogate)
-        keys = [(seed, i) for seed in seeds for i in sizes]
-        problems = [(log_odds(per_seed[seed].surrogate[i][0]), per_seed[seed].surrogate[i][1],
-                     per_seed[seed].surrogate[i][2]) for seed, i in keys]
+        keys, problems = surrogate_problems(per_seed)
         fits = dict(zip(keys, fit_batch(problems, lambda_inv=lam, tau=config.get("tau"),
                                         solver=solver, dtype=dtype)))
         for (seed, i), (feats, y, q) in zip(keys, problems):
