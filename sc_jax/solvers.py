@@ -293,9 +293,20 @@ def trust_region_step(g: Array, H: Array, radius: Array) -> tuple[Array, Array]:
 
 
 def _not_attained(x: Array, f: Array, hess: Array, fun, feasible, n1: int, *,
-                  converged: Array, tol: float) -> Array:
+                  converged: Array, tol: float, doublings: int = 12,
+                  follow_rtol: float = 1e-6) -> tuple[Array, Array, Array]:
     """Whether f decreases when theta (or one class's (b_c, w_c)) is scaled by 2, and
-    does not rise again when it is scaled by 4.
+    does not rise again when it is scaled by 4; with the point to report.
+
+    Returns ``(not_attained, x_out, f_out)``. Where the infimum is not attained, the
+    run-off is followed along the ray that fell furthest: the scale keeps doubling
+    (up to 2^``doublings``) while each doubling lowers f by more than
+    ``follow_rtol`` |f| and stays feasible, and the last such point is returned. A
+    solve that stopped early in the slow valley of a run-off (in float32, where the
+    Newton steps' predicted decreases fall below its rounding long before f is near
+    its infimum) then reports a point whose f is as close to the infimum along the
+    ray as float64's; falls below ``follow_rtol`` (a class that has saturated) move
+    nothing. ``x_out, f_out = x, f`` otherwise.
 
     Scaling leaves every cosine unchanged (up to the O(eps^2) smoothing), so the rays
     are feasible. At a minimiser f rises along every ray (or, at theta_c = 0, stays
@@ -337,10 +348,29 @@ def _not_attained(x: Array, f: Array, hess: Array, fun, feasible, n1: int, *,
         # whose minimum lies between 2x and 4x would need f(2x) = f(4x) to 100 eps
         # by coincidence).
         r = 100.0 * jnp.finfo(x.dtype).eps
-        falls = (fs[:, 0] < f * (1.0 - r)) & (fs[:, 1] <= fs[:, 0] * (1.0 + r))
-        return jnp.any(ok & falls)
+        falls = ok & (fs[:, 0] < f * (1.0 - r)) & (fs[:, 1] <= fs[:, 0] * (1.0 + r))
+        flag = jnp.any(falls)
+        k = jnp.argmin(jnp.where(falls, fs[:, 1], jnp.inf))
+        ray = rays[k]
 
-    return jax.lax.cond(gate, test, lambda: jnp.asarray(False))
+        def double(carry, j):
+            z, fz, alive = carry
+            zj = x + (2.0 ** j - 1.0) * ray
+            fj = fun(zj)
+            alive = alive & (fj < fz * (1.0 - follow_rtol)) & feasible(zj)
+            return (jnp.where(alive, zj, z), jnp.where(alive, fj, fz), alive), None
+
+        # From 2x (the first fall, known to be feasible); 4x is evaluated again so
+        # that every step of the chain is judged the same way.
+        z0 = jnp.where(flag, x + ray, x)
+        f0 = jnp.where(flag, fs[k, 0], f)
+        alive0 = flag & (fs[k, 0] < f * (1.0 - follow_rtol))
+        z0, f0 = jnp.where(alive0, z0, x), jnp.where(alive0, f0, f)
+        (z, fz, _), _ = jax.lax.scan(double, (z0, f0, alive0),
+                                     jnp.arange(2, doublings + 1, dtype=x.dtype))
+        return flag, z, fz
+
+    return jax.lax.cond(gate, test, lambda: (jnp.asarray(False), x, f))
 
 
 def _restore_feasibility(x: Array, f: Array, h, fun, feas_tol: float, steps: int = 4):
@@ -608,12 +638,13 @@ def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = F
         s.x, s.f, lambda z: trust_region(_flat_params(z, sc_star)) - tau,
         lambda z: value(full(z), d, lambda_inv), feas_tol)
     s = s._replace(x=x_end, f=f_end)
-    params = _flat_params(s.x, sc_star)
-    violation = jnp.maximum(tau - trust_region(params), 0.0)
-    unbounded = _not_attained(
+    unbounded, x_end, f_end = _not_attained(
         s.x, s.f, s.hess, lambda z: value(full(z), d, lambda_inv),
         lambda z: trust_region(_flat_params(z, sc_star)) - tau >= -feas_tol, n1,
         converged=s.done, tol=tol)
+    s = s._replace(x=x_end, f=f_end)
+    params = _flat_params(s.x, sc_star)
+    violation = jnp.maximum(tau - trust_region(params), 0.0)
     # With a real row, f is a mean of strictly positive terms at every finite theta,
     # so f = 0 is an infimum reached only by rounding, at the end of a run-off (an
     # all-padding batch filler has f = 0 by definition).

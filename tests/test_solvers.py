@@ -350,14 +350,25 @@ def test_ray_test_follows_a_fall_of_many_orders_of_magnitude(x64):
     feasible = lambda z: jnp.asarray(True)  # noqa: E731
     hess = jax.hessian(fun)(x)
     assert solvers._not_attained(x, fun(x), hess, fun, feasible, 2, converged=jnp.asarray(True),
-                                 tol=1e-9)
+                                 tol=1e-9)[0]
     # A fall that underflows to 0 counts; a value that stays put does not.
     x = jnp.asarray([300.0, 300.0])
     assert fun(2 * x) == 0 and solvers._not_attained(
-        x, fun(x), jax.hessian(fun)(x), fun, feasible, 2, converged=jnp.asarray(True), tol=1e-9)
+        x, fun(x), jax.hessian(fun)(x), fun, feasible, 2, converged=jnp.asarray(True), tol=1e-9)[0]
+    # The run-off is followed while each doubling lowers f by more than 1e-6 |f|:
+    # from x = (1, 1), f = e^-2, the end point lies far out along a ray...
+    x = jnp.asarray([1.0, 1.0])
+    flag, z, fz = solvers._not_attained(x, fun(x), jax.hessian(fun)(x), fun, feasible, 2,
+                                        converged=jnp.asarray(False), tol=1e-9)
+    assert flag and float(fz) == float(fun(z)) and float(fz) < 1e-100
+    # ... but a saturated one (f falls by 1e-12 when scaled) does not move.
+    sat = lambda z: 1.0 + 1e-12 * jnp.exp(-jnp.sum(z))  # noqa: E731
+    flag, z, fz = solvers._not_attained(x, sat(x), jax.hessian(sat)(x), sat, feasible, 2,
+                                        converged=jnp.asarray(False), tol=1e-9)
+    assert flag and bool(jnp.all(z == x)) and float(fz) == float(sat(x))
     flat = lambda z: jnp.asarray(1e-60) + 0.0 * jnp.sum(z)  # noqa: E731
     assert not solvers._not_attained(x, flat(x), jnp.zeros((2, 2)), flat, feasible, 2,
-                                     converged=jnp.asarray(True), tol=1e-9)
+                                     converged=jnp.asarray(True), tol=1e-9)[0]
 
 
 def test_an_end_point_outside_the_constraint_is_moved_onto_it(x64):
