@@ -362,10 +362,8 @@ def _not_attained(x: Array, f: Array, hess: Array, fun, feasible, n1: int, *,
 
         # From 2x (the first fall, known to be feasible); 4x is evaluated again so
         # that every step of the chain is judged the same way.
-        z0 = jnp.where(flag, x + ray, x)
-        f0 = jnp.where(flag, fs[k, 0], f)
         alive0 = flag & (fs[k, 0] < f * (1.0 - follow_rtol))
-        z0, f0 = jnp.where(alive0, z0, x), jnp.where(alive0, f0, f)
+        z0, f0 = jnp.where(alive0, x + ray, x), jnp.where(alive0, fs[k, 0], f)
         (z, fz, _), _ = jax.lax.scan(double, (z0, f0, alive0),
                                      jnp.arange(2, doublings + 1, dtype=x.dtype))
         return flag, z, fz
