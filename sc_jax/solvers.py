@@ -626,19 +626,21 @@ def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = F
     # beats every KKT point of the other basins (the ray test below then reports
     # UNBOUNDED). A converged end wins a tie within sqrt(eps). The identity start's
     # end point if none is feasible.
-    viol_r = jax.vmap(lambda z: tau - trust_region(_flat_params(z, sc_star)))(runs.x)
+    def margin(z):  # mean cosine minus tau: >= 0 is feasible
+        return trust_region(_flat_params(z, sc_star)) - tau
+
+    viol_r = -jax.vmap(margin)(runs.x)
     slack = jnp.sqrt(jnp.finfo(dtype).eps) * (1.0 + jnp.abs(runs.f))
     score = jnp.where((viol_r <= feas_tol) & jnp.isfinite(runs.f),
                       runs.f + jnp.where(runs.done, 0.0, slack), jnp.inf)
     k = jnp.where(jnp.any(jnp.isfinite(score)), jnp.argmin(score), 0)
     s = jax.tree.map(lambda a: a[k], runs)
     x_end, f_end = _restore_feasibility(
-        s.x, s.f, lambda z: trust_region(_flat_params(z, sc_star)) - tau,
-        lambda z: value(full(z), d, lambda_inv), feas_tol)
+        s.x, s.f, margin, lambda z: value(full(z), d, lambda_inv), feas_tol)
     s = s._replace(x=x_end, f=f_end)
     unbounded, x_end, f_end = _not_attained(
         s.x, s.f, s.hess, lambda z: value(full(z), d, lambda_inv),
-        lambda z: trust_region(_flat_params(z, sc_star)) - tau >= -feas_tol, n1,
+        lambda z: margin(z) >= -feas_tol, n1,
         converged=s.done, tol=tol)
     s = s._replace(x=x_end, f=f_end)
     params = _flat_params(s.x, sc_star)
