@@ -6,7 +6,8 @@ uninformative with strong invariance, near-separable, tight tau at K = 5 and 6, 
 trust region; lambda_inv in {0, 0.1, 1, 10}; N from 12 to 20,160 rows) and solves each
 
   * with the augmented Lagrangian in float64 and float32 (``calibrators.fit_batch``:
-    one compiled call per class count and dtype), and
+    one compiled call per class count and dtype; by default one start where
+    lambda_inv < 1 and 24 where lambda_inv >= 1, as fit_batch does), and
   * with SciPy trust-constr (float64) from several starts: the identity, slopes 3
     and 0.3, and two random points; the best feasible end point is the reference
     (``solvers.scipy_best``).
@@ -192,8 +193,10 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--per-family", type=int, default=36)
     p.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
-    p.add_argument("--num-starts", type=int, default=1,
-                   help="augmented-Lagrangian starts (SolverOptions.num_starts)")
+    p.add_argument("--num-starts", type=int, default=None,
+                   help="augmented-Lagrangian starts (SolverOptions.num_starts); default: "
+                        "fit_batch's, 1 where lambda_inv < 1 and NONCONVEX_STARTS (24) "
+                        "where lambda_inv >= 1")
     p.add_argument("--out", default="bench_out/sweep_solver.jsonl")
     p.add_argument("--reference", nargs="*", default=[], metavar="JSONL",
                    help="earlier sweeps' output: reuse their best SciPy objective for the "
@@ -218,6 +221,7 @@ def main(argv=None):
     out.parent.mkdir(parents=True, exist_ok=True)
     print(f"jax {jax.__version__} on {jax.default_backend()}, {platform.machine()}", flush=True)
     records = run(args.families, args.per_family, out,
+                  None if args.num_starts is None else
                   solvers.SolverOptions(num_starts=args.num_starts),
                   load_references(args.reference), instances)
     table(records)

@@ -188,7 +188,11 @@ def calibrate(features: Array, labels: Array, query_ids: Array, *,
     sc_star: the bias-only calibrator SC* (w = 1).
     dtype: None follows ``features``; "float64" requires ``jax_enable_x64`` (it
         raises instead of silently solving in float32).
-    options: :class:`sc_jax.solvers.SolverOptions` (static).
+    options: :class:`sc_jax.solvers.SolverOptions` (static). One start by default;
+        with lambda_inv >= 1 the objective is not convex and one start often ends
+        at a worse KKT point, so pass ``SolverOptions(num_starts=solvers.
+        NONCONVEX_STARTS)`` there (``calibrators.fit_batch`` does so itself; here
+        lambda_inv may be traced, so the choice is left to the caller).
 
     Leading axes are batch axes (the solve is vmapped over them); ``jax.jit`` and
     ``jax.vmap`` of this function work too. Reverse-mode derivatives of b, w (and of
