@@ -356,19 +356,22 @@ def _not_attained(x: Array, f: Array, hess: Array, fun, feasible, n1: int, *,
         k = jnp.argmin(jnp.where(falls, fs[:, 1], jnp.inf))
         ray = rays[k]
 
-        def double(carry, j):
-            z, fz, alive = carry
-            zj = x + (2.0 ** j - 1.0) * ray
+        def double(carry):
+            z, fz, _, j = carry
+            zj = x + (2.0 ** j.astype(x.dtype) - 1.0) * ray
             fj = fun(zj)
-            alive = alive & (fj < fz * (1.0 - follow_rtol)) & feasible(zj)
-            return (jnp.where(alive, zj, z), jnp.where(alive, fj, fz), alive), None
+            alive = (fj < fz * (1.0 - follow_rtol)) & feasible(zj)
+            return jnp.where(alive, zj, z), jnp.where(alive, fj, fz), alive, j + 1
 
         # From 2x (the first fall, known to be feasible); 4x is evaluated again so
-        # that every step of the chain is judged the same way.
+        # that every step of the chain is judged the same way. A while_loop, not a
+        # scan: the chain ends at its first doubling that does not fall, so a ray
+        # whose class saturates costs one evaluation of f, not ``doublings``.
         alive0 = flag & (fs[k, 0] < f * (1.0 - follow_rtol))
         z0, f0 = jnp.where(alive0, x + ray, x), jnp.where(alive0, fs[k, 0], f)
-        (z, fz, _), _ = jax.lax.scan(double, (z0, f0, alive0),
-                                     jnp.arange(2, doublings + 1, dtype=x.dtype))
+        z, fz, _, _ = jax.lax.while_loop(
+            lambda c: c[2] & (c[3] <= doublings), double,
+            (z0, f0, alive0, jnp.asarray(2, jnp.int32)))
         return flag, z, fz
 
     return jax.lax.cond(gate, test, lambda: (jnp.asarray(False), x, f))
