@@ -388,6 +388,17 @@ def _result(sol: Solution, k: int | None, *, tau, lam, solver, sc_star, num_rows
     )
 
 
+def _by_group(keys: list, fit_group) -> list:
+    """One ``fit_group(key, indices)`` per distinct key (in sorted order), the results
+    put back in problem order."""
+    out = [None] * len(keys)
+    for key in sorted(set(keys)):
+        idx = [j for j, k in enumerate(keys) if k == key]
+        for j, f in zip(idx, fit_group(key, idx)):
+            out[j] = f
+    return out
+
+
 def fit_batch(problems: Sequence[tuple], *, lambda_inv=DEFAULT_LAMBDA_INV, tau=None,
               solver: str = "augmented_lagrangian", sc_star: bool = False,
               dtype="float32", options: SolverOptions | ScipyOptions | None = None,
@@ -445,21 +456,19 @@ def fit_batch(problems: Sequence[tuple], *, lambda_inv=DEFAULT_LAMBDA_INV, tau=N
         _check_lambda(lam)
     for t in taus:
         _check_tau(t)
+    common = dict(solver=solver, sc_star=sc_star, dtype=dtype, options=options,
+                  bucketed=bucketed, batch_size=batch_size, guard=guard)
+
+    def part(idx, **changes):  # fit_batch on the problems idx, settings changed
+        return fit_batch([problems[j] for j in idx], lambda_inv=[lams[j] for j in idx],
+                         tau=[taus[j] for j in idx], **{**common, **changes})
+
     # Problems of different class counts: one group (and compiled solver) per n, so
     # that each gets its own n in the tau schedule and its own parameter count.
     widths = [np.shape(p[0])[-1] if len(p) == 3 and np.ndim(p[0]) == 2 else None
               for p in problems]
     if len(set(widths)) > 1 and None not in widths:
-        out: list[FitResult | None] = [None] * count
-        for width in sorted(set(widths)):
-            idx = [k for k in range(count) if widths[k] == width]
-            fits = fit_batch([problems[k] for k in idx], lambda_inv=[lams[k] for k in idx],
-                             tau=[taus[k] for k in idx], solver=solver, sc_star=sc_star,
-                             dtype=dtype, options=options, bucketed=bucketed,
-                             batch_size=batch_size, guard=guard)
-            for k, f in zip(idx, fits):
-                out[k] = f
-        return out
+        return _by_group(widths, lambda _, idx: part(idx))
     if guard == "bias_only" and not sc_star and count:
         for j, prob in enumerate(problems):  # bad input fails here, before any solve
             if len(prob) != 3:
@@ -468,33 +477,16 @@ def fit_batch(problems: Sequence[tuple], *, lambda_inv=DEFAULT_LAMBDA_INV, tau=N
         flagged = [below_chance(base_accuracy(np.asarray(p[0]), np.asarray(p[1])),
                                 np.shape(p[0])[-1] + 1) for p in problems]
         if any(flagged):
-            out = [None] * count
-            common = dict(solver=solver, dtype=dtype, options=options, bucketed=bucketed,
-                          batch_size=batch_size)
-            for star in (False, True):
-                idx = [j for j in range(count) if flagged[j] == star]
-                if idx:
-                    fits = fit_batch([problems[j] for j in idx], lambda_inv=[lams[j] for j in idx],
-                                     tau=[taus[j] for j in idx], sc_star=star, **common)
-                    for j, f in zip(idx, fits):
-                        out[j] = dataclasses.replace(f, guarded=True) if star else f
-            return out
+            return _by_group(flagged, lambda star, idx: [
+                dataclasses.replace(f, guarded=True) if star else f
+                for f in part(idx, sc_star=star, guard="none")])
     if solver == "augmented_lagrangian" and options is None and count:
         # Where the invariance term weighs, the objective has several KKT points and
         # one start often ends at a worse one (SolverOptions.num_starts): those
         # problems get NONCONVEX_STARTS starts, in their own compiled call.
         many = [lam >= NONCONVEX_LAMBDA for lam in lams]
         if any(many) and not all(many):
-            out = [None] * count
-            for flag in (False, True):
-                idx = [j for j in range(count) if many[j] == flag]
-                fits = fit_batch([problems[j] for j in idx], lambda_inv=[lams[j] for j in idx],
-                                 tau=[taus[j] for j in idx], solver=solver, sc_star=sc_star,
-                                 dtype=dtype, options=None, bucketed=bucketed,
-                                 batch_size=batch_size, guard=guard)
-                for j, f in zip(idx, fits):
-                    out[j] = f
-            return out
+            return _by_group(many, lambda _, idx: part(idx))
         if all(many):
             options = SolverOptions(num_starts=NONCONVEX_STARTS)
     dtype = _dtype(jnp.float64 if solver == "scipy" else dtype)
