@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The CPU grid of issue 17, run in the background and resumable: each run's score cache
+# lives in its committed directory (benchmarks/real_eval/<model>/<kN>/cache, a few kB per
+# entry), so a run interrupted in one session resumes in the next from what was committed.
+# Usage: benchmarks/real_eval/run_cpu_grid.sh   (from the repository root, after the
+# README's install with the data and gguf extras).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+common=(--dataset all --seed-list 0 1 2 --data-dir ../shared/datasets --test-size 128
+        --budget 300 --guard bias_only --quiet)
+run() {  # model, k, m-cap, directory
+    echo "== $(date -u +%FT%TZ) $1 k=$2 m-cap=$3 -> $4"
+    .venv/bin/sc-jax run --model "$1" --shots "$2" --m-cap "$3" "${common[@]}" --out "$4"
+    echo "== $(date -u +%FT%TZ) exit $?"
+}
+run qwen2.5-0.5b 4 4 benchmarks/real_eval/qwen2.5-0.5b/k4
+run default 8 4 benchmarks/real_eval/smollm2-135m/k8
+run qwen2.5-0.5b 8 4 benchmarks/real_eval/qwen2.5-0.5b/k8
