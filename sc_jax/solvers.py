@@ -444,10 +444,8 @@ def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = F
     constraint measure |min(g, mu/rho)| (below ``tol`` at the end); the multiplier
     then takes a Newton step on the dual function (quadratic convergence, where the
     first-order mu - rho g converges at the rate 1/rho), and rho grows by
-    ``rho_growth`` if the measure did not shrink by ``progress``. In float64, after
-    an accepted interior Newton step whose model was accurate, the multiplier also
-    moves at every step to the multiplier of the equality-constrained Newton (SQP)
-    step, so that x and mu converge together. The solve ends at a KKT point: gradient below ``tol`` and measure below ``feas_tol``. Starts from the
+    ``rho_growth`` if the measure did not shrink by ``progress``. The solve ends at a
+    KKT point: gradient below ``tol`` and measure below ``feas_tol``. Starts from the
     identity (b = 0, w = 1), feasible for every tau. tau = -1 makes the constraint
     vacuous (the cosine is > -1): plain Newton on f.
 
@@ -487,7 +485,6 @@ def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = F
         rows = coarse_subsample(num_rows, options.coarse_rows)
         d_coarse = design(jax.tree.map(lambda a: a[rows], problem))
     coarse_tol = max(options.coarse_tol, tol)
-    sqp_updates = jnp.dtype(dtype) == jnp.float64  # see `zone` in body
     coarse_feas = max(options.coarse_tol, feas_tol)
 
     def full(x):
@@ -572,41 +569,21 @@ def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = F
         # would never be solved; updating mu and rho anyway raises the penalty until
         # that direction no longer pays.
         kkt = solved & (measure <= feas_s)
-        classic = (loose | (s.inner >= options.max_inner)) & ~kkt
+        update = (loose | (s.inner >= options.max_inner)) & ~kkt
         stalled = measure > options.progress * s.measure
-        # The multiplier of the equality-constrained Newton (SQP) step from x: the
-        # step dx = -H_A^-1 (gf - m gc) with gc.dx = -c has
-        # m = (gc.H_A^-1 gf - c) / t_A, t_A = gc.H_A^-1 gc (adding rho gc gc^T to
-        # the Hessian of the Lagrangian leaves that step unchanged); the next Newton
-        # step on L_A(.; m + rho c) is that step. At the subproblem's minimiser
-        # (ga = 0) this is the Newton step on the dual function psi(mu) = min_x
-        # L_A(x; mu, rho), mu - g / t with t_A = t / (1 + rho t), instead of the
-        # first-order mu - rho g; the term gc.H_A^-1 ga / t_A makes it valid before
-        # the subproblem is solved. Where the constraint is inactive, or H_A is not
-        # positive definite (the inner budget ran out), the first-order step stays.
+        # Newton step on the dual function psi(mu) = min_x L_A(x; mu, rho) instead of
+        # the first-order step mu - rho g: at the subproblem's minimiser
+        # psi'(mu) = -g and psi''(mu) = -gc^T H_A^-1 gc =: -t_A, so
+        # mu - g / t_A = (mu - rho g) - g / t with t_A = t / (1 + rho t). Where the
+        # constraint is inactive, or H_A is not positive definite (the inner budget
+        # ran out), the first-order step stays.
         hg = jax.scipy.linalg.cho_solve((jnp.linalg.cholesky(ha), True), gc)
         t_a = jnp.dot(gc, hg)
-        pd = jnp.all(jnp.isfinite(hg)) & (t_a > 0) & (s.mu - s.rho * c > 0)
-        t_inv = jnp.where(pd, 1.0 / jnp.where(pd, t_a, 1.0) - s.rho, 0.0)
-        pd = pd & (t_inv > 0)
-        # Where the last step was an accepted interior Newton step whose quadratic
-        # model was accurate (actual over predicted decrease within 30% of 1), x is
-        # in Newton's region: the multiplier is updated at every step there (primal
-        # and dual converge together, quadratically), not only once per solved
-        # subproblem. On the bench_solver sets this cut the evaluations of f by
-        # 12-23% at n = 3..6 in float64 (RESULTS.md); rho still grows only at the
-        # classic updates, which keep the measure that judges progress. float64
-        # only: in float32 the gradient that the estimate reads is at its rounding
-        # floor well before the tolerance, and there it left 2 of the 25 n = 5
-        # problems at MAX_ITERATIONS (none without it).
-        zone = (~first & accept & s.interior & ((jnp.abs(ratio - 1.0) < 0.3) | tiny) & ~kkt
-                & pd & sqp_updates)
-        good = (loose | zone) & pd
-        correction = jnp.where(good, jnp.dot(hg, ga) / jnp.where(good, t_a, 1.0), 0.0)
-        newton_mu = jnp.maximum(shifted - c * t_inv + correction, 0.0)
-        update = classic | zone
+        good = loose & jnp.all(jnp.isfinite(hg)) & (t_a > 0) & (s.mu - s.rho * c > 0)
+        t_inv = jnp.where(good, 1.0 / jnp.where(good, t_a, 1.0) - s.rho, 0.0)
+        newton_mu = jnp.maximum(shifted - c * jnp.maximum(t_inv, 0.0), 0.0)
         mu = jnp.where(update, jnp.where(good, newton_mu, shifted), s.mu)
-        rho = jnp.where(classic & stalled, jnp.minimum(s.rho * options.rho_growth, rho_max),
+        rho = jnp.where(update & stalled, jnp.minimum(s.rho * options.rho_growth, rho_max),
                         s.rho)
 
         # 3. The next step, on the (possibly updated) subproblem.
@@ -623,12 +600,9 @@ def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = F
             mu=jnp.where(restart, 0.0, mu),
             rho=jnp.where(restart, options.rho_init, rho),
             radius=jnp.where(restart, options.radius_init, radius),
-            measure=jnp.where(switch, jnp.inf, jnp.where(classic, measure, s.measure)),
+            measure=jnp.where(switch, jnp.inf, jnp.where(update, measure, s.measure)),
             outer=s.outer + update.astype(jnp.int32),
-            # Steps since the last classic update: the multiplier steps in Newton's
-            # region do not reset it, so that where no KKT point exists (a run-off
-            # while the constraint binds) rho still grows every max_inner steps.
-            inner=jnp.where(classic | switch, 0, s.inner + 1),
+            inner=jnp.where(update | switch, 0, s.inner + 1),
             it=s.it + 1, done=kkt & s.fine, fresh=switch, fine=s.fine | switch,
             start=s.start)
 
