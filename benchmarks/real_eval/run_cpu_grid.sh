@@ -11,7 +11,8 @@ common=(--dataset all --seed-list 0 1 2 --data-dir ../shared/datasets --test-siz
 run() {  # model, k, m-cap, directory
     echo "== $(date -u +%FT%TZ) $1 k=$2 m-cap=$3 -> $4"
     .venv/bin/sc-jax run --model "$1" --shots "$2" --m-cap "$3" "${common[@]}" --out "$4"
-    echo "== $(date -u +%FT%TZ) exit $?"
+    local rc=$?
+    echo "== $(date -u +%FT%TZ) exit $rc"
 }
 run qwen2.5-0.5b 4 4 benchmarks/real_eval/qwen2.5-0.5b/k4
 run default 8 4 benchmarks/real_eval/smollm2-135m/k8
