@@ -6,6 +6,9 @@
 # README's install with the data and gguf extras).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+# Bad input before hours of scoring: the install and the data must be there.
+[ -x .venv/bin/sc-jax ] || { echo "no .venv/bin/sc-jax: run python3 -m venv .venv && .venv/bin/pip install -c constraints.txt -e '.[gguf,data]'" >&2; exit 2; }
+[ -d ../shared/datasets ] || { echo "no ../shared/datasets: the nine JSONL files are expected there" >&2; exit 2; }
 common=(--dataset all --seed-list 0 1 2 --data-dir ../shared/datasets --test-size 128
         --budget 300 --guard bias_only --quiet)
 run() {  # model, k, m-cap, directory
