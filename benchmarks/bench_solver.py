@@ -11,12 +11,16 @@ rows), tau from the Appendix A schedule and the default lambda_inv:
       ``--layouts bucketed padded``). Within a group the instances are vmapped
       whole (``--batch-sizes all``), run one after another by ``lax.map``
       (``1``), or in vmapped chunks (an int); ``auto`` (default) is fit_batch's
-      backend default, 1 on CPU and all on GPU/TPU;
+      backend default, 1 on CPU and all on GPU/TPU. The compiled program is called
+      from ``--threads`` host threads at once, each on a part of every bucket
+      (``solvers.solve_batch``; default ``1 auto``, side by side: XLA runs one call on
+      one CPU core, fit_batch's default is a thread per core);
   (b) as a loop of ``scipy.optimize.minimize(method="trust-constr")`` calls (float64,
       exact JAX derivatives), the paper's solver. The mean-cosine loop is the reference
       of the augmented Lagrangian, the per-class loop that of the projected solver.
 
-Compile time and run time are reported separately (the SciPy loop is warmed up once,
+Compile time and run time are reported separately (compile: the first call, on
+empty in-memory caches, minus the median run; the SciPy loop is warmed up once,
 which compiles its JAX derivative functions for every N); run times are medians over
 ``--repeats`` runs with ``block_until_ready``. The ratio is (b) run / (a) run, and the
 gap the largest relative objective excess (f_jax - f_scipy) / |f_scipy| over the
@@ -103,31 +107,41 @@ def batch_label(batch):
     return "vmap" if batch is None else ("map" if batch == 1 else f"map/{batch}")
 
 
-def time_jax(method, problems, lams, taus, dtype, repeats, bucketed=True, batch=None):
-    """Compile and time ONE jitted call on all problems: bucketed (one vmap or map per
-    padded row count, as ``calibrators.fit_batch`` does by default) or padded to the
-    largest N; ``batch`` as resolved by :func:`parse_batch` (None: whole-bucket vmap,
-    1: ``lax.map`` one instance after another). Returns compile s, median run s and
-    the solutions in problem order."""
+def time_jax(method, problems, lams, taus, dtype, repeats, bucketed=True, batch=None,
+             threads=1):
+    """Time ``solvers.solve_batch`` on all problems, as ``calibrators.fit_batch`` calls
+    it: bucketed (one vmap or map per padded row count) or padded to the largest N;
+    ``batch`` as resolved by :func:`parse_batch` (None: whole-bucket vmap, 1:
+    ``lax.map`` one instance after another); ``threads`` host threads, each solving a
+    part of every bucket with the same compiled program (1: the whole batch in one
+    call). The first call runs on empty in-memory caches: compile = that call minus
+    the median run (tracing included). Returns compile s, median run s and the
+    solutions in problem order."""
     if bucketed:
         indices, packed, _ = calibrators.pack_buckets(problems, dtype)
     else:
         one, _ = calibrators.pack_batch(problems, dtype)
         indices, packed = [list(range(len(problems)))], [one]
-    args = (tuple(packed),
-            tuple(jnp.asarray([lams[k] for k in idx], dtype) for idx in indices),
-            tuple(jnp.asarray([taus[k] for k in idx], dtype) for idx in indices))
-    fn = solvers._batched(method, False, None, batch)
+    lam_b = [jnp.asarray([lams[k] for k in idx], dtype) for idx in indices]
+    tau_b = [jnp.asarray([taus[k] for k in idx], dtype) for idx in indices]
+    # solve_batch vmaps a bucket whole when batch_size >= its size.
+    size = max(len(idx) for idx in indices) if batch is None else batch
+
+    def call():
+        return jax.block_until_ready(solvers.solve_batch(
+            packed, lam_b, tau_b, method=method, batch_size=size, threads=threads))
+
+    solvers._batched.cache_clear()  # a fresh jit, and no compiled program in memory
+    jax.clear_caches()
     t = time.perf_counter()
-    compiled = fn.lower(*args).compile()
-    compile_s = time.perf_counter() - t
-    sols = jax.block_until_ready(compiled(*args))  # warm-up
-    run_s = median_time(lambda: jax.block_until_ready(compiled(*args)), repeats)
+    sols = call()
+    cold_s = time.perf_counter() - t
+    run_s = median_time(call, repeats)
     sols = jax.device_get(sols)
     order = np.argsort(np.concatenate([np.asarray(idx) for idx in indices]), kind="stable")
     merged = jax.tree.map(lambda *a: np.concatenate(a)[order], *sols)
     padded_rows = sum(int(p.features.shape[0] * p.features.shape[1]) for p in packed)
-    return compile_s, run_s, merged, padded_rows, len(packed)
+    return cold_s - run_s, run_s, merged, padded_rows, len(packed)
 
 
 def _sp_problem(x, y, g):
@@ -198,7 +212,8 @@ def max_gap(jax_sol, refs, accs, target=1e-7):
     return (max(gaps) if gaps else float("nan")), int(lower), unbounded, abs_gap, over
 
 
-def bench_timing(classes, seeds, repeats, scipy_seeds, dtypes, layouts, batches, save):
+def bench_timing(classes, seeds, repeats, scipy_seeds, dtypes, layouts, batches, threads,
+                 save):
     rows = []
     for n in classes:
         problems = []
@@ -224,13 +239,14 @@ def bench_timing(classes, seeds, repeats, scipy_seeds, dtypes, layouts, batches,
 
         for dtype in dtypes:
             with jax.enable_x64(dtype == "float64"):
-                for layout, batch in [(lay, b) for lay in layouts for b in batches]:
+                for layout, batch, thr in [(lay, b, t) for lay in layouts for b in batches
+                                           for t in threads]:
                     for method, refs, ref_run in (
                             ("augmented_lagrangian", ref_mean, scipy_run),
                             ("projected", ref_pc, scipy_pc_run)):
                         compile_s, run_s, sol, padded, buckets = time_jax(
                             method, problems, lams, taus, dtype, repeats,
-                            bucketed=layout == "bucketed", batch=batch)
+                            bucketed=layout == "bucketed", batch=batch, threads=thr)
                         gap, lower, unbounded, abs_gap, over = max_gap(sol, refs, accs,
                                                                        GAP_TARGET[dtype])
                         per_class = method == "projected"
@@ -246,7 +262,7 @@ def bench_timing(classes, seeds, repeats, scipy_seeds, dtypes, layouts, batches,
                             for k, rel in over]
                         row = dict(
                             n=n, dtype=dtype, layout=layout, batch=batch_label(batch),
-                            solver=method,
+                            threads=thr, solver=method,
                             problems=len(problems), padded_rows=padded,
                             real_rows=int(sum(len(p[1]) for p in problems)),
                             jax_compile_s=compile_s, buckets=buckets,
@@ -264,7 +280,7 @@ def bench_timing(classes, seeds, repeats, scipy_seeds, dtypes, layouts, batches,
                         )
                         rows.append(row)
                         print(f"  n={n} {dtype:7s} {layout:8s} {row['batch']:5s} "
-                              f"{method:20s} compile "
+                              f"threads {thr} {method:20s} compile "
                               f"{compile_s:6.2f}s ({compile_s / buckets:4.2f}s x {buckets}) "
                               f"run {run_s:7.3f}s  scipy {ref_run:7.3f}s  "
                               f"ratio {row['ratio']:6.2f}x  gap {gap:.1e}  "
@@ -359,13 +375,13 @@ def print_tables(timing, ablation):
               "over those; 'jax lower' counts problems where JAX ended below SciPy by more than the gap target; "
               "'no min' those without a finite minimiser (base 100% right in-sample), "
               "left out of the gap; points above the gap target (1e-7 float64, 1e-4 float32) are listed with KKT residuals.")
-        head = (f"{'n':>2} {'dtype':7} {'layout':8} {'batch':5} {'solver':20} {'rows pad/real':>15} {'compile s':>9} {'/bucket':>7} "
+        head = (f"{'n':>2} {'dtype':7} {'layout':8} {'batch':5} {'thr':>3} {'solver':20} {'rows pad/real':>15} {'compile s':>9} {'/bucket':>7} "
                 f"{'run s':>8} {'scipy s':>8} {'ratio':>7} {'max gap':>8} {'jax lower':>9} {'no min':>6} "
                 f"{'not conv jax/sp':>15}")
         print(head)
         print("-" * len(head))
         for r in timing:
-            print(f"{r['n']:>2} {r['dtype']:7} {r['layout']:8} {r['batch']:5} {r['solver']:20} "
+            print(f"{r['n']:>2} {r['dtype']:7} {r['layout']:8} {r['batch']:5} {r.get('threads', 1):>3} {r['solver']:20} "
                   f"{r['padded_rows']:>7}/{r['real_rows']:<7} "
                   f"{r['jax_compile_s']:>9.2f} {r['jax_compile_per_bucket_s']:>7.2f} "
                   f"{r['jax_run_s']:>8.3f} {r['scipy_run_s']:>8.2f} "
@@ -373,13 +389,13 @@ def print_tables(timing, ablation):
                   f"{r['jax_not_converged']:>7}/{r['scipy_not_converged']:<7}")
         total = {}
         for r in timing:
-            agg = total.setdefault((r["dtype"], r["layout"], r["batch"], r["solver"]),
-                                   [0.0, 0.0, 0.0])
+            agg = total.setdefault((r["dtype"], r["layout"], r["batch"], r.get("threads", 1),
+                                    r["solver"]), [0.0, 0.0, 0.0])
             agg[0] += r["jax_run_s"]
             agg[1] += r["scipy_run_s"]
             agg[2] = max(agg[2], r["max_rel_gap"])
-        for (dtype, layout, batch, solver), (jr, sr, gap) in total.items():
-            print(f"all n  {dtype:7} {layout:8} {batch:5} {solver:20}: jax {jr:.2f}s, scipy {sr:.1f}s, "
+        for (dtype, layout, batch, thr, solver), (jr, sr, gap) in total.items():
+            print(f"all n  {dtype:7} {layout:8} {batch:5} threads {thr} {solver:20}: jax {jr:.2f}s, scipy {sr:.1f}s, "
                   f"ratio {sr / jr:.1f}x (target 50x), max gap {gap:.1e} (target {GAP_TARGET[dtype]:.0e})")
     if ablation:
         print("\nAblation (synthetic, mean over worlds x seeds): SC ensemble on fresh samples")
@@ -408,6 +424,10 @@ def main(argv=None):
                    help="instances per vmap: auto (fit_batch's default: 1 on CPU, all "
                         "on GPU/TPU), all (one vmap per bucket), or an int (lax.map over "
                         "chunks of that many); several are timed side by side")
+    p.add_argument("--threads", nargs="+", default=["1", "auto"],
+                   help="host threads per solve_batch call: auto (fit_batch's default: "
+                        "one per core on CPU, 1 on GPU/TPU) or an int; several are timed "
+                        "side by side")
     p.add_argument("--ablation-seeds", type=int, default=4)
     p.add_argument("--skip-timing", action="store_true")
     p.add_argument("--skip-ablation", action="store_true")
@@ -430,7 +450,9 @@ def main(argv=None):
 
     timing = [] if args.skip_timing else bench_timing(
         args.classes, args.seeds, args.repeats, scipy_seeds, args.dtypes, args.layouts,
-        [parse_batch(b) for b in args.batch_sizes], save)
+        [parse_batch(b) for b in args.batch_sizes],
+        list(dict.fromkeys(solvers.resolve_threads(None if t == "auto" else int(t))
+                           for t in args.threads)), save)
     ablation = {} if args.skip_ablation else bench_ablation(args.ablation_seeds)
     print_tables(timing, ablation)
     save(timing, ablation, complete=True)

@@ -64,6 +64,7 @@ from sc_jax.solvers import (
     SolverOptions,
     Status,
     resolve_batch_size,
+    resolve_threads,
 )
 
 DEFAULT_LAMBDA_INV = 0.1
@@ -403,7 +404,7 @@ def fit_batch(problems: Sequence[tuple], *, lambda_inv=DEFAULT_LAMBDA_INV, tau=N
               solver: str = "augmented_lagrangian", sc_star: bool = False,
               dtype="float32", options: SolverOptions | ScipyOptions | None = None,
               bucketed: bool = True, batch_size: int | None = None,
-              guard: str = "none") -> list[FitResult]:
+              threads: int | None = None, guard: str = "none") -> list[FitResult]:
     """Fit many SC problems of one class count in ONE compiled call (``jit`` of a
     ``vmap`` per row bucket).
 
@@ -431,6 +432,11 @@ def fit_batch(problems: Sequence[tuple], *, lambda_inv=DEFAULT_LAMBDA_INV, tau=N
         inside the compiled call was 11x (AL) and 3.7x (PG) faster on the n = 4
         float32 benchmark batch), the whole bucket on GPU/TPU. Same solutions either
         way (a test compares them).
+    threads: host threads that solve parts of the batch at once (see
+        :func:`sc_jax.solvers.resolve_threads`). ``None``: on CPU one per core (XLA
+        runs one call on one core; the n = 3 benchmark batch ran 1.3x (float32) to
+        1.35x (float64) faster on 2 cores, benchmarks/RESULTS.md), 1 on GPU/TPU.
+        Same solutions either way (a test compares them).
     options: :class:`SolverOptions` (or :class:`ScipyOptions` for "scipy"). None:
         the defaults, except that the augmented Lagrangian solves problems with
         ``lambda_inv >= NONCONVEX_LAMBDA`` (1) from ``NONCONVEX_STARTS`` (24) starts,
@@ -449,6 +455,7 @@ def fit_batch(problems: Sequence[tuple], *, lambda_inv=DEFAULT_LAMBDA_INV, tau=N
         raise ValueError(f"guard must be one of {GUARDS}, got {guard!r}")
     if solver != "scipy":
         resolve_batch_size(batch_size)  # bad values fail before any packing
+        resolve_threads(threads)
     count = len(problems)
     lams = _per_problem(lambda_inv, count, "lambda_inv")
     taus = _per_problem(tau, count, "tau")
@@ -457,7 +464,7 @@ def fit_batch(problems: Sequence[tuple], *, lambda_inv=DEFAULT_LAMBDA_INV, tau=N
     for t in taus:
         _check_tau(t)
     common = dict(solver=solver, sc_star=sc_star, dtype=dtype, options=options,
-                  bucketed=bucketed, batch_size=batch_size, guard=guard)
+                  bucketed=bucketed, batch_size=batch_size, threads=threads, guard=guard)
 
     def part(idx, **changes):  # fit_batch on the problems idx, settings changed
         return fit_batch([problems[j] for j in idx], lambda_inv=[lams[j] for j in idx],
@@ -519,7 +526,7 @@ def fit_batch(problems: Sequence[tuple], *, lambda_inv=DEFAULT_LAMBDA_INV, tau=N
         sols = solve_batch(packed, [jnp.asarray([lams[k] for k in idx], dtype) for idx in indices],
                            [jnp.asarray([taus[k] for k in idx], dtype) for idx in indices],
                            method=solver, sc_star=sc_star, options=options,
-                           batch_size=batch_size)
+                           batch_size=batch_size, threads=threads)
         sols = jax.device_get(sols)
     out: list[FitResult | None] = [None] * count
     for idx, sol in zip(indices, sols):

@@ -31,6 +31,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, NamedTuple, Sequence
 
 import jax
@@ -843,6 +845,104 @@ def resolve_batch_size(batch_size: int | None) -> int | None:
     return int(batch_size)
 
 
+THREADS_ENV = "SC_JAX_SOLVER_THREADS"
+
+
+def resolve_threads(threads: int | None) -> int:
+    """Host threads that solve parts of a batch at once in :func:`solve_batch`.
+
+    XLA's CPU backend runs one compiled solver call on one core (the n = 3 float64
+    benchmark batch took 80 ms pinned to one core of the 2-core CPU and 84 ms on
+    both), but it runs calls of one executable made from several host threads at
+    the same time (two halves of a batch: 59 ms one after the other, 37 ms from two
+    threads; dispatching both from one thread did not overlap them). ``None``: on
+    CPU, the number of cores this process may run on (``os.sched_getaffinity``), or
+    the environment variable ``SC_JAX_SOLVER_THREADS`` where it is set; 1 on GPU and
+    TPU, where one vmapped call is what fills the device. An int >= 1 is used as
+    given.
+    """
+    if threads is None:
+        if jax.default_backend() != "cpu":
+            return 1
+        env = os.environ.get(THREADS_ENV)
+        if env is None:
+            return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+                else (os.cpu_count() or 1)
+        try:
+            threads = int(env)
+        except ValueError:
+            raise ValueError(f"{THREADS_ENV} must be a positive int, got {env!r}") from None
+        where = THREADS_ENV
+    else:
+        where = "threads"
+    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
+        raise ValueError(f"{where} must be a positive int or None, got {threads!r}")
+    return int(threads)
+
+
+def split_parts(counts: Sequence[int], rows: Sequence[int], parts: int):
+    """Deal the instances of buckets (``counts[j]`` instances of ``rows[j]`` padded
+    rows each) to ``parts`` parts of one shape: every part holds
+    ``slots[j] = ceil(counts[j] / parts)`` instances of bucket j, real ones or
+    fillers, so that one compiled program serves them all. Largest buckets first,
+    each instance goes to the least loaded part with a free slot (load: padded rows,
+    plus 256 for each evaluation's fixed cost), so that the parts take about equally
+    long. Returns ``slots`` and ``assign[t][j]``, the instance indices of bucket j in
+    part t (at most ``slots[j]``; the rest of the slots are fillers).
+    """
+    slots = [-(-c // parts) for c in counts]
+    assign = [[[] for _ in counts] for _ in range(parts)]
+    load = [0] * parts
+    for j in sorted(range(len(counts)), key=lambda j: -rows[j]):
+        for i in range(counts[j]):
+            t = min((t for t in range(parts) if len(assign[t][j]) < slots[j]),
+                    key=lambda t: load[t])
+            assign[t][j].append(i)
+            load[t] += rows[j] + 256
+    return slots, assign
+
+
+def _run_parts(fn, problems: tuple, lambda_invs: tuple, taus: tuple, parts: int):
+    """``fn(problems, lambda_invs, taus)`` computed as ``parts`` concurrent calls on
+    parts of every bucket (:func:`split_parts`), reassembled in the input order. A
+    filler is an all-padding instance (mask 0) with lambda_inv 0 and tau -1: it ends
+    after its first evaluation. The parts are cut and joined in NumPy on the host
+    (as op-by-op JAX calls, the ~200 small gathers and concatenations cost more than
+    the n = 3 benchmark batch's whole solve)."""
+    counts = [int(np.shape(lam)[0]) for lam in lambda_invs]
+    rows = [int(p.features.shape[1]) for p in problems]
+    slots, assign = split_parts(counts, rows, parts)
+    host = jax.device_get((problems, lambda_invs, taus))
+    # Each bucket with one filler appended at index counts[j].
+    fill = lambda a, v=0: np.concatenate([a, np.full_like(a[:1], v)])  # noqa: E731
+    padded = [jax.tree.map(fill, p) for p in host[0]]
+    lams = [fill(np.asarray(lam)) for lam in host[1]]
+    tau_f = [fill(np.asarray(t), -1) for t in host[2]]
+    order = [[assign[t][j] + [counts[j]] * (slots[j] - len(assign[t][j]))
+              for j in range(len(counts))] for t in range(parts)]
+    # jax.enable_x64 is per thread: the workers take the caller's setting.
+    x64 = bool(jax.config.jax_enable_x64)
+
+    def call(t):
+        take = [np.asarray(order[t][j]) for j in range(len(counts))]
+        with jax.enable_x64(x64):
+            return jax.device_get(fn(
+                tuple(jax.tree.map(lambda a, k=k: a[k], p) for p, k in zip(padded, take)),
+                tuple(lam[k] for lam, k in zip(lams, take)),
+                tuple(tf[k] for tf, k in zip(tau_f, take))))
+
+    with ThreadPoolExecutor(parts - 1) as pool:
+        rest = [pool.submit(call, t) for t in range(1, parts)]
+        outs = [call(0)] + [r.result() for r in rest]  # part 0 on this thread
+    merged = []
+    for j, count in enumerate(counts):
+        flat = np.concatenate([order[t][j] for t in range(parts)])
+        where = np.argsort(flat, kind="stable")[:count]  # fillers (index count) last
+        merged.append(jax.tree.map(lambda *a, w=where: np.concatenate(a)[w],
+                                   *[out[j] for out in outs]))
+    return jax.device_put(tuple(merged))
+
+
 @functools.lru_cache(maxsize=None)
 def _batched(method: str, sc_star: bool, options: SolverOptions | None,
              batch_size: int | None = None):
@@ -874,7 +974,8 @@ def _batched(method: str, sc_star: bool, options: SolverOptions | None,
 
 def solve_batch(problem: Problem | Sequence[Problem], lambda_inv, tau, *,
                 method: str = "augmented_lagrangian", sc_star: bool = False,
-                options: SolverOptions | None = None, batch_size: int | None = None):
+                options: SolverOptions | None = None, batch_size: int | None = None,
+                threads: int | None = None):
     """``jit(vmap(method))`` over a batch: every array of ``problem`` has a leading
     ``[B]`` axis, ``lambda_inv`` and ``tau`` are ``[B]``. One compilation per (shapes,
     dtype, num_queries, method, sc_star, options, batch_size); data, lambda_inv and tau
@@ -891,18 +992,33 @@ def solve_batch(problem: Problem | Sequence[Problem], lambda_inv, tau, *,
     tuple of :class:`Solution` is returned. Under vmap every instance pays for the
     batch's padded N and for its slowest instance's iterations, so grouping problems
     of similar size saves both (see ``sc_jax.calibrators.fit_batch``).
+
+    threads: host threads that each solve a part of the batch (:func:`resolve_threads`;
+    None: on CPU one per core, else 1). The parts share one shape, so one compiled
+    program serves them (:func:`split_parts`); the solutions are the same as
+    with ``threads=1`` (a test compares them). Under ``jit`` (traced arguments) the
+    batch is one call.
     """
     if method not in _JAX_METHODS:
         raise ValueError(f"unknown JAX solver {method!r}; choose one of "
                          f"{tuple(_JAX_METHODS)} (or 'scipy' through sc_jax.calibrators.fit)")
     fn = _batched(method, sc_star, options, resolve_batch_size(batch_size))
-    if isinstance(problem, Problem):
-        return fn((problem,), (lambda_inv,), (tau,))[0]
+    parts = resolve_threads(threads)
+    single = isinstance(problem, Problem)
+    if single:
+        problem, lambda_inv, tau = (problem,), (lambda_inv,), (tau,)
     problem, lambda_inv, tau = tuple(problem), tuple(lambda_inv), tuple(tau)
     if not (len(problem) == len(lambda_inv) == len(tau)):
         raise ValueError(f"{len(problem)} buckets but {len(lambda_inv)} lambda_inv and "
                          f"{len(tau)} tau arrays")
-    return fn(problem, lambda_inv, tau)
+    leaves = jax.tree.leaves((problem, lambda_inv, tau))
+    parts = min(parts, sum(int(np.shape(lam)[0]) for lam in lambda_inv))
+    if parts > 1 and not any(isinstance(a, jax.core.Tracer) for a in leaves):
+        out = _run_parts(fn, problem, tuple(jnp.asarray(a) for a in lambda_inv),
+                         tuple(jnp.asarray(a) for a in tau), parts)
+    else:
+        out = fn(problem, lambda_inv, tau)
+    return out[0] if single else out
 
 
 # ---------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ context manager scoped to the test, so other test modules keep float32.
 """
 
 import itertools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -194,7 +195,7 @@ def test_vmapped_equals_one_by_one(x64, method, batch_size):
     fn = {"augmented_lagrangian": solvers.augmented_lagrangian,
           "projected": solvers.projected}[method]
     batched = solvers.solve_batch(packed, lams, taus, method=method,
-                                  batch_size=batch_size)
+                                  batch_size=batch_size, threads=1)
     single = jax.jit(fn)
     for k in range(len(SMALL)):
         one = jax.tree.map(lambda a: a[k], packed)
@@ -256,6 +257,65 @@ def test_nonfinite_status():
     prob = jax.tree.map(lambda a: a.at[0, 0].set(1) if a.dtype == jnp.int32 else a, prob)
     sol = solvers.solve_batch(prob, jnp.zeros(1), jnp.full(1, -1.0), method="projected")
     assert int(sol.status[0]) == Status.NONFINITE
+
+
+def test_split_parts_deals_every_instance_once_into_equal_shapes():
+    counts, rows = [5, 1, 3, 8], [64, 20480, 1792, 352]
+    for parts in (1, 2, 3, 4, 9):
+        slots, assign = solvers.split_parts(counts, rows, parts)
+        assert slots == [-(-c // parts) for c in counts]
+        for j, count in enumerate(counts):
+            dealt = sorted(i for t in range(parts) for i in assign[t][j])
+            assert dealt == list(range(count))
+            assert all(len(assign[t][j]) <= slots[j] for t in range(parts))
+        # Balanced: the most loaded part exceeds the least by at most one instance
+        # of the largest bucket (the greedy deal's bound with equal-size slots).
+        loads = [sum(len(assign[t][j]) * (rows[j] + 256) for j in range(len(counts)))
+                 for t in range(parts)]
+        if parts <= 2:
+            assert max(loads) - min(loads) <= max(rows) + 256
+
+
+@pytest.mark.parametrize("method", ["augmented_lagrangian", "projected"])
+def test_threaded_parts_equal_one_call(x64, method):
+    # Buckets of 3 and 1 instances over 3 threads: parts with fillers, one instance
+    # alone in its bucket. The parts share one compiled program and each instance
+    # runs the same loop as in one call, so the results agree to the last bits in
+    # practice; asserted to 1e-12 relative (float64; a worker that lost the caller's
+    # jax.enable_x64 would solve in float32 and miss by ~1e-7).
+    n = 3
+    problems = _instances(n, SMALL, 1)
+    packed_a, _ = pack_batch(problems[:3], "float64")
+    packed_b, _ = pack_batch(problems[3:], "float64")
+    lams = [jnp.asarray([c[3] for c in SMALL[:3]]), jnp.asarray([SMALL[3][3]])]
+    taus = [jnp.asarray([c[2] for c in SMALL[:3]]), jnp.asarray([SMALL[3][2]])]
+    one = solvers.solve_batch([packed_a, packed_b], lams, taus, method=method, threads=1)
+    three = solvers.solve_batch([packed_a, packed_b], lams, taus, method=method, threads=3)
+    for a, b in zip(one, three):
+        assert b.objective.dtype == jnp.float64
+        np.testing.assert_array_equal(a.status, b.status)
+        np.testing.assert_array_equal(a.iterations, b.iterations)
+        np.testing.assert_allclose(b.objective, a.objective, rtol=1e-12)
+        np.testing.assert_allclose(b.params.w, a.params.w, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(b.params.b, a.params.b, rtol=1e-9, atol=1e-12)
+    assert np.all(np.asarray(one[0].status) == Status.CONVERGED)
+
+
+def test_threads_default_and_checks(monkeypatch):
+    monkeypatch.delenv(solvers.THREADS_ENV, raising=False)
+    expected = len(os.sched_getaffinity(0)) if jax.default_backend() == "cpu" else 1
+    assert solvers.resolve_threads(None) == expected
+    assert solvers.resolve_threads(np.int64(3)) == 3
+    monkeypatch.setenv(solvers.THREADS_ENV, "1")
+    assert solvers.resolve_threads(None) == 1
+    bad_envs = ("two", "0") if jax.default_backend() == "cpu" else ()  # read on CPU only
+    for bad, env in [(0, None), (True, None)] + [(None, e) for e in bad_envs]:
+        if env is not None:
+            monkeypatch.setenv(solvers.THREADS_ENV, env)
+        with pytest.raises(ValueError, match="must be a positive int"):
+            solvers.resolve_threads(bad)
+    with pytest.raises(ValueError, match="threads must be"):
+        calibrators.fit_batch([realistic(2, 1, 0)], threads=0)
 
 
 def test_batch_size_default_follows_backend():
