@@ -585,8 +585,11 @@ def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = F
         t_inv = jnp.where(good, 1.0 / jnp.where(good, t_a, 1.0) - s.rho, 0.0)
         newton_mu = jnp.maximum(shifted - c * jnp.maximum(t_inv, 0.0), 0.0)
         mu = jnp.where(update, jnp.where(good, newton_mu, shifted), s.mu)
-        rho = jnp.where(update & stalled, jnp.minimum(s.rho * options.rho_growth, rho_max),
-                        s.rho)
+        # rho grows only while the constraint is still violated beyond feas_tol: once
+        # it is met, a stalled measure is the gradient's rounding noise (float32 at
+        # the apex), and a larger rho would only amplify that noise.
+        rho = jnp.where(update & stalled & (measure > feas_s),
+                        jnp.minimum(s.rho * options.rho_growth, rho_max), s.rho)
 
         # 3. The next step, on the (possibly updated) subproblem.
         La, ga, ha, _ = lagrangian(f, gf, hf, c, gc, hc, mu, rho)
