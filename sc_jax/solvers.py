@@ -857,8 +857,11 @@ def resolve_threads(threads: int | None) -> int:
     XLA's CPU backend runs one compiled solver call on one core (the n = 3 float64
     benchmark batch took 80 ms pinned to one core of the 2-core CPU and 84 ms on
     both), but it runs calls of one executable made from several host threads at
-    the same time (two halves of a batch: 59 ms one after the other, 37 ms from two
-    threads; dispatching both from one thread did not overlap them). ``None``: on
+    the same time (dispatching them from one thread did not overlap them). On that
+    machine the gain is up to 1.36x on the benchmark batches, none on the smallest
+    (benchmarks/RESULTS.md, eighth pass), about what its two cores give at all: two
+    processes solving the batch side by side took 122 ms each against 82 ms alone.
+    ``None``: on
     CPU, the number of cores this process may run on (``os.sched_getaffinity``), or
     the environment variable ``SC_JAX_SOLVER_THREADS`` where it is set; 1 on GPU and
     TPU, where one vmapped call is what fills the device. An int >= 1 is used as
@@ -905,15 +908,25 @@ def split_parts(counts: Sequence[int], rows: Sequence[int], parts: int):
     return slots, assign
 
 
-def _run_parts(fn, problems: tuple, lambda_invs: tuple, taus: tuple, parts: int):
-    """``fn(problems, lambda_invs, taus)`` computed as ``parts`` concurrent calls on
-    parts of every bucket (:func:`split_parts`), reassembled in the input order. A
-    filler is an all-padding instance (mask 0) with lambda_inv 0 and tau -1: it ends
-    after its first evaluation. The parts are cut and joined in NumPy on the host
-    (as op-by-op JAX calls, the ~200 small gathers and concatenations cost more than
-    the n = 3 benchmark batch's whole solve)."""
+# Parts per thread. More, smaller parts would let a thread that finishes early take
+# the next one, but each call has its own cost: on the 2-core CPU, 5 parts of one
+# instance per bucket over 2 threads took the n = 3 float64 benchmark batch 70 ms,
+# 2 parts 62 ms, one call 84 ms.
+PARTS_PER_THREAD = 1
+
+
+def _run_parts(fn, problems: tuple, lambda_invs: tuple, taus: tuple, threads: int):
+    """``fn(problems, lambda_invs, taus)`` computed on parts of every bucket
+    (:func:`split_parts`; at most ``PARTS_PER_THREAD`` per thread, and no more than the
+    largest bucket has instances), ``threads`` at a time, each thread taking the next
+    part when it is done, and reassembled in the input order. A filler is an
+    all-padding instance (mask 0) with lambda_inv 0 and tau -1: it ends after its
+    first evaluation. The parts are cut and joined in NumPy on the host (as op-by-op
+    JAX calls, the ~200 small gathers and concatenations cost more than the n = 3
+    benchmark batch's whole solve)."""
     counts = [int(np.shape(lam)[0]) for lam in lambda_invs]
     rows = [int(p.features.shape[1]) for p in problems]
+    parts = max(min(max(counts), PARTS_PER_THREAD * threads), 1)
     slots, assign = split_parts(counts, rows, parts)
     host = jax.device_get((problems, lambda_invs, taus))
     # Each bucket with one filler appended at index counts[j].
@@ -934,9 +947,8 @@ def _run_parts(fn, problems: tuple, lambda_invs: tuple, taus: tuple, parts: int)
                 tuple(lam[k] for lam, k in zip(lams, take)),
                 tuple(tf[k] for tf, k in zip(tau_f, take))))
 
-    with ThreadPoolExecutor(parts - 1) as pool:
-        rest = [pool.submit(call, t) for t in range(1, parts)]
-        outs = [call(0)] + [r.result() for r in rest]  # part 0 on this thread
+    with ThreadPoolExecutor(min(threads, parts)) as pool:
+        outs = list(pool.map(call, range(parts)))  # taken in order, as threads free up
     merged = []
     for j, count in enumerate(counts):
         flat = np.concatenate([order[t][j] for t in range(parts)])
@@ -961,7 +973,10 @@ def _batched(method: str, sc_star: bool, options: SolverOptions | None,
         return fn(problem, lambda_inv, tau, **kwargs)
 
     def bucket(p, lam, t):
-        if batch_size is None or batch_size >= lam.shape[0]:
+        # batch_size 1 maps even a bucket of one: under vmap, lax.cond becomes a
+        # select that runs both branches (the solver's subsample and all-rows
+        # evaluations, the ray test), so a vmap of one costs more than a map.
+        if batch_size is None or 1 < batch_size >= lam.shape[0]:
             return jax.vmap(one)(p, lam, t)
         return jax.lax.map(lambda a: one(*a), (p, lam, t),
                            batch_size=None if batch_size == 1 else batch_size)
@@ -1006,7 +1021,7 @@ def solve_batch(problem: Problem | Sequence[Problem], lambda_inv, tau, *,
         raise ValueError(f"unknown JAX solver {method!r}; choose one of "
                          f"{tuple(_JAX_METHODS)} (or 'scipy' through sc_jax.calibrators.fit)")
     fn = _batched(method, sc_star, options, resolve_batch_size(batch_size))
-    parts = resolve_threads(threads)
+    threads = resolve_threads(threads)
     single = isinstance(problem, Problem)
     if single:
         problem, lambda_inv, tau = (problem,), (lambda_inv,), (tau,)
@@ -1015,10 +1030,10 @@ def solve_batch(problem: Problem | Sequence[Problem], lambda_inv, tau, *,
         raise ValueError(f"{len(problem)} buckets but {len(lambda_inv)} lambda_inv and "
                          f"{len(tau)} tau arrays")
     leaves = jax.tree.leaves((problem, lambda_inv, tau))
-    parts = min(parts, sum(int(np.shape(lam)[0]) for lam in lambda_inv))
-    if parts > 1 and not any(isinstance(a, jax.core.Tracer) for a in leaves):
+    many = max(int(np.shape(lam)[0]) for lam in lambda_inv) > 1
+    if threads > 1 and many and not any(isinstance(a, jax.core.Tracer) for a in leaves):
         out = _run_parts(fn, problem, tuple(jnp.asarray(a) for a in lambda_inv),
-                         tuple(jnp.asarray(a) for a in tau), parts)
+                         tuple(jnp.asarray(a) for a in tau), threads)
     else:
         out = fn(problem, lambda_inv, tau)
     return out[0] if single else out
