@@ -107,7 +107,9 @@ def section_solvers(args) -> list[dict]:
     if args.smoke:  # one size (one row bucket, two compiles) keeps the smoke run short
         bench_solver.SIZES = (1,)
     rows = bench_solver.bench_timing(args.classes, args.solver_seeds, args.repeats, args.scipy_seeds,
-                                     ("float32",), ("bucketed",), (None,), lambda rows: None)
+                                     ("float32",), ("bucketed",), (None,),
+                                     (bench_solver.solvers.resolve_threads(None),),
+                                     lambda rows: None)
     for r in rows:
         r["scipy_extrapolated_from_seeds"] = min(args.scipy_seeds, args.solver_seeds)
     return rows

@@ -861,11 +861,11 @@ def resolve_threads(threads: int | None) -> int:
     machine the gain is up to 1.36x on the benchmark batches, none on the smallest
     (benchmarks/RESULTS.md, eighth pass), about what its two cores give at all: two
     processes solving the batch side by side took 122 ms each against 82 ms alone.
-    ``None``: on
-    CPU, the number of cores this process may run on (``os.sched_getaffinity``), or
-    the environment variable ``SC_JAX_SOLVER_THREADS`` where it is set; 1 on GPU and
-    TPU, where one vmapped call is what fills the device. An int >= 1 is used as
-    given.
+
+    ``None``: on CPU, the number of cores this process may run on
+    (``os.sched_getaffinity``), or the environment variable ``SC_JAX_SOLVER_THREADS``
+    where it is set; 1 on GPU and TPU, where one vmapped call is what fills the
+    device. An int >= 1 is used as given.
     """
     if threads is None:
         if jax.default_backend() != "cpu":
@@ -908,25 +908,20 @@ def split_parts(counts: Sequence[int], rows: Sequence[int], parts: int):
     return slots, assign
 
 
-# Parts per thread. More, smaller parts would let a thread that finishes early take
-# the next one, but each call has its own cost: on the 2-core CPU, 5 parts of one
-# instance per bucket over 2 threads took the n = 3 float64 benchmark batch 70 ms,
-# 2 parts 62 ms, one call 84 ms.
-PARTS_PER_THREAD = 1
-
-
 def _run_parts(fn, problems: tuple, lambda_invs: tuple, taus: tuple, threads: int):
-    """``fn(problems, lambda_invs, taus)`` computed on parts of every bucket
-    (:func:`split_parts`; at most ``PARTS_PER_THREAD`` per thread, and no more than the
-    largest bucket has instances), ``threads`` at a time, each thread taking the next
-    part when it is done, and reassembled in the input order. A filler is an
-    all-padding instance (mask 0) with lambda_inv 0 and tau -1: it ends after its
-    first evaluation. The parts are cut and joined in NumPy on the host (as op-by-op
-    JAX calls, the ~200 small gathers and concatenations cost more than the n = 3
-    benchmark batch's whole solve)."""
+    """``fn(problems, lambda_invs, taus)`` computed on one part of every bucket per
+    thread (:func:`split_parts`; no more parts than the largest bucket has
+    instances), the parts at the same time, and reassembled in the input order. A
+    filler is an all-padding instance (mask 0) with lambda_inv 0 and tau -1: it ends
+    after its first evaluation. The parts are cut and joined in NumPy on the host (as
+    op-by-op JAX calls, the ~200 small gathers and concatenations cost more than the
+    n = 3 benchmark batch's whole solve). More, smaller parts taken by threads as
+    they free up would balance unequal instances, but each call has its own cost: on
+    the 2-core CPU, 5 parts of one instance per bucket over 2 threads took the n = 3
+    float64 benchmark batch 70 ms, 2 parts 62-72 ms, one call 84 ms."""
     counts = [int(np.shape(lam)[0]) for lam in lambda_invs]
     rows = [int(p.features.shape[1]) for p in problems]
-    parts = max(min(max(counts), PARTS_PER_THREAD * threads), 1)
+    parts = max(min(max(counts), threads), 1)
     slots, assign = split_parts(counts, rows, parts)
     host = jax.device_get((problems, lambda_invs, taus))
     # Each bucket with one filler appended at index counts[j].
@@ -947,8 +942,8 @@ def _run_parts(fn, problems: tuple, lambda_invs: tuple, taus: tuple, threads: in
                 tuple(lam[k] for lam, k in zip(lams, take)),
                 tuple(tf[k] for tf, k in zip(tau_f, take))))
 
-    with ThreadPoolExecutor(min(threads, parts)) as pool:
-        outs = list(pool.map(call, range(parts)))  # taken in order, as threads free up
+    with ThreadPoolExecutor(parts) as pool:
+        outs = list(pool.map(call, range(parts)))
     merged = []
     for j, count in enumerate(counts):
         flat = np.concatenate([order[t][j] for t in range(parts)])
