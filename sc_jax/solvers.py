@@ -18,8 +18,9 @@ Three solvers, all on the objective of :mod:`sc_jax.objective`:
 
 The JAX solvers are pure functions of pytrees, without Python control flow on values,
 so :func:`solve_batch` runs ``jit(vmap(.))`` over a batch of problems padded to one N
-(on CPU by default ``jit(lax.map(.))``, one instance after another: see
-:func:`resolve_batch_size`).
+(on CPU by default ``jit(lax.map(.))``, one instance after another, called on one
+part of the batch per core from host threads: see :func:`resolve_batch_size` and
+:func:`resolve_threads`).
 Each instance returns a :class:`Status` code instead of raising (optimistix-style).
 
 jaxopt is imported inside the functions that use it: importing it prints a deprecation
