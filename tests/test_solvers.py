@@ -279,10 +279,11 @@ def test_split_parts_deals_every_instance_once_into_equal_shapes():
 @pytest.mark.parametrize("method", ["augmented_lagrangian", "projected"])
 def test_threaded_parts_equal_one_call(x64, method):
     # Buckets of 3 and 1 instances over 3 threads: parts with fillers, one instance
-    # alone in its bucket. The parts share one compiled program and each instance
-    # runs the same loop as in one call, so the results agree to the last bits in
-    # practice; asserted to 1e-12 relative (float64; a worker that lost the caller's
-    # jax.enable_x64 would solve in float32 and miss by ~1e-7).
+    # alone in its bucket. Each instance runs the same loop as in one call (they
+    # agree to the last bit on the 2-core AMD machine); a part is another program
+    # shape, so the bound is the vmapped test's: the same status, the objective to
+    # 1e-10 relative (float64; a worker that lost the caller's jax.enable_x64 would
+    # solve in float32 and miss by ~1e-7), parameters to 1e-6.
     n = 3
     problems = _instances(n, SMALL, 1)
     packed_a, _ = pack_batch(problems[:3], "float64")
@@ -294,10 +295,9 @@ def test_threaded_parts_equal_one_call(x64, method):
     for a, b in zip(one, three):
         assert b.objective.dtype == jnp.float64
         np.testing.assert_array_equal(a.status, b.status)
-        np.testing.assert_array_equal(a.iterations, b.iterations)
-        np.testing.assert_allclose(b.objective, a.objective, rtol=1e-12)
-        np.testing.assert_allclose(b.params.w, a.params.w, rtol=1e-9, atol=1e-12)
-        np.testing.assert_allclose(b.params.b, a.params.b, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(b.objective, a.objective, rtol=1e-10)
+        np.testing.assert_allclose(b.params.w, a.params.w, atol=1e-6)
+        np.testing.assert_allclose(b.params.b, a.params.b, atol=1e-6)
     assert np.all(np.asarray(one[0].status) == Status.CONVERGED)
 
 
