@@ -434,7 +434,7 @@ def fit_batch(problems: Sequence[tuple], *, lambda_inv=DEFAULT_LAMBDA_INV, tau=N
         way (a test compares them).
     threads: host threads that solve parts of the batch at once (see
         :func:`sc_jax.solvers.resolve_threads`). ``None``: on CPU one per core (XLA
-        runs one call on one core; the benchmark batches ran up to 1.36x faster on
+        runs one call on one core; the benchmark batches ran 1.0-1.7x faster on
         2 cores, benchmarks/RESULTS.md), 1 on GPU/TPU.
         Same solutions either way (a test compares them).
     options: :class:`SolverOptions` (or :class:`ScipyOptions` for "scipy"). None:

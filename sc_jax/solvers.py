@@ -859,9 +859,9 @@ def resolve_threads(threads: int | None) -> int:
     benchmark batch took 80 ms pinned to one core of the 2-core CPU and 84 ms on
     both), but it runs calls of one executable made from several host threads at
     the same time (dispatching them from one thread did not overlap them). On that
-    machine the gain is up to 1.36x on the benchmark batches, none on the smallest
-    (benchmarks/RESULTS.md, eighth pass), about what its two cores give at all: two
-    processes solving the batch side by side took 122 ms each against 82 ms alone.
+    machine the gain is 1.0-1.7x on the benchmark batches (benchmarks/RESULTS.md,
+    eighth pass); its two cores do not double throughput (two processes solving the
+    batch side by side took 122 ms each against 82 ms alone).
 
     ``None``: on CPU, the number of cores this process may run on
     (``os.sched_getaffinity``), or the environment variable ``SC_JAX_SOLVER_THREADS``
