@@ -553,8 +553,9 @@ def test_trust_region_step_is_the_exact_subproblem_solution(x64):
 
 
 def test_subsample_start_reaches_the_plain_solution(x64):
-    # The fast path (solve on a 1,024-row subsample, then continue on all rows)
-    # against the plain one (all rows from the start), on 6,720 rows with the
+    # The fast path (solve on a 256-row subsample, then on 1,024 rows, then on all
+    # rows, with joint primal-dual steps after each hand-over where the constraint is
+    # active) against the plain one (all rows from the start), on 6,720 rows with the
     # constraint active and inactive. Both end at KKT points of the same optimum,
     # each within feas_tol = 1e-9 of the constraint (in the cosine) and tol = 1e-9 in
     # the gradient: the objectives then differ by at most about multiplier x 2e-9
@@ -563,7 +564,9 @@ def test_subsample_start_reaches_the_plain_solution(x64):
     x, y, g = realistic(3, 4, 7)
     packed, _ = pack_batch([(x, y, g)] * 2, "float64")
     lams, taus = jnp.asarray([0.1, 0.1]), jnp.asarray([0.999, -1.0])
-    fast = solvers.solve_batch(packed, lams, taus, options=SolverOptions(coarse_rows=1024))
+    assert SolverOptions(coarse_rows=(256, 1024)).coarse_levels(6720) == [256, 1024]
+    fast = solvers.solve_batch(packed, lams, taus,
+                               options=SolverOptions(coarse_rows=(256, 1024)))
     plain = solvers.solve_batch(packed, lams, taus, options=SolverOptions(coarse_rows=0))
     assert np.all(np.asarray(fast.status) == Status.CONVERGED)
     assert np.all(np.asarray(plain.status) == Status.CONVERGED)
@@ -574,6 +577,52 @@ def test_subsample_start_reaches_the_plain_solution(x64):
     np.testing.assert_allclose(fast.params.b, plain.params.b, atol=1e-6)
     # The subsample stage ran (its evaluations count in the total).
     assert np.all(np.asarray(fast.iterations) != np.asarray(plain.iterations))
+
+
+def test_sqp_step_converges_quadratically_and_checks_inertia(x64):
+    # Newton's step on the KKT conditions (the subsample stages' hand-over) from a
+    # point 1e-3 away from a solution with the constraint active: float64, exact
+    # derivatives, so the residual r falls quadratically, r' <= C r^2. Observed here:
+    # 3.2e-4 -> 1.9e-7 -> 3.8e-14 -> 2.8e-16 (C about 2); the bound C = 1e3 leaves
+    # a wide margin, and the end is at float64's rounding floor (bound 1e-12).
+    from sc_jax.objective import design, trust_region, value_grad_hess
+
+    x, y, g = realistic(3, 3, 0)
+    prob = pack_batch([(x, y, g)], "float64")[0]
+    prob = jax.tree.map(lambda a: a[0], prob)
+    tau, lam = 0.997, 0.1
+    sol = solvers.augmented_lagrangian(prob, lam, tau, options=SolverOptions(coarse_rows=0))
+    assert int(sol.status) == Status.CONVERGED and float(sol.multiplier) > 0
+    d = design(prob)
+
+    def con(z):  # the solver's scaled constraint
+        return (trust_region(solvers._flat_params(z, False)) - tau) * jnp.sqrt(1.0 + z @ z)
+
+    @jax.jit
+    def kkt_parts(z):
+        _, gf, hf = value_grad_hess(z, d, lam)
+        return gf, hf, con(z), jax.grad(con)(z), jax.hessian(con)(z)
+
+    xs = jnp.concatenate([sol.params.b, sol.params.w])
+    mu = sol.multiplier / jnp.sqrt(1.0 + xs @ xs)  # the scaled constraint's multiplier
+    z = xs + 1e-3 * jnp.asarray(np.random.default_rng(0).normal(size=xs.shape))
+    mu = mu * 1.001
+    residuals = []
+    for _ in range(4):
+        gf, hf, c, gc, hc = kkt_parts(z)
+        residuals.append(float(solvers._kkt_residual(gf, c, gc, mu)))
+        dx, mu, valid = solvers._sqp_step(gf, hf, c, gc, hc, mu)
+        assert bool(valid)
+        z = z + dx
+    for r, r_next in zip(residuals[:2], residuals[1:3]):
+        assert r_next <= 1e3 * r * r, residuals
+    assert residuals[3] <= 1e-12, residuals
+    assert float(jnp.max(jnp.abs(z - xs))) <= 1e-6  # the solver's own end: tol 1e-9
+    # The inertia test: with the Hessian's sign flipped (a maximiser's curvature)
+    # the step is refused, and so is one whose multiplier would turn negative.
+    gf, hf, c, gc, hc = kkt_parts(z)
+    assert not bool(solvers._sqp_step(gf, -hf, c, gc, -hc, mu)[2])
+    assert not bool(solvers._sqp_step(-gf, hf, c, gc, hc, mu)[2])
 
 
 def test_value_grad_hess_equals_autodiff(x64, monkeypatch):
