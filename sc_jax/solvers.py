@@ -131,7 +131,7 @@ class SolverOptions:
     max_pg_iter, pg_restart: projected-gradient iterations in all, and between
         momentum restarts.
     coarse_rows, coarse_tol, max_coarse_iter: subsample sizes (an int or a tuple;
-        default 256 and 2,048). A problem of N rows is first solved on a fixed random
+        default 2,048). A problem of N rows is first solved on a fixed random
         subsample of each size m with N > 2 m, smallest first, each stage from the
         last one's end, to a stationarity and feasibility of ``coarse_tol`` (the
         sampling error is about 1/sqrt(m), so a tighter solve there buys nothing),
@@ -139,9 +139,13 @@ class SolverOptions:
         all rows. The cheap stages absorb the slow start from the identity (Newton's
         steps on a logistic loss far from its minimiser lengthen w by about one per
         step); the later ones begin near their solution, where a few joint
-        primal-dual Newton steps finish them. If a subsample stage fails, the
-        solve continues on all rows afresh. At most ``max_iter - 1`` evaluations
-        go to the subsamples. 0 (or an empty tuple) disables.
+        primal-dual Newton steps finish them. Every stage costs about 1 s of compile
+        time per bucket (one more copy of the evaluation): (256, 2048) ran the n = 3
+        float64 benchmark batch about 10% faster than 2048 alone and compiled 3.5 s
+        longer at k = 8, so it is an option for very large N, not the default. If a
+        subsample stage fails, the solve continues on all rows afresh. At most
+        ``max_iter - 1`` evaluations go to the subsamples. 0 (or an empty tuple)
+        disables.
     """
 
     tol: float | None = None
@@ -157,7 +161,7 @@ class SolverOptions:
     radius_max: float = 1e3
     max_pg_iter: int = 10000
     pg_restart: int = 100
-    coarse_rows: int | tuple[int, ...] = (256, 2048)
+    coarse_rows: int | tuple[int, ...] = (2048,)
     coarse_tol: float = 1e-3
     max_coarse_iter: int = 60
 
@@ -498,18 +502,18 @@ def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = F
     vacuous (the cosine is > -1): plain Newton on f.
 
     Large problems are first solved, by the same loop, on fixed random subsamples of
-    their rows (``options.coarse_rows``: 256, then 2,048 rows, each where N exceeds
-    twice it) to a tolerance of ``options.coarse_tol``; each stage continues from
-    the last one's point, multiplier and penalty. Where the constraint is active (or
+    their rows (``options.coarse_rows``: 2,048 rows by default, each size where N
+    exceeds twice it) to a tolerance of ``options.coarse_tol``; each stage continues
+    from the last one's point, multiplier and penalty. Where the constraint is active (or
     violated within that tolerance) at a stage's end, the next stage takes joint
     primal-dual Newton steps on the KKT conditions (SQP with the exact Hessian:
     :func:`_sqp_step`), (x, mu) together, backtracked on the KKT residual, while the
     KKT matrix has the inertia of a strict local minimiser and mu stays positive;
     otherwise, or once a step fails three halvings, the trust-region loop takes
     over from the last accepted point. On the k = 8 benchmark batch (n = 3, float64)
-    the 20,160-row problems took 6 to 8 all-row evaluations with one 2,048-row stage
-    and multiplier updates, and take 4 to 5 now; the batch went from 84 to 57 ms
-    (one thread, the same run).
+    the 20,160-row problems took 6 to 8 all-row evaluations with multiplier updates
+    after the 2,048-row stage, and take 4 to 5 with these steps; the batch went from
+    98 to 71 ms (one thread, the same run).
 
     An infimum that is not attained (data separable along a feasible direction: f
     tends to 0 as ||theta|| grows) ends ``UNBOUNDED``: the final point is feasible
@@ -668,23 +672,23 @@ def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = F
         # instance, only the branch taken runs).
         zero, one = jnp.zeros((), dtype), jnp.ones((), dtype)
 
-        def region():
-            step, pred = trust_region_step(ga, ha, radius)
-            return step, pred, jnp.asarray(False), zero, one
-
         def primal_dual():
             def newton():
                 dx, mu_new, valid = _sqp_step(gf, hf, c, gc, hc, mu)
-                return jax.lax.cond(valid, lambda: (dx, zero, jnp.asarray(True), mu_new, one),
-                                    region)
+                return dx, mu_new, valid, one
 
             def halve():  # s.trial - s.x is the rejected fraction of the step
-                return (0.5 * (s.trial - s.x), zero, jnp.asarray(True),
-                        s.mu + 0.5 * (s.mu_trial - s.mu), 0.5 * s.frac)
+                return (0.5 * (s.trial - s.x), s.mu + 0.5 * (s.mu_trial - s.mu),
+                        jnp.asarray(True), 0.5 * s.frac)
 
             return jax.lax.cond(backtrack, halve, newton)
 
-        step, pred, sqp, mu_sqp, frac = jax.lax.cond(sqp & ~kkt, primal_dual, region)
+        dx, mu_sqp, sqp, frac = jax.lax.cond(
+            sqp & ~kkt, primal_dual, lambda: (jnp.zeros_like(x), zero, jnp.asarray(False), one))
+        # One trust-region solve in the program (it is the larger piece to compile),
+        # run where no primal-dual step is taken.
+        step, pred = jax.lax.cond(sqp, lambda: (dx, zero),
+                                  lambda: trust_region_step(ga, ha, radius))
         # End of a subsample stage: continue on the next (more rows, all at the end)
         # from its KKT point, multiplier and penalty, or, if it did not get there, on
         # all rows afresh. From a KKT point with an active or (within coarse_tol)
