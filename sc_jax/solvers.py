@@ -165,6 +165,14 @@ class SolverOptions:
     coarse_tol: float = 1e-3
     max_coarse_iter: int = 60
 
+    def __post_init__(self):
+        # Bad subsample sizes fail here, not as a shape error deep inside a trace.
+        sizes = (self.coarse_rows,) if not isinstance(self.coarse_rows, tuple) else self.coarse_rows
+        if any(isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 0
+               for m in sizes):
+            raise ValueError("coarse_rows must be a non-negative int or a tuple of them "
+                             f"(0 disables), got {self.coarse_rows!r}")
+
     def coarse_levels(self, num_rows: int) -> list[int]:
         """The subsample sizes a problem of ``num_rows`` rows is solved on before all
         rows, ascending: each ``coarse_rows`` entry m with num_rows > 2 m."""

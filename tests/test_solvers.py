@@ -565,6 +565,10 @@ def test_subsample_start_reaches_the_plain_solution(x64):
     packed, _ = pack_batch([(x, y, g)] * 2, "float64")
     lams, taus = jnp.asarray([0.1, 0.1]), jnp.asarray([0.999, -1.0])
     assert SolverOptions(coarse_rows=(256, 1024)).coarse_levels(6720) == [256, 1024]
+    assert SolverOptions(coarse_rows=(256, 1024)).coarse_levels(1000) == [256]
+    for bad in (-1, "2048", (256, 2048.0)):
+        with pytest.raises(ValueError, match="coarse_rows"):
+            SolverOptions(coarse_rows=bad)
     fast = solvers.solve_batch(packed, lams, taus,
                                options=SolverOptions(coarse_rows=(256, 1024)))
     plain = solvers.solve_batch(packed, lams, taus, options=SolverOptions(coarse_rows=0))
