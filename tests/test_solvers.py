@@ -400,6 +400,35 @@ def test_separable_along_the_identity_is_unbounded(x64):
     assert sol.status == Status.CONVERGED
 
 
+# Qwen2.5-0.5B, k = 4, Financial Phrasebank, seed 1, context size 1: the 12 surrogate
+# rows (log-odds of classes 1 and 2 against class 0, exact float32 values) from
+# benchmarks/real_eval/qwen2.5-0.5b/k4/scores/financial_phrasebank-k4-seed1.npz.
+FPB_ROWS = np.asarray([
+    [-2.624812126159668, -0.10481834411621094], [-2.5123281478881836, -0.3521566390991211],
+    [-2.1752986907958984, -0.1653156280517578], [-3.0191574096679688, -0.43535327911376953],
+    [-3.216289520263672, -1.0158758163452148], [-2.3370132446289062, -0.7048664093017578],
+    [-0.16124826669692993, -0.2785549759864807], [-1.1951169967651367, 0.03365993499755859],
+    [-0.26567935943603516, -0.6214427947998047], [-2.572962760925293, -0.36794281005859375],
+    [-2.496318817138672, -0.1346302032470703], [-2.467409133911133, -0.40059375762939453]])
+FPB_LABELS = np.asarray([2, 1, 0, 0, 1, 0, 0, 2, 0, 0, 2, 1])
+FPB_QUERIES = np.asarray([1, 2, 3, 0, 2, 3, 0, 1, 3, 0, 1, 2])
+
+
+def test_float32_run_off_on_real_rows_is_not_stopped_by_rounding_noise():
+    # Class 2 runs off along its ray (the infimum is not attained) while the
+    # constraint (tau 0.98632 from the Appendix A schedule) binds. float64 ends
+    # UNBOUNDED at f = 0.61682 (SciPy trust-constr, still running off: 0.61668).
+    # float32 once grew rho to 100 on the constraint measure's rounding noise (about
+    # 1e-6, its feas_tol) and then crawled, ending MAX_ITERATIONS at f = 0.8730, 41%
+    # above. It now ends UNBOUNDED at 0.61692 (1.6e-4 relative above float64); the
+    # bound 0.62 (5e-3 relative) leaves 30x that gap for other CPUs' rounding and
+    # sits far below the failure.
+    sol = calibrators.fit(FPB_ROWS, FPB_LABELS, FPB_QUERIES, lambda_inv=0.1, dtype="float32")
+    assert abs(sol.tau - 0.98632) < 1e-5  # the schedule's value for this base accuracy
+    assert sol.status == Status.UNBOUNDED, sol
+    assert sol.objective <= 0.62 and sol.violation <= 1e-6, sol
+
+
 def test_ray_test_follows_a_fall_of_many_orders_of_magnitude(x64):
     # Along a ray of separation f behaves like A exp(-kappa s): from 1e-60, f at 2x and
     # 4x is 1e-120 and 1e-240. Each fall must be judged against the rounding of the
