@@ -336,15 +336,26 @@ def pack_batch(problems: Sequence[tuple], dtype="float32") -> tuple[Problem, lis
     return problem, sizes
 
 
+# Problems of at most this many rows share one bucket, padded to the largest of them.
+# Each bucket adds about 1.5 s to the solver's compilation on the 2-core CPU, whatever
+# its row count, while padding a small problem costs microseconds per evaluation:
+# sharing the k = 8 batch's 56- and 336-row buckets took its cold call (compile + run,
+# bench_cold_call.py) from 9.2-9.8 s to 7.7-8.2 s. Sharing up to 2,048 rows (1,680 at
+# k = 8) saved 1.3 s more but made the n = 3 benchmark batch's run 20-25% slower.
+SMALL_BUCKET_ROWS = 512
+
+
 def pack_buckets(problems: Sequence[tuple], dtype="float32"
                  ) -> tuple[list[list[int]], list[Problem], list[int]]:
     """Group problems by padded row count (:func:`_bucket_rows`) and pack each group
-    with :func:`pack_batch`.
+    with :func:`pack_batch`; all problems of at most ``SMALL_BUCKET_ROWS`` rows go
+    to one group.
 
     Returns (indices per bucket into ``problems``, one batched :class:`Problem` per
     bucket, each problem's row count). Buckets are ordered by padded N; k = 8
-    surrogate data of sizes 1..5 (56 to 20,160 rows) give five buckets, where one
-    common padding would make every problem cost 20,480 rows.
+    surrogate data of sizes 1..5 (56 to 20,160 rows) give four buckets (56 and 336
+    rows share one), where one common padding would make every problem cost 20,480
+    rows.
     """
     if len(problems) == 0:
         raise ValueError("no problems to fit")
@@ -353,6 +364,9 @@ def pack_buckets(problems: Sequence[tuple], dtype="float32"
         # Malformed tuples go to one bucket, where pack_batch reports them clearly.
         rows = np.shape(prob[1])[0] if len(prob) == 3 and np.ndim(prob[1]) >= 1 else 0
         groups.setdefault(_bucket_rows(rows), []).append(k)
+    small = sorted(key for key in groups if key <= SMALL_BUCKET_ROWS)
+    for key in small[:-1]:
+        groups[small[-1]] += groups.pop(key)
     indices, packed, sizes = [], [], [0] * len(problems)
     for key in sorted(groups):
         idx = groups[key]

@@ -216,6 +216,11 @@ def test_bucketed_equals_padded():
     bucketed = fit_batch(problems, tau=taus, lambda_inv=lams, dtype="float64")
     padded = fit_batch(problems, tau=taus, lambda_inv=lams, dtype="float64", bucketed=False)
     assert [f.num_rows for f in bucketed] == [56, 336, 1680] * 2
+    # Problems of at most SMALL_BUCKET_ROWS share one bucket (one compiled solver
+    # piece fewer): 56 and 336 rows padded to 352, 1,680 to 1,792.
+    indices, packed, _ = calibrators.pack_buckets(problems)
+    assert [p.features.shape[:2] for p in packed] == [(4, 352), (2, 1792)]
+    assert sorted(sum(indices, [])) == list(range(6)) and indices[1] == [2, 5]
     for a, b in zip(bucketed, padded):
         assert a.status == b.status == Status.CONVERGED
         assert abs(a.objective - b.objective) <= 1e-10 * abs(b.objective)
