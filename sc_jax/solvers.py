@@ -529,8 +529,8 @@ def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = F
     stage, and take 4 to 5 with these steps; the batch went from 98 to 71 ms (one
     thread, the same run). The same mode begins at a multiplier update with mu > 0
     (at most ``_SQP_ENTRIES`` times per solve), which cut the 1,680-row problems
-    from 13-20 evaluations to 10-15 and the benchmark batches' run times by 6-22%
-    (n = 2..4, both dtypes, one process).
+    from 13-20 evaluations to 10-15 and made the benchmark batches 1.06-1.22x faster
+    (n = 2..4, both dtypes, side by side in one process).
 
     An infimum that is not attained (data separable along a feasible direction: f
     tends to 0 as ||theta|| grows) ends ``UNBOUNDED``: the final point is feasible
@@ -718,7 +718,8 @@ def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = F
         # not pay for them at every update.
         enter = update & loose & (mu > 0) & (s.entries < _SQP_ENTRIES)
         dx, mu_sqp, sqp, frac = jax.lax.cond(
-            (sqp | enter) & ~kkt, primal_dual, lambda: (jnp.zeros_like(x), zero, jnp.asarray(False), one))
+            (sqp | enter) & ~kkt, primal_dual,
+            lambda: (jnp.zeros_like(x), zero, jnp.asarray(False), one))
         # One trust-region solve in the program (it is the larger piece to compile),
         # run where no primal-dual step is taken.
         step, pred = jax.lax.cond(sqp, lambda: (dx, zero),
