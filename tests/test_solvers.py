@@ -422,10 +422,13 @@ def test_float32_run_off_on_real_rows_is_not_stopped_by_rounding_noise():
     # 1e-6, its feas_tol) and then crawled, ending MAX_ITERATIONS at f = 0.8730, 41%
     # above. It now ends UNBOUNDED at 0.61692 (1.6e-4 relative above float64); the
     # bound 0.62 (5e-3 relative) leaves 30x that gap for other CPUs' rounding and
-    # sits far below the failure.
+    # sits far below the failure. The status is not pinned: along a run-off float32
+    # may legitimately stop where its falls drop below f's rounding and report
+    # CONVERGED or MAX_ITERATIONS (solvers._not_attained), and which it reports
+    # follows the rounding of the CPU's vector code.
     sol = calibrators.fit(FPB_ROWS, FPB_LABELS, FPB_QUERIES, lambda_inv=0.1, dtype="float32")
     assert abs(sol.tau - 0.98632) < 1e-5  # the schedule's value for this base accuracy
-    assert sol.status == Status.UNBOUNDED, sol
+    assert sol.status in (Status.UNBOUNDED, Status.CONVERGED, Status.MAX_ITERATIONS), sol
     assert sol.objective <= 0.62 and sol.violation <= 1e-6, sol
 
 
