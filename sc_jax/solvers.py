@@ -1070,34 +1070,34 @@ def _run_parts(fn, problems: tuple, lambda_invs: tuple, taus: tuple, threads: in
     thread (:func:`split_parts`; no more parts than the largest bucket has
     instances), the parts at the same time, and reassembled in the input order. A
     filler is an all-padding instance (mask 0) with lambda_inv 0 and tau -1: it ends
-    after its first evaluation. The parts are cut and joined in NumPy on the host (as
-    op-by-op JAX calls, the ~200 small gathers and concatenations cost more than the
-    n = 3 benchmark batch's whole solve). More, smaller parts taken by threads as
-    they free up would balance unequal instances, but each call has its own cost: on
-    the 2-core CPU, 5 parts of one instance per bucket over 2 threads took the n = 3
-    float64 benchmark batch 70 ms, 2 parts 62-72 ms, one call 84 ms."""
+    after its first evaluation.
+
+    Every thread passes the whole batch and its part's instance indices (``take``),
+    and the compiled program gathers its part itself (index ``count`` of a bucket
+    is out of range and gathers the filler's zeros): nothing is copied on the host.
+    Cutting the parts in NumPy on the host cost about 8 ms per call of the n = 3
+    float64 benchmark batch (a copy of every array, then another into each call;
+    the batch's solve takes 50-60 ms), and as op-by-op JAX calls the ~200 small
+    gathers cost more than the whole solve. More, smaller parts taken by threads as
+    they free up would balance unequal instances, but each call has its own cost:
+    on the 2-core CPU, 5 parts of one instance per bucket over 2 threads took the
+    n = 3 float64 benchmark batch 70 ms, 2 parts 62-72 ms, one call 84 ms."""
     counts = [int(np.shape(lam)[0]) for lam in lambda_invs]
     rows = [int(p.features.shape[1]) for p in problems]
     parts = max(min(max(counts), threads), 1)
     slots, assign = split_parts(counts, rows, parts)
-    host = jax.device_get((problems, lambda_invs, taus))
-    # Each bucket with one filler appended at index counts[j].
-    fill = lambda a, v=0: np.concatenate([a, np.full_like(a[:1], v)])  # noqa: E731
-    padded = [jax.tree.map(fill, p) for p in host[0]]
-    lams = [fill(np.asarray(lam)) for lam in host[1]]
-    tau_f = [fill(np.asarray(t), -1) for t in host[2]]
     order = [[assign[t][j] + [counts[j]] * (slots[j] - len(assign[t][j]))
               for j in range(len(counts))] for t in range(parts)]
     # jax.enable_x64 is per thread: the workers take the caller's setting.
     x64 = bool(jax.config.jax_enable_x64)
+    # On the device once, so that the threads share the buffers (NumPy inputs would
+    # be copied into every call).
+    problems, lambda_invs, taus = jax.device_put((problems, lambda_invs, taus))
 
     def call(t):
-        take = [np.asarray(order[t][j]) for j in range(len(counts))]
+        take = tuple(np.asarray(order[t][j], np.int32) for j in range(len(counts)))
         with jax.enable_x64(x64):
-            return jax.device_get(fn(
-                tuple(jax.tree.map(lambda a, k=k: a[k], p) for p, k in zip(padded, take)),
-                tuple(lam[k] for lam, k in zip(lams, take)),
-                tuple(tf[k] for tf, k in zip(tau_f, take))))
+            return jax.device_get(fn(problems, lambda_invs, taus, take))
 
     outs = list(_thread_pool(parts).map(call, range(parts)))
     merged = []
@@ -1132,10 +1132,20 @@ def _batched(method: str, sc_star: bool, options: SolverOptions | None,
         return jax.lax.map(lambda a: one(*a), (p, lam, t),
                            batch_size=None if batch_size == 1 else batch_size)
 
-    def batch(problems, lambda_invs, taus):
+    def batch(problems, lambda_invs, taus, take=None):
         # A tuple of buckets, each its own vmap or map (and so its own while_loops)
-        # inside the one compiled program.
+        # inside the one compiled program. ``take``: per bucket, the instances to
+        # solve (a part, see _run_parts); an index past the bucket's end gathers
+        # zeros, a filler (all padding) with lambda_inv 0, and tau is set to -1.
         trace_counts[method] += 1  # runs only while tracing
+        if take is not None:
+            def part(a, k, fill=0):
+                return jnp.take(a, k, axis=0, mode="fill", fill_value=fill)
+
+            problems = tuple(jax.tree.map(lambda a, k=k: part(a, k), p)
+                             for p, k in zip(problems, take))
+            lambda_invs = tuple(part(lam, k) for lam, k in zip(lambda_invs, take))
+            taus = tuple(part(t, k, -1) for t, k in zip(taus, take))
         return tuple(bucket(p, lam, t) for p, lam, t in zip(problems, lambda_invs, taus))
 
     return jax.jit(batch)
