@@ -248,9 +248,12 @@ class Design(NamedTuple):
     counts: Array
 
 
-def design_arrays(features: Array, labels: Array, groups: Array) -> Design:
+def design_arrays(features: Array, labels: Array, groups: Array, *,
+                  query_ids: Array | None = None, mask: Array | None = None) -> Design:
     """:class:`Design` from ``features [N, n-1]``, masked one-hot ``labels [n, N]``
-    and masked one-hot ``groups [N, G]`` (differentiable in every argument)."""
+    and masked one-hot ``groups [N, G]`` (differentiable in every argument).
+    ``query_ids [N]`` (0 on padded rows) and ``mask [N]``, where the caller has
+    them, save reading them back from the one-hot ``groups``."""
     num_rows = features.shape[0]
     # As few blocks as ROW_BLOCK allows, of equal size (a multiple of 8 rows).
     num_blocks = max(-(-num_rows // ROW_BLOCK), 1)
@@ -263,8 +266,10 @@ def design_arrays(features: Array, labels: Array, groups: Array) -> Design:
                                              + a.shape[axis + 1:])
         return jnp.moveaxis(a, 1, axis + 1)
 
-    mask = jnp.sum(groups, axis=1)  # [N]
-    query_ids = jnp.argmax(groups, axis=1).astype(jnp.int32)  # padding: 0, masked
+    if mask is None:
+        mask = jnp.sum(groups, axis=1)  # [N]
+    if query_ids is None:
+        query_ids = jnp.argmax(groups, axis=1).astype(jnp.int32)  # padding: 0, masked
     counts = jnp.sum(groups, axis=0)  # [G]
     xsums = features.T @ groups  # [n-1, G]
     row_counts = counts[query_ids] * mask
@@ -282,7 +287,8 @@ def design(problem: Problem) -> Design:
     labels = jax.nn.one_hot(problem.labels, n, dtype=dtype, axis=0) * mask  # [n, N]
     groups = jax.nn.one_hot(problem.query_ids, problem.num_queries, dtype=dtype) \
         * mask[:, None]  # [N, G]
-    return design_arrays(problem.features, labels, groups)
+    query_ids = jnp.where(mask > 0, problem.query_ids, 0).astype(jnp.int32)
+    return design_arrays(problem.features, labels, groups, query_ids=query_ids, mask=mask)
 
 
 def _over_blocks(fn, blocks: tuple, *args):

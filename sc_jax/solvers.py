@@ -456,6 +456,10 @@ def _sqp_step(gf: Array, hf: Array, c: Array, gc: Array, hc: Array, mu: Array):
 
 # Primal-dual (SQP) modes begun at multiplier updates, per solve (augmented_lagrangian).
 _SQP_ENTRIES = 3
+# The terminal step (augmented_lagrangian) ends a solve where the residual that
+# quadratic convergence predicts after the step is below this fraction of tol; 0
+# turns it off (every solve then ends on an evaluated point).
+_TERMINAL_FRACTION = 0.1
 
 
 class _ALState(NamedTuple):
@@ -487,6 +491,7 @@ class _ALState(NamedTuple):
     frac: Array  # the fraction of the Newton step that trial takes (backtracking)
     residual: Array  # KKT residual at x (with mu), which the trial must lower
     entries: Array  # primal-dual modes begun at a multiplier update
+    gsub: Array  # max |grad L_A| at x for the subproblem the pending step was made on
 
 
 def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = False,
@@ -531,6 +536,13 @@ def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = F
     (at most ``_SQP_ENTRIES`` times per solve), which cut the 1,680-row problems
     from 13-20 evaluations to 10-15 and made the benchmark batches 1.06-1.22x faster
     (n = 2..4, both dtypes, side by side in one process).
+
+    The last step is not evaluated where the steps before it show quadratic
+    convergence (a residual cut by 100 or more, and the residual predicted after
+    the step below ``_TERMINAL_FRACTION`` tol): the solve ends CONVERGED at its end
+    point, with f from the quadratic model and the constraint evaluated. That pass
+    over the rows would only have confirmed convergence; float64 batches of the
+    benchmark ran 1.06-1.20x faster (n = 2..4), with objectives equal to 2e-13.
 
     An infimum that is not attained (data separable along a feasible direction: f
     tends to 0 as ||theta|| grows) ends ``UNBOUNDED``: the final point is feasible
@@ -733,22 +745,51 @@ def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = F
         # three steps finish it.
         switch = ~fine & (kkt | (s.it + 1 - s.stage_it >= coarse_budget))
         restart = switch & ~kkt
+        # The last step, taken without another pass over the rows. Once Newton's
+        # steps converge quadratically, a residual r reached from r' predicts the
+        # next, about r (r / r')^2: the KKT residual for joint primal-dual steps, the
+        # largest entry of L_A's gradient for trust-region steps that are full
+        # Newton steps on an unchanged subproblem. Where the last step cut r by 100
+        # or more and the prediction is below _TERMINAL_FRACTION tol, the step just
+        # computed ends the solve: its end point's stationarity follows from the
+        # steps already seen, its f is the quadratic model's (the error is third
+        # order in a step of about r / ||H||), and its constraint measure is
+        # evaluated exactly (it involves no data). All-rows stage only. It saves the
+        # pass that would only confirm convergence: one of the 4 to 5 all-row
+        # passes of a 20,160-row problem of the k = 8 benchmark batches.
+        newton = jnp.where(sqp, sqp_step & sqp_ok,
+                           ~first & ~sqp_step & accept & s.interior & (ratio >= 0.75)
+                           & ~update & (jnp.linalg.norm(step) < 0.99 * radius))
+        r_now = jnp.where(sqp_step, res_t, gmax)
+        r_prev = jnp.maximum(jnp.where(sqp_step, s.residual, s.gsub), tiny_)
+        x_fin = x + step
+        mu_fin = jnp.where(sqp, mu_sqp, mu)
+        c_fin = con(x_fin)
+        measure_fin = jnp.abs(jnp.minimum(c_fin, jnp.maximum(mu_fin - rho * c_fin, 0.0) / rho)) \
+            * jax.lax.rsqrt(1.0 + jnp.dot(x_fin, x_fin))
+        terminal = (fine & newton & ~kkt & (r_now <= 1e-2 * r_prev)
+                    & (r_now * (r_now / r_prev) ** 2 <= _TERMINAL_FRACTION * tol_s)
+                    & (measure_fin <= feas_s))
+        fin = lambda new, old: jnp.where(terminal, new, old)  # noqa: E731
+        f_fin = f + jnp.dot(gf, step) + 0.5 * jnp.dot(step, hf @ step)
         return _ALState(
-            x=x, f=f, grad=gf, hess=hf, c=c, gc=gc, hc=hc, La=La,
+            # After a terminal step grad, gc and hc stay x's: nothing reads them.
+            x=fin(x_fin, x), f=fin(f_fin, f), grad=gf, hess=hf, c=fin(c_fin, c), gc=gc,
+            hc=hc, La=La,
             trial=jnp.where(switch, jnp.where(kkt, x, s.start), x + step),
             pred=pred, interior=~sqp & (jnp.linalg.norm(step) < 0.99 * radius),
-            mu=jnp.where(restart, 0.0, mu),
+            mu=jnp.where(restart, 0.0, fin(mu_fin, mu)),
             rho=jnp.where(restart, options.rho_init, rho),
             radius=jnp.where(restart, options.radius_init, radius),
             measure=jnp.where(switch, jnp.inf, jnp.where(update, measure, s.measure)),
             outer=s.outer + update.astype(jnp.int32),
             inner=jnp.where(update | switch, 0, s.inner + 1),
-            it=s.it + 1, done=kkt & fine, fresh=switch,
+            it=s.it + 1, done=(kkt & fine) | terminal, fresh=switch,
             # The next stage, or, after a failed subsample solve, all rows afresh.
             level=jnp.where(switch, jnp.where(kkt, s.level + 1, levels), s.level),
             stage_it=jnp.where(switch, s.it + 1, s.stage_it), start=s.start,
             sqp=jnp.where(switch, kkt & ((mu > 0) | (c <= 0)), sqp), mu_trial=mu_sqp,
-            frac=frac, residual=_kkt_residual(gf, c, gc, mu),
+            frac=frac, residual=_kkt_residual(gf, c, gc, mu), gsub=jnp.max(jnp.abs(ga)),
             entries=s.entries + enter.astype(jnp.int32))
 
     def cond(s: _ALState):
@@ -769,7 +810,8 @@ def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = F
             fresh=jnp.asarray(True), level=jnp.zeros((), jnp.int32),
             stage_it=jnp.zeros((), jnp.int32), start=x0,
             sqp=jnp.asarray(False), mu_trial=zero, frac=jnp.ones((), dtype),
-            residual=jnp.asarray(jnp.inf, dtype), entries=jnp.zeros((), jnp.int32))
+            residual=jnp.asarray(jnp.inf, dtype), entries=jnp.zeros((), jnp.int32),
+            gsub=jnp.asarray(jnp.inf, dtype))
         return jax.lax.while_loop(cond, body, init)
 
     starts = _starts(n1, options.num_starts, sc_star, dtype)  # [S, p]

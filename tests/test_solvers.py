@@ -704,7 +704,7 @@ def test_value_grad_hess_equals_autodiff(x64, monkeypatch):
     # With ROW_BLOCK = 64, the 150-row instance runs in three blocks (the last one
     # padded) and the 50-row ones in one, as 20,160 rows do at the default 8,192.
     from sc_jax import objective as objective_module
-    from sc_jax.objective import design, objective, value, value_grad_hess
+    from sc_jax.objective import design, design_arrays, objective, value, value_grad_hess
 
     monkeypatch.setattr(objective_module, "ROW_BLOCK", 64)
     rng = np.random.default_rng(0)
@@ -717,6 +717,13 @@ def test_value_grad_hess_equals_autodiff(x64, monkeypatch):
         ref = lambda z: objective(Params(z[:n - 1], z[n - 1:]), prob, 0.7)  # noqa: E731
         d = design(prob)
         assert d.features.shape[0] == (3 if rows > 64 else 1)
+        # design() passes the query ids and mask it has; read back from the
+        # one-hot groups (design_arrays' own way) they are the same.
+        mask = prob.mask[:, None]
+        slow = design_arrays(prob.features, jax.nn.one_hot(prob.labels, n, axis=0) * mask.T,
+                             jax.nn.one_hot(prob.query_ids, 8) * mask)
+        for a, b in zip(d, slow):
+            np.testing.assert_array_equal(a, b)
         # Everything jitted, two programs per case: op-by-op dispatch of jax.hessian
         # made this test slow, and then one compile per function (16 in all) did.
         f, g, h, v = jax.jit(lambda x, d: (*value_grad_hess(x, d, 0.7), value(x, d, 0.7)))(x, d)
@@ -804,3 +811,46 @@ def test_families_reach_the_best_scipy_optimum(family_fits, index):
     scale32 = max(1.0, abs(r64.objective)) if unb else abs(r64.objective)
     assert (r64.objective - ref.objective) / scale64 <= 1e-7, (r64.objective, ref.objective)
     assert (f32 - r64.objective) / scale32 <= 1e-4, (f32, r64.objective)
+
+
+def test_terminal_step_matches_the_evaluated_end(x64, monkeypatch):
+    # The terminal step (fast path: the last Newton step taken without a pass over
+    # the rows) against solves that end on an evaluated point (_TERMINAL_FRACTION =
+    # 0), float64, no subsample stage, on 1,680 rows: (a) the constraint active
+    # (tau 0.997: primal-dual steps), (b) no trust region (tau -1: full Newton steps
+    # on f). Each takes one evaluation fewer and ends at the same optimum.
+    from sc_jax.objective import design, trust_region, value_grad_hess
+
+    opts = SolverOptions(coarse_rows=0)
+    tol, feas_tol = opts.tolerances(jnp.float64)
+    cases = [(realistic(3, 3, 0), 0.1, 0.997), (realistic(3, 3, 1), 0.1, -1.0)]
+    probs = [jax.tree.map(lambda a: a[0], pack_batch([data], "float64")[0])
+             for data, _, _ in cases]
+
+    def solve(prob, lam, tau):
+        # A fresh jit: _TERMINAL_FRACTION is read while tracing.
+        return jax.jit(lambda p: solvers.augmented_lagrangian(p, lam, tau, options=opts))(prob)
+
+    fast = [solve(p, lam, tau) for p, (_, lam, tau) in zip(probs, cases)]
+    monkeypatch.setattr(solvers, "_TERMINAL_FRACTION", 0.0)
+    plain = [solve(p, lam, tau) for p, (_, lam, tau) in zip(probs, cases)]
+    for prob, (_, lam, tau), a, b in zip(probs, cases, fast, plain):
+        assert int(a.status) == int(b.status) == Status.CONVERGED
+        assert int(a.iterations) == int(b.iterations) - 1  # the path was taken
+        # The same end point: the plain solve evaluates it once more. Equal to
+        # rounding (observed: bitwise); the bounds allow the two compiled programs
+        # to round the step differently (Hessian eigenvalues >= 2e-2 here).
+        np.testing.assert_allclose(a.params.w, b.params.w, atol=1e-10)
+        np.testing.assert_allclose(a.params.b, b.params.b, atol=1e-10)
+        assert abs(float(a.objective) - float(b.objective)) <= 1e-13
+        # The unevaluated end point, evaluated: the model's f is exact to rounding
+        # (observed 1e-16; its error is third order in a step of about 1e-7), and
+        # the point is stationary to tol (observed 3e-13) and feasible to feas_tol,
+        # as its status says.
+        z = jnp.concatenate([a.params.b, a.params.w])
+        f, gf, _ = value_grad_hess(z, design(prob), lam)
+        assert abs(float(f) - float(a.objective)) <= 1e-13
+        gc = jax.grad(lambda v: trust_region(solvers._flat_params(v, False)))(z)
+        assert float(jnp.max(jnp.abs(gf - a.multiplier * gc))) <= tol
+        assert float(a.violation) <= feas_tol
+    assert float(fast[0].multiplier) > 0 and float(fast[1].multiplier) == 0
