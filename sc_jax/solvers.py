@@ -592,6 +592,12 @@ def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = F
         # an infeasible direction, no finite rho brings it back.
         return (trust_region(_flat_params(x, sc_star)) - tau) * jnp.sqrt(1.0 + jnp.dot(x, x))
 
+    def constraint_measure(z, cz, mu, rho):
+        # |min(g, mu / rho)| with the PHR shift, in cosine units (c carries the
+        # factor sqrt(1 + ||x||^2)): 0 exactly at a feasible, complementary point.
+        shifted = jnp.maximum(mu - rho * cz, 0.0)
+        return jnp.abs(jnp.minimum(cz, shifted / rho)) * jax.lax.rsqrt(1.0 + jnp.dot(z, z))
+
     def lagrangian(f, gf, hf, c, gc, hc, mu, rho):
         shifted = jnp.maximum(mu - rho * c, 0.0)
         value_ = f + (shifted**2 - mu**2) / (2.0 * rho)
@@ -660,8 +666,7 @@ def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = F
         # 1 / COSINE_EPS^2: float32 once stopped there 4% above the optimum.)
         flat = ~first & ~sqp_step & accept & tiny & s.interior & (gmax <= 10.0 * tol_s)
         solved = (gmax <= tol_s) | flat
-        # In cosine units (c carries the factor sqrt(1 + ||x||^2)).
-        measure = jnp.abs(jnp.minimum(c, shifted / s.rho)) * jax.lax.rsqrt(1.0 + jnp.dot(x, x))
+        measure = constraint_measure(x, c, mu_now, s.rho)
         # Subproblems are solved only as well as the multiplier is known: to a
         # gradient below a fraction of the constraint measure (Newton's steps make
         # the last digits cheap once the measure is small).
@@ -765,8 +770,7 @@ def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = F
         x_fin = x + step
         mu_fin = jnp.where(sqp, mu_sqp, mu)
         c_fin = con(x_fin)
-        measure_fin = jnp.abs(jnp.minimum(c_fin, jnp.maximum(mu_fin - rho * c_fin, 0.0) / rho)) \
-            * jax.lax.rsqrt(1.0 + jnp.dot(x_fin, x_fin))
+        measure_fin = constraint_measure(x_fin, c_fin, mu_fin, rho)
         terminal = (fine & newton & ~kkt & (r_now <= 1e-2 * r_prev)
                     & (r_now * (r_now / r_prev) ** 2 <= _TERMINAL_FRACTION * tol_s)
                     & (measure_fin <= feas_s))
