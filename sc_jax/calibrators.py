@@ -337,10 +337,12 @@ def pack_batch(problems: Sequence[tuple], dtype="float32") -> tuple[Problem, lis
 
 
 # Problems of at most this many rows share one bucket, padded to the largest of them.
-# Each bucket adds about 1.5 s to the solver's compilation on the 2-core CPU, whatever
-# its row count, while padding a small problem costs microseconds per evaluation:
+# Each bucket adds its own copies of the evaluations of f to the solver's compilation
+# (the loop itself is compiled once, solvers._solve_slots): 0.8 s for a 1,792-row
+# bucket, 1.7 s for 20,480 rows on the 2-core CPU, while padding a small problem costs
+# microseconds per evaluation. When every bucket had its own copy of the whole loop,
 # sharing the k = 8 batch's 56- and 336-row buckets took its cold call (compile + run,
-# bench_cold_call.py) from 9.2-9.8 s to 7.7-8.2 s. Sharing up to 2,048 rows (1,680 at
+# bench_cold_call.py) from 9.2-9.8 s to 7.7-8.2 s; sharing up to 2,048 rows (1,680 at
 # k = 8) saved 1.3 s more but made the n = 3 benchmark batch's run 20-25% slower.
 SMALL_BUCKET_ROWS = 512
 

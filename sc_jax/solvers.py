@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sc_jax.objective import (
+    COSINE_EPS,
     Params,
     Problem,
     class_cosines,
@@ -425,6 +426,45 @@ def _restore_feasibility(x: Array, f: Array, h, fun, feas_tol: float, steps: int
     return jnp.where(use, z, x), fz
 
 
+def _scaled_cosine_derivatives(x: Array, tau: Array, sc_star: bool):
+    """(c, grad c, hess c) of the scaled constraint c(x) = (m(x) - tau) s(x), with m the
+    mean smoothed cosine (:func:`sc_jax.objective.trust_region`) and s = sqrt(1 +
+    ||x||^2), in closed form: the cosine of each class depends on its (b_c, w_c)
+    alone, so m's Hessian is a 2 x 2 block per class. ``jax.hessian`` of the same
+    function gave the same numbers (a test compares them) with about as many
+    operations to compile as an evaluation of f itself.
+
+    Per class, with q = b^2 + w^2 + eps^2 and cos = w / sqrt(q):
+    d cos/db = -w b / q^1.5, d cos/dw = (b^2 + eps^2) / q^1.5,
+    d2/db2 = w (3 b^2 - q) / q^2.5, d2/db dw = b (3 w^2 - q) / q^2.5,
+    d2/dw2 = -3 w (b^2 + eps^2) / q^2.5. For SC* (x = b, w = 1) the b entries alone.
+    """
+    n1 = x.shape[0] if sc_star else x.shape[0] // 2
+    b = x if sc_star else x[:n1]
+    w = jnp.ones_like(b) if sc_star else x[n1:]
+    e2 = jnp.asarray(COSINE_EPS**2, x.dtype)
+    q = b * b + w * w + e2
+    rq = jax.lax.rsqrt(q)
+    r3 = rq / q  # q^-1.5
+    r5 = r3 / q  # q^-2.5
+    m = jnp.mean(w * rq)
+    db, dw = -w * b * r3, (b * b + e2) * r3
+    dbb, dbw, dww = w * (3.0 * b * b - q) * r5, b * (3.0 * w * w - q) * r5, -3.0 * w * (b * b + e2) * r5
+    if sc_star:
+        gm, hm = db / n1, jnp.diag(dbb) / n1
+    else:
+        gm = jnp.concatenate([db, dw]) / n1
+        hm = jnp.block([[jnp.diag(dbb), jnp.diag(dbw)], [jnp.diag(dbw), jnp.diag(dww)]]) / n1
+    sc = jnp.sqrt(1.0 + jnp.dot(x, x))
+    g = m - tau
+    c = g * sc
+    gc = sc * gm + g * x / sc
+    cross = jnp.outer(gm, x)
+    hc = (sc * hm + (cross + cross.T) / sc
+          + g * (jnp.eye(x.shape[0], dtype=x.dtype) / sc - jnp.outer(x, x) / (sc * sc * sc)))
+    return c, gc, hc
+
+
 def _kkt_residual(gf: Array, c: Array, gc: Array, mu: Array) -> Array:
     """||(grad f - mu grad c, c)||_2: the residual of the KKT conditions with the
     (scaled) constraint c active, whose Newton step :func:`_sqp_step` is. Newton's
@@ -553,32 +593,68 @@ def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = F
     problem: one unbatched :class:`Problem`; lambda_inv, tau: scalars (may be traced).
     """
     dtype = problem.features.dtype
+    lambda_inv = jnp.asarray(lambda_inv, dtype)
+    num_rows = problem.features.shape[0]
+    sizes = options.coarse_levels(num_rows)
+    designs = [design(jax.tree.map(lambda a, r=coarse_subsample(num_rows, m): a[r], problem))
+               for m in sizes] + [design(problem)]
+    rows = _Rows(evaluate=_stage_evaluator(designs, lambda_inv),
+                 value=lambda x: value(x, designs[-1], lambda_inv),
+                 levels=len(sizes), has_rows=jnp.any(problem.mask > 0))
+    return _al_solve(rows, problem.num_classes - 1, dtype, lambda_inv, tau,
+                     sc_star=sc_star, options=options)
+
+
+class _Rows(NamedTuple):
+    """What the augmented Lagrangian reads of one instance's data: ``evaluate(x,
+    level)`` gives f, its gradient and Hessian at the full (b, w) on the rows of
+    stage ``level`` (subsamples first, ``levels`` = all rows), ``value(x)`` f on all
+    rows; ``has_rows`` whether any row is real (a batch filler has none). A Python
+    int ``levels`` is known at trace time; the solver of many buckets in one loop
+    (:func:`_solve_slots`) passes the instance's own as a traced int."""
+
+    evaluate: Callable
+    value: Callable
+    levels: int | Array
+    has_rows: Array
+
+
+def _stage_evaluator(designs: list, lambda_inv):
+    """``evaluate(x, level)`` over a problem's stage designs (subsamples, then all
+    rows): a switch where there are subsamples (on CPU only the branch taken runs)."""
+    if len(designs) == 1:
+        return lambda x, level: value_grad_hess(x, designs[0], lambda_inv)
+    return lambda x, level: jax.lax.switch(
+        level, [lambda dd=dd: value_grad_hess(x, dd, lambda_inv) for dd in designs])
+
+
+def _al_solve(rows: _Rows, n1: int, dtype, lambda_inv, tau, *, sc_star: bool,
+              options: SolverOptions) -> Solution:
+    """The loop of :func:`augmented_lagrangian` on one instance's :class:`_Rows`."""
     tol, feas_tol = options.tolerances(dtype)
     eps = jnp.finfo(dtype).eps
     tiny_ = jnp.finfo(dtype).tiny
     rho_max = options.rho_max if options.rho_max is not None else (
         1e8 if jnp.dtype(dtype) == jnp.float64 else 1e4)
-    lambda_inv = jnp.asarray(lambda_inv, dtype)
     tau = jnp.asarray(tau, dtype)
-    d = design(problem)
-    n1 = problem.num_classes - 1
-    num_rows = problem.features.shape[0]
-    sizes = options.coarse_levels(num_rows)
-    levels = len(sizes)  # subsample stages; stage `levels` is all rows
-    coarse = levels > 0
+    levels = rows.levels  # subsample stages; stage `levels` is all rows
+    coarse = not isinstance(levels, int) or levels > 0
     # Every subsample stage hands over before its budget ends, so every solve ends on
     # all rows (its final f, gradient and status are the full problem's).
-    coarse_budget = max(min(options.max_coarse_iter, (options.max_iter - 1) // max(levels, 1)), 1)
-    designs = [design(jax.tree.map(lambda a, r=coarse_subsample(num_rows, m): a[r], problem))
-               for m in sizes] + [d]
+    if isinstance(levels, int):
+        coarse_budget = max(min(options.max_coarse_iter,
+                                (options.max_iter - 1) // max(levels, 1)), 1)
+    else:
+        coarse_budget = jnp.maximum(jnp.minimum(
+            options.max_coarse_iter, (options.max_iter - 1) // jnp.maximum(levels, 1)), 1)
     coarse_tol = max(options.coarse_tol, tol)
     coarse_feas = max(options.coarse_tol, feas_tol)
 
     def full(x):
         return jnp.concatenate([x, jnp.ones_like(x)]) if sc_star else x
 
-    def fgh(x, d):
-        f, g, h = value_grad_hess(full(x), d, lambda_inv)
+    def fgh(x, level):
+        f, g, h = rows.evaluate(full(x), level)
         if sc_star:
             return f, g[:n1], h[:n1, :n1]
         return f, g, h
@@ -610,15 +686,13 @@ def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = F
         # 1. Evaluate the pending trial point (on the subsample or on all rows);
         # accept or reject it.
         fine = s.level == levels
-        if coarse:  # on CPU (instances one by one) only the branch taken runs
-            ft, gft, hft = jax.lax.switch(
-                s.level, [lambda dd=dd: fgh(s.trial, dd) for dd in designs])
+        ft, gft, hft = fgh(s.trial, s.level)
+        if coarse:
             tol_s = jnp.where(fine, tol, coarse_tol)
             feas_s = jnp.where(fine, feas_tol, coarse_feas)
         else:
-            ft, gft, hft = fgh(s.trial, d)
             tol_s, feas_s = tol, feas_tol
-        ct, gct, hct = con(s.trial), jax.grad(con)(s.trial), jax.hessian(con)(s.trial)
+        ct, gct, hct = _scaled_cosine_derivatives(s.trial, tau, sc_star)
         Lt = ft + (jnp.maximum(s.mu - s.rho * ct, 0.0) ** 2 - s.mu**2) / (2.0 * s.rho)
         ared = s.La - Lt
         noise = 100.0 * eps * jnp.maximum(jnp.abs(s.La), 1.0)
@@ -836,10 +910,10 @@ def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = F
     k = jnp.where(jnp.any(jnp.isfinite(score)), jnp.argmin(score), 0)
     s = jax.tree.map(lambda a: a[k], runs)
     x_end, f_end = _restore_feasibility(
-        s.x, s.f, margin, lambda z: value(full(z), d, lambda_inv), feas_tol)
+        s.x, s.f, margin, lambda z: rows.value(full(z)), feas_tol)
     s = s._replace(x=x_end, f=f_end)
     unbounded, x_end, f_end = _not_attained(
-        s.x, s.f, s.hess, lambda z: value(full(z), d, lambda_inv),
+        s.x, s.f, s.hess, lambda z: rows.value(full(z)),
         lambda z: margin(z) >= -feas_tol, n1,
         converged=s.done, tol=tol)
     s = s._replace(x=x_end, f=f_end)
@@ -848,10 +922,10 @@ def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = F
     # With a real row, f is a mean of strictly positive terms at every finite theta,
     # so f = 0 is an infimum reached only by rounding, at the end of a run-off (an
     # all-padding batch filler has f = 0 by definition).
-    unbounded = unbounded | ((s.f <= 0) & jnp.any(problem.mask > 0))
+    unbounded = unbounded | ((s.f <= 0) & rows.has_rows)
     # mu belongs to the scaled constraint; the paper's constraint has mu * scale.
     multiplier = s.mu * jnp.sqrt(1.0 + jnp.dot(s.x, s.x))
-    return _finish(params, problem, lambda_inv, tau, converged=s.done,
+    return _finish(params, None, lambda_inv, tau, converged=s.done,
                    violation=violation, feas_tol=feas_tol,
                    iterations=jnp.sum(runs.it), outer_iterations=jnp.sum(runs.outer) + 1,
                    unbounded=unbounded, multiplier=multiplier, objective_value=s.f)
@@ -1160,7 +1234,8 @@ def _batched(method: str, sc_star: bool, options: SolverOptions | None,
              batch_size: int | None = None):
     """jit of the solver over a tuple of buckets; ``batch_size`` (resolved, static):
     None vmaps each bucket whole, k runs ``lax.map`` over chunks of k vmapped
-    instances (k = 1: one instance after another, no vmap)."""
+    instances (k = 1: one instance after another, no vmap; for the augmented
+    Lagrangian all buckets through one copy of its loop, :func:`_solve_slots`)."""
     fn = _JAX_METHODS[method]
     kwargs = {"sc_star": sc_star}
     if options is not None:
@@ -1184,17 +1259,97 @@ def _batched(method: str, sc_star: bool, options: SolverOptions | None,
         # solve (a part, see _run_parts); an index past the bucket's end gathers
         # zeros, a filler (all padding) with lambda_inv 0, and tau is set to -1.
         trace_counts[method] += 1  # runs only while tracing
+        if method == "augmented_lagrangian" and batch_size == 1:
+            return _solve_slots(problems, lambda_invs, taus, take, sc_star=sc_star,
+                                options=options or SolverOptions())
         if take is not None:
-            def part(a, k, fill=0):
-                return jnp.take(a, k, axis=0, mode="fill", fill_value=fill)
-
-            problems = tuple(jax.tree.map(lambda a, k=k: part(a, k), p)
-                             for p, k in zip(problems, take))
-            lambda_invs = tuple(part(lam, k) for lam, k in zip(lambda_invs, take))
-            taus = tuple(part(t, k, -1) for t, k in zip(taus, take))
+            problems, lambda_invs, taus = _gather_parts(problems, lambda_invs, taus, take)
         return tuple(bucket(p, lam, t) for p, lam, t in zip(problems, lambda_invs, taus))
 
     return jax.jit(batch)
+
+
+def _gather_parts(problems: tuple, lambda_invs: tuple, taus: tuple, take: tuple):
+    """Per bucket, the instances ``take[j]`` (a part, see :func:`_run_parts`); an
+    index past the bucket's end gathers zeros, a filler (all padding) with
+    lambda_inv 0 and tau -1."""
+    def part(a, k, fill=0):
+        return jnp.take(a, k, axis=0, mode="fill", fill_value=fill)
+
+    return (tuple(jax.tree.map(lambda a, k=k: part(a, k), p) for p, k in zip(problems, take)),
+            tuple(part(lam, k) for lam, k in zip(lambda_invs, take)),
+            tuple(part(t, k, -1) for t, k in zip(taus, take)))
+
+
+def _filler_solution(n1: int, dtype, sc_star: bool) -> Solution:
+    """What a skipped slot (a filler, see :func:`_solve_slots`) returns; discarded."""
+    z, zero, none = jnp.zeros(n1, dtype), jnp.zeros((), dtype), jnp.zeros((), jnp.int32)
+    return Solution(params=Params(z, jnp.ones_like(z) if sc_star else z), status=none,
+                    iterations=none, outer_iterations=none, objective=zero,
+                    constraint=zero, violation=zero, multiplier=zero)
+
+
+def _solve_slots(problems: tuple, lambda_invs: tuple, taus: tuple, take, *,
+                 sc_star: bool, options: SolverOptions) -> tuple:
+    """The augmented Lagrangian over buckets with ONE copy of its loop in the program
+    (CPU, instances one by one): ``lax.map`` over slots, each holding one instance of
+    every bucket, and within a slot a ``lax.scan`` over the buckets whose solve
+    reads the rows through ``lax.switch`` on the bucket. Only the evaluations of f
+    (and the designs) depend on a bucket's row count, so only they are compiled
+    per bucket; with a ``vmap`` or ``map`` per bucket the whole solver was, about
+    0.8 s of XLA's compile per bucket on the 2-core CPU. The switch index is the
+    bucket, never batched (also under the multi-start's vmap), so each evaluation
+    runs one bucket's code. Slots past a bucket's count (buckets of unequal counts,
+    or the fillers of a part) are skipped by a ``lax.cond``.
+
+    problems, lambda_invs, taus: per bucket, ``[B_j, ...]`` and ``[B_j]``; take: per
+    bucket the instances to solve (or None: all). Returns a tuple of per-bucket
+    :class:`Solution` batches, ``[len(take[j])]`` (or ``[B_j]``).
+    """
+    counts = [int(p.features.shape[0]) for p in problems]
+    if take is None:
+        take = tuple(jnp.arange(c, dtype=jnp.int32) for c in counts)
+    lens = [int(k.shape[0]) for k in take]
+    slots = max(lens)
+    take = tuple(jnp.concatenate([jnp.asarray(k, jnp.int32),
+                                  jnp.full(slots - n, c, jnp.int32)])
+                 for k, n, c in zip(take, lens, counts))
+    valid = jnp.stack([k < c for k, c in zip(take, counts)], axis=1)  # [S, J]
+    problems, lambda_invs, taus = _gather_parts(problems, lambda_invs, taus, take)
+    dtype = problems[0].features.dtype
+    n1 = problems[0].num_classes - 1
+    stages = [options.coarse_levels(int(p.features.shape[1])) for p in problems]
+    if any(stages):
+        levels = jnp.asarray([len(z) for z in stages], jnp.int32)
+    else:  # no subsample anywhere: known at trace time, no stage switch at all
+        levels = None
+
+    def slot(args):
+        probs, lams, ts, ok = args  # one instance of every bucket
+        designs = [[design(jax.tree.map(lambda a, r=coarse_subsample(
+                        int(p.features.shape[0]), m): a[r], p)) for m in z] + [design(p)]
+                   for p, z in zip(probs, stages)]
+        has_rows = jnp.stack([jnp.any(p.mask > 0) for p in probs])
+
+        def job(_, xs):
+            j, lam, tau, good = xs
+            evals = [_stage_evaluator(ds, lam) for ds in designs]
+            rows = _Rows(
+                evaluate=lambda x, level: jax.lax.switch(
+                    j, [lambda e=e: e(x, level) for e in evals]),
+                value=lambda x: jax.lax.switch(
+                    j, [lambda ds=ds: value(x, ds[-1], lam) for ds in designs]),
+                levels=0 if levels is None else levels[j], has_rows=has_rows[j])
+            return None, jax.lax.cond(
+                good, lambda: _al_solve(rows, n1, dtype, lam, tau, sc_star=sc_star,
+                                        options=options),
+                lambda: _filler_solution(n1, dtype, sc_star))
+
+        return jax.lax.scan(job, None, (jnp.arange(len(probs)), jnp.stack(lams),
+                                        jnp.stack(ts), ok))[1]
+
+    out = jax.lax.map(slot, (problems, lambda_invs, taus, valid))  # [S, J, ...]
+    return tuple(jax.tree.map(lambda a, j=j, n=n: a[:n, j], out) for j, n in enumerate(lens))
 
 
 def solve_batch(problem: Problem | Sequence[Problem], lambda_inv, tau, *,
@@ -1214,7 +1369,9 @@ def solve_batch(problem: Problem | Sequence[Problem], lambda_inv, tau, *,
     ``problem`` may also be a sequence of batched problems (buckets, each padded to
     its own N), with ``lambda_inv`` and ``tau`` sequences of matching ``[B_j]``
     arrays: each bucket is vmapped on its own inside the ONE compiled call and a
-    tuple of :class:`Solution` is returned. Under vmap every instance pays for the
+    tuple of :class:`Solution` is returned (with ``batch_size`` 1, the CPU default,
+    the augmented Lagrangian solves every bucket with one copy of its loop:
+    :func:`_solve_slots`; the same solutions, a test compares them). Under vmap every instance pays for the
     batch's padded N and for its slowest instance's iterations, so grouping problems
     of similar size saves both (see ``sc_jax.calibrators.fit_batch``).
 

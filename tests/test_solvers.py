@@ -11,6 +11,7 @@ float64 is switched on per test by the ``x64`` fixture: ``jax.enable_x64`` is a
 context manager scoped to the test, so other test modules keep float32.
 """
 
+import functools
 import itertools
 import os
 
@@ -21,7 +22,8 @@ import pytest
 
 from sc_jax import calibrators, solvers, synthetic
 from sc_jax.calibrators import pack_batch
-from sc_jax.objective import Params, Problem, calibrated_logits, class_cosines, objective
+from sc_jax.objective import (Params, Problem, calibrated_logits, class_cosines, objective,
+                               trust_region)
 from sc_jax.solvers import SolverOptions, Status
 
 
@@ -208,6 +210,64 @@ def test_vmapped_equals_one_by_one(x64, method, batch_size):
         assert abs(f - fb) <= 1e-10 * abs(f)
         np.testing.assert_allclose(sol.params.b, batched.params.b[k], atol=1e-6)
         np.testing.assert_allclose(sol.params.w, batched.params.w[k], atol=1e-6)
+
+
+@pytest.mark.parametrize("sc_star", [False, True])
+def test_constraint_derivatives_equal_autodiff(x64, sc_star):
+    # The closed-form value, gradient and Hessian of the scaled mean-cosine
+    # constraint against jax.grad / jax.hessian of the same function, at points near
+    # the apex (where the smoothed cosine's curvature is 1 / COSINE_EPS^2), at unit
+    # scale and far out. Both are float64 evaluations of the same derivatives in a
+    # different order of operations: 1e-12 relative to the largest entry (observed
+    # below 2e-14).
+    rng = np.random.default_rng(7)
+    tau = jnp.float64(0.3)
+    for n1 in (1, 2, 5):
+        for scale in (1e-4, 1.0, 30.0):
+            x = jnp.asarray(rng.normal(size=n1 if sc_star else 2 * n1) * scale)
+
+            def con(z):
+                cos = trust_region(solvers._flat_params(z, sc_star))
+                return (cos - tau) * jnp.sqrt(1.0 + jnp.dot(z, z))
+
+            c, g, h = solvers._scaled_cosine_derivatives(x, tau, sc_star)
+            for ours, ref in ((c, con(x)), (g, jax.grad(con)(x)), (h, jax.hessian(con)(x))):
+                big = float(jnp.max(jnp.abs(ref)))
+                assert float(jnp.max(jnp.abs(ours - ref))) <= 1e-12 * max(big, 1.0)
+
+
+@pytest.mark.parametrize("sc_star", [False, True])
+def test_one_loop_over_buckets_equals_each_alone(x64, sc_star):
+    # The CPU default (batch_size 1) solves all buckets with one copy of the loop,
+    # reading rows through a switch on the bucket (solvers._solve_slots). Against
+    # each instance solved alone: buckets of unequal counts (a skipped slot), one
+    # with a subsample stage and one without (coarse_rows 64: stages where N > 128),
+    # and two starts (the multi-start's vmap around the switch). Each instance runs
+    # the same arithmetic as alone, so the bound is the vmapped test's: the same
+    # status, the objective to 1e-10 relative (float64), parameters to 1e-6.
+    n = 3
+    problems = _instances(n, SMALL[:3], 2)
+    small, _ = pack_batch(problems[:1], "float64")  # 50 rows: no subsample stage
+    large, _ = pack_batch(problems[1:], "float64")  # 336 and 600 rows: one stage
+    opts = solvers.SolverOptions(coarse_rows=64, num_starts=2)
+    assert opts.coarse_levels(small.features.shape[1]) == []
+    assert opts.coarse_levels(large.features.shape[1]) == [64]
+    lams = [jnp.asarray([c[3] for c in SMALL[:1]]), jnp.asarray([c[3] for c in SMALL[1:3]])]
+    taus = [jnp.asarray([c[2] for c in SMALL[:1]]), jnp.asarray([c[2] for c in SMALL[1:3]])]
+    together = solvers.solve_batch([small, large], lams, taus, sc_star=sc_star,
+                                   options=opts, batch_size=1, threads=1)
+    single = jax.jit(functools.partial(solvers.augmented_lagrangian, sc_star=sc_star,
+                                       options=opts))
+    for packed, lam, tau, sols in zip((small, large), lams, taus, together):
+        assert sols.objective.shape == lam.shape
+        for k in range(lam.shape[0]):
+            sol = single(jax.tree.map(lambda a, k=k: a[k], packed), lam[k], tau[k])
+            assert int(sol.status) == int(sols.status[k]) == Status.CONVERGED
+            assert int(sol.iterations) == int(sols.iterations[k])
+            f, fb = float(sol.objective), float(sols.objective[k])
+            assert abs(f - fb) <= 1e-10 * abs(f)
+            np.testing.assert_allclose(sol.params.b, sols.params.b[k], atol=1e-6)
+            np.testing.assert_allclose(sol.params.w, sols.params.w[k], atol=1e-6)
 
 
 def test_sc_star_parity(x64):
@@ -467,8 +527,6 @@ def test_an_end_point_outside_the_constraint_is_moved_onto_it(x64):
     # The mean cosine of informative seed 2's last iterate (one class running off, b
     # = -55.7, w = 2566) is 2.2e-9 below tau, over feas_tol = 1e-9: a few Gauss-Newton
     # steps on the cosine alone put it on the constraint, and f is evaluated there.
-    from sc_jax.objective import trust_region
-
     b = jnp.asarray([0.233, -0.356, -55.712, 0.0, 0.311])
     w = jnp.asarray([4.603, 6.371, 2565.89, 0.094, 5.72])
     x = jnp.concatenate([b, w])
