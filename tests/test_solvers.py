@@ -492,7 +492,8 @@ def test_float32_run_off_on_real_rows_is_not_stopped_by_rounding_noise():
     assert sol.objective <= 0.62 and sol.violation <= 1e-6, sol
 
 
-def test_ray_test_follows_a_fall_of_many_orders_of_magnitude(x64):
+@pytest.mark.parametrize("one_site", [False, True])
+def test_ray_test_follows_a_fall_of_many_orders_of_magnitude(x64, one_site):
     # Along a ray of separation f behaves like A exp(-kappa s): from 1e-60, f at 2x and
     # 4x is 1e-120 and 1e-240. Each fall must be judged against the rounding of the
     # value it falls from; judged against f's (1e-74) the second fall went unseen, and
@@ -502,25 +503,30 @@ def test_ray_test_follows_a_fall_of_many_orders_of_magnitude(x64):
     feasible = lambda z: jnp.asarray(True)  # noqa: E731
     hess = jax.hessian(fun)(x)
     assert solvers._not_attained(x, fun(x), hess, fun, feasible, 2, converged=jnp.asarray(True),
-                                 tol=1e-9)[0]
+                                 tol=1e-9, one_site=one_site)[0]
     # A fall that underflows to 0 counts; a value that stays put does not.
     x = jnp.asarray([300.0, 300.0])
     assert fun(2 * x) == 0 and solvers._not_attained(
-        x, fun(x), jax.hessian(fun)(x), fun, feasible, 2, converged=jnp.asarray(True), tol=1e-9)[0]
+        x, fun(x), jax.hessian(fun)(x), fun, feasible, 2, converged=jnp.asarray(True), tol=1e-9, one_site=one_site)[0]
     # The run-off is followed while each doubling lowers f by more than 1e-6 |f|:
     # from x = (1, 1), f = e^-2, the end point lies far out along a ray...
     x = jnp.asarray([1.0, 1.0])
     flag, z, fz = solvers._not_attained(x, fun(x), jax.hessian(fun)(x), fun, feasible, 2,
-                                        converged=jnp.asarray(False), tol=1e-9)
+                                        converged=jnp.asarray(False), tol=1e-9, one_site=one_site)
     assert flag and float(fz) == float(fun(z)) and float(fz) < 1e-100
+    # One evaluation per pass (one_site) and the vmapped batch follow the same chain.
+    other = solvers._not_attained(x, fun(x), jax.hessian(fun)(x), fun, feasible, 2,
+                                  converged=jnp.asarray(False), tol=1e-9,
+                                  one_site=not one_site)
+    assert bool(other[0]) and bool(jnp.all(other[1] == z)) and float(other[2]) == float(fz)
     # ... but a saturated one (f falls by 1e-12 when scaled) does not move.
     sat = lambda z: 1.0 + 1e-12 * jnp.exp(-jnp.sum(z))  # noqa: E731
     flag, z, fz = solvers._not_attained(x, sat(x), jax.hessian(sat)(x), sat, feasible, 2,
-                                        converged=jnp.asarray(False), tol=1e-9)
+                                        converged=jnp.asarray(False), tol=1e-9, one_site=one_site)
     assert flag and bool(jnp.all(z == x)) and float(fz) == float(sat(x))
     flat = lambda z: jnp.asarray(1e-60) + 0.0 * jnp.sum(z)  # noqa: E731
     assert not solvers._not_attained(x, flat(x), jnp.zeros((2, 2)), flat, feasible, 2,
-                                     converged=jnp.asarray(True), tol=1e-9)[0]
+                                     converged=jnp.asarray(True), tol=1e-9, one_site=one_site)[0]
 
 
 def test_an_end_point_outside_the_constraint_is_moved_onto_it(x64):
