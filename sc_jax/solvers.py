@@ -372,7 +372,8 @@ def _not_attained(x: Array, f: Array, hess: Array, fun, feasible, n1: int, *,
 
     def test():
         scaled = x + rays[:, None, :] * jnp.asarray([1.0, 3.0], x.dtype)[None, :, None]
-        fs = jax.vmap(jax.vmap(fun))(scaled)  # [rays, 2]: f at 2x and 4x along each ray
+        pts = scaled.reshape(-1, p)  # f at 2x and 4x along each ray
+        m = pts.shape[0]
         # Only feasible rays count (for SC*, whose w is pinned, scaling b leaves the
         # cone), and only falls above the rounding of f (in float32 a flat ray
         # once passed on rounding alone).
@@ -385,50 +386,23 @@ def _not_attained(x: Array, f: Array, hess: Array, fun, feasible, n1: int, *,
         # whose minimum lies between 2x and 4x would need f(2x) = f(4x) to 100 eps
         # by coincidence).
         r = 100.0 * jnp.finfo(x.dtype).eps
-        falls = ok & (fs[:, 0] < f * (1.0 - r)) & (fs[:, 1] <= fs[:, 0] * (1.0 + r))
-        flag = jnp.any(falls)
-        k = jnp.argmin(jnp.where(falls, fs[:, 1], jnp.inf))
-        ray = rays[k]
 
-        def double(carry):
-            z, fz, _, j = carry
-            zj = x + (2.0 ** j.astype(x.dtype) - 1.0) * ray
-            fj = fun(zj)
-            alive = (fj < fz * (1.0 - follow_rtol)) & feasible(zj)
-            return jnp.where(alive, zj, z), jnp.where(alive, fj, fz), alive, j + 1
-
-        # From 2x (the first fall, known to be feasible); 4x is evaluated again so
-        # that every step of the chain is judged the same way. A while_loop, not a
-        # scan: the chain ends at its first doubling that does not fall, so a ray
-        # whose class saturates costs one evaluation of f, not ``doublings``.
-        alive0 = flag & (fs[k, 0] < f * (1.0 - follow_rtol))
-        z0, f0 = jnp.where(alive0, x + ray, x), jnp.where(alive0, fs[k, 0], f)
-        z, fz, _, _ = jax.lax.while_loop(
-            lambda c: c[2] & (c[3] <= doublings), double,
-            (z0, f0, alive0, jnp.asarray(2, jnp.int32)))
-        return flag, z, fz
-
-    def test_one_site():
-        # The same test with one evaluation of f per pass of one loop: the rays'
-        # points one by one, then the chain (so one copy of f's code in the program;
-        # the solver of many buckets has one per bucket and call site, and this
-        # saved about 0.5 s of the k = 8 batch's compile and trace on 2 CPU cores).
-        scaled = x + rays[:, None, :] * jnp.asarray([1.0, 3.0], x.dtype)[None, :, None]
-        ok = jnp.all(jax.vmap(jax.vmap(feasible))(scaled), axis=1)
-        pts = scaled.reshape(-1, p)
-        m = pts.shape[0]
-        r = 100.0 * jnp.finfo(x.dtype).eps
-
-        def judge(fs):  # as in test(): whether a ray fell, which, and the chain's start
+        def judge(fs):  # whether a ray fell, which fell furthest, the chain's start
             fs = fs.reshape(-1, 2)
             falls = ok & (fs[:, 0] < f * (1.0 - r)) & (fs[:, 1] <= fs[:, 0] * (1.0 + r))
             flag = jnp.any(falls)
             k = jnp.argmin(jnp.where(falls, fs[:, 1], jnp.inf))
+            # The chain starts at 2x (the first fall, known to be feasible); 4x is
+            # evaluated again so that every step of it is judged the same way.
             alive0 = flag & (fs[k, 0] < f * (1.0 - follow_rtol))
-            return (flag, rays[k], alive0, jnp.where(alive0, x + rays[k], x),
-                    jnp.where(alive0, fs[k, 0], f))
+            return (flag, rays[k], jnp.where(alive0, x + rays[k], x),
+                    jnp.where(alive0, fs[k, 0], f), alive0)
 
-        def body(c):  # passes 0..m-1: the rays' points; then the chain's doublings
+        # One loop, one evaluation of f per pass: with one_site the rays' points one
+        # by one (passes 0..m-1), then the chain's doublings. A while_loop, not a
+        # scan: the chain ends at its first doubling that does not fall, so a ray
+        # whose class saturates costs one evaluation of f, not ``doublings``.
+        def body(c):
             i, fs, flag, ray, z, fz, alive, j = c
             scan = i < m
             pt = jnp.where(scan, pts[jnp.minimum(i, m - 1)],
@@ -436,21 +410,25 @@ def _not_attained(x: Array, f: Array, hess: Array, fun, feasible, n1: int, *,
             fp = fun(pt)
             fs = jnp.where(scan, fs.at[jnp.minimum(i, m - 1)].set(fp), fs)
             last = i == m - 1
-            flag_n, ray_n, alive0, z0, f0 = judge(fs)
+            flag_n, ray_n, z0, f0, alive0 = judge(fs)
             grow = (fp < fz * (1.0 - follow_rtol)) & feasible(pt)
             return (i + 1, fs, jnp.where(last, flag_n, flag), jnp.where(last, ray_n, ray),
                     jnp.where(scan, jnp.where(last, z0, z), jnp.where(grow, pt, z)),
                     jnp.where(scan, jnp.where(last, f0, fz), jnp.where(grow, fp, fz)),
                     jnp.where(scan, last & alive0, grow), jnp.where(scan, 2, j + 1))
 
-        init = (jnp.asarray(0, jnp.int32), jnp.zeros(m, x.dtype), jnp.asarray(False),
-                jnp.zeros_like(x), x, f, jnp.asarray(False), jnp.asarray(2, jnp.int32))
+        two = jnp.asarray(2, jnp.int32)
+        if one_site:
+            init = (jnp.asarray(0, jnp.int32), jnp.zeros(m, x.dtype), jnp.asarray(False),
+                    jnp.zeros_like(x), x, f, jnp.asarray(False), two)
+        else:  # the rays' points as one vmapped batch; the loop is the chain's alone
+            fs = jax.vmap(fun)(pts)
+            init = (jnp.asarray(m, jnp.int32), fs, *judge(fs), two)
         out = jax.lax.while_loop(lambda c: (c[0] < m) | (c[6] & (c[7] <= doublings)),
                                  body, init)
         return out[2], out[4], out[5]
 
-    return jax.lax.cond(gate, test_one_site if one_site else test,
-                        lambda: (jnp.asarray(False), x, f))
+    return jax.lax.cond(gate, test, lambda: (jnp.asarray(False), x, f))
 
 
 def _restore_feasibility(x: Array, f: Array, h, fun, feas_tol: float, steps: int = 4):
