@@ -476,7 +476,9 @@ def _scaled_cosine_derivatives(x: Array, tau: Array, sc_star: bool):
     r5 = r3 / q  # q^-2.5
     m = jnp.mean(w * rq)
     db, dw = -w * b * r3, (b * b + e2) * r3
-    dbb, dbw, dww = w * (3.0 * b * b - q) * r5, b * (3.0 * w * w - q) * r5, -3.0 * w * (b * b + e2) * r5
+    dbb = w * (3.0 * b * b - q) * r5
+    dbw = b * (3.0 * w * w - q) * r5
+    dww = -3.0 * w * (b * b + e2) * r5
     if sc_star:
         gm, hm = db / n1, jnp.diag(dbb) / n1
     else:
@@ -693,8 +695,9 @@ def _al_solve(rows: _Rows, n1: int, dtype, lambda_inv, tau, *, sc_star: bool,
         # plain cosine is homogeneous of degree 0, so its penalty is bounded on
         # rays, while f's cost of turning away from a direction along which the
         # data are separable grows with ||x||: once an iterate runs off along such
-        # an infeasible direction, no finite rho brings it back.
-        return (trust_region(_flat_params(x, sc_star)) - tau) * jnp.sqrt(1.0 + jnp.dot(x, x))
+        # an infeasible direction, no finite rho brings it back. (The closed form
+        # also gives its derivatives; XLA drops them where only c is used.)
+        return _scaled_cosine_derivatives(x, tau, sc_star)[0]
 
     def constraint_measure(z, cz, mu, rho):
         # |min(g, mu / rho)| with the PHR shift, in cosine units (c carries the
@@ -1399,7 +1402,8 @@ def solve_batch(problem: Problem | Sequence[Problem], lambda_inv, tau, *,
     arrays: each bucket is vmapped on its own inside the ONE compiled call and a
     tuple of :class:`Solution` is returned (with ``batch_size`` 1, the CPU default,
     the augmented Lagrangian solves every bucket with one copy of its loop:
-    :func:`_solve_slots`; the same solutions, a test compares them). Under vmap every instance pays for the
+    :func:`_solve_slots`; the same solutions, a test compares them). Under vmap
+    every instance pays for the
     batch's padded N and for its slowest instance's iterations, so grouping problems
     of similar size saves both (see ``sc_jax.calibrators.fit_batch``).
 

@@ -507,7 +507,8 @@ def test_ray_test_follows_a_fall_of_many_orders_of_magnitude(x64, one_site):
     # A fall that underflows to 0 counts; a value that stays put does not.
     x = jnp.asarray([300.0, 300.0])
     assert fun(2 * x) == 0 and solvers._not_attained(
-        x, fun(x), jax.hessian(fun)(x), fun, feasible, 2, converged=jnp.asarray(True), tol=1e-9, one_site=one_site)[0]
+        x, fun(x), jax.hessian(fun)(x), fun, feasible, 2, converged=jnp.asarray(True), tol=1e-9,
+        one_site=one_site)[0]
     # The run-off is followed while each doubling lowers f by more than 1e-6 |f|:
     # from x = (1, 1), f = e^-2, the end point lies far out along a ray...
     x = jnp.asarray([1.0, 1.0])
