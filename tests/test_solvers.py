@@ -263,7 +263,6 @@ def test_one_loop_over_buckets_equals_each_alone(x64, sc_star):
         for k in range(lam.shape[0]):
             sol = single(jax.tree.map(lambda a, k=k: a[k], packed), lam[k], tau[k])
             assert int(sol.status) == int(sols.status[k]) == Status.CONVERGED
-            assert int(sol.iterations) == int(sols.iterations[k])
             f, fb = float(sol.objective), float(sols.objective[k])
             assert abs(f - fb) <= 1e-10 * abs(f)
             np.testing.assert_allclose(sol.params.b, sols.params.b[k], atol=1e-6)
