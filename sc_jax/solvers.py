@@ -623,10 +623,8 @@ def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = F
     """
     dtype = problem.features.dtype
     lambda_inv = jnp.asarray(lambda_inv, dtype)
-    num_rows = problem.features.shape[0]
-    sizes = options.coarse_levels(num_rows)
-    designs = [design(jax.tree.map(lambda a, r=coarse_subsample(num_rows, m): a[r], problem))
-               for m in sizes] + [design(problem)]
+    sizes = options.coarse_levels(problem.features.shape[0])
+    designs = _stage_designs(problem, sizes)
     rows = _Rows(evaluate=_stage_evaluator(designs, lambda_inv),
                  value=lambda x: value(x, designs[-1], lambda_inv),
                  levels=len(sizes), has_rows=jnp.any(problem.mask > 0))
@@ -646,6 +644,14 @@ class _Rows(NamedTuple):
     value: Callable
     levels: int | Array
     has_rows: Array
+
+
+def _stage_designs(problem: Problem, sizes: list) -> list:
+    """The :class:`Design` of each stage of one unbatched problem: its fixed random
+    subsample of each size in ``sizes`` (:func:`coarse_subsample`), then all rows."""
+    num_rows = problem.features.shape[0]
+    return [design(jax.tree.map(lambda a, r=coarse_subsample(num_rows, m): a[r], problem))
+            for m in sizes] + [design(problem)]
 
 
 def _stage_evaluator(designs: list, lambda_inv):
@@ -1357,9 +1363,7 @@ def _solve_slots(problems: tuple, lambda_invs: tuple, taus: tuple, take, *,
 
     def slot(args):
         probs, lams, ts, ok = args  # one instance of every bucket
-        designs = [[design(jax.tree.map(lambda a, r=coarse_subsample(
-                        int(p.features.shape[0]), m): a[r], p)) for m in z] + [design(p)]
-                   for p, z in zip(probs, stages)]
+        designs = [_stage_designs(p, z) for p, z in zip(probs, stages)]
         has_rows = jnp.stack([jnp.any(p.mask > 0) for p in probs])
 
         def job(_, xs):
