@@ -324,10 +324,10 @@ def load_config_and_tokenizer(source: str):
     if source.startswith("random:"):
         _, config = _random_preset(source)
         return config, ByteTokenizer(config.vocab_size)
-    from .named_models import MODELS
+    from .named_models import MODELS, resolve
 
     if source == "default" or source in MODELS:
-        m = MODELS["smollm2-135m" if source == "default" else source]
+        m = resolve(source)
         if not m.is_converted():
             raise FileNotFoundError(
                 f"{source!r} is not converted yet; run `sc-jax info {source}` once (it fetches "

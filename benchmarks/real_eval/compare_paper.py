@@ -21,6 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from sc_jax.named_models import resolve  # noqa: E402
 from sc_jax.report import load_results, summarize  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -36,6 +37,10 @@ def blocks(run_dirs, paper: dict, shots: int, metric: str):
         res = load_results(run)
         summary = summarize(res["rows"])
         model = res["config"].get("model", str(run))
+        try:  # a named model under its own name ("default" is SmolLM2-135M)
+            model = resolve(model).name
+        except ValueError:
+            pass
         cells = {}
         for (task, k, method), stats in summary.items():
             if k == shots:
