@@ -93,12 +93,17 @@ def main(argv=None):
     p.add_argument("--metric", choices=("macro_f1", "accuracy"), default="macro_f1")
     p.add_argument("--paper", default=str(HERE / "paper_7b_tables.json"))
     p.add_argument("--out", help="also write the table to this Markdown file")
+    p.add_argument("--runs-only", action="store_true",
+                   help="the runs' blocks alone, without the paper's (the task columns "
+                        "are still the paper's tasks, in its order)")
     args = p.parse_args(argv)
     try:
         paper = json.loads(Path(args.paper).read_text())
         tasks, rows = blocks(args.runs, paper, args.shots, args.metric)
     except (FileNotFoundError, ValueError) as err:
         p.error(str(err))
+    if args.runs_only:
+        rows = rows[:len(args.runs)]
     text = markdown(tasks, rows, args.metric, args.shots)
     print(text)
     if args.out:
