@@ -130,6 +130,13 @@ MODELS: dict[str, NamedModel] = {
 _ALIASES = {"default": "smollm2-135m"}
 
 
+def display_name(source: str) -> str:
+    """What a run's report calls its model: a named model under its own name
+    ("default" is "smollm2-135m"), any other source (a path, a GGUF file) as given."""
+    model = MODELS.get(_ALIASES.get(source, source))
+    return source if model is None else model.name
+
+
 def resolve(name: str) -> NamedModel:
     """The `NamedModel` called `name` ("default" is SmolLM2-135M); ValueError otherwise."""
     model = MODELS.get(_ALIASES.get(name, name))

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .named_models import display_name
+
 METHOD_NAMES = {"base": "Base", "cc": "CC", "dc": "DC", "bc": "BC", "sc_star": "SC*", "sc": "SC"}
 CSV_FIELDS = ("dataset", "model", "shots", "method", "seed", "accuracy", "macro_f1", "ece")
 
@@ -98,7 +100,7 @@ def markdown_tables(results: dict) -> str:
     shots = sorted({r["shots"] for r in rows})
     methods = [m for m in METHOD_NAMES if any(r["method"] == m for r in rows)]
     cfg = results["config"]
-    out = [f"# Results: {cfg['model']}", "",
+    out = [f"# Results: {display_name(str(cfg['model']))}", "",
            f"Seeds {cfg['seeds']}, test size {cfg['test_size']}, mode {cfg['mode']}, "
            f"solver {cfg['solver']}, lambda_inv {results.get('lambda_inv', cfg.get('lambda_inv'))}, "
            f"guard {cfg.get('guard', 'none')}. "

@@ -63,6 +63,19 @@ def test_sc_against_the_best_baseline_is_paired_over_seeds():
                                         "mode": "first_token", "solver": "s"},
                              "rows": rows([0.6, 0.5, 0.7], [0, 0, 0], [0.70, 0.60, 0.80])})
     assert "| t | 4 | CC | -10.0 |" in table and "4-shot win / tie / loss over datasets: 0 / 0 / 1" in table
+    assert table.startswith("# Results: m\n")  # a source that is not a named model: as given
+
+
+def test_named_models_are_reported_under_their_own_names():
+    from sc_jax.named_models import MODELS, display_name
+
+    assert display_name("default") == "smollm2-135m" and "smollm2-135m" in MODELS
+    assert display_name("qwen2.5-0.5b") == "qwen2.5-0.5b"
+    assert display_name("models/my.gguf") == "models/my.gguf"
+    table = markdown_tables({"config": {"model": "default", "seeds": [0], "test_size": 4,
+                                        "mode": "first_token", "solver": "s"},
+                             "rows": _results()["rows"]})
+    assert table.startswith("# Results: smollm2-135m\n")
 
 
 def test_write_report_from_dir(tmp_path):

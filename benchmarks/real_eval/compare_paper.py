@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from sc_jax.named_models import resolve  # noqa: E402
+from sc_jax.named_models import display_name  # noqa: E402
 from sc_jax.report import load_results, summarize  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -36,11 +36,7 @@ def blocks(run_dirs, paper: dict, shots: int, metric: str):
     for run in run_dirs:
         res = load_results(run)
         summary = summarize(res["rows"])
-        model = res["config"].get("model", str(run))
-        try:  # a named model under its own name ("default" is SmolLM2-135M)
-            model = resolve(model).name
-        except ValueError:
-            pass
+        model = display_name(str(res["config"].get("model", run)))
         cells = {}
         for (task, k, method), stats in summary.items():
             if k == shots:
