@@ -8,7 +8,9 @@ paper's SC: no guard, the Appendix A tau), and SciPy trust-constr from several s
   gap64 = (f64 - scipy_best) / scipy_best     (target <= 1e-7; below 0 is fine)
   gap32 = (f32 - f64) / f64                    (target <= 1e-4)
 
-where f32 is the float32 fit's objective as the solver reports it. Writes one JSON
+where f32 is the float32 fit's objective as the solver reports it. Where float64
+reports UNBOUNDED (an infimum that is not attained: f can fall to 0), both gaps are
+divided by max(1, |f|) instead, as in ``sweep_solver.py``. Writes one JSON
 record per problem and prints every problem that misses a target or does not end
 CONVERGED.
 
@@ -70,13 +72,21 @@ def main(argv=None):
     for key, (x, y, g), r32, r64 in zip(keys, probs, fits["float32"], fits["float64"]):
         ref = solvers.scipy_best(_sp_problem(x, y, g), args.lambda_inv, r64.tau)
         f_ref = None if ref is None else float(ref.objective)
+        # An infimum that is not attained (float64 UNBOUNDED: separable rows, f can
+        # reach 0): gaps in units of max(1, |f|), as in sweep_solver.py, since both
+        # solvers stop somewhere on the way down and a relative gap says nothing.
+        unb = r64.status.name == "UNBOUNDED"
+
+        def gap(f, ref_f):
+            return (f - ref_f) / (max(1.0, abs(ref_f)) if unb else abs(ref_f))
+
         rec = dict(dataset=key[0], shots=key[1], seed=key[2], size=key[3], rows=len(y),
                    n=int(x.shape[1] + 1), tau=r64.tau, lambda_inv=args.lambda_inv,
                    scipy_best=f_ref, f64=r64.objective, status64=r64.status.name,
                    violation64=r64.violation, f32=r32.objective, status32=r32.status.name,
                    violation32=r32.violation,
-                   gap64=None if f_ref is None else (r64.objective - f_ref) / abs(f_ref),
-                   gap32=(r32.objective - r64.objective) / abs(r64.objective))
+                   gap64=None if f_ref is None else gap(r64.objective, f_ref),
+                   gap32=gap(r32.objective, r64.objective))
         records.append(rec)
     print(f"SciPy (5 starts each): {time.perf_counter() - t:.1f} s", flush=True)
     out = Path(args.out)
