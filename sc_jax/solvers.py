@@ -1415,13 +1415,25 @@ def solve_batch(problem: Problem | Sequence[Problem], lambda_inv, tau, *,
     None: on CPU one per core, else 1). The parts share one shape, so one compiled
     program serves them (:func:`split_parts`); the solutions are the same as
     with ``threads=1`` (a test compares them). Under ``jit`` (traced arguments) the
-    batch is one call.
+    batch is one call, and so is a multi-start batch (``options.num_starts`` > 1),
+    whose concurrent calls can deadlock in XLA's CPU thread pool.
     """
     if method not in _JAX_METHODS:
         raise ValueError(f"unknown JAX solver {method!r}; choose one of "
                          f"{tuple(_JAX_METHODS)} (or 'scipy' through sc_jax.calibrators.fit)")
     fn = _batched(method, sc_star, options, resolve_batch_size(batch_size))
     threads = resolve_threads(threads)
+    if options is not None and options.num_starts > 1:
+        # The multi-start vmaps its starts, so its matrix products are batched and
+        # large enough for XLA's CPU backend to split over its Eigen thread pool,
+        # and two such calls made at once from two host threads deadlocked in that
+        # pool: the first 20 lambda_inv >= 1 instances of the sweep, with 48 or 96
+        # starts, hung on 2 threads every time (no CPU used after the compile) and
+        # took 50 s on one. (A known XLA CPU hang on vmapped programs, avoided
+        # elsewhere with --xla_cpu_multi_thread_eigen=false, a flag a library must
+        # not set for its user.) So a multi-start batch is one call; the vmap over
+        # its starts keeps the cores busy.
+        threads = 1
     single = isinstance(problem, Problem)
     if single:
         problem, lambda_inv, tau = (problem,), (lambda_inv,), (tau,)

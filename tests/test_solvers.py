@@ -360,6 +360,22 @@ def test_threaded_parts_equal_one_call(x64, method):
     assert np.all(np.asarray(one[0].status) == Status.CONVERGED)
 
 
+def test_multistart_batch_is_one_call(monkeypatch):
+    # Concurrent calls of a vmapped multi-start deadlocked in XLA's CPU thread pool
+    # (solve_batch), so with num_starts > 1 the host threads are not used, whatever
+    # `threads` says; with one start they are (the check can fail).
+    calls = []
+    real = solvers._run_parts
+    monkeypatch.setattr(solvers, "_run_parts", lambda *a: calls.append(1) or real(*a))
+    packed, _ = pack_batch(_instances(2, SMALL[:2], 1), "float32")
+    lam, tau = jnp.asarray([1.0, 1.0]), jnp.asarray([-1.0, -1.0])
+    multi = solvers.solve_batch(packed, lam, tau, threads=2,
+                                options=SolverOptions(num_starts=2))
+    assert not calls and multi.objective.shape == (2,)
+    solvers.solve_batch(packed, lam, tau, threads=2, options=SolverOptions(num_starts=1))
+    assert calls == [1]
+
+
 def test_threads_default_and_checks(monkeypatch):
     monkeypatch.delenv(solvers.THREADS_ENV, raising=False)
     expected = len(os.sched_getaffinity(0)) if jax.default_backend() == "cpu" else 1
