@@ -195,7 +195,7 @@ def main(argv=None):
     p.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
     p.add_argument("--num-starts", type=int, default=None,
                    help="augmented-Lagrangian starts (SolverOptions.num_starts); default: "
-                        "fit_batch's, 1 where lambda_inv < 1 and NONCONVEX_STARTS (24) "
+                        "fit_batch's, 1 where lambda_inv < 1 and NONCONVEX_STARTS (96) "
                         "where lambda_inv >= 1")
     p.add_argument("--out", default="bench_out/sweep_solver.jsonl")
     p.add_argument("--reference", nargs="*", default=[], metavar="JSONL",

@@ -455,7 +455,7 @@ def fit_batch(problems: Sequence[tuple], *, lambda_inv=DEFAULT_LAMBDA_INV, tau=N
         Same solutions either way (a test compares them).
     options: :class:`SolverOptions` (or :class:`ScipyOptions` for "scipy"). None:
         the defaults, except that the augmented Lagrangian solves problems with
-        ``lambda_inv >= NONCONVEX_LAMBDA`` (1) from ``NONCONVEX_STARTS`` (24) starts,
+        ``lambda_inv >= NONCONVEX_LAMBDA`` (1) from ``NONCONVEX_STARTS`` (96) starts,
         since the invariance term makes their objective non-convex (benchmarks/
         RESULTS.md: one start ends at a worse KKT point than SciPy's best start on
         26 of 144 sweep instances, all at lambda_inv >= 1).
