@@ -101,9 +101,9 @@ def main(argv=None):
     if args.runs_only:
         rows = rows[:len(args.runs)]
     text = markdown(tasks, rows, args.metric, args.shots)
-    print(text)
-    if args.out:
+    if args.out:  # first: a closed stdout (| head) must not lose the file
         Path(args.out).write_text(text)
+    print(text)
 
 
 if __name__ == "__main__":
