@@ -133,8 +133,10 @@ _ALIASES = {"default": "smollm2-135m"}
 def display_name(source: str) -> str:
     """What a run's report calls its model: a named model under its own name
     ("default" is "smollm2-135m"), any other source (a path, a GGUF file) as given."""
-    model = MODELS.get(_ALIASES.get(source, source))
-    return source if model is None else model.name
+    try:
+        return resolve(source).name
+    except ValueError:
+        return source
 
 
 def resolve(name: str) -> NamedModel:
