@@ -1433,8 +1433,8 @@ def solve_batch(problem: Problem | Sequence[Problem], lambda_inv, tau, *,
         # large enough for XLA's CPU backend to split over its Eigen thread pool,
         # and two such calls made at once from two host threads deadlocked in that
         # pool: the first 20 lambda_inv >= 1 instances of the sweep, with 48 or 96
-        # starts, hung on 2 threads every time (no CPU used after the compile) and
-        # took 50 s on one. (A known XLA CPU hang on vmapped programs, avoided
+        # starts, hung on 2 threads each time they were tried (96 twice, 48 once; no
+        # CPU used after the compile) and took 50 s on one. (A known XLA CPU hang on vmapped programs, avoided
         # elsewhere with --xla_cpu_multi_thread_eigen=false, a flag a library must
         # not set for its user.) So a multi-start batch is one call; the vmap over
         # its starts keeps the cores busy.
