@@ -101,7 +101,7 @@ def markdown_tables(results: dict) -> str:
     methods = [m for m in METHOD_NAMES if any(r["method"] == m for r in rows)]
     cfg = results["config"]
     out = [f"# Results: {display_name(str(cfg['model']))}", "",
-           f"Seeds {cfg['seeds']}, test size {cfg['test_size']}, mode {cfg['mode']}, "
+           f"Seeds {list(cfg['seeds'])}, test size {cfg['test_size']}, mode {cfg['mode']}, "
            f"solver {cfg['solver']}, lambda_inv {results.get('lambda_inv', cfg.get('lambda_inv'))}, "
            f"guard {cfg.get('guard', 'none')}. "
            "Cells: mean ± std over seeds (in %).", ""]

@@ -36,6 +36,10 @@ def test_summary_and_table():
     assert "## Macro-F1, 4-shot" in table and "## Accuracy, 8-shot" in table
     assert f"{100 * mean:.1f} ± {100 * std:.1f}" in table
     assert "- a note" in table
+    # A run resumed from its checkpoint holds the seeds as a tuple: the header reads
+    # the same either way (a recheck once rewrote committed tables for this alone).
+    res["config"]["seeds"] = (0, 1, 2)
+    assert markdown_tables(res) == table
 
 
 def test_sc_against_the_best_baseline_is_paired_over_seeds():
