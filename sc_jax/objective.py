@@ -211,8 +211,12 @@ def accuracy_of_argmax(params: Params, problem: Problem) -> Array:
 # Rows per block of the derivative passes. A block's intermediates (a few dozen
 # numbers per row) stay in a core's cache; one pass over all 20,160 rows of a k = 8
 # problem did not (n = 3 float64 on the 2-core CPU: the 25-problem benchmark batch
-# took 305 ms in one block, 221 ms in blocks of 8,192 and 228 ms of 4,096 rows).
-ROW_BLOCK = 8192
+# took 305 ms in one block, 221 ms in blocks of 8,192 and 228 ms of 4,096 rows, with
+# the solver of that time). With today's solver, which evaluates all rows 3 to 4
+# times per large instance, 4,096 rows ran that batch in 34 ms against 37 ms (2
+# threads; 55 against 58 ms on one), alternated three times in one process, and
+# left n = 2, 4, 5, 6 within noise (benchmarks/RESULTS.md, fourteenth pass).
+ROW_BLOCK = 4096
 
 
 class Design(NamedTuple):
