@@ -7,7 +7,7 @@ trust region; lambda_inv in {0, 0.1, 1, 10}; N from 12 to 20,160 rows) and solve
 
   * with the augmented Lagrangian in float64 and float32 (``calibrators.fit_batch``:
     one compiled call per class count and dtype; by default one start where
-    lambda_inv < 1 and 24 where lambda_inv >= 1, as fit_batch does), and
+    lambda_inv < 1 and 96 where lambda_inv >= 1, as fit_batch does), and
   * with SciPy trust-constr (float64) from several starts: the identity, slopes 3
     and 0.3, and two random points; the best feasible end point is the reference
     (``solvers.scipy_best``).
