@@ -1028,9 +1028,9 @@ def _al_solve(rows: _Rows, n1: int, dtype, lambda_inv, tau, *, sc_star: bool,
     def cond(s: _ALState):
         return (~s.done) & (s.it < options.max_iter)
 
-    def solve_from(x0, cls=-1, level0=0, it0=0):
+    def solve_from(x0, cls=-1, level0=0):
         # From x0 in the coordinates of `cls`, at stage `level0` (the follow-up phase
-        # starts on all rows), with `it0` of the max_iter passes spent already.
+        # starts on all rows).
         zero = jnp.zeros((), dtype)
         p = x0.shape[0]
         init = _ALState(
@@ -1041,9 +1041,9 @@ def _al_solve(rows: _Rows, n1: int, dtype, lambda_inv, tau, *, sc_star: bool,
             radius=jnp.asarray(options.radius_init, dtype),
             measure=jnp.asarray(jnp.inf, dtype),
             outer=jnp.zeros((), jnp.int32), inner=jnp.zeros((), jnp.int32),
-            it=jnp.asarray(it0, jnp.int32), done=jnp.asarray(False),
+            it=jnp.zeros((), jnp.int32), done=jnp.asarray(False),
             fresh=jnp.asarray(True), level=jnp.asarray(level0, jnp.int32),
-            stage_it=jnp.asarray(it0, jnp.int32), start=x0,
+            stage_it=jnp.zeros((), jnp.int32), start=x0,
             sqp=jnp.asarray(False), mu_trial=zero, frac=jnp.ones((), dtype),
             residual=jnp.asarray(jnp.inf, dtype), entries=jnp.zeros((), jnp.int32),
             gsub=jnp.asarray(jnp.inf, dtype), cls=jnp.asarray(cls, jnp.int32))
@@ -1083,25 +1083,23 @@ def _al_solve(rows: _Rows, n1: int, dtype, lambda_inv, tau, *, sc_star: bool,
         return _Phase(x, f, unb, s.done, s.mu * jnp.sqrt(1.0 + jnp.dot(z, z)),
                       s.it, s.outer, cl, go)
 
-    def follow_up(prev, x0=None, cls=None, level0=None, force=None):
-        # The follow-up phase of a run-off (see augmented_lagrangian): from the ray
-        # chain's end, with the class that ran off in polar coordinates, on all rows.
-        # Its verdict replaces the first phase's: f still falls along a ray or is flat
-        # to rounding when the class is doubled (UNBOUNDED), or rises there (a
-        # minimiser far out: CONVERGED). Kept if it ends feasible and no higher.
-        # (x0, cls, level0, force: the first phase's, where one loop runs both.)
-        later = jnp.asarray(True) if x0 is None else prev.cls >= 0
-        # A budget of max_iter passes of its own: a first phase that crawled along the
-        # run-off in (b, w) (float32 spends all of it there) leaves nothing otherwise.
-        new = post(solve_from(
-            _to_polar(prev.x, prev.cls, n1) if x0 is None
-            else jnp.where(later, _to_polar(prev.x, prev.cls, n1), x0),
-            prev.cls if cls is None else cls, levels if level0 is None else level0,
-            0), later if force is None else force)
+    def phase(prev, z0, cls, level0, later):
+        # One phase from z0 (coordinates of `cls`) at stage `level0`. A later phase is
+        # the follow-up of a run-off (see augmented_lagrangian): from the ray chain's
+        # end, with the class that ran off in polar coordinates, on all rows, with a
+        # budget of max_iter passes of its own (a first phase that crawled along the
+        # run-off in (b, w), as float32 does, leaves nothing otherwise). Its verdict
+        # replaces the first phase's: f still falls along a ray or is flat to rounding
+        # when the class is doubled (UNBOUNDED), or rises there (a minimiser far out:
+        # CONVERGED). It is kept if it ends feasible and no higher than `prev`.
+        new = post(solve_from(z0, cls, level0), later)
         keep = ~later | (feasible(new.x) & jnp.isfinite(new.f) & (new.f <= prev.f))
         it, outer = prev.it + new.it, prev.outer + new.outer
         return jax.tree.map(lambda u, v: jnp.where(keep, u, v), new._replace(it=it, outer=outer),
                             prev._replace(it=it, outer=outer))
+
+    def follow_up(prev):
+        return phase(prev, _to_polar(prev.x, prev.cls, n1), prev.cls, levels, True)
 
     follow = options.follow_runoffs and not sc_star
     starts = _starts(n1, options.num_starts, sc_star, dtype)  # [S, p]
@@ -1115,8 +1113,9 @@ def _al_solve(rows: _Rows, n1: int, dtype, lambda_inv, tau, *, sc_star: bool,
         def phase_body(c):
             ph, prev = c
             first = ph == 0
-            return ph + 1, follow_up(prev, starts[0], jnp.where(first, -1, prev.cls),
-                                     jnp.where(first, 0, levels), ~first)
+            z0 = jnp.where(first, starts[0], _to_polar(prev.x, prev.cls, n1))
+            return ph + 1, phase(prev, z0, jnp.where(first, -1, prev.cls),
+                                 jnp.where(first, 0, levels), ~first)
 
         none = _Phase(starts[0], jnp.asarray(jnp.inf, dtype), jnp.asarray(False),
                       jnp.asarray(False), jnp.zeros((), dtype), zero_i, zero_i,
@@ -1136,13 +1135,11 @@ def _al_solve(rows: _Rows, n1: int, dtype, lambda_inv, tau, *, sc_star: bool,
         score = jnp.where((viol_r <= feas_tol) & jnp.isfinite(runs.f),
                           runs.f + jnp.where(runs.done, 0.0, slack), jnp.inf)
         k = jnp.where(jnp.any(jnp.isfinite(score)), jnp.argmin(score), 0)
-        res = post(jax.tree.map(lambda a: a[k], runs), False)
         # Iterations count every start's passes.
-        res = res._replace(outer=jnp.sum(runs.outer))
-        spent = jnp.sum(runs.it) - res.it
+        res = post(jax.tree.map(lambda a: a[k], runs), False)._replace(
+            it=jnp.sum(runs.it), outer=jnp.sum(runs.outer))
         if follow:  # a second copy of the loop, in multi-start programs only
             res = jax.lax.cond(res.follow, follow_up, lambda p: p, res)
-        res = res._replace(it=res.it + spent)
     params = _flat_params(res.x, sc_star)
     violation = jnp.maximum(tau - trust_region(params), 0.0)
     # With a real row, f is a mean of strictly positive terms at every finite theta,
