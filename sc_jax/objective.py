@@ -35,6 +35,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Array = jax.Array
 
@@ -307,8 +308,10 @@ def _over_blocks(fn, blocks: tuple, *args):
     return total
 
 
-def _softmax_rows(x: Array, X: Array):
-    """Calibrated probabilities and log-probabilities of one block, ``[n, C]`` each."""
+def _softmax_rows(x: Array, X: Array, with_rest: bool = False):
+    """Calibrated probabilities and log-probabilities of one block, ``[n, C]`` each;
+    ``with_rest``: also 1 - P to full relative precision (``[n, C]``) and the mask
+    ``[n, C]`` of each row's largest probability."""
     n1 = X.shape[0]
     b, w = x[:n1], x[n1:]
     L = jnp.concatenate([jnp.zeros_like(X[:1]), X * w[:, None] + b[:, None]], axis=0)
@@ -321,7 +324,15 @@ def _softmax_rows(x: Array, X: Array):
     first = jnp.arange(n1 + 1)[:, None] == jnp.argmax(L, axis=0)
     rest = jnp.sum(jnp.where(first, 0.0, e), axis=0)
     lp = L - top - jnp.log1p(rest)
-    return e / (1.0 + rest), lp
+    P = e / (1.0 + rest)
+    if not with_rest:
+        return P, lp
+    # 1 - P for the largest probability is rest / (1 + rest): formed as 1 - P it
+    # keeps only an absolute eps, and on a class that runs off (its P near 1 on many
+    # rows) the Hessian's P (1 - P) terms are then all rounding error, which the
+    # follow-up phase's polar chain rule multiplies by ||theta_c||^2 (float32 took
+    # H_phiphi = 1.14 for 0.0055 at ||theta_c|| = 8.6e3 and stalled).
+    return P, lp, jnp.where(first, rest / (1.0 + rest), 1.0 - P), first
 
 
 def _group_pass(X, Y, OH, mask, x):
@@ -337,22 +348,35 @@ def _row_pass(X, Y, qid, mask, M, XS, x, uv, n_eff, lam):
     the part of the Hessian that is a Gram matrix over rows as one product
     ``[p, C] @ [C, p]``, the rest (gradient, per-class 2 x 2 blocks) as row sums."""
     n = X.shape[0] + 1
-    P, lp = _softmax_rows(x, X)
+    P, lp, R, first = _softmax_rows(x, X, with_rest=True)
     back = jnp.take(uv, qid, axis=1)  # [2n, C]: the group sums at each row
     u, v = back[:n], back[n:]
-    zP = (lp - v) * P
+    z = lp - v
+    zP = z * P
     Pz = jnp.sum(zP, axis=0)  # [C]
-    Pr, zPr = P[1:], zP[1:]
+    # z_c - P.z = sum_j P_j (z_c - z_j): for the largest P_c summed over the other
+    # classes (small terms, full precision), elsewhere as the difference.
+    z_top = jnp.sum(jnp.where(first, z, 0.0), axis=0)
+    dz = jnp.where(first, jnp.sum(jnp.where(first, 0.0, P * (z_top - z)), axis=0), z - Pz)
+    Pr, zPr, Rr, Yr = P[1:], zP[1:], R[1:], Y[1:]
     lm = lam * mask
     a = mask / n_eff + lm * (1.0 + M)  # coefficient of J_a in Q_a
-    grad_L = (Pr * mask - Y[1:]) / n_eff + lm * (zPr - Pz * Pr - u[1:] + M * Pr)
-    diag = a * Pr + lm * (zPr - Pz * Pr)  # diagonal part of Q_a
+    # P - y as P (1 - y) - y (1 - P): no cancellation where P is near y = 1.
+    grad_L = (Pr * (mask - Yr) - Yr * Rr) / n_eff + lm * (zPr - Pz * Pr - u[1:] + M * Pr)
     t = lm * Pr
     A = jnp.concatenate([Pr, Pr * X], axis=0)  # [p, C]: rows (1, m_ac) P_ac
     q = lm * zPr
     F = 0.5 * (a - 2.0 * lm * Pz) * A + jnp.concatenate([q - t * M, q * X - t * XS], axis=0)
+    # A class's own 2 x 2 block is summed here in closed form, not as diagonal terms
+    # minus the Gram product's same-class entries (P_c - P_c^2 and the like, all
+    # rounding where P_c is near 1): per row, the J_a parts give P_c (1 - P_c) times
+    # a, and times -lambda (M, XS + m M, m XS) for the group's other rows, and the
+    # D_a(l_a - v) part P_c (z_c - P.z) (1 - 2 P_c). value_grad_hess masks those
+    # entries of the Gram product.
+    diag = a * Pr * Rr + lm * Pr * dz[1:] * (1.0 - 2.0 * Pr)
+    t2 = lm * Pr * Rr
     sums = jnp.concatenate([grad_L, grad_L * X, diag, diag * X, diag * X * X,
-                            t * M, t * (XS + X * M), t * X * XS], axis=0)
+                            t2 * M, t2 * (XS + X * M), t2 * X * XS], axis=0)
     return F @ A.T, jnp.sum(sums, axis=1)
 
 
@@ -403,6 +427,8 @@ def value_grad_hess(x: Array, d: Design, lambda_inv: Array) -> tuple[Array, Arra
     # (each a scatter loop of its own at every evaluation on CPU); its off-diagonal
     # zeros leave the Gram part's entries exactly as they are.
     cross = jnp.diag(diag_x - t_x)
+    idx = np.arange(2 * n1) % n1
+    gram = jnp.where(idx[:, None] == idx[None, :], 0.0, gram)  # see _row_pass
     H = -(gram + gram.T) + jnp.block([[jnp.diag(diag - 2.0 * t_m), cross],
                                       [cross, jnp.diag(diag_xx - 2.0 * t_xx)]])
     return f, grad, H

@@ -109,7 +109,12 @@ class SolverOptions:
         rounding of the value also counts as converged, if the gradient is below
         10 tol.
     feas_tol: allowed constraint violation, in units of the cosine. ``None``: 1e-9
-        (float64), 1e-6 (float32).
+        (float64); in float32 1e-7 for the augmented Lagrangian, whose margin is
+        summed from 1 - cos terms (:func:`_cosine_margin`), and 1e-6 for the
+        projected solver, whose cone projection rounds at eps. The tolerance also
+        bounds the slack an active constraint may keep at the end, which costs the
+        multiplier times that slack in f: with 1e-6, float32 stopped 2.8e-4
+        above float64 on one sweep instance (near-separable 29, 1.1e-5 with 1e-7).
     max_iter: evaluations of f, its gradient and Hessian in all (one pass over the
         rows each, and one trust-region Newton step), outer updates included. Under
         vmap the batch runs to its slowest instance's count, and never beyond this.
@@ -190,10 +195,11 @@ class SolverOptions:
             return []
         return sorted({int(m) for m in sizes if 0 < m and num_rows > 2 * m})
 
-    def tolerances(self, dtype) -> tuple[float, float]:
+    def tolerances(self, dtype, projected: bool = False) -> tuple[float, float]:
         f64 = jnp.dtype(dtype) == jnp.float64
         tol = self.tol if self.tol is not None else (1e-9 if f64 else 1e-5)
-        feas = self.feas_tol if self.feas_tol is not None else (1e-9 if f64 else 1e-6)
+        feas = self.feas_tol if self.feas_tol is not None else (
+            1e-9 if f64 else (1e-6 if projected else 1e-7))
         return tol, feas
 
 
@@ -511,6 +517,25 @@ def _mean_cosine_derivatives(x: Array, sc_star: bool):
     return m, gm, hm
 
 
+def _cosine_margin(x: Array, tau: Array, sc_star: bool) -> Array:
+    """m(x) - tau, the mean smoothed cosine's margin over tau, summed as
+    (1 - tau) - mean_c (1 - cos_c) with 1 - cos = (b^2 + eps^2) / (sqrt(q) (sqrt(q) + w))
+    where w >= 0. Formed as m - tau, a cosine within a few eps of 1 (a class near
+    the identity direction, as tau near 1 requires) keeps only an absolute eps of
+    its distance from 1: in float32 the constraint then moved in steps of 1.2e-7
+    (1.3e-5 once scaled by sqrt(1 + ||z||^2)) and a solve whose constraint was
+    active stalled on that noise (sweep near-separable 29: MAX_ITERATIONS). 1 - tau
+    is exact in floating point for tau in [0.5, 1]."""
+    n1 = x.shape[0] if sc_star else x.shape[0] // 2
+    b = x if sc_star else x[:n1]
+    w = jnp.ones_like(b) if sc_star else x[n1:]
+    e2 = jnp.asarray(COSINE_EPS**2, x.dtype)
+    root = jnp.sqrt(b * b + w * w + e2)
+    gap = jnp.where(w >= 0, (b * b + e2) / (root * (root + jnp.maximum(w, 0.0))),
+                    1.0 - w / root)
+    return (1.0 - tau) - jnp.mean(gap)
+
+
 def _scale_constraint(g: Array, gm: Array, hm: Array, z: Array):
     """(c, grad c, hess c) of c(z) = g(z) s(z), s = sqrt(1 + ||z||^2), from g's value,
     gradient and Hessian in the solver's coordinates z."""
@@ -529,8 +554,8 @@ def _scaled_cosine_derivatives(x: Array, tau: Array, sc_star: bool):
     (:func:`_mean_cosine_derivatives`). ``jax.hessian`` of the same function gave the
     same numbers (a test compares them) with about as many operations to compile as
     an evaluation of f itself."""
-    m, gm, hm = _mean_cosine_derivatives(x, sc_star)
-    return _scale_constraint(m - tau, gm, hm, x)
+    _, gm, hm = _mean_cosine_derivatives(x, sc_star)
+    return _scale_constraint(_cosine_margin(x, tau, sc_star), gm, hm, x)
 
 
 # ---------------------------------------------------------------------------------
@@ -814,15 +839,15 @@ def _al_solve(rows: _Rows, n1: int, dtype, lambda_inv, tau, *, sc_star: bool,
             return (f, g[:n1], h[:n1, :n1], *_scaled_cosine_derivatives(z, tau, True))
         x = _from_polar(z, cls, n1)
         f, g, h = rows.evaluate(x, level)
-        m, gm, hm = _mean_cosine_derivatives(x, False)
+        _, gm, hm = _mean_cosine_derivatives(x, False)
         g, h, gm, hm = jax.lax.cond(
             cls >= 0, lambda: (*_polar_chain(z, cls, n1, g, h), *_polar_chain(z, cls, n1, gm, hm)),
             lambda: (g, h, gm, hm))
-        return (f, g, h, *_scale_constraint(m - tau, gm, hm, z))
+        return (f, g, h, *_scale_constraint(_cosine_margin(x, tau, False), gm, hm, z))
 
     def con(z, cls):
         x = z if sc_star else _from_polar(z, cls, n1)
-        return (_mean_cosine_derivatives(x, sc_star)[0] - tau) * jnp.sqrt(1.0 + jnp.dot(z, z))
+        return _cosine_margin(x, tau, sc_star) * jnp.sqrt(1.0 + jnp.dot(z, z))
 
     def constraint_measure(z, cz, mu, rho):
         # |min(g, mu / rho)| with the PHR shift, in cosine units (c carries the
@@ -1050,7 +1075,7 @@ def _al_solve(rows: _Rows, n1: int, dtype, lambda_inv, tau, *, sc_star: bool,
         return jax.lax.while_loop(cond, body, init)
 
     def margin(z):  # mean cosine minus tau, in x: >= 0 is feasible
-        return trust_region(_flat_params(z, sc_star)) - tau
+        return _cosine_margin(full(z), tau, False)
 
     def fun(z):  # f on all rows, in x
         return rows.value(full(z))
@@ -1141,7 +1166,7 @@ def _al_solve(rows: _Rows, n1: int, dtype, lambda_inv, tau, *, sc_star: bool,
         if follow:  # a second copy of the loop, in multi-start programs only
             res = jax.lax.cond(res.follow, follow_up, lambda p: p, res)
     params = _flat_params(res.x, sc_star)
-    violation = jnp.maximum(tau - trust_region(params), 0.0)
+    violation = jnp.maximum(-margin(res.x), 0.0)
     # With a real row, f is a mean of strictly positive terms at every finite theta,
     # so f = 0 is an infimum reached only by rounding, at the end of a run-off (an
     # all-padding batch filler has f = 0 by definition).
@@ -1285,7 +1310,7 @@ def projected(problem: Problem, lambda_inv, tau, *, sc_star: bool = False,
     from jaxopt import ProjectedGradient  # noqa: PLC0415
 
     dtype = problem.features.dtype
-    tol, feas_tol = options.tolerances(dtype)
+    tol, feas_tol = options.tolerances(dtype, projected=True)
     lambda_inv = jnp.asarray(lambda_inv, dtype)
     tau = jnp.asarray(tau, dtype)
 
@@ -1471,13 +1496,22 @@ def _run_parts(fn, problems: tuple, lambda_invs: tuple, taus: tuple, threads: in
     return jax.device_put(tuple(merged))
 
 
+# XLA options for the batched solver's program, per backend. On CPU the program is
+# ~1,100 small fusions in while-loop bodies; XLA's MLIR fusion emitters spend ~2 s
+# more of a cold call on them than the classic emitters (k = 8 default batch: 7.7-7.9
+# against 5.8-6.1 s in fresh processes), for runs 0-17% slower (benchmarks/RESULTS.md,
+# fifteenth pass). Per executable, so nothing global changes for the user's programs.
+COMPILER_OPTIONS = {"cpu": {"xla_cpu_use_fusion_emitters": False}}
+
+
 @functools.lru_cache(maxsize=None)
 def _batched(method: str, sc_star: bool, options: SolverOptions | None,
-             batch_size: int | None = None):
+             batch_size: int | None = None, backend: str = "cpu"):
     """jit of the solver over a tuple of buckets; ``batch_size`` (resolved, static):
     None vmaps each bucket whole, k runs ``lax.map`` over chunks of k vmapped
     instances (k = 1: one instance after another, no vmap; for the augmented
-    Lagrangian all buckets through one copy of its loop, :func:`_solve_slots`)."""
+    Lagrangian all buckets through one copy of its loop, :func:`_solve_slots`).
+    ``backend``: the platform compiled for, which picks :data:`COMPILER_OPTIONS`."""
     fn = _JAX_METHODS[method]
     kwargs = {"sc_star": sc_star}
     if options is not None:
@@ -1508,7 +1542,7 @@ def _batched(method: str, sc_star: bool, options: SolverOptions | None,
             problems, lambda_invs, taus = _gather_parts(problems, lambda_invs, taus, take)
         return tuple(bucket(p, lam, t) for p, lam, t in zip(problems, lambda_invs, taus))
 
-    return jax.jit(batch)
+    return jax.jit(batch, compiler_options=dict(COMPILER_OPTIONS.get(backend, {})) or None)
 
 
 def _gather_parts(problems: tuple, lambda_invs: tuple, taus: tuple, take: tuple):
@@ -1626,7 +1660,8 @@ def solve_batch(problem: Problem | Sequence[Problem], lambda_inv, tau, *,
     if method not in _JAX_METHODS:
         raise ValueError(f"unknown JAX solver {method!r}; choose one of "
                          f"{tuple(_JAX_METHODS)} (or 'scipy' through sc_jax.calibrators.fit)")
-    fn = _batched(method, sc_star, options, resolve_batch_size(batch_size))
+    fn = _batched(method, sc_star, options, resolve_batch_size(batch_size),
+                  jax.default_backend())
     threads = resolve_threads(threads)
     if options is not None and options.num_starts > 1:
         # The multi-start vmaps its starts, so its matrix products are batched and

@@ -882,6 +882,65 @@ def test_value_grad_hess_equals_autodiff(x64, monkeypatch):
         np.testing.assert_allclose(h, rh, atol=1e-12)
 
 
+
+def test_cosine_margin_keeps_its_digits_near_one(x64):
+    # The constraint's margin mean(cos) - tau where every cosine is within 1e-6 of 1
+    # (tau 0.99999): formed as that difference, float32 keeps an absolute eps (1.2e-7,
+    # 1% of this margin); summed as (1 - tau) - mean(1 - cos) with 1 - cos in closed
+    # form, its error is a few eps of the 1 - cos terms, 1e-6 of it at most (observed
+    # about 1e-7). float64: the same value as the plain difference, to rounding.
+    rng = np.random.default_rng(2)
+    b = rng.uniform(-1e-3, 1e-3, 4) * np.array([1.0, 2.0, 0.5, 1.0])
+    w = rng.uniform(0.5, 2.0, 4)
+    x = np.concatenate([b, w])
+    tau = 0.99999
+    with jax.enable_x64(True):
+        ref = float(solvers._cosine_margin(jnp.asarray(x), jnp.asarray(tau), False))
+        plain = float(trust_region(Params(jnp.asarray(b), jnp.asarray(w)))) - tau
+    assert abs(ref - plain) <= 1e-13, (ref, plain)
+    f32 = float(solvers._cosine_margin(jnp.asarray(x, jnp.float32),
+                                       jnp.asarray(tau, jnp.float32), False))
+    # tau itself rounds to float32 (6e-8 absolute): compare against float64's margin
+    # at the rounded tau.
+    with jax.enable_x64(True):
+        ref32 = float(solvers._cosine_margin(jnp.asarray(x), jnp.asarray(np.float32(tau), jnp.float64), False))
+    assert abs(f32 - ref32) <= 1e-6 * abs(1.0 - np.float32(tau)), (f32, ref32)
+    # mixed signs: a class pointing away (w < 0) takes the plain form
+    x2 = x.copy()
+    x2[4] = -0.7
+    with jax.enable_x64(True):
+        a = float(solvers._cosine_margin(jnp.asarray(x2), jnp.asarray(0.5), False))
+        p = float(trust_region(Params(jnp.asarray(x2[:4]), jnp.asarray(x2[4:])))) - 0.5
+    assert abs(a - p) <= 1e-13
+
+def test_float32_hessian_keeps_a_saturated_class_block(x64):
+    # A class whose probability is within 1e-3 to 1e-7 of 1 on every row (a run-off
+    # on its way out): its 2 x 2 Hessian block is a sum of P (1 - P) terms, small
+    # against the P and P^2 it was once formed from. Formed as their difference,
+    # float32 kept only an absolute eps (3.2e-4 relative error here; in the follow-up
+    # phase the polar chain rule multiplies it by ||theta_c||^2). Summed in closed
+    # form with 1 - P taken from the other classes' terms, the block's error is that
+    # of a float32 sum of 60 such terms: at most about 60 eps = 7e-6 relative
+    # (observed 7e-8). Reference: the same evaluation in float64.
+    from sc_jax.objective import design, value_grad_hess
+
+    rng = np.random.default_rng(5)
+    rows, n = 60, 3
+    feats = np.abs(rng.normal(size=(rows, n - 1))) + 0.5
+    labels = np.where(rng.uniform(size=rows) < 0.9, 1, rng.integers(0, n, rows))
+    groups = rng.integers(0, 6, rows)
+    x = np.array([1.0, 0.3, 14.0, 0.8])  # class 1's logits 1 + 14 m >= 8 on every row
+    hess = {}
+    for dt in (jnp.float32, jnp.float64):
+        prob = Problem(jnp.asarray(feats, dt), jnp.asarray(labels, jnp.int32),
+                       jnp.asarray(groups, jnp.int32), jnp.ones(rows, dt), 6)
+        hess[dt] = np.asarray(jax.jit(value_grad_hess)(
+            jnp.asarray(x, dt), design(prob), jnp.asarray(0.1, dt))[2], np.float64)
+    block = np.ix_([0, 2], [0, 2])
+    ref = hess[jnp.float64][block]
+    err = np.max(np.abs(hess[jnp.float32][block] - ref)) / np.max(np.abs(ref))
+    assert err <= 2e-5, err
+
 # ---------------------------------------------------------------------------------
 # Randomised families (issue 11): one instance of every family and the known misses
 # here, the sweep of 216 instances in benchmarks/sweep_solver.py (its table is in
