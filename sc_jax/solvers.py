@@ -1496,11 +1496,15 @@ def _run_parts(fn, problems: tuple, lambda_invs: tuple, taus: tuple, threads: in
     return jax.device_put(tuple(merged))
 
 
-# XLA options for the batched solver's program, per backend. On CPU the program is
-# ~1,100 small fusions in while-loop bodies; XLA's MLIR fusion emitters spend ~2 s
-# more of a cold call on them than the classic emitters (k = 8 default batch: 7.7-7.9
-# against 5.8-6.1 s in fresh processes), for runs 0-17% slower (benchmarks/RESULTS.md,
-# fifteenth pass). Per executable, so nothing global changes for the user's programs.
+# XLA options for the augmented Lagrangian's batched program, per backend. On CPU the
+# program is ~1,100 small fusions in while-loop bodies; XLA's MLIR fusion emitters
+# spend ~2 s more of a cold call on them than the classic emitters (k = 8 default
+# batch: 7.7-7.9 against 5.8-6.1 s in fresh processes), for runs 0-17% slower
+# (benchmarks/RESULTS.md, fifteenth pass). Per executable, so nothing global changes
+# for the user's programs. Not for the projected solver (0.7 s of compile per bucket
+# with the defaults): its vmapped program with the classic emitters and
+# --xla_backend_optimization_level=0 (the test suite's setting) ran for minutes
+# where either alone took 3-5 s.
 COMPILER_OPTIONS = {"cpu": {"xla_cpu_use_fusion_emitters": False}}
 
 
@@ -1511,7 +1515,8 @@ def _batched(method: str, sc_star: bool, options: SolverOptions | None,
     None vmaps each bucket whole, k runs ``lax.map`` over chunks of k vmapped
     instances (k = 1: one instance after another, no vmap; for the augmented
     Lagrangian all buckets through one copy of its loop, :func:`_solve_slots`).
-    ``backend``: the platform compiled for, which picks :data:`COMPILER_OPTIONS`."""
+    ``backend``: the platform compiled for, which picks :data:`COMPILER_OPTIONS` (for
+    the augmented Lagrangian)."""
     fn = _JAX_METHODS[method]
     kwargs = {"sc_star": sc_star}
     if options is not None:
@@ -1542,7 +1547,8 @@ def _batched(method: str, sc_star: bool, options: SolverOptions | None,
             problems, lambda_invs, taus = _gather_parts(problems, lambda_invs, taus, take)
         return tuple(bucket(p, lam, t) for p, lam, t in zip(problems, lambda_invs, taus))
 
-    return jax.jit(batch, compiler_options=dict(COMPILER_OPTIONS.get(backend, {})) or None)
+    options_xla = COMPILER_OPTIONS.get(backend, {}) if method == "augmented_lagrangian" else {}
+    return jax.jit(batch, compiler_options=dict(options_xla) or None)
 
 
 def _gather_parts(problems: tuple, lambda_invs: tuple, taus: tuple, take: tuple):
