@@ -109,11 +109,13 @@ class SolverOptions:
         rounding of the value also counts as converged, if the gradient is below
         10 tol.
     feas_tol: allowed constraint violation, in units of the cosine. ``None``: 1e-9
-        (float64), 1e-6 (float32). The tolerance also bounds the slack an active
-        constraint may keep at the end, which costs the multiplier times that slack
-        in f: with 1e-6, float32 stops 2.8e-4 above float64 on one sweep instance
-        (near-separable 29; 1.1e-5 with 1e-7, but 1e-7 left three float32 tests on
-        12 real rows, the apex and a run-off, at MAX_ITERATIONS).
+        (float64); in float32 1e-7 for the augmented Lagrangian, whose margin is
+        summed from 1 - cos terms near tau = 1 (:func:`_cosine_margin`), and 1e-6
+        for the projected solver, whose cone projection rounds at eps. The
+        tolerance also bounds the slack an active constraint may keep at the end,
+        which costs the multiplier times that slack in f: with 1e-6, float32 stopped
+        2.8e-4 above float64 on one sweep instance (near-separable 29; 1.4e-5 with
+        1e-7). rho still grows only above float32's noise floor (see _al_solve).
     max_iter: evaluations of f, its gradient and Hessian in all (one pass over the
         rows each, and one trust-region Newton step), outer updates included. Under
         vmap the batch runs to its slowest instance's count, and never beyond this.
