@@ -126,7 +126,8 @@ class SolverOptions:
         separable but infeasible direction, is never solved).
     num_starts: augmented-Lagrangian starts (:func:`start_points`: the identity,
         slopes 3, 0.3 and -1, two collapsed calibrators, then fixed pseudo-random
-        points), vmapped; the lowest feasible objective is kept, converged or not,
+        points), vmapped, each with its own run-off follow-up
+        (``follow_runoffs``); the lowest feasible objective is kept, converged or not,
         so a start that runs off to an unattained infimum wins and is reported
         UNBOUNDED. The problem is not convex once the invariance term weighs
         (lambda_inv >= 1), and there one start often ends at a worse KKT point:
@@ -750,8 +751,10 @@ def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = F
     below it. The second phase's end point is kept if it is feasible and no higher;
     its own ray test gives the status (UNBOUNDED while f falls along a ray or stays
     flat to rounding when the class is doubled; a class that rises there has a
-    minimiser far out, CONVERGED). With one start both phases run in one loop, so
-    the program holds one copy of the solver.
+    minimiser far out, CONVERGED). Both phases run in one loop, so the program
+    holds one copy of the solver; with several starts (``options.num_starts``) each
+    start is followed up on its own run-off, vmapped, before the starts' end points
+    are compared.
 
     problem: one unbatched :class:`Problem`; lambda_inv, tau: scalars (may be traced).
     """
@@ -1132,48 +1135,56 @@ def _al_solve(rows: _Rows, n1: int, dtype, lambda_inv, tau, *, sc_star: bool,
         return jax.tree.map(lambda u, v: jnp.where(keep, u, v), new._replace(it=it, outer=outer),
                             prev._replace(it=it, outer=outer))
 
-    def follow_up(prev):
-        return phase(prev, _to_polar(prev.x, prev.cls, n1), prev.cls, levels, True)
-
     follow = options.follow_runoffs and not sc_star
     starts = _starts(n1, options.num_starts, sc_star, dtype)  # [S, p]
     zero_i = jnp.zeros((), jnp.int32)
-    if options.num_starts == 1 and not follow:
-        res = post(solve_from(starts[0]), False)
-    elif options.num_starts == 1:
-        # Both phases in one loop, so that the program holds one copy of the solver's
-        # loop and of the ray test; the second pass runs only after a run-off. The
-        # first phase starts with cls = -1 (no polar class) at stage 0.
+
+    def solve_start(x0):
+        # One start's solve: its first phase, then, where that phase's ray test found
+        # a run-off, the follow-up. Both phases run in one loop, so that the program
+        # holds one copy of the solver's loop and of the ray test; the second pass
+        # runs only after a run-off. The first phase starts with cls = -1 (no polar
+        # class) at stage 0.
+        if not follow:
+            return post(solve_from(x0), False)
+
         def phase_body(c):
             ph, prev = c
             first = ph == 0
-            z0 = jnp.where(first, starts[0], _to_polar(prev.x, prev.cls, n1))
+            z0 = jnp.where(first, x0, _to_polar(prev.x, prev.cls, n1))
             return ph + 1, phase(prev, z0, jnp.where(first, -1, prev.cls),
                                  jnp.where(first, 0, levels), ~first)
 
-        none = _Phase(starts[0], jnp.asarray(jnp.inf, dtype), jnp.asarray(False),
+        none = _Phase(x0, jnp.asarray(jnp.inf, dtype), jnp.asarray(False),
                       jnp.asarray(False), jnp.zeros((), dtype), zero_i, zero_i,
                       jnp.asarray(-1, jnp.int32), jnp.asarray(False))
-        res = jax.lax.while_loop(
+        return jax.lax.while_loop(
             lambda c: (c[0] == 0) | ((c[0] == 1) & c[1].follow),
             phase_body, (zero_i, none))[1]
+
+    if options.num_starts == 1:
+        res = solve_start(starts[0])
     else:
-        runs = jax.vmap(solve_from)(starts)
+        # Every start is followed up on its own run-off before the starts are
+        # compared: a start whose first phase crawls along a run-off (float32's, in
+        # (b, w)) can end that phase far above the basin its follow-up reaches.
+        # Tight-tau 20 of the sweep (n = 6, lambda_inv 10): float32's first phases
+        # ended at 15.016 at best, the two starts whose follow-ups reach float64's
+        # 14.9573 at 15.34; following up the best first phase alone gave 15.0009.
+        runs = jax.vmap(solve_start)(starts)
         # The lowest objective among the feasible end points, converged or not: a
         # start that runs off along a separable direction never converges, and its
-        # falling f beats every KKT point of the other basins (the ray test then
-        # reports UNBOUNDED). A converged end wins a tie within sqrt(eps). The
-        # identity start's end point if none is feasible.
+        # falling f beats every KKT point of the other basins (its ray test reports
+        # UNBOUNDED). A converged end wins a tie within sqrt(eps). The identity
+        # start's end point if none is feasible.
         viol_r = -jax.vmap(margin)(runs.x)
         slack = jnp.sqrt(jnp.finfo(dtype).eps) * (1.0 + jnp.abs(runs.f))
         score = jnp.where((viol_r <= feas_tol) & jnp.isfinite(runs.f),
                           runs.f + jnp.where(runs.done, 0.0, slack), jnp.inf)
         k = jnp.where(jnp.any(jnp.isfinite(score)), jnp.argmin(score), 0)
         # Iterations count every start's passes.
-        res = post(jax.tree.map(lambda a: a[k], runs), False)._replace(
+        res = jax.tree.map(lambda a: a[k], runs)._replace(
             it=jnp.sum(runs.it), outer=jnp.sum(runs.outer))
-        if follow:  # a second copy of the loop, in multi-start programs only
-            res = jax.lax.cond(res.follow, follow_up, lambda p: p, res)
     params = _flat_params(res.x, sc_star)
     violation = jnp.maximum(-margin(res.x), 0.0)
     # With a real row, f is a mean of strictly positive terms at every finite theta,
