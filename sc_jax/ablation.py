@@ -35,9 +35,13 @@ from __future__ import annotations
 
 import csv
 from collections import defaultdict
+import logging
 from pathlib import Path
 
 import numpy as np
+from matplotlib.figure import Figure
+
+log = logging.getLogger(__name__)
 
 STUDIES = ("lambda_trust", "sc_n", "m_i", "single_size", "guard")
 GUARD_SETTINGS = (("paper (no guard)", "none", False), ("guard: SC* where below chance", "bias_only", False),
@@ -128,8 +132,6 @@ def ablate(run_dir, *, lambda_invs=(0.0, None, 1.0, "paper"), m_values=M_VALUES,
         :func:`sc_jax.calibrators.fit_batch`); None uses the run's.
     No model is loaded and no LLM forward pass is made.
     """
-    import sys
-
     from . import metrics
     from .calibrators import DEFAULT_LAMBDA_INV, fit_batch, predict_proba
     from .scoring import log_odds
@@ -144,7 +146,7 @@ def ablate(run_dir, *, lambda_invs=(0.0, None, 1.0, "paper"), m_values=M_VALUES,
     rows = []
     for (name, k), per_seed in runs.items():
         if progress:
-            print(f"[ablate {name} k={k}] {len(per_seed)} seeds", file=sys.stderr, flush=True)
+            log.info("[ablate %s k=%d] %d seeds", name, k, len(per_seed))
         keys, problems = surrogate_problems(per_seed)
         seeds, sizes = sorted(per_seed), sorted({i for _, i in keys})
 
@@ -349,16 +351,12 @@ def markdown(rows) -> str:
 
 
 def _plot_curve(rows, study: str, x_field: str, xlabel: str, path: Path) -> bool:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     summ = summarize(rows)
     keys = sorted({(r["dataset"], r["shots"]) for r in rows if r["study"] == study})
     if not keys:
         return False
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig = Figure(figsize=(6, 4))  # not pyplot: the caller's backend stays as it is
+    ax = fig.subplots()
     for d, k in keys:
         pts = sorted({(r[x_field], r["setting"]) for r in rows
                       if r["study"] == study and r["dataset"] == d and r["shots"] == k})
@@ -371,7 +369,6 @@ def _plot_curve(rows, study: str, x_field: str, xlabel: str, path: Path) -> bool
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return True
 
 

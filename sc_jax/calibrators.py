@@ -66,6 +66,7 @@ from sc_jax.solvers import (
     resolve_batch_size,
     resolve_threads,
 )
+from sc_jax.validation import check_lambda, check_problem, check_tau
 
 DEFAULT_LAMBDA_INV = 0.1
 # What fit_batch does with a size whose surrogate data the LLM scores below chance:
@@ -195,62 +196,8 @@ def calibrated_proba(b: np.ndarray, w: np.ndarray, features: np.ndarray) -> np.n
 
 
 # ---------------------------------------------------------------------------------
-# Input checks: all raised before any solve.
-
-
-def _check_problem(features, labels, query_ids, where: str = ""):
-    at = f" (problem {where})" if where else ""
-    features = np.asarray(features)
-    labels = np.asarray(labels)
-    query_ids = np.asarray(query_ids)
-    if features.ndim != 2 or features.shape[1] < 1:
-        raise ValueError(
-            f"features{at} must be [N, n-1] log-odds against class 0 with n >= 2 "
-            f"classes, got shape {features.shape}")
-    n_rows, n1 = features.shape
-    if n_rows == 0:
-        raise ValueError(f"features{at} has N = 0 rows: there is no surrogate data to "
-                         "fit; generate it with Algorithm 1 for a size i < k")
-    if not np.issubdtype(features.dtype, np.number):
-        raise ValueError(f"features{at} must be numeric, got dtype {features.dtype}")
-    if not np.all(np.isfinite(features)):
-        bad = int(np.sum(~np.isfinite(features)))
-        raise ValueError(
-            f"features{at} contain {bad} NaN or infinite values; log-odds must be "
-            "finite (clip the probabilities, e.g. log((p_c + 1e-9) / (p_0 + 1e-9)))")
-    if labels.shape != (n_rows,) or query_ids.shape != (n_rows,):
-        raise ValueError(
-            f"labels{at} and query_ids must have shape [N] = [{n_rows}], got "
-            f"{labels.shape} and {query_ids.shape}")
-    if labels.size and not np.all(np.equal(np.mod(labels, 1), 0)):
-        raise ValueError(f"labels{at} must be integers in [0, {n1 + 1})")
-    if labels.min() < 0 or labels.max() > n1:
-        raise ValueError(
-            f"labels{at} must be in [0, {n1 + 1}) for features with {n1} log-odds "
-            f"columns (n = {n1 + 1} classes); got min {labels.min()}, max {labels.max()}")
-    counts = np.bincount(labels.astype(np.int64), minlength=n1 + 1)
-    absent = np.flatnonzero(counts == 0)
-    if absent.size:
-        raise ValueError(
-            f"class(es) {absent.tolist()} have no rows in the surrogate data{at}: SC cannot "
-            "calibrate a class it never sees as a label. Use more demonstrations (k >= n, "
-            "class-balanced), or a larger context-size gap k - i")
-    if not np.issubdtype(query_ids.dtype, np.integer):
-        raise ValueError(f"query_ids{at} must be integers, got dtype {query_ids.dtype}")
-    return features, labels.astype(np.int32), query_ids
-
-
-def _check_tau(tau):
-    if tau is None:
-        return
-    if not np.isfinite(tau) or not -1.0 <= tau <= 1.0:
-        raise ValueError(f"tau must be a cosine in [-1, 1] (-1 disables the trust region), "
-                         f"got {tau}")
-
-
-def _check_lambda(lam):
-    if not np.isfinite(lam) or lam < 0:
-        raise ValueError(f"lambda_inv must be finite and >= 0, got {lam}")
+# Input checks (sc_jax.validation, shared with sc_jax.calibrate): all raised before
+# any solve.
 
 
 def _check_solver(solver):
@@ -308,7 +255,7 @@ def pack_batch(problems: Sequence[tuple], dtype="float32") -> tuple[Problem, lis
     for k, prob in enumerate(problems):
         if len(prob) != 3:
             raise ValueError(f"problem {k} must be (features, labels, query_ids)")
-        checked.append(_check_problem(*prob, where=str(k)))
+        checked.append(check_problem(*prob, where=str(k), batch_axes=False)[:3])
     n1 = {x.shape[1] for x, _, _ in checked}
     if len(n1) != 1:
         raise ValueError(f"all problems in a batch must have the same number of classes, "
@@ -476,9 +423,9 @@ def fit_batch(problems: Sequence[tuple], *, lambda_inv=DEFAULT_LAMBDA_INV, tau=N
     lams = _per_problem(lambda_inv, count, "lambda_inv")
     taus = _per_problem(tau, count, "tau")
     for lam in lams:
-        _check_lambda(lam)
+        check_lambda(lam)
     for t in taus:
-        _check_tau(t)
+        check_tau(t)
     common = dict(solver=solver, sc_star=sc_star, dtype=dtype, options=options,
                   bucketed=bucketed, batch_size=batch_size, threads=threads, guard=guard)
 
@@ -496,7 +443,7 @@ def fit_batch(problems: Sequence[tuple], *, lambda_inv=DEFAULT_LAMBDA_INV, tau=N
         for j, prob in enumerate(problems):  # bad input fails here, before any solve
             if len(prob) != 3:
                 raise ValueError(f"problem {j} must be (features, labels, query_ids)")
-            _check_problem(*prob, where=str(j))
+            check_problem(*prob, where=str(j), batch_axes=False)
         flagged = [below_chance(base_accuracy(np.asarray(p[0]), np.asarray(p[1])),
                                 np.shape(p[0])[-1] + 1) for p in problems]
         if any(flagged):

@@ -22,6 +22,9 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import logging
+import platform
 import sys
 import time
 from pathlib import Path
@@ -302,8 +305,48 @@ def _add_run_options(r) -> None:
                         "figure; on CPU the host's memory)")
 
 
+def version_line() -> str:
+    """``sc-jax --version``: this package and the stack it runs on (read from the
+    installed metadata, so nothing heavy is imported)."""
+    from sc_jax import __version__  # noqa: PLC0415
+
+    def installed(name):
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return "not installed"
+
+    stack = ", ".join(f"{n} {installed(n)}" for n in ("jax", "jaxlib", "flax", "optax", "jaxopt"))
+    return f"sc-jax {__version__} ({stack}; Python {platform.python_version()})"
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time of each record (not the stream
+    of the moment the handler was made), so a replaced stderr is followed."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _):
+        pass
+
+
+def show_log_messages() -> None:
+    """The command line shows the library's INFO messages (downloads, conversions,
+    per-job progress) on stderr; the library itself only logs to ``sc_jax``."""
+    logger = logging.getLogger("sc_jax")
+    if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter("sc_jax: %(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sc-jax", description="Supervised Calibration for ICL, in JAX.")
+    p.add_argument("--version", action="version", version=version_line())
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="real scoring end to end on built-in sentences")
     d.add_argument("--model", default="default",
@@ -385,6 +428,7 @@ def enable_compilation_cache() -> str | None:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    show_log_messages()
     enable_compilation_cache()
     from sc_jax._pypi import WheelFileError
     from sc_jax.data import DataUnavailableError

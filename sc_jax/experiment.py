@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import platform
 import sys
 import time
@@ -40,6 +41,8 @@ from typing import Any
 import numpy as np
 
 from .data import DEFAULT_TEST_SEED
+
+log = logging.getLogger(__name__)
 
 METHODS = ("base", "cc", "dc", "bc", "sc_star", "sc")
 # The run's guard (sc_jax.calibrators.fit_batch): SC* for a size whose surrogate data
@@ -336,7 +339,7 @@ def run_experiment(config: RunConfig, out_dir, *, progress: bool = True) -> Resu
             t = time.perf_counter()
             for seed in config.seeds:
                 if progress:
-                    print(f"[{name} k={k} seed={seed}] scoring", file=sys.stderr, flush=True)
+                    log.info("[%s k=%d seed=%d] scoring", name, k, seed)
                 split = split_protocol(ds, k=k, test_size=config.test_size, seed=seed,
                                        test_seed=config.test_seed)
                 splits.append(dict(dataset=name, shots=k, seed=seed,

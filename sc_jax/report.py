@@ -19,7 +19,9 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+import matplotlib
 import numpy as np
+from matplotlib.figure import Figure
 
 from .named_models import display_name
 
@@ -154,15 +156,13 @@ def write_csv(results: dict, path: Path) -> None:
 
 
 def plot_f1_bars(results: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows = results["rows"]
     shots = sorted({r["shots"] for r in rows})
     methods = [m for m in METHOD_NAMES if any(r["method"] == m for r in rows)]
-    fig, ax = plt.subplots(figsize=(1.2 + 1.1 * len(methods) * len(shots) / 2, 3.6))
+    # A bare Figure, not pyplot: no backend switch or global figure registry in the
+    # caller's process.
+    fig = Figure(figsize=(1.2 + 1.1 * len(methods) * len(shots) / 2, 3.6))
+    ax = fig.subplots()
     width = 0.8 / max(len(shots), 1)
     for j, k in enumerate(shots):
         means, stds = [], []
@@ -185,7 +185,6 @@ def plot_f1_bars(results: dict, path: Path) -> None:
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
-    plt.close(fig)
 
 
 def plot_params(results: dict, path: Path) -> bool:
@@ -193,17 +192,13 @@ def plot_params(results: dict, path: Path) -> bool:
     params = [p for p in results.get("params", []) if p["method"] == "sc"]
     if not params:
         return False
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     panels = sorted({(p["dataset"], p["shots"]) for p in params})
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.4), squeeze=False)
+    fig = Figure(figsize=(3.6 * len(panels), 3.4))
+    axes = fig.subplots(1, len(panels), squeeze=False)
     for ax, (d, k) in zip(axes[0], panels):
         ps = [p for p in params if p["dataset"] == d and p["shots"] == k]
         sizes = sorted({p["size"] for p in ps})
-        cmap = plt.get_cmap("viridis", max(len(sizes), 2))
+        cmap = matplotlib.colormaps["viridis"].resampled(max(len(sizes), 2))
         for si, i in enumerate(sizes):
             w = np.concatenate([p["w"] for p in ps if p["size"] == i])
             b = np.concatenate([p["b"] for p in ps if p["size"] == i])
@@ -217,7 +212,6 @@ def plot_params(results: dict, path: Path) -> bool:
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
-    plt.close(fig)
     return True
 
 

@@ -69,6 +69,9 @@ class Status(enum.IntEnum):
     # The infimum is not attained: the data are separable along a feasible
     # direction, f -> 0 as ||theta|| grows; params are the last (feasible) iterate.
     UNBOUNDED = 4
+    # Input that breaks the problem's rules (sc_jax.validation), seen inside a traced
+    # program where it cannot raise (sc_jax.calibrate under jit); no fit is returned.
+    INVALID_INPUT = 5
 
 
 class Solution(NamedTuple):
@@ -1516,16 +1519,36 @@ def _run_parts(fn, problems: tuple, lambda_invs: tuple, taus: tuple, threads: in
     return jax.device_put(tuple(merged))
 
 
-# XLA options for the augmented Lagrangian's batched program, per backend. On CPU the
-# program is ~1,100 small fusions in while-loop bodies; XLA's MLIR fusion emitters
-# spend ~2 s more of a cold call on them than the classic emitters (k = 8 default
-# batch: 7.7-7.9 against 5.8-6.1 s in fresh processes), for runs 0-17% slower
-# (benchmarks/RESULTS.md, fifteenth pass). Per executable, so nothing global changes
-# for the user's programs. Not for the projected solver (0.7 s of compile per bucket
-# with the defaults): its vmapped program with the classic emitters and
-# --xla_backend_optimization_level=0 (the test suite's setting) ran for minutes
-# where either alone took 3-5 s.
+# XLA options wanted for the augmented Lagrangian's batched program, per backend.
+# On CPU the program is ~1,100 small fusions in while-loop bodies; with jaxlib 0.10
+# XLA's MLIR fusion emitters spend ~2 s more of a cold call on them than the classic
+# emitters (k = 8 default batch: 7.7-7.9 against 5.8-6.1 s in fresh processes), for
+# runs 0-17% slower (benchmarks/RESULTS.md). jaxlib 0.11 and later have only the
+# fusion emitters and refuse the option ("No such compile option"), so each option is
+# used only where this jaxlib accepts it (:func:`compiler_options`). Per executable,
+# so nothing global changes for the user's programs. Not for the projected solver:
+# its vmapped program with the classic emitters and --xla_backend_optimization_level=0
+# (the test suite's setting) ran for minutes where either alone took 3-5 s.
 COMPILER_OPTIONS = {"cpu": {"xla_cpu_use_fusion_emitters": False}}
+
+
+@functools.lru_cache(maxsize=None)
+def compiler_options(backend: str) -> dict:
+    """The options of :data:`COMPILER_OPTIONS` for ``backend`` that this jaxlib's XLA
+    accepts, found once per process by compiling a one-op program with each."""
+    accepted = {}
+    arg = jax.ShapeDtypeStruct((), jnp.float32, sharding=jax.sharding.SingleDeviceSharding(
+        jax.devices(backend)[0]))
+    lowered = jax.jit(lambda x: x + 1).lower(arg)
+    for name, setting in COMPILER_OPTIONS.get(backend, {}).items():
+        try:
+            lowered.compile(compiler_options={name: setting})
+        except jax.errors.JaxRuntimeError as e:
+            if "No such compile option" not in str(e):
+                raise
+        else:
+            accepted[name] = setting
+    return accepted
 
 
 @functools.lru_cache(maxsize=None)
@@ -1535,7 +1558,7 @@ def _batched(method: str, sc_star: bool, options: SolverOptions | None,
     None vmaps each bucket whole, k runs ``lax.map`` over chunks of k vmapped
     instances (k = 1: one instance after another, no vmap; for the augmented
     Lagrangian all buckets through one copy of its loop, :func:`_solve_slots`).
-    ``backend``: the platform compiled for, which picks :data:`COMPILER_OPTIONS` (for
+    ``backend``: the platform compiled for, which picks :func:`compiler_options` (for
     the augmented Lagrangian)."""
     fn = _JAX_METHODS[method]
     kwargs = {"sc_star": sc_star}
@@ -1567,7 +1590,7 @@ def _batched(method: str, sc_star: bool, options: SolverOptions | None,
             problems, lambda_invs, taus = _gather_parts(problems, lambda_invs, taus, take)
         return tuple(bucket(p, lam, t) for p, lam, t in zip(problems, lambda_invs, taus))
 
-    options_xla = COMPILER_OPTIONS.get(backend, {}) if method == "augmented_lagrangian" else {}
+    options_xla = compiler_options(backend) if method == "augmented_lagrangian" else {}
     return jax.jit(batch, compiler_options=dict(options_xla) or None)
 
 

@@ -52,3 +52,41 @@ def test_missing_data_extra_names_the_install_before_the_model_loads(tmp_path, m
     err = capsys.readouterr().err
     assert err.startswith("error: Loading task 'sst2'") and "pip install 'sc-jax[data]'" in err.splitlines()[0]
     assert "Traceback" not in err and not loaded
+
+
+def test_version_names_the_stack(capsys):
+    import importlib.metadata
+
+    import sc_jax
+
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["--version"])
+    assert stop.value.code == 0
+    out = capsys.readouterr().out.strip()
+    jax_version = importlib.metadata.version("jax")
+    assert out.startswith(f"sc-jax {sc_jax.__version__} (jax {jax_version}, jaxlib ")
+    assert "flax " in out and "Python " in out
+
+
+def test_library_messages_go_to_the_sc_jax_logger_and_the_cli_shows_them(caplog, capsys,
+                                                                         monkeypatch):
+    import logging
+
+    from sc_jax import experiment
+
+    # As in a fresh process: without what cli.main set up in earlier tests.
+    logger = logging.getLogger("sc_jax")
+    monkeypatch.setattr(logger, "handlers", [h for h in logger.handlers
+                                             if not isinstance(h, cli._StderrHandler)])
+    monkeypatch.setattr(logger, "level", logging.NOTSET)
+    # The library: a record on a module logger under "sc_jax", nothing printed.
+    with caplog.at_level(logging.INFO, logger="sc_jax"):
+        experiment.log.info("a note")
+    assert [r.name for r in caplog.records] == ["sc_jax.experiment"]
+    assert capsys.readouterr().err == ""
+    # The command line shows INFO records on stderr, whatever sys.stderr is then.
+    cli.show_log_messages()
+    cli.show_log_messages()  # idempotent: one handler
+    assert sum(isinstance(h, cli._StderrHandler) for h in logger.handlers) == 1
+    experiment.log.info("shown")
+    assert capsys.readouterr().err == "sc_jax: shown\n"

@@ -53,7 +53,12 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything below is local
 
 gguf = pytest.importorskip("gguf")
-torch = pytest.importorskip("torch")
+try:
+    import torch
+except ImportError:  # tests/legs.sh's newest leg has no torch: only the HF PyTorch parity tests skip
+    torch = None
+needs_torch = pytest.mark.skipif(torch is None, reason="HF PyTorch parity: the test extra installs "
+                                                       "torch (CPU build) on Python 3.11 only")
 transformers = pytest.importorskip("transformers")
 
 import sc_jax  # noqa: E402
@@ -64,7 +69,8 @@ from sc_jax.prompts import TEMPLATES  # noqa: E402
 from test_gguf import assert_same_dequantisation  # noqa: E402
 from tokenizers import AddedToken  # noqa: E402
 
-torch.set_num_threads(2)
+if torch is not None:
+    torch.set_num_threads(2)
 REAL_TOL = 5e-4
 TINY_TOL = 2e-5
 QWEN = "qwen2.5-0.5b"
@@ -105,6 +111,7 @@ PROMPTS = [  # two length buckets (16 and 64 tokens), so our side compiles twice
 ]
 
 
+@needs_torch
 def test_qwen_logits_match_transformers(qwen, hf_qwen):
     ids = [qwen.tokenizer.encode(p) for p in PROMPTS]
     assert len(ids[0]) == 1 and max(map(len, ids)) > 16
@@ -119,6 +126,7 @@ def test_qwen_logits_match_transformers(qwen, hf_qwen):
     assert worst <= REAL_TOL
 
 
+@needs_torch
 def test_qwen_config_and_weights(qwen, hf_qwen, qwen_gguf, qwen_reader):
     c, ref = qwen.config, hf_qwen.config
     assert (c.model_type, c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads) == ("qwen2", 24, 896, 14, 2)
@@ -360,6 +368,7 @@ def _write_tiny_qwen2(path: Path, qtype_name: str, seed: int = 0, *, arch="qwen2
         path.write_bytes(bytes(data))
 
 
+@needs_torch
 @pytest.mark.parametrize("qtype", QUANT_TYPES)
 def test_tiny_qwen2_quant_type_matches_transformers(tmp_path, qtype):
     path = tmp_path / f"tiny-{qtype}.gguf"
