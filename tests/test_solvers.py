@@ -1086,3 +1086,19 @@ def test_terminal_step_matches_the_evaluated_end(x64, monkeypatch):
         assert float(jnp.max(jnp.abs(gf - a.multiplier * gc))) <= tol
         assert float(a.violation) <= feas_tol
     assert float(fast[0].multiplier) > 0 and float(fast[1].multiplier) == 0
+
+
+def test_compiler_options_are_only_those_this_jaxlib_accepts(monkeypatch):
+    # jaxlib 0.10 has the classic CPU emitters (the option is kept), jaxlib 0.11 and later
+    # refuse the option ("No such compile option"); an unknown option is always dropped.
+    import jaxlib
+
+    wanted = {**solvers.COMPILER_OPTIONS["cpu"], "xla_no_such_option_in_any_jaxlib": True}
+    monkeypatch.setitem(solvers.COMPILER_OPTIONS, "cpu", wanted)
+    solvers.compiler_options.cache_clear()
+    try:
+        got = solvers.compiler_options("cpu")
+    finally:
+        solvers.compiler_options.cache_clear()
+    classic = tuple(int(p) for p in jaxlib.__version__.split(".")[:2]) < (0, 11)
+    assert got == ({"xla_cpu_use_fusion_emitters": False} if classic else {})
