@@ -26,6 +26,7 @@ import numpy as np
 
 from sc_jax.objective import Params, Problem, class_cosines, design_arrays, value
 from sc_jax.objective import calibrated_log_probs as _log_probs
+from sc_jax.solvers import SolverOptions, Status
 from sc_jax.solvers import _flat_params as _params_of
 from sc_jax.validation import check_lambda, check_problem, check_tau, valid_problem
 
@@ -220,8 +221,6 @@ def calibrate(features: Array, labels: Array, query_ids: Array, *,
     unrolling the solver's loop. They are those of the solution's active set, and
     meaningful for status CONVERGED.
     """
-    from sc_jax.solvers import SolverOptions, Status  # noqa: PLC0415
-
     if solver != "augmented_lagrangian":
         raise ValueError(f"calibrate solves with 'augmented_lagrangian' only, got {solver!r}; "
                          "use sc_jax.calibrators.fit(..., solver=...) for the others")

@@ -215,7 +215,9 @@ def test_traced_bad_input_is_invalid_input_never_converged():
     batch = jax.jit(jax.vmap(lambda x, y: sc_jax.calibrate(x, y, g, tau=0.9, num_queries=6)))(
         np.stack([x, np.where(rows[:, None] == 4, np.nan, x)]), np.stack([y, y]))
     assert batch.status.tolist() == [Status.CONVERGED, Status.INVALID_INPUT]
-    np.testing.assert_allclose(batch.b[0], ok.b, atol=1e-5)
+    # float32, two programs that round differently, both stopped at the solver's
+    # tolerance on a well-conditioned problem: agreement far inside 1e-4.
+    np.testing.assert_allclose(batch.b[0], ok.b, atol=1e-4)
 
 
 # ---------------------------------------------------------------------------------

@@ -52,6 +52,7 @@ try:
     import torch
 except ImportError:  # tests/legs.sh's newest leg has no torch: only the HF PyTorch parity tests skip
     torch = None
+# transformers' models, and its GGUF reader (AutoTokenizer from a .gguf too), import torch.
 needs_torch = pytest.mark.skipif(torch is None, reason="HF PyTorch parity: the test extra installs "
                                                        "torch (CPU build) on Python 3.11 only")
 transformers = pytest.importorskip("transformers")
@@ -314,6 +315,7 @@ def hf_vocab_with_smollm_split(hf_gguf_tokenizer):
     return tok
 
 
+@needs_torch
 def test_tokenizer_matches_transformers_gguf(checkpoint, hf_gguf_tokenizer, hf_vocab_with_smollm_split):
     strings = _corpus() + NUMERIC_STRINGS
     plain = [s for s in strings if not _digit_split_matters(s)]
@@ -331,6 +333,7 @@ def test_tokenizer_matches_transformers_gguf(checkpoint, hf_gguf_tokenizer, hf_v
     assert not mismatches, f"{len(mismatches)} of {len(strings)} differ, first: {mismatches[:3]}"
 
 
+@needs_torch
 def test_tokenizer_digit_split_difference(checkpoint, hf_gguf_tokenizer):
     """Where transformers' GGUF tokenizer and the real SmolLM2 tokenizer differ, pinned."""
     vocab = checkpoint.tokenizer.get_vocab()

@@ -57,6 +57,7 @@ try:
     import torch
 except ImportError:  # tests/legs.sh's newest leg has no torch: only the HF PyTorch parity tests skip
     torch = None
+# transformers' models, and its GGUF reader (AutoTokenizer from a .gguf too), import torch.
 needs_torch = pytest.mark.skipif(torch is None, reason="HF PyTorch parity: the test extra installs "
                                                        "torch (CPU build) on Python 3.11 only")
 transformers = pytest.importorskip("transformers")
@@ -245,6 +246,7 @@ def qwen_tokenizers(qwen_gguf):
     return ours, own
 
 
+@needs_torch
 def test_qwen_tokenizer_matches_transformers(qwen_tokenizers):
     ours, own = qwen_tokenizers
     strings = _corpus()
@@ -260,6 +262,7 @@ def test_qwen_tokenizer_matches_transformers(qwen_tokenizers):
         assert ours.decode(got[s], skip_special_tokens=False) == unicodedata.normalize("NFC", s)
 
 
+@needs_torch
 def test_qwen_tokenizer_specials(qwen, qwen_tokenizers):
     ours = qwen_tokenizers[0]
     assert ours.encode("<|im_start|>user").ids == [151644, 872]
