@@ -345,7 +345,9 @@ def show_log_messages() -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sc-jax", description="Supervised Calibration for ICL, in JAX.")
+    # Raw text: argparse would wrap the --version line at the terminal's width.
+    p = argparse.ArgumentParser(prog="sc-jax", description="Supervised Calibration for ICL, in JAX.",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=version_line())
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="real scoring end to end on built-in sentences")

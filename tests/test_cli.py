@@ -65,7 +65,7 @@ def test_version_names_the_stack(capsys):
     out = capsys.readouterr().out.strip()
     jax_version = importlib.metadata.version("jax")
     assert out.startswith(f"sc-jax {sc_jax.__version__} (jax {jax_version}, jaxlib ")
-    assert "flax " in out and "Python " in out
+    assert "flax " in out and "Python " in out and "\n" not in out  # one line, not wrapped
 
 
 def test_library_messages_go_to_the_sc_jax_logger_and_the_cli_shows_them(caplog, capsys,
