@@ -22,6 +22,10 @@ On a GPU machine that has jax with CUDA but not this package's other dependencie
 copy the checkout and the wheels of jaxopt and gguf (``pip download jaxopt gguf
 --no-deps -d wheels``), then ``pip install --no-deps wheels/*.whl`` and run
 ``PYTHONPATH=. python benchmarks/accelerator_suite.py --out bench_out/suite``.
+
+It writes ``suite.json`` (with the common header of ``_results``) and ``suite.md``
+into ``--out``; without it, ``benchmarks/results/accelerator_suite/<machine>.json``
+and ``.md`` beside it (``--smoke``: ``bench_out/accelerator_suite_smoke/``).
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
+
+import _results  # noqa: E402
 
 WORDS = ("the film is a great fun boring plot with some moments of real charm but too long "
          "and actors seem lost in it story never quite works yet its heart shows").split()
@@ -177,7 +183,9 @@ def tables(out: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="tiny preset on CPU, under a minute")
-    ap.add_argument("--out", default="bench_out/accelerator_suite", help="directory for suite.json")
+    ap.add_argument("--out", default=None,
+                    help="directory for suite.json and suite.md (default: "
+                         "benchmarks/results/accelerator_suite/<machine>.json and .md)")
     ap.add_argument("--skip", nargs="*", default=[], choices=["scoring", "solvers", "end_to_end"])
     args = ap.parse_args(argv)
     if args.smoke:
@@ -190,15 +198,23 @@ def main(argv=None) -> int:
                              sample_a=0.002, sample_b=0.02, repeats=2, classes=[2, 3, 4, 5, 6],
                              solver_seeds=5, scipy_seeds=1, e2e_tests=256, m_cap=24, budget=5000,
                              max_size=5, methods=("base", "cc", "dc", "bc", "sc_star", "sc"))
-    outdir = Path(args.out)
-    outdir.mkdir(parents=True, exist_ok=True)
-    out = dict(device=_device(), smoke=args.smoke,
+    machine = _results.jax_machine()
+    if args.out or args.smoke:
+        outdir = Path(args.out or "bench_out/accelerator_suite_smoke")
+        json_path, md_path = outdir / "suite.json", outdir / "suite.md"
+    else:
+        json_path = _results.default_path("accelerator_suite", machine["id"])
+        md_path = json_path.with_suffix(".md")
+    head = _results.header(machine, command=_results.command(__file__, argv),
+                           dtype={"scoring": args.dtype, "solvers": "float32",
+                                  "end_to_end": args.dtype})
+    out = dict(header=head, device=_device(), smoke=args.smoke,
                settings={k: v for k, v in vars(args).items() if k not in ("out", "skip")})
     t0 = time.perf_counter()
 
     def save():
         out["wall_s"] = time.perf_counter() - t0
-        (outdir / "suite.json").write_text(json.dumps(out, indent=1, default=str))
+        _results.write_json(json_path, out)
 
     for name, fn in (("scoring", section_scoring), ("solvers", section_solvers),
                      ("end_to_end", section_end_to_end)):
@@ -211,9 +227,9 @@ def main(argv=None) -> int:
         save()  # an interrupted suite keeps every finished section
     save()
     text = tables(out)
-    (outdir / "suite.md").write_text(text + "\n")
+    md_path.write_text(text + "\n")
     print(text)
-    print(f"\nwall {out['wall_s']:.1f}s; wrote {outdir / 'suite.json'} and {outdir / 'suite.md'}")
+    print(f"\nwall {out['wall_s']:.1f}s; wrote {json_path} and {md_path}")
     return 0
 
 

@@ -11,7 +11,7 @@ float32) this times, each in a fresh Python process:
   (c) the SciPy trust-constr loop on the same problems (its JAX derivative functions
       compiled in the process, as a user's first SciPy fit would).
 
-  python benchmarks/bench_cold_call.py --out bench_out/bench_cold_call.json
+  python benchmarks/bench_cold_call.py     # results/bench_cold_call/<machine>.json
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import _results
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,7 +57,8 @@ def child(kind, k):
         fits = [calibrators.fit(*p, solver="scipy") for p in probs]
     seconds = time.perf_counter() - t
     print(json.dumps(dict(seconds=seconds, problems=len(probs),
-                          statuses=[int(f.status) for f in fits])))
+                          statuses=[int(f.status) for f in fits],
+                          machine=_results.jax_machine())))
 
 
 def run_child(kind, k, cache):
@@ -69,7 +72,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--child", choices=["jax", "scipy"])
     p.add_argument("--k", type=int, nargs="+", default=[4, 8])
-    p.add_argument("--out", default="bench_out/bench_cold_call.json")
+    p.add_argument("--out", default=None,
+                   help="JSON file (default: benchmarks/results/bench_cold_call/<machine>.json)")
     args = p.parse_args(argv)
     if args.child:
         return child(args.child, args.k[0])
@@ -86,9 +90,13 @@ def main(argv=None):
         print(f"k={k}: {r['problems']} problems  fit_batch empty cache {r['jax_empty_cache_s']:.2f}s"
               f"  filled cache {r['jax_filled_cache_s']:.2f}s  SciPy loop {r['scipy_s']:.2f}s",
               flush=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(dict(rows=rows), indent=1))
+    # The parent never imports jax (its children must be fresh): the machine is the
+    # first child's.
+    machine = cold["machine"]
+    out = _results.write_json(
+        args.out or _results.default_path("bench_cold_call", machine["id"]),
+        dict(header=_results.header(machine, command=_results.command(__file__, argv),
+                                    dtype="float32"), rows=rows))
     print(f"wrote {out}")
 
 

@@ -34,12 +34,13 @@ between our fit and SciPy's.
   python benchmarks/bench_end_to_end.py --torch                     # CPU: default model, k = 4, 8
   python benchmarks/bench_end_to_end.py --model random:llama-2-7b --dtype bfloat16 \\
       --test-size 256 --budget 5000                                 # accelerator
+
+Writes ``benchmarks/results/bench_end_to_end/<machine>.json`` (``--out``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -49,6 +50,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import _results  # noqa: E402
 
 
 def _sample(rng, jobs, frac, minimum):
@@ -245,7 +248,8 @@ def main(argv=None):
     ap.add_argument("--torch", action="store_true",
                     help="also time HF transformers PyTorch batch-1 (HF-dir or default model)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="bench_out/bench_end_to_end.json")
+    ap.add_argument("--out", default=None,
+                    help="JSON file (default: benchmarks/results/bench_end_to_end/<machine>.json)")
     args = ap.parse_args(argv)
     if not 0 < args.sample <= 1:
         ap.error("--sample must be in (0, 1]")
@@ -270,15 +274,15 @@ def main(argv=None):
                 print("torch/transformers not installed: skipping PyTorch", file=sys.stderr)
     rows = [run_case(model, ds, k, args, hf) for k in args.k]
     meta = {"device": str(jax.devices()[0].device_kind), "platform": platform.platform(),
-            "cpu_count": os.cpu_count(), "jax": jax.__version__, "model": args.model,
+            "cpu_count": os.cpu_count(), "model": args.model,
             "dtype": args.dtype, "sample": args.sample, "min_sample": args.min_sample,
             "note": "ours cold incl. compiles; reference batch-1 scoring sampled and "
                     "extrapolated per prompt; reference fit = SciPy trust-constr loop (warm)"}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
-    tmp.replace(out)
+    machine = _results.jax_machine()
+    out = _results.write_json(
+        args.out or _results.default_path("bench_end_to_end", machine["id"]),
+        {"header": _results.header(machine, command=_results.command(__file__, argv),
+                                   dtype=args.dtype), "meta": meta, "results": rows})
     print_table(rows, meta)
     print(f"\nJSON: {out}")
 

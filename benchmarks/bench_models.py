@@ -16,7 +16,7 @@ Memory is the process's peak resident set (``ru_maxrss``) after loading, and the
 weights' own size. Both processes are fresh, so compile time shows in the first
 scoring run ("engine first run") and not in the medians.
 
-  python benchmarks/bench_models.py --out benchmarks/bench_models_cpu_2core.json
+  python benchmarks/bench_models.py       # results/bench_models/<machine>.json
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _results  # noqa: E402
 
 
 def _rss_gb() -> float:
@@ -72,6 +74,7 @@ def cached_use(name: str, cache: str, repeats: int) -> dict:
         "engine_prompts_per_s": res["prompts"] / res["c_s"], "plain_prompts_per_s": res["prompts"] / res["a_s"],
         "max_abs_diff_engine_vs_plain": res["max_abs_diff_engine_vs_plain"],
         "scoring_peak_rss_gb": _rss_gb(),
+        "machine": _results.jax_machine(),
     }  # fmt: skip
     assert np.isfinite(out["engine_s"])
     return out
@@ -111,7 +114,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="*", default=None, help="named models (default: all)")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", default="bench_out/bench_models.json")
+    ap.add_argument("--out", default=None,
+                    help="JSON file (default: benchmarks/results/bench_models/<machine>.json)")
     ap.add_argument("--child", choices=["first", "cached"], help=argparse.SUPPRESS)
     ap.add_argument("--name", help=argparse.SUPPRESS)
     ap.add_argument("--cache", help=argparse.SUPPRESS)
@@ -129,15 +133,18 @@ def main(argv=None) -> int:
             row = {"model": name} | run_child("first", name, cache, args.repeats)
             print(f"{name}: cached load and scoring ...", file=sys.stderr, flush=True)
             row |= run_child("cached", name, cache, args.repeats)
+        machine = row.pop("machine")  # the children's: this process never starts jax
         rows.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
-    out = {"machine": {"platform": platform.platform(), "processor": platform.processor(),
-                       "cpus": os.cpu_count()},
-           "repeats": args.repeats, "rows": rows}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    out = _results.write_json(
+        args.out or _results.default_path("bench_models", machine["id"]),
+        {"header": _results.header(machine, command=_results.command(__file__, argv),
+                                   dtype="float32"),
+         "platform": {"platform": platform.platform(), "processor": platform.processor(),
+                      "cpus": os.cpu_count()},
+         "repeats": args.repeats, "rows": rows})
     print(table(rows))
-    print(f"wrote {args.out}")
+    print(f"wrote {out}")
     return 0
 
 

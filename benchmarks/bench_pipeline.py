@@ -16,13 +16,14 @@ under each), synthetic review texts, the Rotten Tomatoes template.
 ``--before DIR``: a directory holding an older copy of the package renamed, e.g.
   git archive <commit> sc_jax | tar -x -C /tmp/before && mv /tmp/before/sc_jax /tmp/before/sc_jax_before
   python benchmarks/bench_pipeline.py --before /tmp/before/sc_jax_before
+
+Writes ``benchmarks/results/bench_pipeline/<machine>.json`` (``--out``).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import platform
 import statistics
 import sys
@@ -32,6 +33,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import _results  # noqa: E402
 
 WORDS = ("the film is a great fun boring plot with some moments of real charm but too long "
          "and actors seem lost in it story never quite works yet its heart shows").split()
@@ -153,7 +156,8 @@ def main(argv=None):
                          "where host overhead shows (an accelerator's regime)")
     ap.add_argument("--before", default=None, help="an older copy of the package (see above)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="bench_out/bench_pipeline.json")
+    ap.add_argument("--out", default=None,
+                    help="JSON file (default: benchmarks/results/bench_pipeline/<machine>.json)")
     args = ap.parse_args(argv)
     if len(args.k) != len(args.model):
         ap.error("give one --k per --model")
@@ -176,10 +180,12 @@ def main(argv=None):
 
     import jax
 
-    meta = dict(machine=platform.processor() or platform.machine(), platform=platform.platform(),
-                jax=jax.__version__, device=str(jax.devices()[0]), args=vars(args))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    machine = _results.jax_machine()
+    meta = dict(platform=platform.platform(), device=str(jax.devices()[0]), args=vars(args))
+    out = _results.write_json(
+        args.out or _results.default_path("bench_pipeline", machine["id"]),
+        dict(header=_results.header(machine, command=_results.command(__file__, argv),
+                                    dtype=args.dtype), meta=meta, rows=rows))
     print("| engine | model | k | tokens/batch | prompts | calls | first run s | wall s | device s | "
           "wall/call ms | device/call ms | host overhead |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -189,6 +195,7 @@ def main(argv=None):
               f"{r['calls']} | {r['first_run_s']:.1f} | "
               f"{r['wall_s']:.2f} | {r['device_s']:.2f} | {r['wall_per_call_ms']:.1f} | "
               f"{r['device_per_call_ms']:.1f} | {100 * r['host_overhead']:+.0f}% |")
+    print(f"wrote {out}")
     return 0
 
 

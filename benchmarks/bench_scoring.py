@@ -13,6 +13,8 @@ warmed up first (compiles are timed separately); times are medians over
 ``--repeats`` runs. The floor is 2 x (non-embedding parameters) x (unique tokens
 computed by the engine) / (measured matmul peak of this machine).
 
+Writes ``benchmarks/results/bench_scoring/<machine>.json`` (``--out``).
+
 Examples:
   python benchmarks/bench_scoring.py                      # CPU: default k=4,6 + small preset k=8
   python benchmarks/bench_scoring.py --model random:llama-2-7b --dtype bfloat16 --k 8
@@ -21,16 +23,15 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
 import platform
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
+
+import _results
 
 WORDS = ("the film is a great fun boring plot with some moments of real charm but too long "
          "and actors seem lost in it story never quite works yet its heart shows").split()
@@ -70,7 +71,7 @@ def timed(fn, repeats):
 def bench_case(model, k, words, sample_a, sample_b, repeats, seed, use_torch, hf=None):
     from sc_jax.enumeration import all_contexts, surrogate_pairs
     from sc_jax.prompts import TEMPLATES, build_pieces
-    from sc_jax.scoring import EngineStats, ScoringEngine, score_flat, score_plain
+    from sc_jax.scoring import ScoringEngine, score_flat, score_plain
 
     rng = np.random.default_rng(seed)
     demos = list(zip(texts(rng, k, words), [j % 2 for j in range(k)]))
@@ -163,7 +164,8 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--torch", action="store_true", help="also time HF transformers PyTorch (a)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="bench_out/bench_scoring.json")
+    ap.add_argument("--out", default=None,
+                    help="JSON file (default: benchmarks/results/bench_scoring/<machine>.json)")
     args = ap.parse_args(argv)
 
     import jax
@@ -201,13 +203,13 @@ def main(argv=None):
             print(f"done {source} k={k}: c={r['c_s']:.1f}s", file=sys.stderr, flush=True)
 
     meta = {"device": str(jax.devices()[0].device_kind), "platform": platform.platform(),
-            "cpu_count": os.cpu_count(), "jax": jax.__version__, "peak_flops_measured": peak,
+            "cpu_count": os.cpu_count(), "peak_flops_measured": peak,
             "note": "(a) and (b) time a uniform sample of prompts and extrapolate per prompt"}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
-    tmp.replace(out)
+    machine = _results.jax_machine()
+    out = _results.write_json(
+        args.out or _results.default_path("bench_scoring", machine["id"]),
+        {"header": _results.header(machine, command=_results.command(__file__, argv),
+                                   dtype=args.dtype), "meta": meta, "results": rows})
 
     print(f"\nScoring benchmark on {meta['device']} ({meta['cpu_count']} cores), "
           f"measured peak {peak / 1e9:.0f} GFLOP/s; medians of {args.repeats} run(s)")

@@ -38,7 +38,7 @@ The data are synthetic, generated from a hidden model (class-conditional Gaussia
 whose true log-odds are affine; the "LLM" reports them rescaled per class, shifted by
 a label bias, a per-context shift and per-row noise), so no model is needed.
 
-  python benchmarks/bench_solver.py                    # everything, JSON to bench_out/
+  python benchmarks/bench_solver.py      # everything: results/bench_solver/<machine>.json
   python benchmarks/bench_solver.py --classes 2 3 --repeats 1 --skip-ablation
   python benchmarks/bench_solver.py --classes 4 --batch-sizes all 1 --skip-ablation
 """
@@ -46,7 +46,6 @@ a label bias, a per-context shift and per-row noise), so no model is needed.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -62,9 +61,11 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from sc_jax import calibrators, metrics, solvers  # noqa: E402
+from sc_jax.solvers import reference  # noqa: E402
 from sc_jax.enumeration import default_m  # noqa: E402
 from sc_jax.objective import Problem  # noqa: E402
 from sc_jax.synthetic import World  # noqa: E402
+import _results  # noqa: E402
 
 SIZES = (1, 2, 3, 4, 5)
 K = 8
@@ -131,7 +132,7 @@ def time_jax(method, problems, lams, taus, dtype, repeats, bucketed=True, batch=
         return jax.block_until_ready(solvers.solve_batch(
             packed, lam_b, tau_b, method=method, batch_size=size, threads=threads))
 
-    solvers._batched.cache_clear()  # a fresh jit, and no compiled program in memory
+    solvers.batched.cache_clear()  # a fresh jit, and no compiled program in memory
     jax.clear_caches()
     t = time.perf_counter()
     sols = call()
@@ -166,8 +167,8 @@ def kkt_residual(b, w, prob, lam, tau, per_class):
         p = _sp_problem(*prob)
         x = np.concatenate([np.ravel(b), np.ravel(w)]).astype(np.float64)
         n1 = x.shape[0] // 2
-        _, grad = solvers._sp_value_and_grad(x, p, lam, False)
-        c, jac = solvers._sp_constraint(x, tau, n1, False, per_class)
+        _, grad = reference.value_and_grad(x, p, lam, False)
+        c, jac = reference.constraint(x, tau, False, per_class)
         grad, c, jac = np.asarray(grad), np.asarray(c), np.asarray(jac)
     active = c <= 1e-6 * (1.0 + np.abs(x[n1:]) if per_class else 1.0)
     if not active.any():
@@ -408,7 +409,8 @@ def print_tables(timing, ablation):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="bench_out/bench_solver.json")
+    p.add_argument("--out", default=None,
+                   help="JSON file (default: benchmarks/results/bench_solver/<machine>.json)")
     p.add_argument("--classes", type=int, nargs="+", default=[2, 3, 4, 5, 6])
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--repeats", type=int, default=3)
@@ -436,17 +438,17 @@ def main(argv=None):
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}, "
           f"{os.cpu_count()} CPUs, {platform.processor() or platform.machine()}", flush=True)
     scipy_seeds = args.seeds if args.scipy_seeds is None else args.scipy_seeds
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    machine = _results.jax_machine()
+    out = Path(args.out or _results.default_path("bench_solver", machine["id"]))
+    head = _results.header(machine, command=_results.command(__file__, argv),
+                           dtype=["float32"] if args.skip_timing else args.dtypes)
 
     def save(timing, ablation=None, complete=False):
-        tmp = out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(dict(
-            device=str(jax.devices()[0]), cpus=os.cpu_count(), jax=jax.__version__,
+        _results.write_json(out, dict(
+            header=head, device=str(jax.devices()[0]), cpus=os.cpu_count(),
             sizes=SIZES, k=K, seeds=args.seeds, scipy_seeds=scipy_seeds,
             repeats=args.repeats, default_lambda_inv=calibrators.DEFAULT_LAMBDA_INV,
-            complete=complete, timing=timing, ablation=ablation or {}), indent=2))
-        tmp.replace(out)  # atomic: a kill mid-write leaves the previous file
+            complete=complete, timing=timing, ablation=ablation or {}))
 
     timing = [] if args.skip_timing else bench_timing(
         args.classes, args.seeds, args.repeats, scipy_seeds, args.dtypes, args.layouts,

@@ -9,14 +9,15 @@ sweep's records: one start, and optionally four) ranks among them, so that a mis
 be read as "a worse KKT point than SciPy's best start, but as good as SciPy from the
 same start" or not.
 
-  python benchmarks/local_optima.py --sweep one_start.jsonl [--starts4 four.jsonl] \\
-      --out bench_out/local_optima.json
+  python benchmarks/local_optima.py --sweep one_start.jsonl [--starts4 four.jsonl]
+
+writes ``benchmarks/results/local_optima/<machine>.json`` (``--out``): the common
+header (``_results``) and one record per instance.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -28,12 +29,13 @@ import numpy as np  # noqa: E402
 from sc_jax import solvers  # noqa: E402
 from sc_jax.synthetic import solver_instance  # noqa: E402
 from bench_solver import _sp_problem  # noqa: E402
+import _results  # noqa: E402
 
 FEAS = 1e-9
 
 
 def _read(path):
-    return {(r["family"], r["seed"]): r for r in map(json.loads, Path(path).read_text().splitlines())}
+    return {(r["family"], r["seed"]): r for r in _results.read_jsonl(path)[1] if "family" in r}
 
 
 def main(argv=None):
@@ -41,7 +43,8 @@ def main(argv=None):
     p.add_argument("--sweep", required=True, help="sweep_solver.py output (one start)")
     p.add_argument("--starts4", help="the same sweep with --num-starts 4")
     p.add_argument("--min-lambda", type=float, default=1.0)
-    p.add_argument("--out", default="bench_out/local_optima.json")
+    p.add_argument("--out", default=None,
+                   help="JSON file (default: benchmarks/results/local_optima/<machine>.json)")
     args = p.parse_args(argv)
     for path in filter(None, (args.sweep, args.starts4)):
         if not Path(path).is_file():
@@ -82,9 +85,11 @@ def main(argv=None):
               f"JAX 1 start {f1:.4g} ({rec['below_jax1']}/{len(feas)} SciPy starts below)"
               + ("" if f4 is None else f", 4 starts {f4:.4g} ({rec['below_jax4']} below)"),
               flush=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(records, indent=1))
+    machine = _results.jax_machine()
+    out = _results.write_json(
+        args.out or _results.default_path("local_optima", machine["id"]),
+        dict(header=_results.header(machine, command=_results.command(__file__, argv),
+                                    dtype="float64"), records=records))
     n = len(records)
     if n:
         ident = sum(r["identity_misses"] for r in records)

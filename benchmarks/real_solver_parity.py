@@ -10,17 +10,19 @@ paper's SC: no guard, the Appendix A tau), and SciPy trust-constr from several s
 
 where f32 is the float32 fit's objective as the solver reports it. Where float64
 reports UNBOUNDED (an infimum that is not attained: f can fall to 0), both gaps are
-divided by max(1, |f|) instead, as in ``sweep_solver.py``. Writes one JSON
-record per problem and prints every problem that misses a target or does not end
-CONVERGED.
+divided by max(1, |f|) instead, as in ``sweep_solver.py``. Writes the common header
+(``_results``), the solvers' times and one record per problem to
+``benchmarks/results/real_solver_parity/<machine>_<model>_<run>.json`` (``--out``; model
+and run are the run directory's last two names), and prints every problem that misses a
+target or does not end CONVERGED. The run needs its ``scores/`` (``sc-jax run`` writes
+them; no model is loaded).
 
-  python benchmarks/real_solver_parity.py ~/sc_jax_runs/dev_smollm2_k4 --out out.json
+  python benchmarks/real_solver_parity.py benchmarks/real_eval/qwen2.5-0.5b/k4
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import time
@@ -35,6 +37,7 @@ from sc_jax import calibrators, solvers  # noqa: E402
 from sc_jax.ablation import _load_run, surrogate_problems  # noqa: E402
 from sweep_solver import GAP32, GAP64  # noqa: E402
 from bench_solver import _sp_problem  # noqa: E402
+import _results  # noqa: E402
 
 
 def problems_of_run(run_dir):
@@ -53,7 +56,9 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("run_dir")
     p.add_argument("--lambda-inv", type=float, default=calibrators.DEFAULT_LAMBDA_INV)
-    p.add_argument("--out", default="bench_out/real_solver_parity.json")
+    p.add_argument("--out", default=None,
+                   help="JSON file (default: benchmarks/results/real_solver_parity/"
+                        "<machine>_<model>_<run>.json)")
     args = p.parse_args(argv)
     try:
         items = problems_of_run(args.run_dir)
@@ -62,11 +67,12 @@ def main(argv=None):
     keys, probs = [k for k, _ in items], [p for _, p in items]
     print(f"jax {jax.__version__} on {jax.default_backend()}, {platform.machine()}; "
           f"{len(probs)} problems from {args.run_dir}", flush=True)
-    fits = {}
+    fits, seconds = {}, {}
     for dtype in ("float32", "float64"):
         t = time.perf_counter()
         fits[dtype] = calibrators.fit_batch(probs, lambda_inv=args.lambda_inv, dtype=dtype)
-        print(f"JAX {dtype}: {time.perf_counter() - t:.1f} s (compile included)", flush=True)
+        seconds[f"jax_{dtype}"] = time.perf_counter() - t
+        print(f"JAX {dtype}: {seconds[f'jax_{dtype}']:.1f} s (compile included)", flush=True)
     records = []
     t = time.perf_counter()
     for key, (x, y, g), r32, r64 in zip(keys, probs, fits["float32"], fits["float64"]):
@@ -88,10 +94,16 @@ def main(argv=None):
                    gap64=None if f_ref is None else gap(r64.objective, f_ref),
                    gap32=gap(r32.objective, r64.objective))
         records.append(rec)
-    print(f"SciPy (5 starts each): {time.perf_counter() - t:.1f} s", flush=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(records, indent=1) + "\n")
+    seconds["scipy"] = time.perf_counter() - t
+    print(f"SciPy (5 starts each): {seconds['scipy']:.1f} s", flush=True)
+    machine = _results.jax_machine()
+    run = Path(args.run_dir).resolve()
+    out = _results.write_json(
+        args.out or _results.default_path("real_solver_parity",
+                                          f"{machine['id']}_{run.parent.name}_{run.name}"),
+        dict(header=_results.header(machine, command=_results.command(__file__, argv),
+                                    dtype=["float32", "float64"]),
+             run=args.run_dir, seconds=seconds, records=records))
     for dtype in ("32", "64"):
         st = {}
         for r in records:

@@ -20,9 +20,12 @@ Checks, per instance (issue 11):
   * UNBOUNDED (an infimum that is not attained): the same objectives, to 1e-7 and
     1e-4 times max(1, |f|) (see ``checks``).
 
-Every instance is appended to the JSON-lines output as it finishes, so an interrupted
-run resumes where it stopped (``--out``; delete the file to start over). Prints a
-table per family and every instance that misses a check.
+The JSON-lines output (``--out``, default ``benchmarks/results/sweep_solver/
+<machine>.jsonl``) starts with the common header line (``_results``), then holds one
+``fit_time`` line per JAX batch (fits, seconds, compile included) and one line per
+instance, appended as it finishes, so an interrupted run resumes where it stopped
+(delete the file to start over). Prints a table per family and every instance that
+misses a check.
 
   python benchmarks/sweep_solver.py                      # 36 per family (216 instances)
   python benchmarks/sweep_solver.py --per-family 4 --families apex flipped
@@ -49,6 +52,7 @@ from sc_jax import calibrators, solvers  # noqa: E402
 from sc_jax.objective import Params, objective  # noqa: E402
 from sc_jax.synthetic import FAMILIES, solver_instance  # noqa: E402
 from bench_solver import _sp_problem  # noqa: E402  (NumPy float64 Problem, ids 0..G-1)
+import _results  # noqa: E402
 
 GAP64 = 1e-7
 GAP32 = 1e-4
@@ -65,17 +69,18 @@ def _fmt(v, spec="+.1e"):
     return "none" if v is None else format(v, spec)
 
 
+def instance_records(path) -> list[dict]:
+    """The per-instance records of a sweep's JSON-lines file (without its header and
+    ``fit_time`` lines)."""
+    return [r for r in _results.read_jsonl(path)[1] if "family" in r]
+
+
 def load_references(paths) -> dict:
     """(family, seed) -> record, from earlier sweeps' JSON-lines files: their best
     SciPy objectives are reused instead of recomputed (the instance generator is
     deterministic; each reuse is checked against the instance's n, N, lambda_inv and
     tau)."""
-    refs = {}
-    for path in paths:
-        for line in Path(path).read_text().splitlines():
-            r = json.loads(line)
-            refs[(r["family"], r["seed"])] = r
-    return refs
+    return {(r["family"], r["seed"]): r for path in paths for r in instance_records(path)}
 
 
 def checks(rec) -> dict:
@@ -108,29 +113,29 @@ def checks(rec) -> dict:
 
 def run(families, per_family, out: Path, options, references=None, instances=None):
     """``instances``: (family, seed) pairs to solve instead of the first
-    ``per_family`` seeds of every family."""
+    ``per_family`` seeds of every family. ``out`` exists, with its header line."""
     references = references or {}
-    done = {}
-    if out.exists():
-        for line in out.read_text().splitlines():
-            r = json.loads(line)
-            done[(r["family"], r["seed"])] = r
+    done = {(r["family"], r["seed"]): r for r in instance_records(out)}
     keys = instances or [(f, s) for f in families for s in range(per_family)]
     todo = [key for key in keys if key not in done]
     print(f"{len(keys) - len(todo)} instances already in {out}, {len(todo)} to solve", flush=True)
     if not todo:
         return [done[key] for key in keys]
     inst = {key: solver_instance(*key) for key in todo}
-    fits = {}
+    fits, seconds = {}, {}
     for dtype in ("float64", "float32"):
         t = time.perf_counter()
         res = calibrators.fit_batch([inst[k][:3] for k in todo],
                                     lambda_inv=[inst[k][3] for k in todo],
                                     tau=[inst[k][4] for k in todo], dtype=dtype, options=options)
-        print(f"JAX {dtype}: {len(todo)} fits in {time.perf_counter() - t:.1f}s "
+        seconds[dtype] = time.perf_counter() - t
+        print(f"JAX {dtype}: {len(todo)} fits in {seconds[dtype]:.1f}s "
               "(compile included)", flush=True)
         fits[dtype] = dict(zip(todo, res))
     with out.open("a") as fh:
+        for dtype, secs in seconds.items():
+            fh.write(json.dumps({"fit_time": {"dtype": dtype, "fits": len(todo), "seconds": secs}})
+                     + "\n")
         for key in todo:
             x, y, g, lam, tau = inst[key]
             old = references.get(key)
@@ -197,7 +202,9 @@ def main(argv=None):
                    help="augmented-Lagrangian starts (SolverOptions.num_starts); default: "
                         "fit_batch's, 1 where lambda_inv < 1 and NONCONVEX_STARTS (96) "
                         "where lambda_inv >= 1")
-    p.add_argument("--out", default="bench_out/sweep_solver.jsonl")
+    p.add_argument("--out", default=None,
+                   help="JSON-lines file, resumed if it exists (default: "
+                        "benchmarks/results/sweep_solver/<machine>.jsonl)")
     p.add_argument("--reference", nargs="*", default=[], metavar="JSONL",
                    help="earlier sweeps' output: reuse their best SciPy objective for the "
                         "instances they hold (only the JAX solvers are rerun)")
@@ -217,8 +224,11 @@ def main(argv=None):
     missing = [r for r in args.reference if not Path(r).is_file()]
     if missing:
         p.error(f"--reference: no such file: {', '.join(missing)}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    machine = _results.jax_machine()
+    out = _results.start_jsonl(
+        args.out or _results.default_path("sweep_solver", machine["id"], ".jsonl"),
+        _results.header(machine, command=_results.command(__file__, argv),
+                        dtype=["float64", "float32"]))
     print(f"jax {jax.__version__} on {jax.default_backend()}, {platform.machine()}", flush=True)
     records = run(args.families, args.per_family, out,
                   None if args.num_starts is None else

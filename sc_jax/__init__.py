@@ -1,7 +1,7 @@
 """sc_jax: Supervised Calibration for in-context learning, in JAX/Flax.
 
-The top level is kept light: heavy submodules (the model, the solvers, which
-import jaxopt and its deprecation warning) load on first use.
+The top level is kept light: the public names below load their submodules (the
+model, the solvers) on first use, so ``import sc_jax`` costs almost nothing.
 """
 
 from __future__ import annotations

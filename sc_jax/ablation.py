@@ -34,12 +34,19 @@ per problem (it grows with the size: P / N = (M - 1) / 2 for groups of M rows, e
 from __future__ import annotations
 
 import csv
-from collections import defaultdict
+import dataclasses
 import logging
+from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
+
+from . import metrics
+from .calibrators import DEFAULT_LAMBDA_INV, base_accuracy, fit_batch, predict_proba
+from .experiment import load_scores, scores_path
+from .objective import log_odds
+from .report import load_results
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +80,6 @@ def paper_lambda_inv(query_ids, weight: float = PAPER_LAMBDA) -> float:
 
 
 def _load_run(run_dir: Path):
-    from .experiment import load_scores, scores_path
-    from .report import load_results
-
     results = load_results(run_dir)
     config = results["config"]
     skipped = {(x["dataset"], x["shots"]) for x in results.get("skipped", [])}
@@ -107,13 +111,123 @@ def surrogate_problems(per_seed: dict) -> tuple[list, list]:
     ``per_seed`` maps seed -> scores (:func:`sc_jax.experiment.load_scores`). Returns
     ``keys [(seed, size)]`` and ``problems [(log-odds [N, n-1], labels [N],
     query_ids [N])]`` in the same order, seeds and sizes ascending."""
-    from .scoring import log_odds
-
     seeds = sorted(per_seed)
     keys = [(seed, i) for seed in seeds for i in sorted(per_seed[seeds[0]].surrogate)]
     problems = [(log_odds(per_seed[seed].surrogate[i][0]), per_seed[seed].surrogate[i][1],
                  per_seed[seed].surrogate[i][2]) for seed, i in keys]
     return keys, problems
+
+
+@dataclasses.dataclass(frozen=True)
+class _Refit:
+    """One (dataset, k) of a run, with what every refit of it shares: its problems
+    (:func:`surrogate_problems`) and the run's settings."""
+
+    name: str
+    k: int
+    per_seed: dict
+    keys: list
+    problems: list
+    run_lambda: float
+    run_guard: str
+    tau: float | None
+    solver: str
+    dtype: str
+    weighting: str
+
+    @property
+    def seeds(self) -> list[int]:
+        return sorted(self.per_seed)
+
+    @property
+    def sizes(self) -> list[int]:
+        return sorted({i for _, i in self.keys})
+
+    def fit(self, lam, tau, guard=None, sc_star=False) -> dict:
+        """(seed, size) -> fit, every problem in one ``fit_batch`` call; ``lam`` None is
+        the run's lambda_inv, "paper" :func:`paper_lambda_inv`; ``guard`` None the run's."""
+        lams = [paper_lambda_inv(q) if lam == "paper" else (self.run_lambda if lam is None else lam)
+                for _, _, q in self.problems]
+        res = fit_batch(self.problems, lambda_inv=lams, tau=tau, solver=self.solver,
+                        dtype=self.dtype, guard=self.run_guard if guard is None else guard,
+                        sc_star=sc_star)
+        return dict(zip(self.keys, res))
+
+    def score(self, seed: int, fits: dict, use_sizes, m=None) -> dict:
+        """Accuracy and macro-F1 of the SC ensemble over ``use_sizes`` (m sub-contexts
+        per size, :func:`context_subset`; None: all the run scored)."""
+        s = self.per_seed[seed]
+        feats = [log_odds(s.test[i][context_subset(s.test[i].shape[0], m, seed, i)]
+                          if m else s.test[i]) for i in use_sizes]
+        pred = predict_proba([fits[(seed, i)] for i in use_sizes], feats,
+                             size_weights=self.weighting).argmax(-1)
+        n = s.base.shape[-1]
+        return dict(accuracy=metrics.accuracy(s.y_test, pred),
+                    macro_f1=metrics.macro_f1(s.y_test, pred, num_classes=n))
+
+    def row(self, seed: int, study: str, setting: str, result: dict, **fields) -> dict:
+        row = dict(dataset=self.name, shots=self.k, seed=seed, study=study, setting=setting,
+                   lambda_inv=None, trust_region=None, sizes=None, m=None)
+        row.update(fields, **result)
+        return row
+
+
+def _uncalibrated_rows(r: _Refit) -> list[dict]:
+    rows = []
+    for seed in r.seeds:
+        s = r.per_seed[seed]
+        pred = s.base.argmax(-1)
+        rows.append(r.row(seed, "lambda_trust", "uncalibrated",
+                          dict(accuracy=metrics.accuracy(s.y_test, pred),
+                               macro_f1=metrics.macro_f1(s.y_test, pred,
+                                                         num_classes=s.base.shape[-1]))))
+    return rows
+
+
+def _lambda_trust_rows(r: _Refit, lambda_invs) -> tuple[list[dict], dict | None]:
+    """The ``lambda_trust`` study, and the fits at the run's own lambda_inv and tau
+    if the grid holds them (None otherwise)."""
+    rows, default_fits = [], None
+    for lam in lambda_invs:
+        for trust in (True, False):
+            fits = r.fit(lam, r.tau if trust else -1.0)
+            label = "paper" if lam == "paper" else float(r.run_lambda if lam is None else lam)
+            if lam is None and trust:
+                default_fits = fits
+            for seed in r.seeds:
+                rows.append(r.row(seed, "lambda_trust",
+                                  f"lambda_inv={label}, trust region {'on' if trust else 'off'}",
+                                  r.score(seed, fits, r.sizes), lambda_inv=label,
+                                  trust_region=trust, sizes=len(r.sizes)))
+    return rows, default_fits
+
+
+def _size_rows(r: _Refit, fits: dict, m_values) -> list[dict]:
+    """The ``sc_n``, ``single_size`` and ``m_i`` studies, seed by seed, from the run's fits."""
+    rows, sizes = [], r.sizes
+    for seed in r.seeds:
+        for n_max in range(1, len(sizes) + 1):
+            rows.append(r.row(seed, "sc_n", f"SC-{sizes[n_max - 1]}",
+                              r.score(seed, fits, sizes[:n_max]), sizes=sizes[n_max - 1]))
+        for i in sizes:
+            rows.append(r.row(seed, "single_size", f"SC_{i}", r.score(seed, fits, [i]), sizes=i))
+        scored = max(r.per_seed[seed].test[i].shape[0] for i in sizes)
+        for m in m_values:
+            if m <= scored:
+                rows.append(r.row(seed, "m_i", f"m={m}", r.score(seed, fits, sizes, m=m), m=m))
+    return rows
+
+
+def _guard_rows(r: _Refit, default_fits: dict) -> list[dict]:
+    rows = []
+    for label, guard, star in GUARD_SETTINGS:
+        # The run's own setting was fitted already; the others are fitted here.
+        fits = (default_fits if (guard, star) == (r.run_guard, False)
+                else r.fit(None, r.tau, guard=guard, sc_star=star))
+        for seed in r.seeds:
+            rows.append(r.row(seed, "guard", label, r.score(seed, fits, r.sizes),
+                              sizes=len(r.sizes)))
+    return rows
 
 
 def ablate(run_dir, *, lambda_invs=(0.0, None, 1.0, "paper"), m_values=M_VALUES,
@@ -132,83 +246,27 @@ def ablate(run_dir, *, lambda_invs=(0.0, None, 1.0, "paper"), m_values=M_VALUES,
         :func:`sc_jax.calibrators.fit_batch`); None uses the run's.
     No model is loaded and no LLM forward pass is made.
     """
-    from . import metrics
-    from .calibrators import DEFAULT_LAMBDA_INV, fit_batch, predict_proba
-    from .scoring import log_odds
-
     run_dir = Path(run_dir)
     results, runs = _load_run(run_dir)
     config = results["config"]
-    run_lambda = results.get("lambda_inv", DEFAULT_LAMBDA_INV)
-    run_guard = guard or config.get("guard", "none")
-    solver = solver or config.get("solver", "augmented_lagrangian")
-    weighting = "uniform" if config.get("size_weighting", "uniform") == "uniform" else "reference"
+    shared = dict(
+        run_lambda=results.get("lambda_inv", DEFAULT_LAMBDA_INV),
+        run_guard=guard or config.get("guard", "none"), tau=config.get("tau"),
+        solver=solver or config.get("solver", "augmented_lagrangian"), dtype=dtype,
+        weighting="uniform" if config.get("size_weighting", "uniform") == "uniform" else "reference")
     rows = []
     for (name, k), per_seed in runs.items():
         if progress:
             log.info("[ablate %s k=%d] %d seeds", name, k, len(per_seed))
         keys, problems = surrogate_problems(per_seed)
-        seeds, sizes = sorted(per_seed), sorted({i for _, i in keys})
-
-        def fit(lam, tau, guard=run_guard, sc_star=False):
-            lams = [paper_lambda_inv(q) if lam == "paper" else (run_lambda if lam is None else lam)
-                    for _, _, q in problems]
-            res = fit_batch(problems, lambda_inv=lams, tau=tau, solver=solver, dtype=dtype,
-                            guard=guard, sc_star=sc_star)
-            return dict(zip(keys, res))
-
-        def score(seed, fits, use_sizes, m=None):
-            s = per_seed[seed]
-            feats = [log_odds(s.test[i][context_subset(s.test[i].shape[0], m, seed, i)]
-                              if m else s.test[i]) for i in use_sizes]
-            pred = predict_proba([fits[(seed, i)] for i in use_sizes], feats,
-                                 size_weights=weighting).argmax(-1)
-            n = s.base.shape[-1]
-            return dict(accuracy=metrics.accuracy(s.y_test, pred),
-                        macro_f1=metrics.macro_f1(s.y_test, pred, num_classes=n))
-
-        def add(seed, study, setting, result, **fields):
-            row = dict(dataset=name, shots=k, seed=seed, study=study, setting=setting,
-                       lambda_inv=None, trust_region=None, sizes=None, m=None)
-            row.update(fields, **result)
-            rows.append(row)
-
-        for seed in seeds:
-            s = per_seed[seed]
-            pred = s.base.argmax(-1)
-            add(seed, "lambda_trust", "uncalibrated",
-                dict(accuracy=metrics.accuracy(s.y_test, pred),
-                     macro_f1=metrics.macro_f1(s.y_test, pred, num_classes=s.base.shape[-1])))
-        default_fits = None
-        for lam in lambda_invs:
-            for trust in (True, False):
-                fits = fit(lam, config.get("tau") if trust else -1.0)
-                label = "paper" if lam == "paper" else float(run_lambda if lam is None else lam)
-                if lam is None and trust:
-                    default_fits = fits
-                for seed in seeds:
-                    add(seed, "lambda_trust",
-                        f"lambda_inv={label}, trust region {'on' if trust else 'off'}",
-                        score(seed, fits, sizes), lambda_inv=label, trust_region=trust,
-                        sizes=len(sizes))
+        r = _Refit(name, k, per_seed, keys, problems, **shared)
+        rows += _uncalibrated_rows(r)
+        study_rows, default_fits = _lambda_trust_rows(r, lambda_invs)
+        rows += study_rows
         if default_fits is None:
-            default_fits = fit(None, config.get("tau"))
-        for seed in seeds:
-            for n_max in range(1, len(sizes) + 1):
-                add(seed, "sc_n", f"SC-{sizes[n_max - 1]}",
-                    score(seed, default_fits, sizes[:n_max]), sizes=sizes[n_max - 1])
-            for i in sizes:
-                add(seed, "single_size", f"SC_{i}", score(seed, default_fits, [i]), sizes=i)
-            scored = max(per_seed[seed].test[i].shape[0] for i in sizes)
-            for m in m_values:
-                if m <= scored:
-                    add(seed, "m_i", f"m={m}", score(seed, default_fits, sizes, m=m), m=m)
-        for label, guard, star in GUARD_SETTINGS:
-            # The run's own setting was fitted above; the others are fitted here.
-            fits = (default_fits if (guard, star) == (run_guard, False)
-                    else fit(None, config.get("tau"), guard=guard, sc_star=star))
-            for seed in seeds:
-                add(seed, "guard", label, score(seed, fits, sizes), sizes=len(sizes))
+            default_fits = r.fit(None, r.tau)
+        rows += _size_rows(r, default_fits, m_values)
+        rows += _guard_rows(r, default_fits)
     return rows
 
 
@@ -234,10 +292,6 @@ def diagnose(run_dir, *, solver: str | None = None, dtype: str = "float32") -> l
     tau, mean_w, status, sc_size_accuracy: SC fitted as the paper does (no guard; its tau
         from the schedule, mean slope, solver status) and its test accuracy alone.
     """
-    from . import metrics
-    from .calibrators import DEFAULT_LAMBDA_INV, base_accuracy, fit_batch, predict_proba
-    from .scoring import log_odds
-
     results, runs = _load_run(Path(run_dir))
     config = results["config"]
     lam = results.get("lambda_inv", DEFAULT_LAMBDA_INV)

@@ -23,7 +23,7 @@ Defaults and where they come from:
   lambda 0: 0.692/0.682 | 0.729/0.726; 0.1: 0.692/0.681 | 0.729/0.726;
   1: 0.622/0.586 | 0.589/0.533; 10: 0.554/0.497 | 0.390/0.262
   (rerun with the solver of this revision,
-  ``benchmarks/bench_solver_ablation_cpu_2core.json``).
+  ``benchmarks/results/bench_solver/cpu_2core_ablation.json``).
   0 and 0.1 tie (within 0.0003), 1 and 10 lose 7 to 46 points: the symmetric
   cross-entropy rewards confident, identical predictions, so a large weight collapses
   the calibrated predictions towards one class (what the reference code's unnormalised
@@ -54,6 +54,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sc_jax import functional, solvers
+from sc_jax.functional import DEFAULT_LAMBDA_INV, calibrated_log_probs, ensemble_proba, tau_schedule
 from sc_jax.objective import Problem
 from sc_jax.solvers import (
     METHODS,
@@ -68,7 +70,6 @@ from sc_jax.solvers import (
 )
 from sc_jax.validation import check_lambda, check_problem, check_tau
 
-DEFAULT_LAMBDA_INV = 0.1
 # What fit_batch does with a size whose surrogate data the LLM scores below chance:
 # "none" fits SC as the paper does; "bias_only" fits SC* (w = 1) there instead.
 GUARDS = ("none", "bias_only")
@@ -100,29 +101,21 @@ def tau_from_accuracy(accuracy: float, num_classes: int) -> float:
 
     Paper Appendix A, with K the number of classes:
     alpha = 20^(1/(K-1)) if accuracy >= 0.9; 45^(1/(K-1)) if >= 0.7; 90^(1/(K-1)) if
-    >= 0.5; 180 (tau = -1, no trust region) below 0.5.
+    >= 0.5; 180 (tau = -1, no trust region) below 0.5. The schedule is
+    :func:`sc_jax.functional.tau_schedule`, here on a checked Python float.
     """
     if not 0.0 <= accuracy <= 1.0:
         raise ValueError(f"accuracy must be in [0, 1], got {accuracy}")
     if num_classes < 2:
         raise ValueError(f"num_classes must be >= 2, got {num_classes}")
-    root = 1.0 / (num_classes - 1)
-    if accuracy >= 0.9:
-        alpha = 20.0**root
-    elif accuracy >= 0.7:
-        alpha = 45.0**root
-    elif accuracy >= 0.5:
-        alpha = 90.0**root
-    else:
-        alpha = 180.0
-    return float(np.clip(math.cos(math.radians(alpha)), -1.0, 1.0))
+    with jax.enable_x64(True):  # the schedule's float64 levels, unrounded
+        return float(tau_schedule(float(accuracy), num_classes))
 
 
 def base_accuracy(features: np.ndarray, labels: np.ndarray) -> float:
-    """In-sample accuracy of the base model, argmax of (0, m_1, ..., m_{n-1})."""
-    features = np.asarray(features)
-    logits = np.concatenate([np.zeros((features.shape[0], 1)), features], axis=1)
-    return float(np.mean(np.argmax(logits, axis=1) == np.asarray(labels)))
+    """In-sample accuracy of the base model, argmax of (0, m_1, ..., m_{n-1}):
+    :func:`sc_jax.functional.base_accuracy` in NumPy float64."""
+    return float(functional.base_accuracy(np.asarray(features, np.float64), np.asarray(labels)))
 
 
 def below_chance(accuracy: float, num_classes: int) -> bool:
@@ -185,14 +178,16 @@ class FitResult:
         return calibrated_proba(self.b, self.w, features)
 
 
+@jax.jit
+def _calibrated_proba(b, w, features):
+    return jnp.exp(calibrated_log_probs(b, w, features))
+
+
 def calibrated_proba(b: np.ndarray, w: np.ndarray, features: np.ndarray) -> np.ndarray:
-    """f(m; theta) of Eq. affine_logit_model_formal: ``[..., n-1]`` -> ``[..., n]``."""
-    features = np.asarray(features, np.float64)
-    z = features * np.asarray(w, np.float64) + np.asarray(b, np.float64)
-    logits = np.concatenate([np.zeros_like(z[..., :1]), z], axis=-1)
-    logits -= logits.max(axis=-1, keepdims=True)
-    e = np.exp(logits)
-    return e / e.sum(axis=-1, keepdims=True)
+    """f(m; theta) of Eq. affine_logit_model_formal: ``[..., n-1]`` -> ``[..., n]``,
+    :func:`sc_jax.functional.calibrated_log_probs` in float64."""
+    with jax.enable_x64(True):
+        return np.asarray(_calibrated_proba(*(jnp.asarray(a, jnp.float64) for a in (b, w, features))))
 
 
 # ---------------------------------------------------------------------------------
@@ -285,7 +280,7 @@ def pack_batch(problems: Sequence[tuple], dtype="float32") -> tuple[Problem, lis
 
 # Problems of at most this many rows share one bucket, padded to the largest of them.
 # Each bucket adds its own copies of the evaluations of f to the solver's compilation
-# (the loop itself is compiled once, solvers._solve_slots): 0.8 s for a 1,792-row
+# (the loop itself is compiled once, solvers.solve_slots): 0.8 s for a 1,792-row
 # bucket, 1.7 s for 20,480 rows on the 2-core CPU, while padding a small problem costs
 # microseconds per evaluation. When every bucket had its own copy of the whole loop,
 # sharing the k = 8 batch's 56- and 336-row buckets took its cold call (compile + run,
@@ -363,6 +358,97 @@ def _by_group(keys: list, fit_group) -> list:
     return out
 
 
+def _checked_settings(count: int, lambda_inv, tau, *, solver, guard, batch_size,
+                      threads) -> tuple[list, list]:
+    """Per-problem lambda_inv and tau, once every setting of :func:`fit_batch` has
+    passed its check (all before any packing or solve)."""
+    _check_solver(solver)
+    if guard not in GUARDS:
+        raise ValueError(f"guard must be one of {GUARDS}, got {guard!r}")
+    if solver != "scipy":
+        resolve_batch_size(batch_size)  # bad values fail before any packing
+        resolve_threads(threads)
+    lams = _per_problem(lambda_inv, count, "lambda_inv")
+    taus = _per_problem(tau, count, "tau")
+    for lam in lams:
+        check_lambda(lam)
+    for t in taus:
+        check_tau(t)
+    return lams, taus
+
+
+def _class_widths(problems: Sequence[tuple]) -> list:
+    """Each problem's n-1, or None for a malformed one (pack_batch reports it)."""
+    return [np.shape(p[0])[-1] if len(p) == 3 and np.ndim(p[0]) == 2 else None
+            for p in problems]
+
+
+def _below_chance_flags(problems: Sequence[tuple]) -> list[bool]:
+    """The guard's test (:func:`below_chance`) per problem; bad input fails here,
+    before any solve."""
+    for j, prob in enumerate(problems):
+        if len(prob) != 3:
+            raise ValueError(f"problem {j} must be (features, labels, query_ids)")
+        check_problem(*prob, where=str(j), batch_axes=False)
+    return [below_chance(base_accuracy(np.asarray(p[0]), np.asarray(p[1])),
+                         np.shape(p[0])[-1] + 1) for p in problems]
+
+
+def _mark_guarded(fits: list[FitResult], guarded: bool) -> list[FitResult]:
+    return [dataclasses.replace(f, guarded=True) for f in fits] if guarded else fits
+
+
+def _pack(problems: Sequence[tuple], dtype, bucketed: bool):
+    """(indices per bucket, one batched Problem per bucket, row counts): one bucket
+    per padded row count, or one for all."""
+    if bucketed:
+        return pack_buckets(problems, dtype)
+    one, sizes = pack_batch(problems, dtype)
+    return [list(range(len(problems)))], [one], sizes
+
+
+def _fit_scipy(packed: Problem, sizes: list[int], lams, taus, accs, *, sc_star,
+               options) -> list[FitResult]:
+    """The float64 reference: one trust-constr solve per problem of ``packed``, on its
+    own rows only."""
+    out = []
+    for k in range(len(sizes)):
+        rows = slice(0, sizes[k])
+        prob = Problem(packed.features[k, rows], packed.labels[k, rows],
+                       packed.query_ids[k, rows], packed.mask[k, rows], packed.num_queries)
+        sol = solvers.scipy(prob, lams[k], taus[k], sc_star=sc_star,
+                            options=options or ScipyOptions())
+        out.append(_result(sol, None, tau=taus[k], lam=lams[k], solver="scipy",
+                           sc_star=sc_star, num_rows=sizes[k], acc=accs[k]))
+    return out
+
+
+def _fit_packed(problems: Sequence[tuple], lams: list, taus: list, *, solver, sc_star,
+                dtype, options, bucketed, batch_size, threads) -> list[FitResult]:
+    """Problems of one class count and one start count: packed, tau filled in from
+    the schedule, solved in one compiled call (a loop for "scipy"), unpacked."""
+    dtype = _dtype(jnp.float64 if solver == "scipy" else dtype)
+    with jax.enable_x64(dtype == jnp.float64):
+        indices, packed, sizes = _pack(problems, dtype, bucketed and solver != "scipy")
+        n = packed[0].num_classes
+        accs = [base_accuracy(np.asarray(p[0]), np.asarray(p[1])) for p in problems]
+        taus = [tau_from_accuracy(a, n) if t is None else float(t) for t, a in zip(taus, accs)]
+        if solver == "scipy":
+            return _fit_scipy(packed[0], sizes, lams, taus, accs, sc_star=sc_star,
+                              options=options)
+        sols = solvers.solve_batch(
+            packed, [jnp.asarray([lams[k] for k in idx], dtype) for idx in indices],
+            [jnp.asarray([taus[k] for k in idx], dtype) for idx in indices],
+            method=solver, sc_star=sc_star, options=options, batch_size=batch_size, threads=threads)
+        sols = jax.device_get(sols)
+    out: list[FitResult | None] = [None] * len(problems)
+    for idx, sol in zip(indices, sols):
+        for j, k in enumerate(idx):
+            out[k] = _result(sol, j, tau=taus[k], lam=lams[k], solver=solver, sc_star=sc_star,
+                             num_rows=sizes[k], acc=accs[k])
+    return out
+
+
 def fit_batch(problems: Sequence[tuple], *, lambda_inv=DEFAULT_LAMBDA_INV, tau=None,
               solver: str = "augmented_lagrangian", sc_star: bool = False,
               dtype="float32", options: SolverOptions | ScipyOptions | None = None,
@@ -398,14 +484,14 @@ def fit_batch(problems: Sequence[tuple], *, lambda_inv=DEFAULT_LAMBDA_INV, tau=N
     threads: host threads that solve parts of the batch at once (see
         :func:`sc_jax.solvers.resolve_threads`). ``None``: on CPU one per core (XLA
         runs one call on one core; the benchmark batches ran 1.0-1.7x faster on
-        2 cores, benchmarks/RESULTS.md), 1 on GPU/TPU.
+        2 cores), 1 on GPU/TPU.
         Same solutions either way (a test compares them).
     options: :class:`SolverOptions` (or :class:`ScipyOptions` for "scipy"). None:
         the defaults, except that the augmented Lagrangian solves problems with
         ``lambda_inv >= NONCONVEX_LAMBDA`` (1) from ``NONCONVEX_STARTS`` (96) starts,
-        since the invariance term makes their objective non-convex (benchmarks/
-        RESULTS.md: one start ends at a worse KKT point than SciPy's best start on
-        26 of 144 sweep instances, all at lambda_inv >= 1).
+        since the invariance term makes their objective non-convex (one start ended
+        at a worse KKT point than SciPy's best start on 26 of 144 instances of the
+        synthetic sweep, all at lambda_inv >= 1).
     guard: "none" (the paper) or "bias_only": problems whose surrogate in-sample
         accuracy is below chance (:func:`below_chance`) are fitted as SC* (bias only,
         w = 1) and marked ``guarded``; the others as asked. A deviation from the paper
@@ -413,19 +499,9 @@ def fit_batch(problems: Sequence[tuple], *, lambda_inv=DEFAULT_LAMBDA_INV, tau=N
     Returns one :class:`FitResult` per problem, in order. Solver failures are reported
     in ``status``, never raised; bad input raises ValueError before any solve.
     """
-    _check_solver(solver)
-    if guard not in GUARDS:
-        raise ValueError(f"guard must be one of {GUARDS}, got {guard!r}")
-    if solver != "scipy":
-        resolve_batch_size(batch_size)  # bad values fail before any packing
-        resolve_threads(threads)
     count = len(problems)
-    lams = _per_problem(lambda_inv, count, "lambda_inv")
-    taus = _per_problem(tau, count, "tau")
-    for lam in lams:
-        check_lambda(lam)
-    for t in taus:
-        check_tau(t)
+    lams, taus = _checked_settings(count, lambda_inv, tau, solver=solver, guard=guard,
+                                   batch_size=batch_size, threads=threads)
     common = dict(solver=solver, sc_star=sc_star, dtype=dtype, options=options,
                   bucketed=bucketed, batch_size=batch_size, threads=threads, guard=guard)
 
@@ -435,21 +511,14 @@ def fit_batch(problems: Sequence[tuple], *, lambda_inv=DEFAULT_LAMBDA_INV, tau=N
 
     # Problems of different class counts: one group (and compiled solver) per n, so
     # that each gets its own n in the tau schedule and its own parameter count.
-    widths = [np.shape(p[0])[-1] if len(p) == 3 and np.ndim(p[0]) == 2 else None
-              for p in problems]
+    widths = _class_widths(problems)
     if len(set(widths)) > 1 and None not in widths:
         return _by_group(widths, lambda _, idx: part(idx))
     if guard == "bias_only" and not sc_star and count:
-        for j, prob in enumerate(problems):  # bad input fails here, before any solve
-            if len(prob) != 3:
-                raise ValueError(f"problem {j} must be (features, labels, query_ids)")
-            check_problem(*prob, where=str(j), batch_axes=False)
-        flagged = [below_chance(base_accuracy(np.asarray(p[0]), np.asarray(p[1])),
-                                np.shape(p[0])[-1] + 1) for p in problems]
+        flagged = _below_chance_flags(problems)
         if any(flagged):
-            return _by_group(flagged, lambda star, idx: [
-                dataclasses.replace(f, guarded=True) if star else f
-                for f in part(idx, sc_star=star, guard="none")])
+            return _by_group(flagged, lambda star, idx: _mark_guarded(
+                part(idx, sc_star=star, guard="none"), star))
     if solver == "augmented_lagrangian" and options is None and count:
         # Where the invariance term weighs, the objective has several KKT points and
         # one start often ends at a worse one (SolverOptions.num_starts): those
@@ -459,44 +528,9 @@ def fit_batch(problems: Sequence[tuple], *, lambda_inv=DEFAULT_LAMBDA_INV, tau=N
             return _by_group(many, lambda _, idx: part(idx))
         if all(many):
             options = SolverOptions(num_starts=NONCONVEX_STARTS)
-    dtype = _dtype(jnp.float64 if solver == "scipy" else dtype)
-    with jax.enable_x64(dtype == jnp.float64):
-        if bucketed and solver != "scipy":
-            indices, packed, sizes = pack_buckets(problems, dtype)
-        else:
-            one, sizes = pack_batch(problems, dtype)
-            indices, packed = [list(range(count))], [one]
-        n = packed[0].num_classes
-        accs = [base_accuracy(np.asarray(p[0]), np.asarray(p[1])) for p in problems]
-        taus = [tau_from_accuracy(a, n) if t is None else float(t) for t, a in zip(taus, accs)]
-        common = dict(solver=solver, sc_star=sc_star)
-        if solver == "scipy":
-            from sc_jax.solvers import scipy as scipy_solve  # noqa: PLC0415
-
-            out = []
-            for k in range(count):
-                rows = slice(0, sizes[k])
-                prob = Problem(packed[0].features[k, rows], packed[0].labels[k, rows],
-                               packed[0].query_ids[k, rows], packed[0].mask[k, rows],
-                               packed[0].num_queries)
-                sol = scipy_solve(prob, lams[k], taus[k], sc_star=sc_star,
-                                  options=options or ScipyOptions())
-                out.append(_result(sol, None, tau=taus[k], lam=lams[k],
-                                   num_rows=sizes[k], acc=accs[k], **common))
-            return out
-        from sc_jax.solvers import solve_batch  # noqa: PLC0415
-
-        sols = solve_batch(packed, [jnp.asarray([lams[k] for k in idx], dtype) for idx in indices],
-                           [jnp.asarray([taus[k] for k in idx], dtype) for idx in indices],
-                           method=solver, sc_star=sc_star, options=options,
-                           batch_size=batch_size, threads=threads)
-        sols = jax.device_get(sols)
-    out: list[FitResult | None] = [None] * count
-    for idx, sol in zip(indices, sols):
-        for j, k in enumerate(idx):
-            out[k] = _result(sol, j, tau=taus[k], lam=lams[k], num_rows=sizes[k],
-                             acc=accs[k], **common)
-    return out
+    return _fit_packed(problems, lams, taus, solver=solver, sc_star=sc_star, dtype=dtype,
+                       options=options, bucketed=bucketed, batch_size=batch_size,
+                       threads=threads)
 
 
 def fit(features: np.ndarray, labels: np.ndarray, query_ids: np.ndarray, *,
@@ -555,8 +589,6 @@ def predict_proba(fits: Sequence[FitResult], features: Sequence[np.ndarray], *,
         if feats_all and feats.shape[1] != feats_all[0].shape[1]:
             raise ValueError("every size must score the same T test queries")
         feats_all.append(feats)
-    from sc_jax.functional import ensemble_proba  # noqa: PLC0415
-
     with jax.enable_x64(True):
         out = ensemble_proba(jnp.asarray(np.stack([f.b for f in fits])),
                              jnp.asarray(np.stack([f.w for f in fits])),

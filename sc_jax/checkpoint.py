@@ -13,9 +13,14 @@ import json
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from flax import nnx
+from safetensors import safe_open
 
-from .config import ModelConfig
+from .config import ModelConfig, rope_inv_freq
+from .model import LAYER_PARAMS, Decoder
 
 # Keys some checkpoints carry that hold no weights we need (recomputed buffers).
 _IGNORABLE_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -167,8 +172,6 @@ def safetensors_files(model_dir: Path) -> list[Path]:
 def read_safetensors(config: ModelConfig, files: list[Path]) -> dict[str, np.ndarray]:
     """Validate headers (keys, shapes, duplicates across shards), then read and
     convert. Returns ``{our_name: array}`` in the checkpoint's dtype."""
-    from safetensors import safe_open
-
     where: dict[str, Path] = {}
     shapes: dict[str, tuple[int, ...]] = {}
     handles = []
@@ -201,12 +204,6 @@ def decoder_from_arrays(config: ModelConfig, arrays: Mapping[str, np.ndarray], *
     (default: the default device). ``consume``: delete each array from ``arrays`` (a dict) once it is
     on the device, so host memory holds about one copy of the weights, not two.
     """
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
-
-    from .model import LAYER_PARAMS, Decoder
-
     model = nnx.eval_shape(lambda: Decoder(config, dtype=dtype, rngs=nnx.Rngs(0)))
     expected = {"embed", "final_norm"} | ({"lm_head"} if not config.tie_word_embeddings else set())
     expected |= {n for n in LAYER_PARAMS if hasattr(model.layers, n)}
@@ -233,8 +230,6 @@ def decoder_from_arrays(config: ModelConfig, arrays: Mapping[str, np.ndarray], *
         var.set_value(put(arr, name))
         if consume:
             del arrays[name], arr  # host copy freed as soon as the device has it
-    from .config import rope_inv_freq
-
     consts = {"inv_freq": jnp.asarray(rope_inv_freq(config), jnp.float32),
               "windows": jnp.asarray(config.windows, jnp.int32)}
     for name, val in consts.items():

@@ -23,13 +23,32 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import json
 import logging
+import os
 import platform
+import re
 import sys
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
+
+from sc_jax import __version__
+from sc_jax.ablation import ablate, diagnose, write_ablation
+from sc_jax.data import DEFAULT_TEST_SEED, TASKS, DataUnavailableError
+from sc_jax.enumeration import all_contexts, surrogate_pairs
+from sc_jax.experiment import METHODS, RunConfig, run_experiment
+from sc_jax.loading import load_model
+from sc_jax.named_models import MODELS
+from sc_jax.objective import log_odds
+from sc_jax.plan import plan_run, plan_table
+from sc_jax.prompts import TEMPLATES, build_pieces
+from sc_jax.pypi import WheelFileError
+from sc_jax.report import write_report
+from sc_jax.scoring import ScoringEngine
+from sc_jax.sharding import parse_mesh
 
 # A tiny labelled set for the demonstration (0 = negative, 1 = positive). Written
 # for this demo; the experiment pipeline uses real datasets.
@@ -58,11 +77,6 @@ DEMO_REVIEWS = [
 
 
 def _demo(args) -> int:
-    import sc_jax
-    from sc_jax.enumeration import all_contexts, surrogate_pairs
-    from sc_jax.prompts import TEMPLATES, build_pieces
-    from sc_jax.scoring import ScoringEngine, log_odds
-
     k = args.k
     if not 2 <= k <= 8:
         print(f"error: --k must be between 2 and 8, got {k}", file=sys.stderr)
@@ -77,7 +91,7 @@ def _demo(args) -> int:
     template = TEMPLATES["rotten_tomatoes"]
 
     t0 = time.perf_counter()
-    model = sc_jax.load_model(args.model, dtype=args.dtype)
+    model = load_model(args.model, dtype=args.dtype)
     print(f"model: {model}  (loaded in {time.perf_counter() - t0:.1f}s)")
     print(f"k = {k} demonstrations, {len(tests)} held-out test sentences, seed {args.seed}")
     pieces = build_pieces(model.tokenizer, template, demos, [t for t, _ in demos] + [t for t, _ in tests])
@@ -111,9 +125,6 @@ def _demo(args) -> int:
 
 
 def _run_config(args):
-    from sc_jax.data import TASKS
-    from sc_jax.experiment import RunConfig
-
     seeds = tuple(args.seed_list) if args.seed_list else tuple(range(args.seeds))
     datasets = tuple(TASKS) if args.dataset == ["all"] else tuple(args.dataset)
     return RunConfig(
@@ -132,8 +143,6 @@ def _run_config(args):
 
 
 def _mesh(text: str):
-    from sc_jax.sharding import parse_mesh
-
     try:
         return parse_mesh(text)
     except ValueError as e:
@@ -143,8 +152,6 @@ def _mesh(text: str):
 def _bytes(text: str) -> int:
     """'80GiB', '24GB', '512MiB', '1e9' -> bytes (GB and GiB both mean 2**30 here:
     device memory is quoted in binary units)."""
-    import re
-
     m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([KMGT]?)(i?B)?\s*", text)
     if not m:
         raise argparse.ArgumentTypeError(f"not a memory size: {text!r} (e.g. 80GiB)")
@@ -156,10 +163,6 @@ def _bytes(text: str) -> int:
 
 
 def _plan(args) -> int:
-    import json
-
-    from sc_jax.plan import plan_run, plan_table
-
     config = _run_config(args)
     data, model = args.mesh or (1, 1)
     plan = plan_run(config, device_memory=args.device_memory, n_devices=data or 1, model_shards=model,
@@ -174,8 +177,6 @@ def _plan(args) -> int:
 
 
 def _run(args) -> int:
-    from sc_jax.experiment import run_experiment
-
     config = _run_config(args)
     print(f"sc-jax run: model {config.model}, datasets {', '.join(config.datasets)}, shots "
           f"{list(config.shots)}, seeds {list(config.seeds)}, test size {config.test_size}, "
@@ -189,8 +190,6 @@ def _run(args) -> int:
 
 
 def _report(args) -> int:
-    from sc_jax.report import write_report
-
     paths = write_report(args.dir)
     print(paths["table"].read_text())
     print("wrote " + ", ".join(str(p) for p in paths.values()))
@@ -211,8 +210,6 @@ def _lambda_grid(values):
 
 
 def _ablate(args) -> int:
-    from sc_jax.ablation import ablate, diagnose, write_ablation
-
     rows = ablate(args.dir, lambda_invs=_lambda_grid(args.lambda_inv),
                   m_values=tuple(args.m_values), solver=args.solver, guard=args.guard,
                   progress=not args.quiet)
@@ -226,11 +223,7 @@ def _ablate(args) -> int:
 
 
 def _info(args) -> int:
-    import sc_jax
-
     if args.model is None:
-        from sc_jax.named_models import MODELS
-
         print("models loadable by name (sc_jax.load_model(NAME), --model NAME):")
         for name, m in MODELS.items():
             alias = " (default)" if name == "smollm2-135m" else ""
@@ -240,7 +233,7 @@ def _info(args) -> int:
         print("also: a Hugging Face model directory, a .gguf file (llama or qwen2), or "
               "random:<preset>")
         return 0
-    m = sc_jax.load_model(args.model, dtype=args.dtype)
+    m = load_model(args.model, dtype=args.dtype)
     print(m)
     print(m.config)
     return 0
@@ -252,9 +245,6 @@ _MODEL_HELP = ("a named model ('default' = smollm2-135m, qwen2.5-0.5b; `sc-jax i
 
 def _add_run_options(r) -> None:
     """Options shared by `sc-jax run` and `sc-jax plan`."""
-    from sc_jax.data import DEFAULT_TEST_SEED
-    from sc_jax.experiment import METHODS
-
     r.add_argument("--model", default="default",
                    help=_MODEL_HELP)
     r.add_argument("--dataset", nargs="+", default=["rotten_tomatoes"],
@@ -307,8 +297,7 @@ def _add_run_options(r) -> None:
 
 def version_line() -> str:
     """``sc-jax --version``: this package and the stack it runs on (read from the
-    installed metadata, so nothing heavy is imported)."""
-    from sc_jax import __version__  # noqa: PLC0415
+    installed metadata)."""
 
     def installed(name):
         try:
@@ -320,7 +309,7 @@ def version_line() -> str:
     return f"sc-jax {__version__} ({stack}; Python {platform.python_version()})"
 
 
-class _StderrHandler(logging.StreamHandler):
+class StderrHandler(logging.StreamHandler):
     """Writes to whatever ``sys.stderr`` is at the time of each record (not the stream
     of the moment the handler was made), so a replaced stderr is followed."""
 
@@ -337,8 +326,8 @@ def show_log_messages() -> None:
     """The command line shows the library's INFO messages (downloads, conversions,
     per-job progress) on stderr; the library itself only logs to ``sc_jax``."""
     logger = logging.getLogger("sc_jax")
-    if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
-        handler = _StderrHandler()
+    if not any(isinstance(h, StderrHandler) for h in logger.handlers):
+        handler = StderrHandler()
         handler.setFormatter(logging.Formatter("sc_jax: %(message)s"))
         logger.addHandler(handler)
     logger.setLevel(logging.INFO)
@@ -405,8 +394,6 @@ def build_parser() -> argparse.ArgumentParser:
 def compilation_cache_dir() -> str | None:
     """Where ``sc-jax`` keeps JAX's persistent compilation cache: ``$SC_JAX_XLA_CACHE``
     if set (an empty value turns the cache off), else ``~/.cache/sc_jax/xla``."""
-    import os  # noqa: PLC0415
-
     path = os.environ.get("SC_JAX_XLA_CACHE")
     if path is None:
         return os.path.join(os.path.expanduser("~"), ".cache", "sc_jax", "xla")
@@ -417,8 +404,6 @@ def enable_compilation_cache() -> str | None:
     """Turn on JAX's persistent compilation cache, so that a second ``sc-jax`` process
     reuses the first one's compiled solvers and forward passes (each solver and row
     bucket costs seconds to compile on a 2-core CPU)."""
-    import jax  # noqa: PLC0415
-
     path = compilation_cache_dir()
     if path:
         jax.config.update("jax_compilation_cache_dir", path)
@@ -432,9 +417,6 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     show_log_messages()
     enable_compilation_cache()
-    from sc_jax._pypi import WheelFileError
-    from sc_jax.data import DataUnavailableError
-
     try:
         return args.fn(args)
     except (ValueError, FileNotFoundError, WheelFileError, DataUnavailableError) as e:

@@ -14,6 +14,8 @@ import math
 from pathlib import Path
 from typing import Any, Mapping
 
+import numpy as np
+
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 _SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -99,40 +101,11 @@ class ModelConfig:
 
         Raises ValueError, naming the field, for unsupported architectures or values.
         """
-        if not isinstance(cfg, Mapping):
-            raise ValueError(f"config must be a mapping, got {type(cfg).__name__}")
-        mtype = cfg.get("model_type")
-        if mtype not in SUPPORTED_MODEL_TYPES:
-            archs = cfg.get("architectures")
-            raise ValueError(
-                f"unsupported model_type {mtype!r} (architectures={archs}); sc_jax supports "
-                f"{', '.join(SUPPORTED_MODEL_TYPES)} checkpoints")
-        required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                    "num_attention_heads")
-        missing = [k for k in required if k not in cfg]
-        if missing:
-            raise ValueError(f"config.json lacks required field(s) {missing}")
-        act = cfg.get("hidden_act", "silu")
-        if act not in ("silu", "swish"):
-            raise ValueError(f"hidden_act {act!r} is not supported (only silu / SwiGLU)")
-        if cfg.get("mlp_bias"):
-            raise ValueError("mlp_bias=True is not supported")
-
+        mtype = _supported_model_type(cfg)
         heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
         head_dim = cfg.get("head_dim") or hidden // heads
-
-        # transformers 5 nests theta and scaling in `rope_parameters`; 4.x had
-        # top-level `rope_theta` and `rope_scaling`.
-        rp = dict(cfg.get("rope_parameters") or {})
-        scaling = dict(cfg.get("rope_scaling") or {})
-        theta = float(rp.get("rope_theta", cfg.get("rope_theta", 10000.0)))
-        scaling.update({k: v for k, v in rp.items() if k != "rope_theta"})
-        if "type" in scaling and "rope_type" not in scaling:
-            scaling["rope_type"] = scaling.pop("type")
-        scaling.pop("type", None)
-        if scaling.get("rope_type", "default") == "default":
-            scaling = {}
+        theta, scaling = _rope_settings(cfg)
         if cfg.get("partial_rotary_factor", 1.0) != 1.0:
             raise ValueError("partial_rotary_factor != 1 is not supported")
 
@@ -140,11 +113,6 @@ class ModelConfig:
         windows = _layer_windows(cfg, mtype, n_layers)
         qkv_bias = mtype == "qwen2" or bool(cfg.get("attention_bias", False))
         o_bias = mtype != "qwen2" and bool(cfg.get("attention_bias", False))
-
-        def _tok(v):
-            if isinstance(v, list):
-                return int(v[0]) if v else None
-            return None if v is None else int(v)
 
         return cls(
             vocab_size=int(cfg["vocab_size"]),
@@ -163,8 +131,8 @@ class ModelConfig:
             o_bias=o_bias,
             layer_windows=windows,
             model_type=mtype,
-            bos_token_id=_tok(cfg.get("bos_token_id")),
-            eos_token_id=_tok(cfg.get("eos_token_id")),
+            bos_token_id=_token_id(cfg.get("bos_token_id")),
+            eos_token_id=_token_id(cfg.get("eos_token_id")),
         )
 
     @classmethod
@@ -175,6 +143,53 @@ class ModelConfig:
         except json.JSONDecodeError as e:
             raise ValueError(f"{path} is not valid JSON: {e}") from e
         return cls.from_hf(cfg)
+
+
+def _supported_model_type(cfg) -> str:
+    """The ``model_type`` of a ``config.json`` dict, once the checkpoint is one this
+    decoder runs (architecture, required fields, activation, biases)."""
+    if not isinstance(cfg, Mapping):
+        raise ValueError(f"config must be a mapping, got {type(cfg).__name__}")
+    mtype = cfg.get("model_type")
+    if mtype not in SUPPORTED_MODEL_TYPES:
+        archs = cfg.get("architectures")
+        raise ValueError(
+            f"unsupported model_type {mtype!r} (architectures={archs}); sc_jax supports "
+            f"{', '.join(SUPPORTED_MODEL_TYPES)} checkpoints")
+    required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                "num_attention_heads")
+    missing = [k for k in required if k not in cfg]
+    if missing:
+        raise ValueError(f"config.json lacks required field(s) {missing}")
+    act = cfg.get("hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        raise ValueError(f"hidden_act {act!r} is not supported (only silu / SwiGLU)")
+    if cfg.get("mlp_bias"):
+        raise ValueError("mlp_bias=True is not supported")
+    return mtype
+
+
+def _rope_settings(cfg: Mapping[str, Any]) -> tuple[float, dict[str, Any]]:
+    """(rope theta, rope scaling dict: empty for the default rotary)."""
+    # transformers 5 nests theta and scaling in `rope_parameters`; 4.x had
+    # top-level `rope_theta` and `rope_scaling`.
+    rp = dict(cfg.get("rope_parameters") or {})
+    scaling = dict(cfg.get("rope_scaling") or {})
+    theta = float(rp.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    scaling.update({k: v for k, v in rp.items() if k != "rope_theta"})
+    if "type" in scaling and "rope_type" not in scaling:
+        scaling["rope_type"] = scaling.pop("type")
+    scaling.pop("type", None)
+    if scaling.get("rope_type", "default") == "default":
+        scaling = {}
+    return theta, scaling
+
+
+def _token_id(v) -> int | None:
+    """A special token id of ``config.json``: an int, a list (its first) or None."""
+    if isinstance(v, list):
+        return int(v[0]) if v else None
+    return None if v is None else int(v)
 
 
 def _layer_windows(cfg: Mapping[str, Any], mtype: str, n_layers: int) -> tuple[int, ...] | None:
@@ -276,8 +291,6 @@ def rope_inv_freq(config: ModelConfig):
     """Rotary inverse frequencies ``[head_dim // 2]`` (float64 NumPy), with the
     checkpoint's scaling applied (``linear`` divides by the factor; ``llama3`` uses
     the wavelength-dependent smoothing of Llama 3.1)."""
-    import numpy as np
-
     d = config.head_dim
     inv = 1.0 / (config.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
     if not config.rope_scaling:

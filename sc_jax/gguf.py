@@ -52,7 +52,11 @@ from pathlib import Path
 
 import numpy as np
 import tokenizers
+from safetensors.numpy import save_file
 from tokenizers import normalizers, pre_tokenizers, processors
+
+from .checkpoint import check_keys, key_map
+from .config import ModelConfig
 
 try:
     import gguf
@@ -179,14 +183,8 @@ class _Cursor:
         )
 
 
-def _scan_layout(path: Path) -> tuple[dict, list[_TensorInfo]]:
-    """Reads the header and checks that the file is a whole GGUF v2/v3 file.
-
-    Reads only the header (metadata and tensor table: 2 MB for SmolLM2, 6 MB for
-    Qwen2.5), never tensor data. Checks: magic, version, that the header and every
-    tensor's bytes lie inside the file, that tensor names are unique and their types known.
-    Returns the metadata as a dict (key -> scalar, str or list) and the tensor table.
-    """
+def _check_start(path: Path) -> int:
+    """Checks that ``path`` is a GGUF v2/v3 file from its first bytes; returns its size."""
     if not path.is_file():
         raise FileNotFoundError(f"No GGUF file at {path}: check the path.")
     size = path.stat().st_size
@@ -210,7 +208,12 @@ def _scan_layout(path: Path) -> tuple[dict, list[_TensorInfo]]:
             f"{path} is GGUF version {version}; only versions 2 and 3 (little-endian) "
             "are supported. Re-convert it with a current llama.cpp."
         )
+    return size
 
+
+def _read_header(path: Path) -> tuple[dict, list[tuple], int]:
+    """The metadata, the raw tensor table ``(name, ne, ggml_type, offset)`` and the
+    byte offset where tensor data starts (the header's end, aligned)."""
     with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         cur = _Cursor(buf, path)
         cur.take(8)
@@ -233,7 +236,12 @@ def _scan_layout(path: Path) -> tuple[dict, list[_TensorInfo]]:
             ggml_type, offset = cur.u32(), cur.u64()
             raw.append((name, ne, ggml_type, offset))
         data_start = -(-cur.pos // alignment) * alignment
+    return metadata, raw, data_start
 
+
+def _tensor_infos(path: Path, raw: list[tuple], data_start: int) -> list[_TensorInfo]:
+    """The tensor table in NumPy order with absolute offsets and byte sizes; checks
+    that names are unique, types known and rows whole blocks."""
     infos, seen = [], set()
     for name, ne, ggml_type, offset in raw:
         if name in seen:
@@ -256,7 +264,11 @@ def _scan_layout(path: Path) -> tuple[dict, list[_TensorInfo]]:
                 name, tuple(reversed(ne)), ggml_type, data_start + offset, n_elements // block * type_size
             )
         )
+    return infos
 
+
+def _check_not_cut(path: Path, infos: list[_TensorInfo], size: int) -> None:
+    """Every tensor's bytes lie inside the file of ``size`` bytes."""
     cut = [t for t in infos if t.start + t.nbytes > size]
     if cut:
         need = max(t.start + t.nbytes for t in infos)
@@ -265,6 +277,20 @@ def _scan_layout(path: Path) -> tuple[dict, list[_TensorInfo]]:
             f"({need - size} bytes missing; {len(cut)} of {len(infos)} tensors cut off, "
             f"first {cut[0].name!r}). The download or copy was interrupted: fetch the file again."
         )
+
+
+def _scan_layout(path: Path) -> tuple[dict, list[_TensorInfo]]:
+    """Reads the header and checks that the file is a whole GGUF v2/v3 file.
+
+    Reads only the header (metadata and tensor table: 2 MB for SmolLM2, 6 MB for
+    Qwen2.5), never tensor data. Checks: magic, version, that the header and every
+    tensor's bytes lie inside the file, that tensor names are unique and their types known.
+    Returns the metadata as a dict (key -> scalar, str or list) and the tensor table.
+    """
+    size = _check_start(path)
+    metadata, raw, data_start = _read_header(path)
+    infos = _tensor_infos(path, raw, data_start)
+    _check_not_cut(path, infos, size)
     return metadata, infos
 
 
@@ -299,8 +325,8 @@ def _float32_shortest(x: float) -> float:
     return float(np.format_float_positional(np.float32(x), unique=True, trim="-"))
 
 
-def _hf_config(meta: _Metadata, arch: str, tensor_names: set[str]) -> dict:
-    """The HF `config.json` of a llama or qwen2 file, from its `<arch>.*` keys."""
+def _attention_dims(meta: _Metadata, arch: str) -> tuple[int, int, int, int]:
+    """(hidden size, query heads, KV heads, key head size) from the `<arch>.*` keys."""
     key = lambda name: f"{arch}.{name}"  # noqa: E731
     hidden = int(meta.need(key("embedding_length")))
     n_heads = int(meta.need(key("attention.head_count")))
@@ -311,9 +337,16 @@ def _hf_config(meta: _Metadata, arch: str, tensor_names: set[str]) -> dict:
     if n_heads <= 0 or n_kv <= 0 or hidden <= 0:
         raise GGUFError(f"{meta.path} is corrupt: {n_heads} heads, {n_kv} KV heads, hidden size {hidden}.")
     head_dim = int(meta.get(key("attention.key_length"), hidden // n_heads))
+    return hidden, n_heads, n_kv, head_dim
+
+
+def _unsupported_features(meta: _Metadata, arch: str, tensor_names: set[str], n_heads: int,
+                          n_kv: int, head_dim: int) -> list[str]:
+    """What the file uses that the model here does not have, in words (rope scaling
+    types aside: :func:`_rope_scaling`)."""
+    key = lambda name: f"{arch}.{name}"  # noqa: E731
     value_dim = int(meta.get(key("attention.value_length"), head_dim))
     rope_dim = int(meta.get(key("rope.dimension_count"), head_dim))
-
     unsupported = []
     if value_dim != head_dim:
         unsupported.append(f"value head size {value_dim} != key head size {head_dim}")
@@ -329,28 +362,56 @@ def _hf_config(meta: _Metadata, arch: str, tensor_names: set[str]) -> dict:
         unsupported.append(
             "a model split over several .gguf files (merge them with llama-gguf-split --merge)"
         )
-    rope_scaling = None
-    scaling_type = meta.get(key("rope.scaling.type"), "none")
+    return unsupported
+
+
+def _rope_scaling(meta: _Metadata, arch: str) -> tuple[dict | None, str | None]:
+    """The HF `rope_scaling` of the file, and what is unsupported about it (or None)."""
+    scaling_type = meta.get(f"{arch}.rope.scaling.type", "none")
     if scaling_type == "linear":
-        rope_scaling = {"rope_type": "linear", "factor": float(meta.need(key("rope.scaling.factor")))}
-    elif scaling_type != "none":
-        unsupported.append(f"rope scaling of type {scaling_type!r}")
+        return {"rope_type": "linear", "factor": float(meta.need(f"{arch}.rope.scaling.factor"))}, None
+    if scaling_type != "none":
+        return None, f"rope scaling of type {scaling_type!r}"
+    return None, None
+
+
+def _vocab_size(meta: _Metadata, arch: str) -> int:
+    n_tokens = len(meta.get("tokenizer.ggml.tokens", ()))
+    vocab_size = int(meta.get(f"{arch}.vocab_size", n_tokens or 0))
+    if not vocab_size:
+        raise GGUFError(
+            f"{meta.path} states no vocabulary size ({arch}.vocab_size or tokenizer.ggml.tokens)."
+        )
+    return vocab_size
+
+
+def _special_token_ids(meta: _Metadata) -> dict[str, int]:
+    """`bos_token_id`, `eos_token_id`, `pad_token_id`: those the file states."""
+    ids = {}
+    for name in ("bos", "eos", "pad"):
+        token_id = meta.get(f"tokenizer.ggml.{'padding' if name == 'pad' else name}_token_id")
+        if token_id is not None:
+            ids[f"{name}_token_id"] = int(token_id)
+    return ids
+
+
+def _hf_config(meta: _Metadata, arch: str, tensor_names: set[str]) -> dict:
+    """The HF `config.json` of a llama or qwen2 file, from its `<arch>.*` keys."""
+    key = lambda name: f"{arch}.{name}"  # noqa: E731
+    hidden, n_heads, n_kv, head_dim = _attention_dims(meta, arch)
+    unsupported = _unsupported_features(meta, arch, tensor_names, n_heads, n_kv, head_dim)
+    rope_scaling, scaling_problem = _rope_scaling(meta, arch)
+    if scaling_problem:
+        unsupported.append(scaling_problem)
     if unsupported:
         raise GGUFError(
             f"{meta.path} uses {'; '.join(unsupported)}, which the GGUF reader does not "
             "support. Convert the model from its original Hugging Face checkpoint instead."
         )
-
-    n_tokens = len(meta.get("tokenizer.ggml.tokens", ()))
-    vocab_size = int(meta.get(key("vocab_size"), n_tokens or 0))
-    if not vocab_size:
-        raise GGUFError(
-            f"{meta.path} states no vocabulary size ({arch}.vocab_size or tokenizer.ggml.tokens)."
-        )
     config = {
         "architectures": [_HF_CLASSES[arch]],
         "model_type": arch,
-        "vocab_size": vocab_size,
+        "vocab_size": _vocab_size(meta, arch),
         "hidden_size": hidden,
         "intermediate_size": int(meta.need(key("feed_forward_length"))),
         "num_hidden_layers": int(meta.need(key("block_count"))),
@@ -373,10 +434,7 @@ def _hf_config(meta: _Metadata, arch: str, tensor_names: set[str]) -> dict:
         # Qwen2 always has q/k/v biases (HF's class has no switch). llama.cpp's qwen2
         # graph attends over the whole context, so no sliding window either.
         config["use_sliding_window"] = False
-    for name in ("bos", "eos", "pad"):
-        token_id = meta.get(f"tokenizer.ggml.{'padding' if name == 'pad' else name}_token_id")
-        if token_id is not None:
-            config[f"{name}_token_id"] = int(token_id)
+    config |= _special_token_ids(meta)
     return config
 
 
@@ -386,9 +444,6 @@ def _hf_names(path: Path, config: dict, infos: list[_TensorInfo]) -> dict[str, _
     The GGUF name of each HF parameter comes from `gguf`'s `TensorNameMap`. Missing,
     unexpected and misshapen tensors are one error, raised before any data is read.
     """
-    from .checkpoint import check_keys, key_map
-    from .config import ModelConfig
-
     model_config = ModelConfig.from_hf(config)
     arch = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == config["model_type"])
     name_map = gguf.get_tensor_name_map(arch, config["num_hidden_layers"])
@@ -470,22 +525,9 @@ class _Tensors(Mapping):
 # --------------------------------------------------------------------------- tokenizer
 
 
-def _build_tokenizer(meta: _Metadata, arch: str) -> tuple[tokenizers.Tokenizer, dict]:
-    """The file's tokenizer, built by transformers and corrected where it is wrong.
-
-    transformers' `convert_gguf_tokenizer` builds the byte-level BPE (vocabulary
-    respelled in GPT-2's byte alphabet, merges, control tokens kept whole, the split
-    regex `tokenizer.ggml.pre` names). Two corrections, each to match the model's own
-    tokenizer:
-
-    * "smollm"/"starcoder": isolate digits before the GPT-2 split (transformers does
-      not know these names and uses the plain GPT-2 split);
-    * "qwen2": NFC-normalise first, as Qwen2's tokenizer.json (and transformers'
-      `Qwen2Tokenizer`) does; transformers' GGUF path leaves it out, so composed and
-      decomposed accents would tokenize differently from training.
-
-    BOS/EOS are added exactly where the file's `add_bos_token`/`add_eos_token` say.
-    """
+def _check_tokenizer_metadata(meta: _Metadata) -> tuple[str, list]:
+    """The file's pre-tokenizer name and vocabulary, once its tokenizer metadata has
+    passed every check."""
     path = meta.path
     kind = meta.get("tokenizer.ggml.model")
     if kind == "llama":
@@ -510,12 +552,11 @@ def _build_tokenizer(meta: _Metadata, arch: str) -> tuple[tokenizers.Tokenizer, 
     types = meta.get("tokenizer.ggml.token_type")
     if types is not None and len(types) != len(tokens):
         raise GGUFError(f"{path} is corrupt: {len(types)} token types for {len(tokens)} tokens.")
-    fields = {
-        name: meta.get(f"tokenizer.{key}")
-        for key, name in GGUF_TOKENIZER_MAPPING["tokenizer"].items()
-        if f"tokenizer.{key}" in meta
-    }
-    tok, _ = convert_gguf_tokenizer(arch, fields)
+    return pre, tokens
+
+
+def _correct_pre_tokenizer(tok: tokenizers.Tokenizer, meta: _Metadata, pre: str) -> None:
+    """Digit isolation for "smollm"/"starcoder", NFC for "qwen2" (see :func:`_build_tokenizer`)."""
     if pre in _DIGIT_SPLIT_PRE_TYPES:
         add_prefix_space = bool(meta.get("tokenizer.ggml.add_space_prefix", False))
         tok.pre_tokenizer = pre_tokenizers.Sequence(
@@ -527,26 +568,59 @@ def _build_tokenizer(meta: _Metadata, arch: str) -> tuple[tokenizers.Tokenizer, 
     if pre == "qwen2":
         tok.normalizer = normalizers.NFC()
 
-    def token_of(name: str):
-        token_id = meta.get(f"tokenizer.ggml.{name}_token_id")
-        if token_id is None:
-            return None, None
-        if not 0 <= token_id < len(tokens):
-            raise GGUFError(f"{path}: tokenizer.ggml.{name}_token_id = {token_id} is outside the vocabulary.")
-        return tokens[token_id], int(token_id)
 
-    bos, bos_id = token_of("bos")
-    eos, eos_id = token_of("eos")
-    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
-    add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False))
-    if (add_bos and bos is None) or (add_eos and eos is None):
-        raise GGUFError(f"{path} asks to add a BOS/EOS token but gives no id for it.")
+def _special_token(meta: _Metadata, tokens: list, name: str) -> tuple[str | None, int | None]:
+    """(token, id) of `tokenizer.ggml.<name>_token_id`, or (None, None) if the file has none."""
+    token_id = meta.get(f"tokenizer.ggml.{name}_token_id")
+    if token_id is None:
+        return None, None
+    if not 0 <= token_id < len(tokens):
+        raise GGUFError(
+            f"{meta.path}: tokenizer.ggml.{name}_token_id = {token_id} is outside the vocabulary."
+        )
+    return tokens[token_id], int(token_id)
+
+
+def _post_processor(bos, bos_id, eos, eos_id, add_bos: bool, add_eos: bool):
+    """BOS/EOS added exactly where the file says; byte-level offsets otherwise."""
     if add_bos or add_eos:
         single = " ".join([f"{bos}:0"] * add_bos + ["$A:0"] + [f"{eos}:0"] * add_eos)
         specials = [(bos, bos_id)] * add_bos + [(eos, eos_id)] * (add_eos and eos != bos)
-        tok.post_processor = processors.TemplateProcessing(single=single, special_tokens=specials)
-    else:
-        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+        return processors.TemplateProcessing(single=single, special_tokens=specials)
+    return processors.ByteLevel(trim_offsets=False)
+
+
+def _build_tokenizer(meta: _Metadata, arch: str) -> tuple[tokenizers.Tokenizer, dict]:
+    """The file's tokenizer, built by transformers and corrected where it is wrong.
+
+    transformers' `convert_gguf_tokenizer` builds the byte-level BPE (vocabulary
+    respelled in GPT-2's byte alphabet, merges, control tokens kept whole, the split
+    regex `tokenizer.ggml.pre` names). Two corrections, each to match the model's own
+    tokenizer:
+
+    * "smollm"/"starcoder": isolate digits before the GPT-2 split (transformers does
+      not know these names and uses the plain GPT-2 split);
+    * "qwen2": NFC-normalise first, as Qwen2's tokenizer.json (and transformers'
+      `Qwen2Tokenizer`) does; transformers' GGUF path leaves it out, so composed and
+      decomposed accents would tokenize differently from training.
+
+    BOS/EOS are added exactly where the file's `add_bos_token`/`add_eos_token` say.
+    """
+    pre, tokens = _check_tokenizer_metadata(meta)
+    fields = {
+        name: meta.get(f"tokenizer.{key}")
+        for key, name in GGUF_TOKENIZER_MAPPING["tokenizer"].items()
+        if f"tokenizer.{key}" in meta
+    }
+    tok, _ = convert_gguf_tokenizer(arch, fields)
+    _correct_pre_tokenizer(tok, meta, pre)
+    bos, bos_id = _special_token(meta, tokens, "bos")
+    eos, eos_id = _special_token(meta, tokens, "eos")
+    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
+    add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False))
+    if (add_bos and bos is None) or (add_eos and eos is None):
+        raise GGUFError(f"{meta.path} asks to add a BOS/EOS token but gives no id for it.")
+    tok.post_processor = _post_processor(bos, bos_id, eos, eos_id, add_bos, add_eos)
 
     tokenizer_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -555,8 +629,8 @@ def _build_tokenizer(meta: _Metadata, arch: str) -> tuple[tokenizers.Tokenizer, 
         "clean_up_tokenization_spaces": False,
         "bos_token": bos,
         "eos_token": eos,
-        "unk_token": token_of("unknown")[0],
-        "pad_token": token_of("padding")[0],
+        "unk_token": _special_token(meta, tokens, "unknown")[0],
+        "pad_token": _special_token(meta, tokens, "padding")[0],
     }
     template = meta.get("tokenizer.chat_template")
     if template is not None:
@@ -683,8 +757,6 @@ def write_hf_dir(
     Returns:
       `out_dir` as a Path.
     """
-    from safetensors.numpy import save_file
-
     out_dir = Path(out_dir)
     if out_dir.exists() and not overwrite:
         raise FileExistsError(

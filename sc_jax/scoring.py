@@ -13,7 +13,7 @@ Label modes (paper Section 3.2.1 features come from their output):
   projected at those few positions only (never ``[B, T, V]``).
 
 All paths return ``[N, n_classes]`` float32 label log-probabilities for N pairs;
-:func:`log_odds` turns them into the features m_c = log p_c - log p_0.
+:func:`sc_jax.objective.log_odds` turns them into the features m_c = log p_c - log p_0.
 
 The engine (:class:`ScoringEngine`) computes every distinct ordered sub-context once:
 contexts are sorted so that shared prefixes sit together, cut into chunks that fit
@@ -30,7 +30,7 @@ cache rows they extend (gathered by a model-free program), so their shapes do no
 depend on level sizes; host batches are row lookups into tables packed once per
 call; and each micro-batch's result is fetched after the next one is dispatched, so
 the host never waits on the batch it has just sent. The token budgets come from the
-device's memory (:mod:`sc_jax.plan`) unless given.
+device's memory (:mod:`sc_jax.schedule`) unless given.
 """
 
 from __future__ import annotations
@@ -45,21 +45,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from tqdm.auto import tqdm
 
 from .loading import LoadedModel, bucket_batch
 from .model import KVCache, empty_cache, positions_from_valid
+# log_odds, engine_shapes, EngineShapes, micro_batch and query_length are importable
+# from here too (the scoring stage's features and the engine's shapes).
+from .objective import log_odds  # noqa: F401
 from .prompts import PromptPieces
+from .schedule import (  # noqa: F401
+    EngineShapes, PlanError, QueryGroups, device_memory_bytes, engine_shapes, host_memory_bytes,
+    micro_batch, peak_bytes, plan_budgets, query_batches, query_groups, query_length, query_rows,
+    round_up, schedule)
+from .sharding import batch_sharded, kv_sharding
 
 MODES = ("first_token", "sequence")
 
 #: Number of traces (= compilations) of each jitted engine function in this process.
 COMPILES: Counter = Counter()
-
-
-def log_odds(logprobs: np.ndarray) -> np.ndarray:
-    """Features m_c = log p_c - log p_0 for c = 1..n-1: ``[..., n] -> [..., n-1]``."""
-    logprobs = np.asarray(logprobs)
-    return logprobs[..., 1:] - logprobs[..., :1]
 
 
 def _renorm(x: np.ndarray) -> np.ndarray:
@@ -115,29 +118,7 @@ def _check_inputs(model: LoadedModel, pieces: PromptPieces, contexts, pairs, mod
     return contexts, pairs
 
 
-# ------------------------------------------------------------------ query rows
-def _query_rows(pieces: PromptPieces, mode: str, queries):
-    """Per query (and label, in sequence mode): the tokens to run after the context,
-    gather offsets (relative to the row start) and target tokens.
-
-    first_token: one row per query, gather its last token. sequence: one row per
-    (query, label): query + label[:-1], gathering the m positions that predict
-    label[0..m-1]."""
-    rows, gathers, targets = [], [], []
-    for q in queries:
-        qi = list(pieces.queries[q])
-        if mode == "first_token":
-            rows.append(qi)
-            gathers.append([len(qi) - 1])
-            targets.append([0])
-        else:
-            for lab in pieces.labels:
-                rows.append(qi + list(lab[:-1]))
-                gathers.append([len(qi) - 1 + j for j in range(len(lab))])
-                targets.append(list(lab))
-    return rows, gathers, targets
-
-
+# ------------------------------------------------------------------ label log-probs
 def _label_logprobs(out: np.ndarray, mode: str, n: int) -> np.ndarray:
     """Engine/flat outputs -> renormalised label log-probs ``[N, n]``. first_token:
     out is ``[N, n]`` label-row logits; sequence: ``[N * n]`` summed log-probs."""
@@ -286,20 +267,6 @@ def _score_cached(graphdef, state, cache: KVCache, tokens, valid, gather, target
     return _label_scores(model, hidden, gather, targets, tmask, rows, sequence)
 
 
-def _round_up(x: int, m: int) -> int:
-    return -(-x // m) * m
-
-
-def micro_batch(n_rows: int, width: int, max_tokens_per_batch: int, n_devices: int = 1) -> int:
-    """Rows per forward call: the largest power of two whose rows of ``width``
-    padded tokens fit ``max_tokens_per_batch``, no more than ``n_rows`` needs,
-    rounded up to a multiple of the mesh's data axis."""
-    b = max(1, max_tokens_per_batch // max(width, 1))
-    b = 1 << (b.bit_length() - 1)  # power of two
-    b = min(b, bucket_batch(n_rows, 1))
-    return _round_up(max(b, 1), n_devices)  # the batch axis is split over the mesh
-
-
 @dataclasses.dataclass
 class EngineStats:
     """What one :meth:`ScoringEngine.score` call did: forward calls, real tokens
@@ -319,11 +286,11 @@ class ScoringEngine:
     ``max_tokens_per_batch``: padded (cache + new) tokens per forward call, which
     sets the micro-batch size. ``max_cache_tokens``: cached tokens held per chunk of
     the trie (memory bound: never all of k = 16's nodes at once). Either left as
-    None is derived from the memory budget by :func:`sc_jax.plan.plan_budgets`:
+    None is derived from the memory budget by :func:`sc_jax.schedule.plan_budgets`:
     ``device_memory`` bytes per device if given, else the device's ``bytes_limit``,
     else (CPU) the host's memory. When a budget is known (given or reported by the
     device), every call's plan is checked against it before anything compiles, and
-    a :class:`sc_jax.plan.PlanError` names the numbers if it cannot fit.
+    a :class:`sc_jax.schedule.PlanError` names the numbers if it cannot fit.
     ``side``: padding side of segments and queries (results do not depend on it).
     ``progress``: a tqdm bar with counts of rows and tokens. ``max_group``: how
     many query rows of one context share one gathered copy of its cache (a fixed
@@ -349,12 +316,10 @@ class ScoringEngine:
         self.progress = progress
         self.max_group = int(max_group)
         self.stats = EngineStats()
-        self.budgets = None  # the last call's plan (sc_jax.plan.Budgets), when derived
+        self.budgets = None  # the last call's plan (sc_jax.schedule.Budgets), when derived
 
     def _budget(self) -> tuple[int, bool]:
         """(bytes per device, whether it is a real limit to check against)."""
-        from .plan import device_memory_bytes, host_memory_bytes
-
         if self.device_memory is not None:
             return self.device_memory, True
         dev = device_memory_bytes()
@@ -364,28 +329,26 @@ class ScoringEngine:
 
     def _resolve(self, shapes, contexts, pairs, nr: int, G: int, row_lengths) -> int:
         """Set this call's token budgets (given, or planned) and check the plan."""
-        from . import plan
-
         budget, enforce = self._budget()
         m = self.model
         platform = jax.default_backend()
         if self._tokens is None or self._cache is None:
-            b = self.budgets = plan.plan_budgets(m.config, m.dtype, shapes, budget_bytes=budget, G=G,
-                                                 n_devices=m.n_devices, platform=platform,
-                                                 model_shards=m.model_shards)
+            b = self.budgets = plan_budgets(m.config, m.dtype, shapes, budget_bytes=budget, G=G,
+                                            n_devices=m.n_devices, platform=platform,
+                                            model_shards=m.model_shards)
             self.max_tokens_per_batch = self._tokens or b.max_tokens_per_batch
             self.max_cache_tokens = self._cache or b.max_cache_tokens
             G = b.max_group
         else:
             self.max_tokens_per_batch, self.max_cache_tokens = self._tokens, self._cache
         if enforce:
-            calls = plan.schedule(shapes, contexts, pairs, nr, G, row_lengths,
-                                  max_tokens_per_batch=self.max_tokens_per_batch,
-                                  max_cache_tokens=self.max_cache_tokens, n_devices=m.n_devices)
-            peak = plan.peak_bytes(m.config, m.dtype, calls, model_shards=m.model_shards)
+            calls = schedule(shapes, contexts, pairs, nr, G, row_lengths,
+                             max_tokens_per_batch=self.max_tokens_per_batch,
+                             max_cache_tokens=self.max_cache_tokens, n_devices=m.n_devices)
+            peak = peak_bytes(m.config, m.dtype, calls, model_shards=m.model_shards)
             if peak["peak_bytes"] > budget:
                 gib = 2 ** 30
-                raise plan.PlanError(
+                raise PlanError(
                     f"the planned peak is {peak['peak_bytes'] / gib:.2f} GiB per device (weights "
                     f"{peak['weight_bytes'] / gib:.2f}, KV caches {peak['cache_bytes'] / gib:.2f}, "
                     f"one call's temporaries {peak['temp_bytes'] / gib:.2f}), over the "
@@ -404,8 +367,6 @@ class ScoringEngine:
         m = self.model
         sharding = None
         if m.mesh is not None:
-            from .sharding import batch_sharded, kv_sharding
-
             c = m.config
             kv = kv_sharding(m.mesh, (c.num_layers, rows, length, c.num_kv_heads, c.head_dim))
             sharding = KVCache(kv, kv, batch_sharded(m.mesh), batch_sharded(m.mesh))
@@ -433,7 +394,6 @@ class ScoringEngine:
         if len(pairs) == 0:
             return np.zeros((0, n), np.float32)
         i = contexts.shape[1]
-        k = len(pieces.demos)
         shapes = engine_shapes(pieces, i, mode)
         T_seg, T_q, P, lens = shapes.T_seg, shapes.T_q, shapes.P, shapes.lens
         segs = _SegmentTable(pieces, T_seg, self.side)
@@ -451,14 +411,12 @@ class ScoringEngine:
 
         bar = None
         if self.progress:
-            from tqdm.auto import tqdm
-
             bar = tqdm(total=len(pairs) * nr, unit="query", desc=f"scoring i={i}", leave=False)
         try:
             for c0 in range(0, len(order), per_chunk):
                 chunk = order[c0:c0 + per_chunk]
                 leaf_cache, leaf_of = self._grow_trie(segs, contexts[chunk], lens)
-                groups = _query_groups(chunk, len(contexts), pairs, nr, G, leaf_of, qt.length)
+                groups = query_groups(chunk, len(contexts), pairs, nr, G, leaf_of, qt.length)
                 if groups is None:
                     continue
                 self._run_queries(leaf_cache, groups, qt, lens[-1], rows_arg, seq, out, bar)
@@ -486,7 +444,7 @@ class ScoringEngine:
             seg = prefixes[:, -1]
             first = d == 1
             B = self._micro_batch(len(prefixes), lens[d])
-            level = self._level(_round_up(len(prefixes), B), lens[d])
+            level = self._level(round_up(len(prefixes), B), lens[d])
             for s in range(0, len(prefixes), B):
                 sl = slice(s, s + B)
                 real = len(seg[sl])
@@ -507,7 +465,7 @@ class ScoringEngine:
             leaf_of = inverse.reshape(-1)
         return parent, leaf_of
 
-    def _run_queries(self, cache, groups: "_Groups", qt: "_QueryTable", S, rows_arg, seq, out, bar):
+    def _run_queries(self, cache, groups: QueryGroups, qt: "_QueryTable", S, rows_arg, seq, out, bar):
         """Score every group of <= G query rows against its leaf of ``cache`` and
         write the real rows into ``out``; each batch's result is fetched after the
         next batch has been dispatched."""
@@ -525,7 +483,7 @@ class ScoringEngine:
                 bar.update(len(dest))
                 bar.set_postfix(tokens=st.tokens, refresh=False)
 
-        for sel, real, T in _query_batches(groups, Bc, qt.T):
+        for sel, real, T in query_batches(groups, Bc, qt.T):
             rows = groups.rows[sel].reshape(-1)
             keep = (groups.keep[sel] & real[:, None]).reshape(-1)
             tokens, valid, g, t, msk = qt.batch(rows, T)
@@ -542,31 +500,6 @@ class ScoringEngine:
             pending = (res, keep, groups.dest[sel].reshape(-1)[keep])
         if pending is not None:
             collect(pending)
-
-
-def engine_shapes(pieces: PromptPieces, i: int, mode: str) -> "EngineShapes":
-    """The padded lengths the engine uses for contexts of size ``i``: one segment
-    length and one query length per call (bounded compiles)."""
-    k = len(pieces.demos)
-    T_seg = _round_up(max(len(pieces.bos) + len(pieces.segment(j)) for j in range(k)), 8)
-    rows_all, _, _ = _query_rows(pieces, mode, range(len(pieces.queries)))
-    T_q = _round_up(max(len(r) for r in rows_all), 8)
-    P = 1 if mode != "sequence" else max(len(l) for l in pieces.labels)
-    lens = [0]
-    for _ in range(i):
-        lens.append(_round_up(lens[-1] + T_seg, 32))
-    return EngineShapes(T_seg, T_q, P, tuple(lens))
-
-
-@dataclasses.dataclass(frozen=True)
-class EngineShapes:
-    """Padded lengths of one engine call: segment ``T_seg``, query row ``T_q``,
-    gathered positions per row ``P``, cache length after each depth ``lens``."""
-
-    T_seg: int
-    T_q: int
-    P: int
-    lens: tuple[int, ...]
 
 
 class _SegmentTable:
@@ -596,7 +529,7 @@ class _QueryTable:
     ``[R, P]``. Batches are row lookups."""
 
     def __init__(self, pieces: PromptPieces, mode: str, T: int, P: int, side: str):
-        rows, gathers, targets = _query_rows(pieces, mode, range(len(pieces.queries)))
+        rows, gathers, targets = query_rows(pieces, mode, range(len(pieces.queries)))
         self.T, self.side = T, side
         self.tokens, self.valid, start = _pack(rows, T, side)
         self.gather, self.targets, self.mask = _gather_arrays(gathers, targets, start, P)
@@ -616,81 +549,11 @@ class _QueryTable:
                 self.mask[rows])
 
 
-@dataclasses.dataclass
-class _Groups:
-    """Query rows of one chunk in groups of G that share one leaf: ``rows``,
-    ``dest`` (output index), ``keep`` (False for filler slots) ``[n_groups, G]``;
-    ``leaf``, ``length`` (its longest row) ``[n_groups]``."""
-
-    rows: np.ndarray
-    dest: np.ndarray
-    keep: np.ndarray
-    leaf: np.ndarray
-    length: np.ndarray
-
-
-def query_length(n: int, T_max: int) -> int:
-    """Padded query-row length of a batch whose longest row has ``n`` tokens: a power
-    of two from 16, at most ``T_max`` (the run's longest row rounded up to 8). A few
-    buckets, each padding less than 2x, instead of every row padded to the longest
-    query of the run."""
-    return min(T_max, max(16, 1 << (int(n) - 1).bit_length()))
-
-
-def _query_batches(groups: _Groups, Bc: int, T_max: int):
-    """Micro-batches of Bc groups, longest groups first so that each batch is
-    padded to its own length bucket. Yields (group indices [Bc] with filler, real
-    mask [Bc], padded length T)."""
-    order = np.argsort(-groups.length, kind="stable")
-    n = len(order)
-    for s0 in range(0, n, Bc):
-        sel = order[s0:s0 + Bc]
-        real = np.ones(Bc, bool)
-        real[len(sel):] = False
-        sel = np.r_[sel, np.full(Bc - len(sel), sel[0])]  # filler groups repeat a real one
-        yield sel, real, query_length(groups.length[sel].max(), T_max)
-
-
-def _query_groups(chunk, n_contexts: int, pairs, nr: int, G: int, leaf_of, qlen) -> _Groups | None:
-    """Group the query rows of the pairs whose context is in ``chunk`` (vectorised:
-    rows of one context are consecutive, longest first, cut every G, so a group's
-    rows have similar lengths). ``qlen``: tokens of each query row."""
-    local = np.full(n_contexts, -1, np.int64)
-    local[chunk] = np.arange(len(chunk))
-    pos = local[pairs[:, 0]]
-    sel = np.flatnonzero(pos >= 0)
-    if sel.size == 0:
-        return None
-    sel = sel[np.argsort(pos[sel], kind="stable")]
-    # Entries (pair r, label j): query row q * nr + j, output index r * nr + j.
-    j = np.tile(np.arange(nr), len(sel))
-    r = np.repeat(sel, nr)
-    ctx = np.repeat(pos[sel], nr)
-    qrow = pairs[r, 1] * nr + j
-    dest = r * nr + j
-    by_len = np.lexsort((-qlen[qrow], ctx))  # within a context, longest rows first
-    ctx, qrow, dest = ctx[by_len], qrow[by_len], dest[by_len]
-    first = np.r_[0, np.flatnonzero(np.diff(ctx)) + 1]  # first entry of each context
-    start = np.repeat(first, np.diff(np.r_[first, len(ctx)]))
-    rank = np.arange(len(ctx)) - start
-    slot = rank % G
-    gid = np.cumsum(slot == 0) - 1
-    n_groups = int(gid[-1]) + 1
-    head = np.flatnonzero(slot == 0)  # first entry of each group
-    rows = np.repeat(qrow[head][:, None], G, axis=1)  # filler slots repeat the head
-    dests = np.zeros((n_groups, G), np.int64)
-    keep = np.zeros((n_groups, G), bool)
-    rows[gid, slot] = qrow
-    dests[gid, slot] = dest
-    keep[gid, slot] = True
-    return _Groups(rows, dests, keep, leaf_of[ctx[head]], qlen[qrow[head]])
-
-
 def flat_length(n: int) -> int:
     """Padded length of a flat prompt: multiples of 32 (less padding than powers
     of two; the prompts of one run span a few hundred tokens, so a handful of
     compiles)."""
-    return max(32, _round_up(n, 32))
+    return max(32, round_up(n, 32))
 
 
 def score_flat(model: LoadedModel, pieces: PromptPieces, contexts, pairs, mode: str = "first_token",
@@ -704,7 +567,7 @@ def score_flat(model: LoadedModel, pieces: PromptPieces, contexts, pairs, mode: 
     n = len(pieces.labels)
     seq = mode == "sequence"
     ctx_rows = [list(pieces.bos) + [t for j in c for t in pieces.segment(int(j))] for c in contexts]
-    q_rows, q_gathers, q_targets = _query_rows(pieces, mode, range(len(pieces.queries)))
+    q_rows, q_gathers, q_targets = query_rows(pieces, mode, range(len(pieces.queries)))
     nr = n if seq else 1
     # Row r * nr + j: pair r, label j (sequence mode).
     rows, gathers, targets = [], [], []
@@ -724,7 +587,7 @@ def score_flat(model: LoadedModel, pieces: PromptPieces, contexts, pairs, mode: 
     s = 0
     while s < len(order):
         T = int(padded[s])
-        B = _round_up(1 << (max(1, max_tokens_per_batch // T).bit_length() - 1), model.n_devices)
+        B = round_up(1 << (max(1, max_tokens_per_batch // T).bit_length() - 1), model.n_devices)
         e = min(int(np.searchsorted(padded, T, side="right")), s + B)
         idx = order[s:e]
         Bp = min(B, bucket_batch(len(idx), model.n_devices))

@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import os
 
+import jax
 import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 DATA = "data"
 MODEL = "model"
@@ -82,8 +84,6 @@ def initialize_distributed() -> bool:
     addr = os.environ.get("SC_JAX_COORDINATOR")
     if not addr:
         return False
-    import jax
-
     try:
         n, pid = int(os.environ["SC_JAX_NUM_PROCESSES"]), int(os.environ["SC_JAX_PROCESS_ID"])
     except (KeyError, ValueError):
@@ -116,9 +116,6 @@ def make_mesh(data: int | None = None, devices=None, *, model: int = 1):
 
     Built with ``AxisType.Auto``: the newer default (Explicit) breaks the embedding
     gather (FIELD_NOTES)."""
-    import jax
-    from jax.sharding import AxisType, Mesh
-
     devs = list(devices if devices is not None else jax.devices())
     model = int(model)
     if model < 1:
@@ -144,8 +141,6 @@ def spec(mesh, axes, shape):
     """PartitionSpec of an array with these logical ``axes``: each mapped by
     :data:`RULES`, kept only where the mesh axis divides the dimension and the
     mesh axis is not already used."""
-    from jax.sharding import PartitionSpec as P
-
     out, used = [], set()
     for ax, dim in zip(axes, shape):
         m = RULES.get(ax) if ax else None
@@ -158,8 +153,6 @@ def spec(mesh, axes, shape):
 
 
 def named(mesh, axes, shape):
-    from jax.sharding import NamedSharding
-
     return NamedSharding(mesh, spec(mesh, axes, shape))
 
 
@@ -169,15 +162,11 @@ def param_sharding(mesh, name: str, shape):
 
 
 def replicated(mesh):
-    from jax.sharding import NamedSharding, PartitionSpec as P
-
     return NamedSharding(mesh, P())
 
 
 def batch_sharded(mesh):
     """Leading (batch) axis split over ``data``; other axes replicated."""
-    from jax.sharding import NamedSharding, PartitionSpec as P
-
     return NamedSharding(mesh, P(DATA))
 
 
@@ -191,7 +180,6 @@ def kv_sharding(mesh, shape):
 def state_shardings(mesh, state):
     """A pytree of shardings for a Decoder's ``nnx.State`` (leaves named by their
     path's last key), for ``jax.jit(..., out_shardings=...)``."""
-    import jax
 
     def one(path, leaf):
         # The parameter's name is the last dictionary key of its path (the path

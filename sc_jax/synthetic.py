@@ -20,6 +20,9 @@ import itertools
 
 import numpy as np
 
+from sc_jax.calibrators import base_accuracy, tau_from_accuracy
+from sc_jax.functional import tau_levels
+
 __all__ = ["World"]
 
 
@@ -118,8 +121,6 @@ def solver_instance(family: str, seed: int):
 
     lambda_inv is drawn from {0, 0.1, 1, 10} except where the family fixes it.
     """
-    import math
-
     rng = np.random.default_rng([FAMILIES.index(family), seed])
     n = int(rng.integers(2, 7))
     k, i = [(4, 1), (4, 2), (6, 1), (6, 2), (8, 1), (8, 2), (8, 3)][int(rng.integers(0, 7))]
@@ -143,13 +144,11 @@ def solver_instance(family: str, seed: int):
         k, i = 8, int(rng.integers(1, 3))
         slopes = rng.uniform(0.5, 1.5, n - 1)
         kw["beta"] = rng.normal(size=n - 1) * 0.5
-        tau = math.cos(math.radians(20.0 ** (1.0 / (n - 1))))
+        tau = tau_levels(n)[0]
     elif family == "no_trust_region":
         tau = -1.0
     world = World(n, slopes, **kw)
     x, y, g = world.surrogate(k, (i,))[i]
     if tau is None:
-        from sc_jax.calibrators import base_accuracy, tau_from_accuracy  # noqa: PLC0415
-
         tau = tau_from_accuracy(base_accuracy(x, y), n)
     return x, y, g, lam, float(tau)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tokenizers import Tokenizer as HFTokenizer
+
 
 class Tokenizer:
     """Text <-> token ids. ``encode`` never adds special tokens: prompts are assembled
@@ -17,8 +19,6 @@ class Tokenizer:
 
     @classmethod
     def from_file(cls, path: str | Path, **kw) -> "Tokenizer":
-        from tokenizers import Tokenizer as HFTokenizer
-
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(

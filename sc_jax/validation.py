@@ -39,6 +39,54 @@ def _first(bad: np.ndarray) -> tuple:
     return tuple(int(i) for i in np.unravel_index(int(np.argmax(bad)), bad.shape)) if bad.ndim else ()
 
 
+def _check_shapes(features, labels, query_ids, at: str, batch_axes: bool) -> None:
+    """features ``[..., N, n-1]`` of real numbers with n >= 2, labels and query ids ``[..., N]``."""
+    if features.ndim < 2 or features.ndim > 2 and not batch_axes or features.shape[-1] < 1:
+        raise ValueError(
+            f"features{at} must be [N, n-1] log-odds against class 0 with n >= 2 classes"
+            f"{' (leading batch axes allowed)' if batch_axes else ''}, got shape "
+            f"{features.shape}")
+    if not np.issubdtype(features.dtype, np.number) or np.iscomplexobj(features):
+        raise ValueError(f"features{at} must be real numbers, got dtype {features.dtype}")
+    rows = features.shape[:-1]
+    if labels.shape != rows or query_ids.shape != rows:
+        raise ValueError(
+            f"labels{at} and query_ids must have shape [..., N] = {list(rows)}, got "
+            f"{list(labels.shape)} and {list(query_ids.shape)}")
+
+
+def _real_rows(mask, rows: tuple, at: str) -> np.ndarray:
+    """``[..., N]`` bool, True for a real row: all rows without a mask, else mask == 1
+    (a mask must hold only 0 and 1)."""
+    if mask is None:
+        return np.ones(rows, bool)
+    mask = np.asarray(mask)
+    if mask.shape != rows:
+        raise ValueError(f"mask{at} must have shape {list(rows)}, got {list(mask.shape)}")
+    if not np.all((mask == 0) | (mask == 1)):
+        raise ValueError(f"mask{at} must hold 0 (padding) or 1 (a real row)")
+    return mask == 1
+
+
+def _check_ids(name: str, ids: np.ndarray, top: int | None, real: np.ndarray, n1: int,
+               where: str) -> None:
+    """``ids`` (labels or query ids) integers in [0, top) on the real rows (>= 0 if
+    ``top`` is None)."""
+    at = _at(where)
+    bound = f"in [0, {top})" if top is not None else ">= 0"
+    if not (np.issubdtype(ids.dtype, np.integer) or
+            np.issubdtype(ids.dtype, np.floating) and np.all(np.mod(ids[real], 1) == 0)):
+        raise ValueError(f"{name}{at} must be integers {bound}, got dtype {ids.dtype}")
+    out = real & ((ids < 0) | (ids >= top if top is not None else False))
+    if np.any(out):
+        idx = _first(np.any(out, axis=-1))
+        vals = ids[real]
+        what = (f" for features with {n1} log-odds columns (n = {n1 + 1} classes)"
+                if name == "labels" else " (num_queries)" if top is not None else "")
+        raise ValueError(f"{name}{_at(where, idx)} must be {bound}{what}; got min "
+                         f"{vals.min()}, max {vals.max()}")
+
+
 def check_problem(features, labels, query_ids, *, mask=None, num_queries: int | None = None,
                   where: str = "", batch_axes: bool = True
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -54,26 +102,9 @@ def check_problem(features, labels, query_ids, *, mask=None, num_queries: int | 
     features = np.asarray(features)
     labels = np.asarray(labels)
     query_ids = np.asarray(query_ids)
-    if features.ndim < 2 or features.ndim > 2 and not batch_axes or features.shape[-1] < 1:
-        raise ValueError(
-            f"features{at} must be [N, n-1] log-odds against class 0 with n >= 2 classes"
-            f"{' (leading batch axes allowed)' if batch_axes else ''}, got shape "
-            f"{features.shape}")
-    if not np.issubdtype(features.dtype, np.number) or np.iscomplexobj(features):
-        raise ValueError(f"features{at} must be real numbers, got dtype {features.dtype}")
+    _check_shapes(features, labels, query_ids, at, batch_axes)
     rows, n1 = features.shape[:-1], features.shape[-1]
-    if labels.shape != rows or query_ids.shape != rows:
-        raise ValueError(
-            f"labels{at} and query_ids must have shape [..., N] = {list(rows)}, got "
-            f"{list(labels.shape)} and {list(query_ids.shape)}")
-    real = np.ones(rows, bool)
-    if mask is not None:
-        mask = np.asarray(mask)
-        if mask.shape != rows:
-            raise ValueError(f"mask{at} must have shape {list(rows)}, got {list(mask.shape)}")
-        if not np.all((mask == 0) | (mask == 1)):
-            raise ValueError(f"mask{at} must hold 0 (padding) or 1 (a real row)")
-        real = mask == 1
+    real = _real_rows(mask, rows, at)
     empty = ~np.any(real, axis=-1)
     if rows[-1] == 0 or np.any(empty):
         raise ValueError(f"features{_at(where, _first(empty))} have N = 0 real rows: there is "
@@ -85,19 +116,8 @@ def check_problem(features, labels, query_ids, *, mask=None, num_queries: int | 
             f"features{_at(where, _first(~np.all(finite, axis=(-2, -1))))} contain {bad} NaN "
             "or infinite values; log-odds must be finite (clip the probabilities, e.g. "
             "log((p_c + 1e-9) / (p_0 + 1e-9)))")
-    for name, ids, top in (("labels", labels, n1 + 1), ("query_ids", query_ids, num_queries)):
-        bound = f"in [0, {top})" if top is not None else ">= 0"
-        if not (np.issubdtype(ids.dtype, np.integer) or
-                np.issubdtype(ids.dtype, np.floating) and np.all(np.mod(ids[real], 1) == 0)):
-            raise ValueError(f"{name}{at} must be integers {bound}, got dtype {ids.dtype}")
-        out = real & ((ids < 0) | (ids >= top if top is not None else False))
-        if np.any(out):
-            idx = _first(np.any(out, axis=-1))
-            vals = ids[real]
-            what = (f" for features with {n1} log-odds columns (n = {n1 + 1} classes)"
-                    if name == "labels" else " (num_queries)" if top is not None else "")
-            raise ValueError(f"{name}{_at(where, idx)} must be {bound}{what}; got min "
-                             f"{vals.min()}, max {vals.max()}")
+    _check_ids("labels", labels, n1 + 1, real, n1, where)
+    _check_ids("query_ids", query_ids, num_queries, real, n1, where)
     labels = labels.astype(np.int32)
     present = np.stack([np.any(real & (labels == c), axis=-1) for c in range(n1 + 1)], -1)
     if not np.all(present):

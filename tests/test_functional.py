@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import sc_jax
-from sc_jax import calibrators, functional, synthetic
+from sc_jax import calibrators, solvers, synthetic
 from sc_jax.solvers import Status
 
 
@@ -166,8 +166,8 @@ def _bad_inputs(x, y, g):
 def test_calibrate_refuses_bad_input_before_compiling(monkeypatch):
     x, y, g = (np.asarray(a) for a in _problem(0)[1])
     compiled = []
-    monkeypatch.setattr(functional, "_differentiable_solver",
-                        lambda *a: compiled.append(a) or pytest.fail("reached the solver"))
+    monkeypatch.setattr(solvers, "augmented_lagrangian",
+                        lambda *a, **k: compiled.append(a) or pytest.fail("reached the solver"))
     for name, (kw, match) in _bad_inputs(x, y, g).items():
         args = {**dict(features=x, labels=y, query_ids=g), **kw}
         with pytest.raises(ValueError, match=match):

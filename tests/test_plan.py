@@ -57,9 +57,9 @@ def test_schedule_is_the_engines():
         pairs = surrogate_pairs(ctx, k)
         eng = ScoringEngine(model, max_tokens_per_batch=tokens, max_cache_tokens=cache, progress=False)
         eng.score(pieces, ctx, pairs)
-        e = plan._engine_calls(model.config, model.dtype, pieces, ctx, pairs, "first_token",
-                               budget_bytes=GIB, n_devices=1, platform="cpu",
-                               max_tokens_per_batch=tokens, max_cache_tokens=cache)
+        e = plan.engine_calls(model.config, model.dtype, pieces, ctx, pairs, "first_token",
+                              budget_bytes=GIB, n_devices=1, platform="cpu",
+                              max_tokens_per_batch=tokens, max_cache_tokens=cache)
         assert sum(c.count for c in e["calls"]) == eng.stats.calls
         assert e["unique_tokens"] == eng.stats.tokens
         assert sum(1 for c in e["calls"] if c.kind == "score") > 1

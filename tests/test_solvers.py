@@ -23,8 +23,9 @@ import pytest
 from sc_jax import calibrators, solvers, synthetic
 from sc_jax.calibrators import pack_batch
 from sc_jax.objective import (Params, Problem, calibrated_logits, class_cosines, objective,
-                               trust_region)
-from sc_jax.solvers import SolverOptions, Status
+                               params_from_flat, trust_region)
+from sc_jax.solvers import (SolverOptions, Status, batching, geometry, lagrangian, multistart,
+                            parameters, runoff, steps)
 
 
 @pytest.fixture
@@ -227,10 +228,15 @@ def test_constraint_derivatives_equal_autodiff(x64, sc_star):
             x = jnp.asarray(rng.normal(size=n1 if sc_star else 2 * n1) * scale)
 
             def con(z):
-                cos = trust_region(solvers._flat_params(z, sc_star))
+                cos = trust_region(params_from_flat(z, sc_star))
                 return (cos - tau) * jnp.sqrt(1.0 + jnp.dot(z, z))
 
-            c, g, h = solvers._scaled_cosine_derivatives(x, tau, sc_star)
+            # The pieces the solver composes (lagrangian.derivatives): the margin and
+            # the mean cosine's derivatives in the full x, restricted to z for SC*.
+            full = parameters.expand(x, sc_star)
+            _, gm, hm = geometry.mean_cosine_derivatives(full)
+            c, g, h = geometry.scale_constraint(geometry.cosine_margin(full, tau),
+                                                *parameters.restrict(gm, hm, sc_star), x)
             for ours, ref in ((c, con(x)), (g, jax.grad(con)(x)), (h, jax.hessian(con)(x))):
                 big = float(jnp.max(jnp.abs(ref)))
                 assert float(jnp.max(jnp.abs(ours - ref))) <= 1e-12 * max(big, 1.0)
@@ -238,7 +244,7 @@ def test_constraint_derivatives_equal_autodiff(x64, sc_star):
 
 def test_polar_coordinates_chain_rule_equals_autodiff(x64):
     # The follow-up phase's coordinates: one class as (phi, s = log r). The closed-form
-    # chain rule (solvers._polar_chain) of f's and of the mean cosine's gradient and
+    # chain rule (geometry.polar_chain) of f's and of the mean cosine's gradient and
     # Hessian against jax.grad / jax.hessian of the composed function, at unit scale
     # and along a run-off (r = e^8); cls = -1 leaves them unchanged. float64, the same
     # derivatives in a different order of operations. The chain rule's terms are of
@@ -255,29 +261,29 @@ def test_polar_coordinates_chain_rule_equals_autodiff(x64):
     for cls in (0, 1):
         for s_val in (0.0, 8.0):
             z = jnp.asarray(rng.normal(size=4) * 0.3).at[n1 + cls].set(s_val)
-            xz = solvers._from_polar(z, jnp.int32(cls), n1)
-            assert jnp.allclose(solvers._to_polar(xz, jnp.int32(cls), n1), z, atol=1e-12)
+            xz = geometry.from_polar(z, jnp.int32(cls), n1)
+            assert jnp.allclose(geometry.to_polar(xz, jnp.int32(cls), n1), z, atol=1e-12)
             for fn, derivs in (
                     (lambda v: value_grad_hess(v, d, 0.1)[0],
                      lambda v: value_grad_hess(v, d, 0.1)),
-                    (lambda v: trust_region(solvers._flat_params(v, False)),
-                     lambda v: solvers._mean_cosine_derivatives(v, False))):
+                    (lambda v: trust_region(params_from_flat(v, False)),
+                     geometry.mean_cosine_derivatives)):
                 _, gx, hx = derivs(xz)
-                gz, hz = solvers._polar_chain(z, jnp.int32(cls), n1, gx, hx)
-                comp = lambda v: fn(solvers._from_polar(v, jnp.int32(cls), n1))  # noqa: E731
+                gz, hz = geometry.polar_chain(z, jnp.int32(cls), n1, gx, hx)
+                comp = lambda v: fn(geometry.from_polar(v, jnp.int32(cls), n1))  # noqa: E731
                 r = float(jnp.exp(z[n1 + cls]))
                 scale = 1.0 + r * float(jnp.max(jnp.abs(gx))) + r * r * float(jnp.max(jnp.abs(hx)))
                 for ours, ref in ((gz, jax.grad(comp)(z)), (hz, jax.hessian(comp)(z))):
                     big = float(jnp.max(jnp.abs(ref)))
                     assert float(jnp.max(jnp.abs(ours - ref))) <= 1e-12 * max(big, scale)
-                same = solvers._polar_chain(z, jnp.int32(-1), n1, gx, hx)
+                same = geometry.polar_chain(z, jnp.int32(-1), n1, gx, hx)
                 assert jnp.array_equal(same[0], gx) and jnp.array_equal(same[1], hx)
 
 
 @pytest.mark.parametrize("sc_star", [False, True])
 def test_one_loop_over_buckets_equals_each_alone(x64, sc_star):
     # The CPU default (batch_size 1) solves all buckets with one copy of the loop,
-    # reading rows through a switch on the bucket (solvers._solve_slots). Against
+    # reading rows through a switch on the bucket (solvers.solve_slots). Against
     # each instance solved alone: buckets of unequal counts (a skipped slot), one
     # with a subsample stage and one without (coarse_rows 64: stages where N > 128),
     # and two starts (the multi-start's vmap around the switch). Each instance runs
@@ -408,8 +414,8 @@ def test_multistart_batch_is_one_call(monkeypatch):
     # (solve_batch), so with num_starts > 1 the host threads are not used, whatever
     # `threads` says; with one start they are (the check can fail).
     calls = []
-    real = solvers._run_parts
-    monkeypatch.setattr(solvers, "_run_parts", lambda *a: calls.append(1) or real(*a))
+    real = batching.run_parts
+    monkeypatch.setattr(batching, "run_parts", lambda *a: calls.append(1) or real(*a))
     packed, _ = pack_batch(_instances(2, SMALL[:2], 1), "float32")
     lam, tau = jnp.asarray([1.0, 1.0]), jnp.asarray([-1.0, -1.0])
     multi = solvers.solve_batch(packed, lam, tau, threads=2,
@@ -540,7 +546,7 @@ def test_float32_run_off_on_real_rows_is_not_stopped_by_rounding_noise():
     # float64. It now ends UNBOUNDED at 0.61669 (see the next test); the bound 0.62
     # (5e-3 relative) sits far below the failure. The status is not pinned: along a run-off float32
     # may legitimately stop where its falls drop below f's rounding and report
-    # CONVERGED or MAX_ITERATIONS (solvers._not_attained), and which it reports
+    # CONVERGED or MAX_ITERATIONS (runoff.not_attained), and which it reports
     # follows the rounding of the CPU's vector code.
     sol = calibrators.fit(FPB_ROWS, FPB_LABELS, FPB_QUERIES, lambda_inv=0.1, dtype="float32")
     assert abs(sol.tau - 0.98632) < 1e-5  # the schedule's value for this base accuracy
@@ -586,32 +592,33 @@ def test_ray_test_follows_a_fall_of_many_orders_of_magnitude(x64, one_site):
     fun = lambda z: jnp.exp(-jnp.sum(z))  # noqa: E731
     feasible = lambda z: jnp.asarray(True)  # noqa: E731
     hess = jax.hessian(fun)(x)
-    assert solvers._not_attained(x, fun(x), hess, fun, feasible, 2, converged=jnp.asarray(True),
-                                 tol=1e-9, one_site=one_site)[0]
+    assert runoff.not_attained(x, fun(x), hess, fun, feasible, 2, converged=jnp.asarray(True),
+                               tol=1e-9, one_site=one_site).unbounded
     # A fall that underflows to 0 counts; a value that stays put does not.
     x = jnp.asarray([300.0, 300.0])
-    assert fun(2 * x) == 0 and solvers._not_attained(
+    assert fun(2 * x) == 0 and runoff.not_attained(
         x, fun(x), jax.hessian(fun)(x), fun, feasible, 2, converged=jnp.asarray(True), tol=1e-9,
         one_site=one_site)[0]
     # The run-off is followed while each doubling lowers f by more than 1e-6 |f|:
     # from x = (1, 1), f = e^-2, the end point lies far out along a ray...
     x = jnp.asarray([1.0, 1.0])
-    flag, z, fz = solvers._not_attained(x, fun(x), jax.hessian(fun)(x), fun, feasible, 2,
-                                        converged=jnp.asarray(False), tol=1e-9, one_site=one_site)
-    assert flag and float(fz) == float(fun(z)) and float(fz) < 1e-100
+    rt = runoff.not_attained(x, fun(x), jax.hessian(fun)(x), fun, feasible, 2,
+                             converged=jnp.asarray(False), tol=1e-9, one_site=one_site)
+    assert rt.unbounded and float(rt.f) == float(fun(rt.x)) and float(rt.f) < 1e-100
     # One evaluation per pass (one_site) and the vmapped batch follow the same chain.
-    other = solvers._not_attained(x, fun(x), jax.hessian(fun)(x), fun, feasible, 2,
-                                  converged=jnp.asarray(False), tol=1e-9,
-                                  one_site=not one_site)
-    assert bool(other[0]) and bool(jnp.all(other[1] == z)) and float(other[2]) == float(fz)
+    other = runoff.not_attained(x, fun(x), jax.hessian(fun)(x), fun, feasible, 2,
+                                converged=jnp.asarray(False), tol=1e-9, one_site=not one_site)
+    assert bool(other.unbounded) and bool(jnp.all(other.x == rt.x))
+    assert float(other.f) == float(rt.f)
     # ... but a saturated one (f falls by 1e-12 when scaled) does not move.
     sat = lambda z: 1.0 + 1e-12 * jnp.exp(-jnp.sum(z))  # noqa: E731
-    flag, z, fz = solvers._not_attained(x, sat(x), jax.hessian(sat)(x), sat, feasible, 2,
-                                        converged=jnp.asarray(False), tol=1e-9, one_site=one_site)
-    assert flag and bool(jnp.all(z == x)) and float(fz) == float(sat(x))
+    rt = runoff.not_attained(x, sat(x), jax.hessian(sat)(x), sat, feasible, 2,
+                             converged=jnp.asarray(False), tol=1e-9, one_site=one_site)
+    assert rt.unbounded and bool(jnp.all(rt.x == x)) and float(rt.f) == float(sat(x))
     flat = lambda z: jnp.asarray(1e-60) + 0.0 * jnp.sum(z)  # noqa: E731
-    assert not solvers._not_attained(x, flat(x), jnp.zeros((2, 2)), flat, feasible, 2,
-                                     converged=jnp.asarray(True), tol=1e-9, one_site=one_site)[0]
+    assert not runoff.not_attained(x, flat(x), jnp.zeros((2, 2)), flat, feasible, 2,
+                                   converged=jnp.asarray(True), tol=1e-9,
+                                   one_site=one_site).unbounded
 
 
 def test_an_end_point_outside_the_constraint_is_moved_onto_it(x64):
@@ -625,11 +632,11 @@ def test_an_end_point_outside_the_constraint_is_moved_onto_it(x64):
     tau = h0 + 2.2e-9
     h = lambda z: trust_region(Params(z[:5], z[5:])) - tau  # noqa: E731
     fun = lambda z: jnp.sum(z**2)  # noqa: E731
-    z, fz = solvers._restore_feasibility(x, jnp.asarray(-1.0), h, fun, 1e-9)
+    z, fz = geometry.restore_feasibility(x, jnp.asarray(-1.0), h, fun, 1e-9)
     assert float(h(z)) >= -1e-9 and float(fz) == float(fun(z))
     assert float(jnp.max(jnp.abs(z - x))) < 1e-5  # a correction, not a new point
     # Inside the tolerance: nothing moves and f is not re-evaluated.
-    z, fz = solvers._restore_feasibility(x, jnp.asarray(-1.0), lambda z: h(z) + 1.5e-9, fun, 1e-9)
+    z, fz = geometry.restore_feasibility(x, jnp.asarray(-1.0), lambda z: h(z) + 1.5e-9, fun, 1e-9)
     assert bool(jnp.all(z == x)) and float(fz) == -1.0
 
 
@@ -685,7 +692,7 @@ def test_strong_invariance_gets_the_multistart_by_default(x64):
 
 def test_multistart_is_the_best_of_its_starts_solved_alone(x64, monkeypatch):
     # The vmapped multi-start against its plain path: each of its six start points
-    # solved alone (one-start solves with _starts patched), on apex seed 33, whose
+    # solved alone (one-start solves with start_points patched), on apex seed 33, whose
     # starts end at two different optima. Same arithmetic per start, so the
     # objectives agree to float64 rounding of the lowest end.
     x, y, g, lam, tau = synthetic.solver_instance("apex", 33)
@@ -696,8 +703,8 @@ def test_multistart_is_the_best_of_its_starts_solved_alone(x64, monkeypatch):
     pts = solvers.start_points(1, 6)
     alone = []
     for i in range(6):
-        monkeypatch.setattr(solvers, "_starts",
-                            lambda n1, c, s, d, i=i: jnp.asarray(pts[i:i + 1], d))
+        monkeypatch.setattr(multistart, "start_points",
+                            lambda n1, c, s=False, i=i: pts[i:i + 1])
         alone.append(float(solve(SolverOptions(num_starts=1)).objective))
     assert max(alone) - min(alone) > 1e-5  # two optima among the starts
     assert abs(float(multi.objective) - min(alone)) <= 1e-12 * min(alone)
@@ -717,7 +724,7 @@ def test_multistart_follows_up_each_start_before_comparing(monkeypatch):
     # 2.9e-3 above.
     x, y, g, lam, tau = synthetic.solver_instance("tight_tau", 20)
     pts = solvers.start_points(5, 90)[[0, 7, 89]]
-    monkeypatch.setattr(solvers, "_starts", lambda n1, c, s, d: jnp.asarray(pts[:c], d))
+    monkeypatch.setattr(multistart, "start_points", lambda n1, c, s=False: pts[:c])
     sol = calibrators.fit(x, y, g, lambda_inv=lam, tau=tau, dtype="float32",
                           options=SolverOptions(num_starts=3))
     assert sol.violation <= 1e-7, sol
@@ -806,7 +813,7 @@ def test_primal_dual_mode_at_multiplier_updates_reaches_the_plain_solution(x64, 
         return jax.jit(lambda p: solvers.augmented_lagrangian(p, lam, tau, options=opts))(prob)
 
     fast = [solve(*c) for c in cases]
-    monkeypatch.setattr(solvers, "_SQP_ENTRIES", 0)
+    monkeypatch.setattr(lagrangian, "_SQP_ENTRIES", 0)
     plain = [solve(*c) for c in cases]
     for a, b in zip(fast, plain):
         assert int(a.status) == int(b.status) == Status.CONVERGED
@@ -839,7 +846,7 @@ def test_sqp_step_converges_quadratically_and_checks_inertia(x64):
     d = design(prob)
 
     def con(z):  # the solver's scaled constraint
-        return (trust_region(solvers._flat_params(z, False)) - tau) * jnp.sqrt(1.0 + z @ z)
+        return (trust_region(params_from_flat(z, False)) - tau) * jnp.sqrt(1.0 + z @ z)
 
     @jax.jit
     def kkt_parts(z):
@@ -853,8 +860,8 @@ def test_sqp_step_converges_quadratically_and_checks_inertia(x64):
     residuals = []
     for _ in range(4):
         gf, hf, c, gc, hc = kkt_parts(z)
-        residuals.append(float(solvers._kkt_residual(gf, c, gc, mu)))
-        dx, mu, valid = solvers._sqp_step(gf, hf, c, gc, hc, mu)
+        residuals.append(float(steps.kkt_residual(gf, c, gc, mu)))
+        dx, mu, valid = steps.sqp_step(gf, hf, c, gc, hc, mu)
         assert bool(valid)
         z = z + dx
     for r, r_next in zip(residuals[:2], residuals[1:3]):
@@ -864,8 +871,8 @@ def test_sqp_step_converges_quadratically_and_checks_inertia(x64):
     # The inertia test: with the Hessian's sign flipped (a maximiser's curvature)
     # the step is refused, and so is one whose multiplier would turn negative.
     gf, hf, c, gc, hc = kkt_parts(z)
-    assert not bool(solvers._sqp_step(gf, -hf, c, gc, -hc, mu)[2])
-    assert not bool(solvers._sqp_step(-gf, hf, c, gc, hc, mu)[2])
+    assert not bool(steps.sqp_step(gf, -hf, c, gc, -hc, mu)[2])
+    assert not bool(steps.sqp_step(-gf, hf, c, gc, hc, mu)[2])
 
 
 def test_value_grad_hess_equals_autodiff(x64, monkeypatch):
@@ -916,21 +923,22 @@ def test_cosine_margin_keeps_its_digits_near_one(x64):
     x = np.concatenate([b, w])
     tau = 0.99999
     with jax.enable_x64(True):
-        ref = float(solvers._cosine_margin(jnp.asarray(x), jnp.asarray(tau), False))
+        ref = float(geometry.cosine_margin(jnp.asarray(x), jnp.asarray(tau)))
         plain = float(trust_region(Params(jnp.asarray(b), jnp.asarray(w)))) - tau
     assert abs(ref - plain) <= 1e-13, (ref, plain)
-    f32 = float(solvers._cosine_margin(jnp.asarray(x, jnp.float32),
-                                       jnp.asarray(tau, jnp.float32), False))
+    f32 = float(geometry.cosine_margin(jnp.asarray(x, jnp.float32),
+                                       jnp.asarray(tau, jnp.float32)))
     # tau itself rounds to float32 (6e-8 absolute): compare against float64's margin
     # at the rounded tau.
     with jax.enable_x64(True):
-        ref32 = float(solvers._cosine_margin(jnp.asarray(x), jnp.asarray(np.float32(tau), jnp.float64), False))
+        ref32 = float(geometry.cosine_margin(jnp.asarray(x),
+                                             jnp.asarray(np.float32(tau), jnp.float64)))
     assert abs(f32 - ref32) <= 1e-6 * abs(1.0 - np.float32(tau)), (f32, ref32)
     # mixed signs: a class pointing away (w < 0) takes the plain form
     x2 = x.copy()
     x2[4] = -0.7
     with jax.enable_x64(True):
-        a = float(solvers._cosine_margin(jnp.asarray(x2), jnp.asarray(0.5), False))
+        a = float(geometry.cosine_margin(jnp.asarray(x2), jnp.asarray(0.5)))
         p = float(trust_region(Params(jnp.asarray(x2[:4]), jnp.asarray(x2[4:])))) - 0.5
     assert abs(a - p) <= 1e-13
 
@@ -1064,7 +1072,7 @@ def test_terminal_step_matches_the_evaluated_end(x64, monkeypatch):
         return jax.jit(lambda p: solvers.augmented_lagrangian(p, lam, tau, options=opts))(prob)
 
     fast = [solve(p, lam, tau) for p, (_, lam, tau) in zip(probs, cases)]
-    monkeypatch.setattr(solvers, "_TERMINAL_FRACTION", 0.0)
+    monkeypatch.setattr(lagrangian, "_TERMINAL_FRACTION", 0.0)
     plain = [solve(p, lam, tau) for p, (_, lam, tau) in zip(probs, cases)]
     for prob, (_, lam, tau), a, b in zip(probs, cases, fast, plain):
         assert int(a.status) == int(b.status) == Status.CONVERGED
@@ -1082,7 +1090,7 @@ def test_terminal_step_matches_the_evaluated_end(x64, monkeypatch):
         z = jnp.concatenate([a.params.b, a.params.w])
         f, gf, _ = value_grad_hess(z, design(prob), lam)
         assert abs(float(f) - float(a.objective)) <= 1e-13
-        gc = jax.grad(lambda v: trust_region(solvers._flat_params(v, False)))(z)
+        gc = jax.grad(lambda v: trust_region(params_from_flat(v, False)))(z)
         assert float(jnp.max(jnp.abs(gf - a.multiplier * gc))) <= tol
         assert float(a.violation) <= feas_tol
     assert float(fast[0].multiplier) > 0 and float(fast[1].multiplier) == 0

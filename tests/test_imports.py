@@ -1,0 +1,222 @@
+"""The package's import graph, read from the source (style guide rule 12): no circle
+between modules, and imports at the top of their module; a function-local import is
+for an optional extra and says why.
+
+The graph is built with ``ast`` from every ``sc_jax/**/*.py``, subpackages included,
+and counts imports inside functions too (a circle closed by a function-local import
+is still a circle: it only waits for the first call to bite).
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import re
+import tokenize
+from pathlib import Path
+
+import sc_jax
+
+PACKAGE = "sc_jax"
+ROOT = Path(sc_jax.__file__).resolve().parent
+
+# Packages a function may import, and why they are not imported at the top. Such an
+# import says why in a comment on its line or the line above (a bare ``noqa`` does not).
+ALLOWED_LOCAL = {
+    "jaxopt": "importing it prints a deprecation warning; only two solver paths need it",
+    "scipy": "the float64 reference solver alone needs it, and it is slow to import",
+    "gguf": "optional extra [gguf]",
+    "transformers": "optional extra [gguf] (its GGUF tokenizer conversion)",
+    "sc_jax.gguf": "needs the optional extra [gguf]: importing it raises without it",
+    "datasets": "optional extra [data]",
+    "pyarrow": "optional extra [data]",
+    "torch": "optional extra [test]",
+    "matplotlib": "plotting only",
+}
+
+
+def _module_names(root: Path, package: str) -> dict[str, list[Path]]:
+    """Module name -> its source file(s). A module ``x.py`` beside a package ``x/``
+    (one replacing the other) share the name ``package.x``."""
+    out: dict[str, list[Path]] = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out.setdefault(".".join([package, *parts]), []).append(path)
+    return out
+
+
+def _imports(tree: ast.AST, name: str, is_package: bool):
+    """(node, dotted targets) of every import statement in ``tree``: ``import a.b``
+    gives ``a.b``, ``from a import b`` gives ``a.b`` (:func:`_resolve` keeps the
+    longest module), relative imports are resolved against module ``name``."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield node, [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                pkg = name.split(".") if is_package else name.split(".")[:-1]
+                pkg = pkg[:len(pkg) - node.level + 1]
+                base = ".".join(pkg + ([base] if base else []))
+            yield node, [f"{base}.{alias.name}" if base else alias.name for alias in node.names]
+
+
+def _resolve(target: str, modules) -> str | None:
+    """The longest known module that ``target`` names or lies in, else None."""
+    while target:
+        if target in modules:
+            return target
+        target = target.rpartition(".")[0]
+    return None
+
+
+def _function_of(tree: ast.AST) -> dict[ast.AST, str]:
+    """Import node -> name of the function that holds it (module-level ones absent)."""
+    out = {}
+
+    def visit(node, fn):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.Import, ast.ImportFrom)) and fn:
+                out[child] = fn
+            inner = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else fn
+            visit(child, inner)
+
+    visit(tree, None)
+    return out
+
+
+def _says_why(comment: str) -> bool:
+    """A comment with words besides a ``noqa`` directive."""
+    return bool(re.search(r"\w", re.sub(r"noqa(:\s*[A-Z]+[0-9]+(,\s*[A-Z]+[0-9]+)*)?", "", comment)))
+
+
+def import_graph(root: Path = ROOT, package: str = PACKAGE):
+    """``(graph, local)``: module -> the package's modules it imports (anywhere in
+    its source), and every function-local import statement as (module, function,
+    line, [modules it names], whether it carries a comment)."""
+    modules = _module_names(root, package)
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    local = []
+    for name, paths in modules.items():
+        for path in paths:
+            source = path.read_text()
+            tree = ast.parse(source, str(path))
+            holder = _function_of(tree)
+            comments = {tok.start[0]: tok.string for tok in
+                        tokenize.generate_tokens(io.StringIO(source).readline)
+                        if tok.type == tokenize.COMMENT and _says_why(tok.string)}
+            lines = source.splitlines()
+            for node, targets in _imports(tree, name, path.name == "__init__.py"):
+                ours = {_resolve(t, modules) for t in targets if t.split(".")[0] == package}
+                graph[name] |= ours - {None, name}
+                if node in holder:
+                    named = sorted(ours - {None}) or [
+                        node.module if isinstance(node, ast.ImportFrom) else t for t in targets]
+                    above = node.lineno - 1
+                    commented = any(n in comments for n in range(node.lineno, node.end_lineno + 1)) \
+                        or (above in comments and lines[above - 1].lstrip().startswith("#"))
+                    local.append((name, holder[node], node.lineno, sorted(set(named)), commented))
+    return graph, local
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One circle ``[a, b, ..., a]`` per strongly connected group of modules (Tarjan)."""
+    index, low, stack, on_stack, groups = {}, {}, [], set(), []
+
+    def connect(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.add(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(group)
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    return [_circle(graph, group) for group in groups]
+
+
+def _circle(graph, group: set[str]) -> list[str]:
+    """A shortest circle through the first module of ``group`` (breadth first)."""
+    start = min(group)
+    prev = {start: None}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for v in frontier:
+            for w in sorted(graph[v] & group):
+                if w == start:
+                    path = [v]
+                    while prev[path[-1]] is not None:
+                        path.append(prev[path[-1]])
+                    return path[::-1] + [start]
+                if w not in prev:
+                    prev[w] = v
+                    nxt.append(w)
+        frontier = nxt
+    raise AssertionError("a strongly connected group without a circle")
+
+
+def refused_local_imports(local) -> list[str]:
+    """Function-local imports that are not of an allowed optional extra, or carry no
+    comment saying why."""
+    out = []
+    for module, fn, line, targets, commented in local:
+        extra = [any(t == k or t.startswith(k + ".") for k in ALLOWED_LOCAL) for t in targets]
+        if not all(extra) or not commented:
+            why = "not an optional extra" if not all(extra) else "no comment saying why"
+            out.append(f"{module}.{fn} (line {line}) imports {', '.join(targets)}: {why}")
+    return out
+
+
+def test_no_import_cycle():
+    graph, _ = import_graph()
+    assert len(graph) > 20 and "sc_jax.scoring" in graph["sc_jax.experiment"]
+    cycles = find_cycles(graph)
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_function_local_imports_are_optional_extras_only():
+    _, local = import_graph()
+    refused = refused_local_imports(local)
+    assert not refused, "imports to move to the top of their module:\n" + "\n".join(refused)
+
+
+def test_the_checks_catch_a_cycle_and_a_local_import(tmp_path):
+    # A package where a -> b at the top and b -> a inside a function (relative), and a
+    # subpackage's module that imports a inside a function (relative, two levels up):
+    # the cycle, both function-local imports of the package and the allowed extra
+    # with a bare noqa must be found, the commented import of an extra let through.
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg import b\nimport numpy\n")
+    (pkg / "b.py").write_text("def f():\n    from . import a\n    return a\n")
+    (pkg / "sub" / "__init__.py").write_text("from .c import x\n")
+    (pkg / "sub" / "c.py").write_text(
+        "x = 1\n\ndef g():\n    import scipy  # slow to import\n    from ..a import numpy\n"
+        "    import jaxopt  # noqa: PLC0415\n")
+    graph, local = import_graph(pkg, "pkg")
+    assert graph["pkg.a"] == {"pkg.b"} and graph["pkg.b"] == {"pkg.a"}
+    assert graph["pkg.sub"] == {"pkg.sub.c"} and graph["pkg.sub.c"] == {"pkg.a"}
+    assert find_cycles(graph) == [["pkg.a", "pkg.b", "pkg.a"]]
+    refused = refused_local_imports(local)
+    assert len(refused) == 3 and "pkg.b.f (line 2) imports pkg.a: not an" in refused[0]
+    assert "pkg.sub.c.g (line 5) imports pkg.a: not an" in refused[1]
+    assert "pkg.sub.c.g (line 6) imports jaxopt: no comment saying why" in refused[2]
