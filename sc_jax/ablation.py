@@ -40,7 +40,6 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-from matplotlib.figure import Figure
 
 from . import metrics
 from .calibrators import DEFAULT_LAMBDA_INV, base_accuracy, fit_batch, predict_proba
@@ -409,6 +408,9 @@ def _plot_curve(rows, study: str, x_field: str, xlabel: str, path: Path) -> bool
     keys = sorted({(r["dataset"], r["shots"]) for r in rows if r["study"] == study})
     if not keys:
         return False
+    # matplotlib loads on first plot (about 0.5 s to import; see report.plot_f1_bars).
+    from matplotlib.figure import Figure  # noqa: PLC0415
+
     fig = Figure(figsize=(6, 4))  # not pyplot: the caller's backend stays as it is
     ax = fig.subplots()
     for d, k in keys:

@@ -19,9 +19,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-import matplotlib
 import numpy as np
-from matplotlib.figure import Figure
 
 from .named_models import display_name
 
@@ -159,6 +157,10 @@ def plot_f1_bars(results: dict, path: Path) -> None:
     rows = results["rows"]
     shots = sorted({r["shots"] for r in rows})
     methods = [m for m in METHOD_NAMES if any(r["method"] == m for r in rows)]
+    # matplotlib loads on first plot: it takes about 0.5 s to import, which every
+    # `sc-jax` command (and `import sc_jax.experiment`) would otherwise pay.
+    from matplotlib.figure import Figure  # noqa: PLC0415
+
     # A bare Figure, not pyplot: no backend switch or global figure registry in the
     # caller's process.
     fig = Figure(figsize=(1.2 + 1.1 * len(methods) * len(shots) / 2, 3.6))
@@ -193,6 +195,10 @@ def plot_params(results: dict, path: Path) -> bool:
     if not params:
         return False
     panels = sorted({(p["dataset"], p["shots"]) for p in params})
+    # matplotlib loads on first plot (about 0.5 s to import; see plot_f1_bars).
+    import matplotlib  # noqa: PLC0415  (plotting only)
+    from matplotlib.figure import Figure  # noqa: PLC0415  (plotting only)
+
     fig = Figure(figsize=(3.6 * len(panels), 3.4))
     axes = fig.subplots(1, len(panels), squeeze=False)
     for ax, (d, k) in zip(axes[0], panels):

@@ -12,7 +12,6 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from scipy import optimize
 
 from sc_jax.objective import (
     Params,
@@ -42,6 +41,14 @@ class ScipyOptions:
     initial_barrier: float = 1e-8
     max_iter: int = 3000
     feas_tol: float = 1e-9
+
+
+def _optimize():
+    # Imported on first use: scipy.optimize takes about 0.4 s to import, and only the
+    # float64 reference needs it (the JAX solvers and the command line do not).
+    from scipy import optimize  # noqa: PLC0415
+
+    return optimize
 
 
 @functools.partial(jax.jit, static_argnames=("sc_star",))
@@ -97,7 +104,7 @@ def _constraints(tau: float, sc_star: bool, per_class: bool) -> list:
     if tau <= -1.0:
         return []
     t = jnp.asarray(tau, jnp.float64)
-    return [optimize.NonlinearConstraint(
+    return [_optimize().NonlinearConstraint(
         lambda x: np.asarray(constraint(jnp.asarray(x), t, sc_star, per_class)[0]), 0.0, np.inf,
         jac=lambda x: np.asarray(constraint(jnp.asarray(x), t, sc_star, per_class)[1]),
         hess=lambda x, v: np.asarray(constraint_hessian(jnp.asarray(x), jnp.asarray(v), t,
@@ -129,7 +136,7 @@ def scipy(problem: Problem, lambda_inv: float, tau: float, *, sc_star: bool = Fa
             return float(v), np.asarray(g)
 
         constraints = _constraints(tau, sc_star, per_class)
-        res = optimize.minimize(
+        res = _optimize().minimize(
             fun, np.asarray(x0, np.float64), jac=True, method="trust-constr",
             hess=lambda x: np.asarray(hessian(jnp.asarray(x), prob, lam, sc_star)),
             constraints=constraints,
