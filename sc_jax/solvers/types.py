@@ -136,9 +136,12 @@ class SolverOptions:
     max_coarse_iter: int = 60
     follow_runoffs: bool = True
 
+    def _coarse_sizes(self) -> tuple:
+        return self.coarse_rows if isinstance(self.coarse_rows, tuple) else (self.coarse_rows,)
+
     def __post_init__(self):
         # Bad subsample sizes fail here, not as a shape error deep inside a trace.
-        sizes = (self.coarse_rows,) if not isinstance(self.coarse_rows, tuple) else self.coarse_rows
+        sizes = self._coarse_sizes()
         if any(isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 0
                for m in sizes):
             raise ValueError("coarse_rows must be a non-negative int or a tuple of them "
@@ -147,7 +150,7 @@ class SolverOptions:
     def coarse_levels(self, num_rows: int) -> list[int]:
         """The subsample sizes a problem of ``num_rows`` rows is solved on before all
         rows, ascending: each ``coarse_rows`` entry m with num_rows > 2 m."""
-        sizes = (self.coarse_rows,) if isinstance(self.coarse_rows, int) else self.coarse_rows
+        sizes = self._coarse_sizes()
         if self.max_iter <= 1:
             return []
         return sorted({int(m) for m in sizes if 0 < m and num_rows > 2 * m})
