@@ -3,11 +3,12 @@
 Draws ``--per-family`` instances of every family of
 :func:`sc_jax.synthetic.solver_instance` (informative, partly flipped, apex =
 uninformative with strong invariance, near-separable, tight tau at K = 5 and 6, no
-trust region; lambda_inv in {0, 0.1, 1, 10}; N from 12 to 20,160 rows) and solves each
+trust region, strong invariance at n = 2, near the apex, multi-class with lambda_inv
+10; lambda_inv in {0, 0.1, 0.5, 1, 10}; N from 12 to 20,160 rows) and solves each
 
   * with the augmented Lagrangian in float64 and float32 (``calibrators.fit_batch``:
     one compiled call per class count and dtype; by default one start where
-    lambda_inv < 1 and 96 where lambda_inv >= 1, as fit_batch does), and
+    lambda_inv < 0.5 and 96 where lambda_inv >= 0.5, as fit_batch does), and
   * with SciPy trust-constr (float64) from several starts: the identity, slopes 3
     and 0.3, and two random points; the best feasible end point is the reference
     (``solvers.scipy_best``).
@@ -27,7 +28,7 @@ instance, appended as it finishes, so an interrupted run resumes where it stoppe
 (delete the file to start over). Prints a table per family and every instance that
 misses a check.
 
-  python benchmarks/sweep_solver.py                      # 36 per family (216 instances)
+  python benchmarks/sweep_solver.py                      # 36 per family (324 instances)
   python benchmarks/sweep_solver.py --per-family 4 --families apex flipped
   python benchmarks/sweep_solver.py --reference old.jsonl --out new.jsonl  # rerun JAX only
   python benchmarks/sweep_solver.py --reference old.jsonl --instances apex:7 flipped:3
@@ -200,8 +201,8 @@ def main(argv=None):
     p.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
     p.add_argument("--num-starts", type=int, default=None,
                    help="augmented-Lagrangian starts (SolverOptions.num_starts); default: "
-                        "fit_batch's, 1 where lambda_inv < 1 and NONCONVEX_STARTS (96) "
-                        "where lambda_inv >= 1")
+                        "fit_batch's, 1 where lambda_inv < NONCONVEX_LAMBDA (0.5) and "
+                        "NONCONVEX_STARTS (96) above")
     p.add_argument("--out", default=None,
                    help="JSON-lines file, resumed if it exists (default: "
                         "benchmarks/results/sweep_solver/<machine>.jsonl)")

@@ -488,10 +488,11 @@ def fit_batch(problems: Sequence[tuple], *, lambda_inv=DEFAULT_LAMBDA_INV, tau=N
         Same solutions either way (a test compares them).
     options: :class:`SolverOptions` (or :class:`ScipyOptions` for "scipy"). None:
         the defaults, except that the augmented Lagrangian solves problems with
-        ``lambda_inv >= NONCONVEX_LAMBDA`` (1) from ``NONCONVEX_STARTS`` (96) starts,
-        since the invariance term makes their objective non-convex (one start ended
-        at a worse KKT point than SciPy's best start on 26 of 144 instances of the
-        synthetic sweep, all at lambda_inv >= 1).
+        ``lambda_inv >= NONCONVEX_LAMBDA`` (0.5) from ``NONCONVEX_STARTS`` (96)
+        starts, since the invariance term makes their objective non-convex (one
+        start ended at a worse KKT point than SciPy's best start on 26 of 144
+        instances of the synthetic sweep, all at lambda_inv >= 1, and on near-apex
+        instances at lambda_inv = 0.5).
     guard: "none" (the paper) or "bias_only": problems whose surrogate in-sample
         accuracy is below chance (:func:`below_chance`) are fitted as SC* (bias only,
         w = 1) and marked ``guarded``; the others as asked. A deviation from the paper

@@ -294,7 +294,7 @@ def calibrate(features: Array, labels: Array, query_ids: Array, *,
         is solved in float32 unless 64-bit JAX is on. "float64" requires
         ``jax_enable_x64`` (it raises instead of silently solving in float32).
     options: :class:`sc_jax.solvers.SolverOptions` (static). One start by default;
-        with lambda_inv >= 1 the objective is not convex and one start often ends
+        with lambda_inv >= 0.5 the objective is not convex and one start often ends
         at a worse KKT point, so pass ``SolverOptions(num_starts=solvers.
         NONCONVEX_STARTS)`` there (``calibrators.fit_batch`` does so itself; here
         lambda_inv may be traced, so the choice is left to the caller).

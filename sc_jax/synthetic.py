@@ -97,7 +97,8 @@ class World:
 # ---------------------------------------------------------------------------------
 # Solver test instances: the families a calibrator meets, drawn at random.
 
-FAMILIES = ("informative", "flipped", "apex", "near_separable", "tight_tau", "no_trust_region")
+FAMILIES = ("informative", "flipped", "apex", "near_separable", "tight_tau", "no_trust_region",
+            "strong_invariance", "near_apex", "multiclass_strong")
 
 
 def solver_instance(family: str, seed: int):
@@ -118,10 +119,25 @@ def solver_instance(family: str, seed: int):
     * ``tight_tau``: n in {5, 6} with tau from the Appendix A schedule at high
       accuracy (alpha = 20^(1/(K-1)) degrees, the tightest it gives).
     * ``no_trust_region``: tau = -1.
+    * ``strong_invariance``: n = 2, lambda_inv = 1, tau = 0.5, 200 rows over 8
+      queries (25 contexts per query, drawn from the k = 8, i = 2 surrogate data),
+      with signal, slope (either sign, possibly near 0), label bias and context and
+      row noise drawn per seed: an invariance term of the NLL's weight, whose
+      optimum is often the apex (a flat calibrator) or competes with it.
+    * ``near_apex``: near-uninformative log-odds (slopes within 0.1 of 0) with
+      lambda_inv in {0.5, 1}, tau in {0.5, 0.7, 0.9}, n in {2, 3}: the optimum
+      lies near theta = 0, on the cone, where the smoothed cosine's curvature is
+      1 / COSINE_EPS^2.
+    * ``multiclass_strong``: n in {3, 4}, lambda_inv = 10, tau in {0, 0.3}, with
+      informative, mixed-sign or near-uninformative slopes: the invariance term
+      dominates, and a class is often switched off (theta_c near its apex) while
+      the others carry the signal.
 
     lambda_inv is drawn from {0, 0.1, 1, 10} except where the family fixes it.
     """
     rng = np.random.default_rng([FAMILIES.index(family), seed])
+    if family in _STRONG_INVARIANCE_FAMILIES:
+        return _STRONG_INVARIANCE_FAMILIES[family](rng)
     n = int(rng.integers(2, 7))
     k, i = [(4, 1), (4, 2), (6, 1), (6, 2), (8, 1), (8, 2), (8, 3)][int(rng.integers(0, 7))]
     if n <= 3 and rng.uniform() < 0.25:  # large N, small n only
@@ -152,3 +168,61 @@ def solver_instance(family: str, seed: int):
     if tau is None:
         tau = tau_from_accuracy(base_accuracy(x, y), n)
     return x, y, g, lam, float(tau)
+
+
+def _per_query(x, y, g, rows_per_query: int, rng):
+    """``rows_per_query`` rows of every query, drawn without replacement (the rows
+    keep their order, grouped per query as the surrogate data are)."""
+    keep = np.concatenate([rng.choice(np.flatnonzero(g == q), rows_per_query, replace=False)
+                           for q in np.unique(g)])
+    keep.sort()
+    return x[keep], y[keep], g[keep]
+
+
+def _strong_invariance(rng):
+    # Anything from no signal to a clear one, either way round, seen through a noisy,
+    # biased LLM whose context shifts range from mild to larger than the signal: the
+    # invariance term pulls towards flat calibrators (the apex, f = log 2 +
+    # 2 lambda_inv log 2) while the NLL pulls towards the data, and which wins
+    # differs from seed to seed.
+    world = World(2, rng.uniform(-1.5, 1.5, 1), s=float(rng.uniform(0.5, 3.0)),
+                  beta=rng.normal(size=1) * 1.5, ctx_sd=float(rng.uniform(0.3, 3.0)),
+                  row_sd=float(rng.uniform(0.3, 2.0)), seed=int(rng.integers(1 << 30)))
+    x, y, g = world.surrogate(8, (2,))[2]
+    x, y, g = _per_query(x, y, g, 25, rng)
+    return x, y, g, 1.0, 0.5
+
+
+_SMALL_CONTEXTS = [(4, 1), (4, 2), (6, 1), (6, 2), (8, 1), (8, 2)]
+
+
+def _near_apex(rng):
+    n = int(rng.integers(2, 4))
+    k, i = _SMALL_CONTEXTS[int(rng.integers(0, 6))]
+    world = World(n, rng.uniform(-0.1, 0.1, n - 1), beta=rng.normal(size=n - 1) * 0.3,
+                  ctx_sd=float(rng.uniform(0.2, 1.0)), row_sd=float(rng.uniform(0.3, 1.0)),
+                  seed=int(rng.integers(1 << 30)))
+    x, y, g = world.surrogate(max(k, n), (i,))[i]
+    return x, y, g, float(rng.choice([0.5, 1.0])), float(rng.choice([0.5, 0.7, 0.9]))
+
+
+def _multiclass_strong(rng):
+    # Informative, mixed-sign or near-uninformative slopes: with lambda_inv = 10 the
+    # invariance term dominates, and a class is often switched off (theta_c near 0)
+    # while the others carry the signal.
+    n = int(rng.integers(3, 5))
+    k, i = _SMALL_CONTEXTS[int(rng.integers(0, 6))]
+    lo, hi = [(0.3, 1.5), (-1.5, 1.5), (-0.15, 0.15)][int(rng.integers(0, 3))]
+    world = World(n, rng.uniform(lo, hi, n - 1), s=float(rng.uniform(0.5, 3.0)),
+                  beta=rng.normal(size=n - 1) * float(rng.uniform(0.0, 2.0)),
+                  ctx_sd=float(rng.uniform(0.1, 2.0)), row_sd=float(rng.uniform(0.1, 1.5)),
+                  seed=int(rng.integers(1 << 30)))
+    x, y, g = world.surrogate(max(k, n), (i,))[i]
+    return x, y, g, 10.0, float(rng.choice([0.0, 0.3]))
+
+
+# The families whose invariance term weighs as much as the NLL or more: their optima
+# sit at or near a class's apex.
+_STRONG_INVARIANCE_FAMILIES = {"strong_invariance": _strong_invariance,
+                               "near_apex": _near_apex,
+                               "multiclass_strong": _multiclass_strong}

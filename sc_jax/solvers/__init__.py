@@ -24,8 +24,10 @@ The pieces, one job each:
   ladder;
 * :mod:`.parameters`: the vector of unknowns, the one place SC* (bias only) is handled;
 * :mod:`.steps`: the trust-region Newton step and the primal-dual (SQP) step;
-* :mod:`.geometry`: the constraint's margin and derivatives, the polar chart, the
-  cone projection;
+* :mod:`.geometry`: the constraint's margin and derivatives, restoring
+  feasibility, the cone projection;
+* :mod:`.charts`: the solver's coordinates (plain, one class in polar form, the
+  classes near their apex in cosine form) and the chain rule into them;
 * :mod:`.runoff`: the ray test for unattained infima and the follow-up along them;
 * :mod:`.lagrangian`: the augmented-Lagrangian iteration as init / step / terminate;
 * :mod:`.multistart`: starts, follow-up phases, the best end point, and

@@ -4,8 +4,6 @@ mean_c cos(theta_c, v) >= tau, v = (0, 1)), in the full flat x = (b, w):
 * the mean smoothed cosine's margin over tau and its derivatives in closed form, and
   the scaled constraint c(z) = (m(x) - tau) sqrt(1 + ||z||^2) the augmented
   Lagrangian works with;
-* a polar chart for one class, (b_c, w_c) = e^s (sin phi, cos phi), for the
-  follow-up of a run-off;
 * moving an end point back onto the constraint;
 * the exact projection onto the per-class cones (the projected solver's set).
 """
@@ -71,7 +69,8 @@ def mean_cosine_derivatives(x: Array):
     return m, gm, hm
 
 
-def cosine_margin(x: Array, tau: Array) -> Array:
+def cosine_margin(x: Array, tau: Array, exact: Array | None = None,
+                  cos: Array | None = None) -> Array:
     """m(x) - tau, the mean smoothed cosine's margin over tau at x = (b, w).
 
     For tau >= 0.5 it is summed as (1 - tau) - mean_c (1 - cos_c), with
@@ -82,6 +81,10 @@ def cosine_margin(x: Array, tau: Array) -> Array:
     is exact in floating point for tau in [0.5, 1]. Below 0.5 the plain difference
     is used: near tau = 0, where the cosines are near 0, it keeps the digits that
     1 - (1 - cos) loses.
+
+    exact, cos: ``[n1]`` the classes whose cosine is known exactly, and those
+    cosines (the classes a chart holds in cosine form, :mod:`.charts`), used as
+    they are.
     """
     n1 = x.shape[0] // 2
     b, w = x[:n1], x[n1:]
@@ -89,8 +92,11 @@ def cosine_margin(x: Array, tau: Array) -> Array:
     root = jnp.sqrt(b * b + w * w + e2)
     gap = jnp.where(w >= 0, (b * b + e2) / (root * (root + jnp.maximum(w, 0.0))),
                     1.0 - w / root)
+    cosines = w / root
+    if exact is not None:
+        gap, cosines = jnp.where(exact, 1.0 - cos, gap), jnp.where(exact, cos, cosines)
     # Near tau = 0 (cosines near 0, the apex) the plain difference is the precise one.
-    return jnp.where(tau >= 0.5, (1.0 - tau) - jnp.mean(gap), jnp.mean(w / root) - tau)
+    return jnp.where(tau >= 0.5, (1.0 - tau) - jnp.mean(gap), jnp.mean(cosines) - tau)
 
 
 def scale_constraint(g: Array, gm: Array, hm: Array, z: Array):
@@ -103,55 +109,6 @@ def scale_constraint(g: Array, gm: Array, hm: Array, z: Array):
     hc = (sc * hm + (cross + cross.T) / sc
           + g * (jnp.eye(z.shape[0], dtype=z.dtype) / sc - jnp.outer(z, z) / (sc * sc * sc)))
     return c, gc, hc
-
-
-# ---------------------------------------------------------------------------------
-# Polar coordinates for one class, for the follow-up phase of a run-off.
-#
-# The solver's coordinates z equal x except for one class c (``cls``; -1: none),
-# whose (b_c, w_c) = e^s (sin phi, cos phi) is held as z[c] = phi and
-# z[n1 + c] = s = log ||theta_c||. Along a run-off ||theta_c|| grows by orders of
-# magnitude while f falls by amounts that, per unit of ||theta_c||, are far below
-# float32's stationarity tolerance (slopes of 5e-9 at ||theta_c|| = 200); per unit
-# of s the same fall is ||theta_c|| times larger, and the class's cosine depends on phi alone, so Newton's steps in (phi, s) keep walking
-# where those in (b_c, w_c) stop.
-
-def from_polar(z: Array, cls: Array, n1: int) -> Array:
-    """Solver coordinates z -> x = (b, w) (``[2 (n - 1)]``); x = z where cls < 0."""
-    c = jnp.maximum(cls, 0)
-    r = jnp.exp(z[n1 + c])
-    x = z.at[c].set(r * jnp.sin(z[c])).at[n1 + c].set(r * jnp.cos(z[c]))
-    return jnp.where(cls >= 0, x, z)
-
-
-def to_polar(x: Array, cls: Array, n1: int) -> Array:
-    """x = (b, w) -> solver coordinates with class ``cls`` in polar form (z = x where
-    cls < 0). theta_c = 0 has no polar form; the follow-up phase starts only from a
-    run-off, where ||theta_c|| is large."""
-    c = jnp.maximum(cls, 0)
-    b, w = x[c], x[n1 + c]
-    z = x.at[c].set(jnp.arctan2(b, w)).at[n1 + c].set(jnp.log(jnp.hypot(b, w)))
-    return jnp.where(cls >= 0, z, x)
-
-
-def polar_chain(z: Array, cls: Array, n1: int, g: Array, H: Array):
-    """Gradient and Hessian in z from those in x (chain rule through
-    :func:`from_polar`): J^T g and J^T H J + sum_i g_i hess(x_i), where J differs
-    from the identity in class c's 2 x 2 block. For cls < 0, (g, H) unchanged."""
-    c = jnp.maximum(cls, 0)
-    x = from_polar(z, cls, n1)
-    b, w = x[c], x[n1 + c]
-    i, j = c, n1 + c
-    eye = jnp.eye(z.shape[0], dtype=z.dtype)
-    J = eye.at[i, i].set(w).at[i, j].set(b).at[j, i].set(-b).at[j, j].set(w)
-    gb, gw = g[i], g[j]
-    # hess(b) = [[-b, w], [w, b]], hess(w) = [[-w, -b], [-b, w]] in (phi, s).
-    extra = (jnp.zeros_like(H).at[i, i].set(-gb * b - gw * w)
-             .at[i, j].set(gb * w - gw * b).at[j, i].set(gb * w - gw * b)
-             .at[j, j].set(gb * b + gw * w))
-    on = cls >= 0
-    return jnp.where(on, J.T @ g, g), jnp.where(on, J.T @ H @ J + extra, H)
-
 
 
 def project_cone(params: Params, tau) -> Params:

@@ -35,9 +35,10 @@ the inertia of a strict local minimiser; otherwise the trust region resumes. Whe
 steps before show quadratic convergence, the last step is taken without evaluating
 its end point (``_TERMINAL_FRACTION``).
 
-The loop works in the solver's coordinates z: x itself, or x with one class in polar
-form (the follow-up phase of a run-off, :mod:`.multistart`; never for SC*, whose w is
-pinned).
+The loop works in the solver's coordinates z of a :class:`.charts.Chart`: x itself,
+x with one class in polar form (the follow-up of a run-off), or x with the classes
+near their apex in cosine form (the follow-up of a stop there); the follow-ups are
+:mod:`.multistart`'s, never for SC*, whose w is pinned.
 """
 
 from __future__ import annotations
@@ -49,12 +50,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from sc_jax.objective import Problem, design, value_grad_hess
-from sc_jax.solvers import parameters
+from sc_jax.solvers import charts, parameters
+from sc_jax.solvers.charts import Chart
 from sc_jax.solvers.geometry import (
     cosine_margin,
-    from_polar,
     mean_cosine_derivatives,
-    polar_chain,
     scale_constraint,
 )
 from sc_jax.solvers.steps import kkt_residual, sqp_step, trust_region_step
@@ -220,46 +220,45 @@ class State(NamedTuple):
     stage: Stage
     it: Array  # evaluations of f (one per pass)
     done: Array
-    cls: Array  # the class held in polar coordinates (-1: none; see geometry.from_polar)
+    chart: Chart  # the solver's coordinates (see .charts)
 
 
 # ---------------------------------------------------------------------------------
 # f, the constraint and the augmented Lagrangian in the solver's coordinates.
 
 
-def derivatives(su: Setup, z: Array, level, cls) -> tuple:
+def derivatives(su: Setup, z: Array, level, chart: Chart) -> tuple:
     """(f, grad f, hess f, c, grad c, hess c) at z on the rows of stage ``level``.
 
     f's and the mean cosine's derivatives are taken in x and carried to z: for SC* by
-    :func:`.parameters.restrict`, for a class in polar form by the chain rule, under
-    one cond (on CPU only its branch runs; computed on every pass, the chain rule
-    made small problems 1.4x slower).
+    :func:`.parameters.restrict`, otherwise by :func:`.charts.carry`.
     """
+    x = to_x(su, z, chart)
+    f, g, h = su.rows.evaluate(x, level)
+    _, gm, hm = mean_cosine_derivatives(x)
     if su.sc_star:
-        x = parameters.expand(z, True)
-        f, g, h = su.rows.evaluate(x, level)
-        _, gm, hm = mean_cosine_derivatives(x)
         g, h = parameters.restrict(g, h, True)
         gm, hm = parameters.restrict(gm, hm, True)
     else:
-        x = from_polar(z, cls, su.n1)
-        f, g, h = su.rows.evaluate(x, level)
-        _, gm, hm = mean_cosine_derivatives(x)
-        g, h, gm, hm = jax.lax.cond(
-            cls >= 0,
-            lambda: (*polar_chain(z, cls, su.n1, g, h), *polar_chain(z, cls, su.n1, gm, hm)),
-            lambda: (g, h, gm, hm))
-    return (f, g, h, *scale_constraint(cosine_margin(x, su.tau), gm, hm, z))
+        g, h, gm, hm = charts.carry(z, chart, su.n1, g, h, gm, hm)
+    return (f, g, h, *scale_constraint(margin(su, z, chart), gm, hm, z))
 
 
-def to_x(su: Setup, z: Array, cls) -> Array:
+def to_x(su: Setup, z: Array, chart: Chart) -> Array:
     """Solver coordinates -> the full flat x = (b, w)."""
-    return parameters.expand(z, True) if su.sc_star else from_polar(z, cls, su.n1)
+    return parameters.expand(z, True) if su.sc_star else charts.to_x(z, chart, su.n1)
 
 
-def constraint(su: Setup, z: Array, cls) -> Array:
+def margin(su: Setup, z: Array, chart: Chart) -> Array:
+    """The mean cosine minus tau at z (:func:`.charts.margin`); >= 0 is feasible."""
+    if su.sc_star:
+        return cosine_margin(parameters.expand(z, True), su.tau)
+    return charts.margin(z, chart, su.tau, su.n1)
+
+
+def constraint(su: Setup, z: Array, chart: Chart) -> Array:
     """The scaled constraint c(z) = (m(x) - tau) sqrt(1 + ||z||^2); >= 0 is feasible."""
-    return cosine_margin(to_x(su, z, cls), su.tau) * jnp.sqrt(1.0 + jnp.dot(z, z))
+    return margin(su, z, chart) * jnp.sqrt(1.0 + jnp.dot(z, z))
 
 
 def constraint_measure(z: Array, c: Array, mu: Array, rho: Array) -> Array:
@@ -283,9 +282,10 @@ def lagrangian(p: Point, mu: Array, rho: Array):
 # init / step / terminate.
 
 
-def init(su: Setup, z0: Array, cls=-1, level0=0) -> State:
-    """The state before the first pass, from z0 (in the coordinates of ``cls``) at
-    stage ``level0``; z0 is the first trial, accepted unconditionally."""
+def init(su: Setup, z0: Array, chart: Chart | None = None, level0=0) -> State:
+    """The state before the first pass, from z0 (in the coordinates of ``chart``, the
+    plain chart if None) at stage ``level0``; z0 is the first trial, accepted
+    unconditionally."""
     dtype = su.tau.dtype
     zero, p = jnp.zeros((), dtype), z0.shape[0]
     zero_i = jnp.zeros((), jnp.int32)
@@ -298,7 +298,8 @@ def init(su: Setup, z0: Array, cls=-1, level0=0) -> State:
         dual=Dual(zero, jnp.asarray(su.options.rho_init, dtype), inf, zero_i, zero_i),
         pd=PrimalDual(jnp.asarray(False), zero, jnp.ones((), dtype), inf, zero_i),
         stage=Stage(jnp.asarray(level0, jnp.int32), zero_i, z0),
-        it=zero_i, done=jnp.asarray(False), cls=jnp.asarray(cls, jnp.int32))
+        it=zero_i, done=jnp.asarray(False),
+        chart=charts.plain(su.n1) if chart is None else chart)
 
 
 def terminate(su: Setup, s: State) -> Array:
@@ -306,10 +307,10 @@ def terminate(su: Setup, s: State) -> Array:
     return s.done | (s.it >= su.options.max_iter)
 
 
-def run(su: Setup, z0: Array, cls=-1, level0=0) -> State:
+def run(su: Setup, z0: Array, chart: Chart | None = None, level0=0) -> State:
     """One phase: :func:`step` from :func:`init` until :func:`terminate`."""
     return jax.lax.while_loop(lambda s: ~terminate(su, s), lambda s: step(su, s),
-                              init(su, z0, cls, level0))
+                              init(su, z0, chart, level0))
 
 
 class _Judged(NamedTuple):
@@ -510,7 +511,7 @@ def _terminal(su: Setup, s: State, j: _Judged, o: _Outer, pr: _Proposal, fine, t
     r_prev = jnp.maximum(jnp.where(j.pd_step, s.pd.residual, s.trial.gsub), tiny_)
     z_fin = p.z + pr.step
     mu_fin = jnp.where(pr.pd_on, pr.mu_pd, o.mu)
-    c_fin = constraint(su, z_fin, s.cls)
+    c_fin = constraint(su, z_fin, s.chart)
     measure_fin = constraint_measure(z_fin, c_fin, mu_fin, o.rho)
     terminal = (fine & newton & ~o.kkt & (r_now <= 1e-2 * r_prev)
                 & (r_now * (r_now / r_prev) ** 2 <= _TERMINAL_FRACTION * tol_s)
@@ -532,7 +533,7 @@ def step(su: Setup, s: State) -> State:
         feas_s = jnp.where(fine, su.feas_tol, su.coarse_feas)
     else:
         tol_s, feas_s = su.tol, su.feas_tol
-    j = _judge_trial(su, s, derivatives(su, s.trial.z, s.stage.level, s.cls))
+    j = _judge_trial(su, s, derivatives(su, s.trial.z, s.stage.level, s.chart))
     o = _outer_update(su, s, j, tol_s, feas_s)
     pr = _propose(su, s, j, o)
     terminal, z_fin, f_fin, c_fin, mu_fin = _terminal(su, s, j, o, pr, fine, tol_s, feas_s)
@@ -564,4 +565,4 @@ def step(su: Setup, s: State) -> State:
         stage=Stage(
             level=jnp.where(switch, jnp.where(o.kkt, s.stage.level + 1, levels), s.stage.level),
             since=jnp.where(switch, s.it + 1, s.stage.since), start=s.stage.start),
-        it=s.it + 1, done=(o.kkt & fine) | terminal, cls=s.cls)
+        it=s.it + 1, done=(o.kkt & fine) | terminal, chart=s.chart)

@@ -12,6 +12,15 @@ so the program holds one copy of the solver. With several starts each start is
 followed up on its own run-off, vmapped, before the starts' end points are compared:
 a start whose first phase crawls along a run-off can end that phase far above the
 basin its follow-up reaches.
+
+A first phase that stops without converging with classes near their apex,
+||theta_c|| <= APEX_RADIUS COSINE_EPS, and no run-off is followed up too
+(``follow_apex``): from its end point, on all rows, with those classes held in cosine
+form, (b_c, t_c = cos_c) (:mod:`.charts`). Where the constraint binds there (near-
+uninformative data, or a class that a strong invariance term switches off) the first
+phase crawls along the boundary, which bends on the scale COSINE_EPS, until
+``max_iter``; in cosine form the constraint is linear and the follow-up converges.
+Solves that converge in their first phase never run it.
 """
 
 from __future__ import annotations
@@ -23,8 +32,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from sc_jax.objective import Problem, value
-from sc_jax.solvers import lagrangian, parameters
-from sc_jax.solvers.geometry import cosine_margin, from_polar, restore_feasibility, to_polar
+from sc_jax.objective import COSINE_EPS
+from sc_jax.solvers import charts, lagrangian, parameters
+from sc_jax.solvers.geometry import cosine_margin, restore_feasibility
 from sc_jax.solvers.runoff import not_attained
 from sc_jax.solvers.types import Solution, SolverOptions, finish
 
@@ -40,13 +50,19 @@ Array = jax.Array
 # w = 0.3: the symmetric optima of the apex family); then points drawn once by a fixed
 # generator (b ~ N(0, 1.5^2), w ~ U(-0.5, 2)), a function of (n - 1, count) alone, so
 # the set is static under jit. 96 starts reach or go below SciPy's best start on every
-# lambda_inv >= 1 instance of the synthetic sweep, and the vmap over the starts keeps
-# the cost down.
+# lambda_inv >= 1/2 instance of the synthetic sweep, and the vmap over the starts
+# keeps the cost down.
 _START_SLOPES = (1.0, 3.0, 0.3, -1.0)
 _START_OFFSETS = (2.0, -2.0)
 # The starts fit_batch uses where lambda_inv >= NONCONVEX_LAMBDA (see fit_batch).
 NONCONVEX_STARTS = 96
-NONCONVEX_LAMBDA = 1.0
+# Where the objective stops being convex. At a flat calibrator (w = 0: the same
+# prediction p = softmax(0, b) on every row) the invariance term is 2 H(p), and at the
+# uniform p the Hessians in b of the NLL and of H are C and -C (C = diag(p) - p p^T,
+# positive definite): f's is (1 - 2 lambda_inv) C, flat at 1/2 and negative definite
+# above, so around the flat calibrators that near-uninformative data select, f has
+# several basins from lambda_inv = 1/2 on.
+NONCONVEX_LAMBDA = 0.5
 
 
 def start_points(n1: int, count: int, sc_star: bool = False) -> np.ndarray:
@@ -77,8 +93,9 @@ class Phase(NamedTuple):
     multiplier: Array  # of the paper's (unscaled) constraint
     it: Array  # passes
     outer: Array  # outer updates
-    cls: Array  # the class a follow-up phase puts in polar form
+    cls: Array  # the class a run-off's follow-up puts in polar form
     follow: Array  # a follow-up phase is due (the first phase's end only)
+    apex: Array  # [n1] the classes an apex follow-up puts in cosine form
 
 
 def _margin(su: lagrangian.Setup, v: Array) -> Array:
@@ -97,62 +114,82 @@ def _fun(su: lagrangian.Setup, v: Array) -> Array:
 
 def _end_phase(su: lagrangian.Setup, s: lagrangian.State, force, one_site: bool) -> Phase:
     """A phase's end point in plain coordinates, moved onto the constraint if it ended
-    outside it, then the ray test (which follows a run-off it finds)."""
-    z = s.point.z
-    v = z if su.sc_star else from_polar(z, s.cls, su.n1)
+    outside it, then the ray test (which follows a run-off it finds); and which
+    follow-up, if any, a first phase calls for."""
+    z, n1 = s.point.z, su.n1
+    v = z if su.sc_star else charts.to_x(z, s.chart, n1)
     v, f = restore_feasibility(v, s.point.f, lambda u: _margin(su, u), lambda u: _fun(su, u),
                                su.feas_tol)
     f0 = f
     rt = not_attained(v, f, s.point.hess, lambda u: _fun(su, u), lambda u: _feasible(su, u),
-                      su.n1, converged=s.done, tol=su.tol, one_site=one_site, force=force)
+                      n1, converged=s.done, tol=su.tol, one_site=one_site, force=force)
     r = 100.0 * jnp.finfo(f.dtype).eps
-    # A follow-up phase (s.cls >= 0) whose class rises when doubled ended at a
+    # A follow-up phase (s.chart.cls >= 0) whose class rises when doubled ended at a
     # minimiser, however far out; flat to rounding there, the class saturated on its
     # way to an infimum at infinity, which is still not attained.
-    unb = rt.unbounded | ((s.cls >= 0) & ~(rt.f2x[1 + jnp.maximum(s.cls, 0)] > f0 * (1.0 + r)))
+    polar = s.chart.cls >= 0
+    unb = rt.unbounded | (polar & ~(rt.f2x[1 + jnp.maximum(s.chart.cls, 0)] > f0 * (1.0 + r)))
     # The first phase is followed up after a run-off, and also where f merely fell at
     # 2x along some ray: a stop in the slow valley of a run-off whose direction is
     # still turning (the 4x point then rises, so the ray test calls no run-off).
-    go = unb | jnp.any(rt.f2x < f0 * (1.0 - r))
-    zs = jnp.where(s.cls >= 0, z, rt.x)  # the solver's coordinates of the end point
+    runoff = su.options.follow_runoffs & (unb | jnp.any(rt.f2x < f0 * (1.0 - r)))
+    # A first phase that stopped unconverged with classes near their apex and no
+    # run-off is followed up in cosine form; that takes precedence over the polar
+    # follow-up of a mere fall at 2x along some ray.
+    apex = jnp.zeros(n1, bool)
+    if su.options.follow_apex and not su.sc_star:
+        near = jnp.hypot(rt.x[:n1], rt.x[n1:]) <= charts.APEX_RADIUS * COSINE_EPS
+        apex = charts.is_plain(s.chart) & ~s.done & ~unb & near
+    zs = jnp.where(charts.is_plain(s.chart), rt.x, z)  # the solver's coordinates there
     # The multiplier of the paper's constraint is mu times the scale sqrt(1 + ||z||^2).
     return Phase(rt.x, rt.f, unb, s.done, s.dual.mu * jnp.sqrt(1.0 + jnp.dot(zs, zs)),
-                 s.it, s.dual.outer, rt.cls, go)
+                 s.it, s.dual.outer, rt.cls, runoff | jnp.any(apex), apex)
 
 
-def _phase(su: lagrangian.Setup, prev: Phase, z0, cls, level0, later, one_site: bool) -> Phase:
-    """One phase from z0 (coordinates of ``cls``) at stage ``level0``. A later phase is
-    the follow-up of a run-off: from the ray chain's end, on all rows, with a budget
-    of ``max_iter`` passes of its own (a first phase that crawled along the run-off
-    in (b, w), as float32 does, leaves nothing otherwise). Its verdict replaces the
-    first phase's: f still falls along a ray or is flat to rounding when the class
-    is doubled (UNBOUNDED), or rises there (a minimiser far out: CONVERGED). It is
-    kept if it ends feasible and no higher than ``prev``."""
-    new = _end_phase(su, lagrangian.run(su, z0, cls, level0), later, one_site)
+def _phase(su: lagrangian.Setup, prev: Phase, z0, chart, level0, later,
+           one_site: bool) -> Phase:
+    """One phase from z0 (coordinates of ``chart``) at stage ``level0``. A later phase
+    is a follow-up: of a run-off (one class in polar form) or of a stop near the apex
+    (those classes in cosine form); from the first phase's end, on all rows, with a
+    budget of ``max_iter`` passes of its own (a first phase that crawled along the
+    run-off in (b, w), as float32 does, leaves nothing otherwise). Its verdict
+    replaces the first phase's: after a run-off, f still falls along a ray or is flat
+    to rounding when the class is doubled (UNBOUNDED), or rises there (a minimiser
+    far out: CONVERGED). It is kept if it ends feasible and no higher than ``prev``."""
+    new = _end_phase(su, lagrangian.run(su, z0, chart, level0), later, one_site)
     keep = ~later | (_feasible(su, new.v) & jnp.isfinite(new.f) & (new.f <= prev.f))
     it, outer = prev.it + new.it, prev.outer + new.outer
     return jax.tree.map(lambda u, w: jnp.where(keep, u, w), new._replace(it=it, outer=outer),
                         prev._replace(it=it, outer=outer))
 
 
+def _follow_up_chart(prev: Phase) -> charts.Chart:
+    """The chart of the follow-up a first phase's end calls for."""
+    to_apex = jnp.any(prev.apex)
+    return charts.Chart(jnp.where(to_apex, -1, prev.cls).astype(jnp.int32), prev.apex)
+
+
 def solve_start(su: lagrangian.Setup, z0: Array, one_site: bool = False) -> Phase:
-    """One start's solve: its first phase (no polar class, stage 0), then, where its
-    ray test found a run-off, the follow-up, both in one loop (one copy of the
-    solver's loop and of the ray test in the program)."""
-    if not (su.options.follow_runoffs and not su.sc_star):
+    """One start's solve: its first phase (the plain chart, stage 0), then, where its
+    end calls for one, the follow-up, both in one loop (one copy of the solver's loop
+    and of the ray test in the program)."""
+    n1 = su.n1
+    if su.sc_star or not (su.options.follow_runoffs or su.options.follow_apex):
         return _end_phase(su, lagrangian.run(su, z0), False, one_site)
     dtype, zero_i = z0.dtype, jnp.zeros((), jnp.int32)
 
     def body(c):
         ph, prev = c
         first = ph == 0
-        start = jnp.where(first, z0, to_polar(prev.v, prev.cls, su.n1))
-        return ph + 1, _phase(su, prev, start, jnp.where(first, -1, prev.cls),
-                              jnp.where(first, 0, su.rows.levels), ~first, one_site)
+        later = _follow_up_chart(prev)
+        chart = jax.tree.map(lambda a, b: jnp.where(first, a, b), charts.plain(n1), later)
+        start = jnp.where(first, z0, charts.from_x(prev.v, later, n1))
+        return ph + 1, _phase(su, prev, start, chart, jnp.where(first, 0, su.rows.levels),
+                              ~first, one_site)
 
     none = Phase(z0, jnp.asarray(jnp.inf, dtype), jnp.asarray(False), jnp.asarray(False),
                  jnp.zeros((), dtype), zero_i, zero_i, jnp.asarray(-1, jnp.int32),
-                 jnp.asarray(False))
+                 jnp.asarray(False), jnp.zeros(n1, bool))
     return jax.lax.while_loop(lambda c: (c[0] == 0) | ((c[0] == 1) & c[1].follow),
                               body, (zero_i, none))[1]
 

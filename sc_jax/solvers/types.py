@@ -79,8 +79,8 @@ class SolverOptions:
     max_iter: evaluations of f, its gradient and Hessian in all (one pass over the
         rows each, and one trust-region Newton step), outer updates included. Under
         vmap the batch runs to its slowest instance's count, and never beyond this.
-        A run-off's follow-up phase (``follow_runoffs``) has a budget of its own, so
-        a solve that runs off makes at most twice this many.
+        A follow-up phase (``follow_runoffs``, ``follow_apex``) has a budget of its
+        own, so a solve that is followed up makes at most twice this many.
     max_inner: steps on one subproblem before the multiplier and penalty are
         updated anyway (a subproblem whose infimum lies at infinity, along a
         separable but infeasible direction, is never solved).
@@ -88,9 +88,9 @@ class SolverOptions:
         vmapped, each with its own run-off follow-up; the lowest feasible objective
         is kept, converged or not, so a start that runs off to an unattained
         infimum wins and is reported UNBOUNDED. The problem is not convex once the
-        invariance term weighs (lambda_inv >= 1), and there one start often ends at
-        a worse KKT point: :func:`sc_jax.calibrators.fit_batch` uses
-        ``NONCONVEX_STARTS`` there unless given options.
+        invariance term weighs (lambda_inv >= NONCONVEX_LAMBDA = 0.5), and there one
+        start often ends at a worse KKT point: :func:`sc_jax.calibrators.fit_batch`
+        uses ``NONCONVEX_STARTS`` there unless given options.
     rho_init, rho_growth, rho_max: PHR penalty parameter schedule. rho grows when the
         constraint measure did not shrink by ``progress`` in one outer step, up to
         rho_max (``None``: 1e8 in float64, 1e4 in float32, since the penalty's
@@ -116,6 +116,12 @@ class SolverOptions:
         from the followed point with that class in polar coordinates (see
         :mod:`sc_jax.solvers.multistart`). Off: the first phase's end point is
         reported. (SC* has no follow-up: its w is pinned.)
+    follow_apex: after a first phase that stopped without converging with some
+        classes within ``charts.APEX_RADIUS`` (100) COSINE_EPS of theta_c = 0 and no
+        run-off, solve again from its end point with those classes in cosine form,
+        (b_c, cos_c) (see :mod:`sc_jax.solvers.charts`), with a budget of
+        ``max_iter`` passes of its own; its end point is kept if it is feasible and
+        no higher. Off: the first phase's end point is reported. (Not for SC*.)
     """
 
     tol: float | None = None
@@ -135,6 +141,7 @@ class SolverOptions:
     coarse_tol: float = 1e-3
     max_coarse_iter: int = 60
     follow_runoffs: bool = True
+    follow_apex: bool = True
 
     def _coarse_sizes(self) -> tuple:
         return self.coarse_rows if isinstance(self.coarse_rows, tuple) else (self.coarse_rows,)
