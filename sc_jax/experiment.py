@@ -50,7 +50,7 @@ from .enumeration import default_m, sample_contexts, surrogate_contexts, surroga
 from .objective import log_odds
 from .prompts import build_pieces
 from .report import write_report
-from .scoring import ScoringEngine
+from .scoring import ScoringEngine, check_mode
 from .sharding import make_mesh
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,10 @@ METHODS = ("base", "cc", "dc", "bc", "sc_star", "sc")
 # paper's fit reverses the LLM at those sizes; guard="none" is the paper's SC.
 DEFAULT_GUARD = "bias_only"
 LABEL_MODES = ("first_token", "sequence")
+# The largest k a run accepts: the paper's largest is 16. Above a few dozen, the k-shot
+# prompt outgrows small models' context windows and a run compiles for minutes before
+# its first score, so a typo such as --shots 100 is refused instead.
+MAX_SHOTS = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,8 +110,19 @@ class RunConfig:
             raise ValueError(f"mode must be one of {LABEL_MODES}, got {self.mode!r}")
         if not self.shots or min(self.shots) < 2:
             raise ValueError(f"shots must be >= 2 (SC needs a held-out demonstration), got {self.shots}")
+        if max(self.shots) > MAX_SHOTS:
+            raise ValueError(f"shots must be at most {MAX_SHOTS} (the paper uses 4, 8 and 16; "
+                             f"SC's sub-contexts grow with k), got {max(self.shots)}")
         if not self.seeds:
             raise ValueError("at least one seed is needed")
+        # Each of these would run without a word and record a value it did not use
+        # (m_cap 0 still draws one sub-context) or fail only after the scoring.
+        for name, value in (("m_cap", self.m_cap), ("max_size", self.max_size),
+                            ("budget", self.budget), ("bc_batch", self.bc_batch),
+                            ("dc_strings", self.dc_strings),
+                            ("max_tokens_per_batch", self.max_tokens_per_batch)):
+            if value is not None and value < 1:
+                raise ValueError(f"{name} (--{name.replace('_', '-')}) must be at least 1, got {value}")
         if self.test_size < 1:
             raise ValueError(f"test_size must be positive, got {self.test_size}")
         if self.tau is not None and not -1.0 <= self.tau <= 1.0:
@@ -191,6 +206,97 @@ def seed_jobs(tokenizer, dataset, split, config: RunConfig, k: int) -> SeedJobs:
         tctx = sample_contexts(k, i, m, seed=split.seed * 1000 + 500 + i)
         jobs[f"test{i}"] = (tctx, np.stack([np.repeat(np.arange(m), T), np.tile(q_test, m)], axis=1))
     return SeedJobs(pieces, jobs, ms, T)
+
+
+def draw_split(dataset, config: RunConfig, k: int, seed: int):
+    """The :class:`sc_jax.data.Split` of one (dataset, k, seed) as the run draws it.
+    The run, its up-front check (:func:`check_run`) and ``sc-jax plan`` all draw
+    through here, so the check sees the rows the run will score."""
+    return split_protocol(dataset, k=k, test_size=config.test_size, seed=seed,
+                          test_seed=config.test_seed)
+
+
+def _stage(tag: str) -> str:
+    """A job tag of :func:`seed_jobs`, as a person reads it."""
+    named = {"base": "k-shot prompt (Base, BC)", "cc": "k-shot prompt of CC",
+             "dc": "k-shot prompt of DC"}
+    if tag in named:
+        return named[tag]
+    if tag.startswith("surrogate"):
+        return f"surrogate prompt of size {tag[len('surrogate'):]}"
+    return f"test-time prompt of size {tag[len('test'):]}"
+
+
+def _text_of(dataset, split, q: int, n_test: int) -> str:
+    """Query ``q`` of :func:`seed_jobs`' pieces (demonstrations, then test queries, then
+    CC's content-free inputs, then DC's strings), named by its data row where it has one."""
+    k = split.k
+    if q < k:
+        return f"demonstration {q + 1} (row {int(split.demo_indices[q]) + 1} of {dataset.source})"
+    if q < k + n_test:
+        return f"test query (row {int(split.test_indices[q - k]) + 1} of {dataset.source})"
+    if q < k + n_test + len(CONTENT_FREE_INPUTS):
+        return "a content-free input of CC"
+    return "a random in-domain string of DC"
+
+
+def _too_long(name, dataset, split, sj: SeedJobs, tag: str, r: int, n: int, limit: int) -> str:
+    """The one-line error for prompt ``r`` of job ``tag`` (``n`` tokens > ``limit``):
+    which text of it is longest, by data row."""
+    ctx, pairs = sj.jobs[tag]
+    c, q = (int(x) for x in pairs[r])
+    pieces = sj.pieces
+    parts = [(len(pieces.segment(j)), _text_of(dataset, split, int(j), sj.n_test)) for j in ctx[c]]
+    parts.append((len(pieces.queries[q]), _text_of(dataset, split, q, sj.n_test)))
+    m, what = max(parts, key=lambda p: p[0])
+    fix = "shorten or drop that row" + (", or use fewer shots" if what.startswith("demo") else "")
+    return (f"{name}, k={split.k}, seed {split.seed}: a {_stage(tag)} has {n} tokens, more than "
+            f"the model's context window of {limit}; its longest text is the {what}, "
+            f"{m} tokens: {fix}")
+
+
+def check_run(config: RunConfig, model_config, tokenizer, datasets: dict) -> list[dict]:
+    """The whole run checked up front, with no weights and no forward pass: for every
+    (dataset, k, seed) the run will score, the split it draws (:func:`draw_split`: a
+    class short of rows fails here, not after earlier seeds were scored), the label
+    tokens of the scoring mode, and every stage's longest prompt (:func:`seed_jobs`:
+    surrogate, baselines, test-time) against ``model_config.max_position_embeddings``.
+
+    ``datasets``: name -> :class:`sc_jax.data.Dataset`. Returns one dict per (dataset,
+    k): ``dataset``, ``k``, ``skipped`` (more classes than k) and, when run,
+    ``longest_prompt`` (tokens, over all seeds and stages) and ``longest_seed``.
+    Raises ValueError (one line naming dataset, k, seed, stage and data row) for a
+    prompt longer than the context window, a split that cannot be drawn, or a run in
+    which every (dataset, k) would be skipped.
+    """
+    limit = model_config.max_position_embeddings
+    out = []
+    for name, ds in datasets.items():
+        for k in config.shots:
+            if ds.n_classes > k:
+                out.append({"dataset": name, "k": k, "skipped": True, "n_classes": ds.n_classes})
+                continue
+            worst = (0, None)
+            for seed in config.seeds:
+                split = draw_split(ds, config, k, seed)
+                sj = seed_jobs(tokenizer, ds, split, config, k)
+                if seed == config.seeds[0]:
+                    check_mode(config.mode, sj.pieces)
+                for tag, (ctx, pairs) in sj.jobs.items():
+                    lengths = sj.pieces.prompt_lengths(ctx, pairs, config.mode)
+                    r = int(lengths.argmax())
+                    if lengths[r] > limit:
+                        raise ValueError(_too_long(name, ds, split, sj, tag, r, int(lengths[r]), limit))
+                    worst = max(worst, (int(lengths[r]), seed), key=lambda w: w[0])
+            out.append({"dataset": name, "k": k, "skipped": False, "longest_prompt": worst[0],
+                        "longest_seed": worst[1], "context_window": limit})
+    if all(s["skipped"] for s in out):
+        why = "; ".join(f"{s['dataset']} has {s['n_classes']} classes, more than k={s['k']}"
+                        for s in out)
+        raise ValueError(f"nothing to run: {why} (a class would have no demonstration; the "
+                         "paper skips such settings, Appendix A): use --shots at least the "
+                         "number of classes")
+    return out
 
 
 def score_seed(model, engine, cache, dataset, split, config: RunConfig, k: int) -> SeedScores:
@@ -306,8 +412,7 @@ def _score_seeds(model, engine, cache, ds, name: str, k: int, config: RunConfig,
     for seed in config.seeds:
         if progress:
             log.info("[%s k=%d seed=%d] scoring", name, k, seed)
-        split = split_protocol(ds, k=k, test_size=config.test_size, seed=seed,
-                               test_seed=config.test_seed)
+        split = draw_split(ds, config, k, seed)
         splits.append(_split_record(name, k, seed, split))
         scores[seed] = score_seed(model, engine, cache, ds, split, config, k)
         save_scores(scores_path(out, name, k, seed), scores[seed])
@@ -391,9 +496,20 @@ def run_experiment(config: RunConfig, out_dir, *, progress: bool = True) -> Resu
     files = dict(config.data_files)
     datasets = {name: load_task(name, data_file=files.get(name), data_dir=config.data_dir)
                 for name in config.datasets}
+    # Every seed's prompts against the context window before the weights load (a
+    # late failure would come after minutes of scoring). A named model not converted
+    # yet has no tokenizer to check with until load_model converts it.
+    try:
+        model_config, tokenizer = loading.load_config_and_tokenizer(config.model)
+        check_run(config, model_config, tokenizer, datasets)
+        checked = True
+    except FileNotFoundError:
+        checked = False
     mesh = (make_mesh(config.mesh_devices, model=config.mesh_model)
             if config.mesh_devices or config.mesh_model > 1 else None)
     model = loading.load_model(config.model, dtype=config.dtype, mesh=mesh)
+    if not checked:
+        check_run(config, model.config, model.tokenizer, datasets)
     engine = ScoringEngine(model, max_tokens_per_batch=config.max_tokens_per_batch,
                            device_memory=config.device_memory, progress=progress)
     cache = ScoreCache(out / "cache")

@@ -27,8 +27,8 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from . import scoring
-from .data import load_task, split_protocol
-from .experiment import seed_jobs
+from .data import load_task
+from .experiment import check_run, draw_split, seed_jobs
 from .loading import DTYPES, load_config_and_tokenizer
 from .model import Decoder, KVCache
 # The memory model (sc_jax.schedule), importable from here too.
@@ -250,19 +250,23 @@ def plan_run(run_config, *, device_memory: int | None = None, n_devices: int = 1
                weight_bytes=weight_bytes(config, dtype, model_shards),
                kv_bytes_per_token=kv_bytes_per_token(config, dtype, model_shards),
                peak_flops=peak_flops, mfu=mfu,
-               seeds=len(run_config.seeds), settings=[])
+               seeds=len(run_config.seeds), context_window=config.max_position_embeddings,
+               settings=[])
     calls_of = functools.partial(
         engine_calls, config, dtype, mode=run_config.mode, budget_bytes=budget,
         n_devices=n_devices, platform=platform,
         max_tokens_per_batch=run_config.max_tokens_per_batch, model_shards=model_shards)
-    for name in run_config.datasets:
-        ds = load_task(name, data_file=files.get(name), data_dir=run_config.data_dir)
+    datasets = {name: load_task(name, data_file=files.get(name), data_dir=run_config.data_dir)
+                for name in run_config.datasets}
+    # The run's own up-front check, every seed: a prompt too long for the context
+    # window is named (task, seed, row) before the memory plan would misread it.
+    checked = {(c["dataset"], c["k"]): c for c in check_run(run_config, config, tokenizer, datasets)}
+    for name, ds in datasets.items():
         for k in run_config.shots:
             if ds.n_classes > k:
                 out["settings"].append(dict(dataset=name, k=k, skipped=True))
                 continue
-            split = split_protocol(ds, k=k, test_size=run_config.test_size, seed=run_config.seeds[0],
-                                   test_seed=run_config.test_seed)
+            split = draw_split(ds, run_config, k, run_config.seeds[0])
             sj = seed_jobs(tokenizer, ds, split, run_config, k)
             rows, all_calls = [], []
             for tag, (ctx, pairs) in sj.jobs.items():
@@ -272,6 +276,8 @@ def plan_run(run_config, *, device_memory: int | None = None, n_devices: int = 1
                 if progress:
                     log.info("  %s k=%d %s: %d pairs", name, k, tag, len(pairs))
             setting = _setting_totals(name, k, rows, all_calls)
+            setting.update(longest_prompt=checked[name, k]["longest_prompt"],
+                           longest_seed=checked[name, k]["longest_seed"])
             # The mesh's devices share the work: peak_flops is per device.
             setting["seconds_per_seed"] = setting["flops"] / (mfu * peak_flops * n_devices * model_shards)
             if xla and (mesh is not None or n_devices * model_shards == 1):
@@ -307,6 +313,12 @@ def plan_table(plan: dict[str, Any]) -> str:
                      f"{s['flat_tokens']:,} | {s['flat_tokens'] / s['unique_tokens']:.1f}x | "
                      f"{s['flops'] / 1e12:.1f} | {s['micro_batches']:,} | {s['compiles']} | "
                      f"{s['peak_bytes'] / gib:.2f} | {xla} | {s['seconds_per_seed']:.1f} |")
+    done = [s for s in plan["settings"] if not s.get("skipped")]
+    if done and "longest_prompt" in done[0]:
+        w = max(done, key=lambda s: s["longest_prompt"])
+        lines += ["", (f"longest prompt over all seeds and stages: {w['longest_prompt']:,} tokens "
+                       f"({w['dataset']} k={w['k']} seed {w['longest_seed']}), context window "
+                       f"{plan.get('context_window', 0):,}")]
     lines += ["", f"total over {plan['seeds']} seed(s): {plan['total_flops'] / 1e12:.1f} TFLOP, "
               f"about {plan['total_seconds'] / 60:.1f} min of forward passes at the stated MFU"]
     return "\n".join(lines)

@@ -126,9 +126,17 @@ def test_skips_when_classes_exceed_shots(config, tmp_path):
         w.writerow(["text", "label"])
         for j in range(60):
             w.writerow([" ".join(rng.choice(["up", "down", "flat"], 3)), j % 3])
-    cfg.update(datasets=("financial_phrasebank",), data_files=(("financial_phrasebank", str(path)),))
-    res = run_experiment(RunConfig(**cfg), tmp_path / "run", progress=False)
-    assert res.rows == [] and "3 classes > 2 demonstrations" in res.data["notes"][0]
+    fin = (("financial_phrasebank", str(path)),)
+    res = run_experiment(RunConfig(**dict(cfg, datasets=("rotten_tomatoes", "financial_phrasebank"),
+                                          data_files=cfg["data_files"] + fin)),
+                         tmp_path / "run", progress=False)
+    assert {r["dataset"] for r in res.rows} == {"rotten_tomatoes"}
+    assert "3 classes > 2 demonstrations" in res.data["notes"][0]
+    # A run in which every (dataset, k) would be skipped is refused, not an empty table.
+    with pytest.raises(ValueError, match="nothing to run: financial_phrasebank has 3 classes"):
+        run_experiment(RunConfig(**dict(cfg, datasets=("financial_phrasebank",), data_files=fin)),
+                       tmp_path / "none", progress=False)
+    assert not (tmp_path / "none" / "results.json").exists()
 
 
 def test_m_study_subsets_are_uniform_and_nested():
