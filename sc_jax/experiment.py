@@ -515,6 +515,9 @@ def run_experiment(config: RunConfig, out_dir, *, progress: bool = True) -> Resu
     cache = ScoreCache(out / "cache")
     lam = DEFAULT_LAMBDA_INV if config.lambda_inv is None else config.lambda_inv
     rows, params, notes, splits, skipped = [], [], [], [], []
+    notes += [f"{name}: {ds.duplicate_rows} of {len(ds)} rows repeat an earlier text; each "
+              "text is drawn once, so no test query is also a demonstration"
+              for name, ds in datasets.items() if ds.duplicate_rows]
     timing = {"scoring_s": 0.0, "fitting_s": 0.0}
     for name, ds in datasets.items():
         n = ds.n_classes
