@@ -28,6 +28,7 @@ import logging
 import os
 import platform
 import re
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -131,7 +132,7 @@ def _run_config(args):
         model=args.model, dtype=args.dtype, datasets=datasets,
         data_files=tuple(tuple(x.split("=", 1)) if "=" in x else (datasets[0], x)
                          for x in args.data_file),
-        data_dir=args.data_dir,
+        data_dir=args.data_dir, text_column=args.text_column, label_column=args.label_column,
         test_seed=None if args.per_seed_test_sets else args.test_seed,
         shots=tuple(args.shots), seeds=seeds, methods=tuple(args.methods.split(",")),
         test_size=args.test_size, mode=args.mode, max_size=args.max_size,
@@ -255,6 +256,12 @@ def _add_run_options(r) -> None:
     r.add_argument("--data-dir", default=None,
                    help="directory with DIR/<dataset>.jsonl (or .csv, .parquet) for every "
                         "dataset without a --data-file, e.g. the nine in shared/datasets")
+    r.add_argument("--text-column", default=None,
+                   help="column of the texts in --data-file / --data-dir files (default: the "
+                        "task's own name, else 'text')")
+    r.add_argument("--label-column", default=None,
+                   help="column of the labels in those files (default: the task's own name, else "
+                        "'label')")
     r.add_argument("--shots", type=int, nargs="+", default=[4, 8], help="k, demonstrations per prompt")
     r.add_argument("--seeds", type=int, default=5, help="number of seeds (0..N-1)")
     r.add_argument("--seed-list", type=int, nargs="+", help="explicit seeds (overrides --seeds)")
@@ -413,12 +420,26 @@ def enable_compilation_cache() -> str | None:
     return path
 
 
+def _interrupted(args, argv) -> str:
+    """The one line for Ctrl-C: what is kept and, for `run`, how to resume."""
+    if args.command != "run":
+        return f"interrupted: nothing of `sc-jax {args.command}` was kept"
+    command = shlex.join(["sc-jax", *(sys.argv[1:] if argv is None else argv)])
+    return (f"interrupted: the scores computed so far are saved in {Path(args.out) / 'cache'}; "
+            f"run the same command to resume from them: {command}")
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     show_log_messages()
     enable_compilation_cache()
     try:
         return args.fn(args)
+    except KeyboardInterrupt:
+        # Ctrl-C: one line, not JAX's 65-line traceback; every score written so far is
+        # complete (the cache writes atomically), so rerunning resumes from them.
+        print(f"error: {_interrupted(args, argv)}", file=sys.stderr)
+        return 130
     except (ValueError, FileNotFoundError, WheelFileError, DataUnavailableError) as e:
         # PlanError (memory) is a ValueError: its message names the numbers.
         print(f"error: {e}", file=sys.stderr)

@@ -37,10 +37,12 @@ draws exactly the rows it drew before this rule.
 
 from __future__ import annotations
 
+import codecs
 import csv
 import dataclasses
 import functools
 import hashlib
+import io
 import json
 import logging
 import math
@@ -372,7 +374,8 @@ def _local_file_help(spec: TaskSpec, text_column: str, label_column: str) -> str
         "the command line. The file may be CSV, JSONL (one JSON object per line) or Parquet, "
         f"with a column {text_column!r} holding the text and a column {label_column!r} holding "
         f"the label: an integer 0..{spec.n_classes - 1} or a label word, in this order: {labels} "
-        "(other column names: text_column=..., label_column=...)."
+        "(other column names: --text-column / --label-column, or text_column=... / "
+        "label_column=... in Python)."
     )
 
 
@@ -419,11 +422,25 @@ def _read_file(path: Path, spec: TaskSpec) -> dict[str, list]:
                      "or .parquet")
 
 
+def _read_text(path: Path) -> str:
+    """The UTF-8 text of ``path``, without a leading byte-order mark (spreadsheet
+    exports often start with one, which would otherwise become part of the first
+    column's name). Raises ValueError naming the file, line and byte that is not UTF-8."""
+    raw = path.read_bytes()
+    start = len(codecs.BOM_UTF8) if raw.startswith(codecs.BOM_UTF8) else 0
+    try:
+        return raw[start:].decode("utf-8")
+    except UnicodeDecodeError as e:
+        at = start + e.start
+        line = raw.count(b"\n", 0, at) + 1
+        column = at - (raw.rfind(b"\n", 0, at) + 1) + 1
+        raise ValueError(f"{path}, line {line}, column {column}: byte 0x{raw[at]:02x} is not UTF-8 "
+                         "text; save the file as UTF-8") from None
+
+
 def _read_csv(path: Path, delimiter: str = ",") -> dict[str, list]:
     """Columns of a CSV file with a header row; all values are strings."""
-    # utf-8-sig: spreadsheet exports often start with a byte-order mark that would
-    # otherwise become part of the first column's name.
-    with path.open(newline="", encoding="utf-8-sig") as f:
+    with io.StringIO(_read_text(path), newline="") as f:
         reader = csv.reader(f, delimiter=delimiter)
         try:
             header = next(reader, None)
@@ -446,7 +463,7 @@ def _read_csv(path: Path, delimiter: str = ",") -> dict[str, list]:
 
 def _read_json(path: Path) -> dict[str, list]:
     """Columns of JSON lines (or a JSON list) of objects; missing keys become None."""
-    text = path.read_text(encoding="utf-8-sig")
+    text = _read_text(path)
     if text.lstrip().startswith("["):
         try:
             records = json.loads(text)
@@ -496,7 +513,8 @@ def _to_dataset(columns: Mapping[str, Sequence], spec: TaskSpec, text_column: st
         roles = {text_column: "text", label_column: "label"}
         named = " and ".join(f"{roles[c]} column {c!r}" for c in missing)
         raise ValueError(f"{where} has no {named}; its columns are {sorted(columns)}. "
-                         "Name the right ones with text_column=... / label_column=....")
+                         "Name the right ones with --text-column / --label-column (text_column=... / "
+                         "label_column=... in Python).")
     texts_raw, labels_raw = list(columns[text_column]), list(columns[label_column])
     if not texts_raw:
         raise ValueError(f"{where} holds no rows for task {spec.name!r}")

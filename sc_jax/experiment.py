@@ -33,9 +33,11 @@ import dataclasses
 import importlib.metadata as md
 import json
 import logging
+import os
 import platform
 import sys
 import time
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +79,8 @@ class RunConfig:
     datasets: tuple[str, ...] = ("rotten_tomatoes",)
     data_files: tuple[tuple[str, str], ...] = ()  # (dataset, local file)
     data_dir: str | None = None  # DIR/<dataset>.jsonl (or .csv, .parquet) for the rest
+    text_column: str | None = None  # None: the task's own, else "text" (sc_jax.data.load_task)
+    label_column: str | None = None  # None: the task's own, else "label"
     shots: tuple[int, ...] = (4, 8)
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     methods: tuple[str, ...] = METHODS
@@ -206,6 +210,15 @@ def seed_jobs(tokenizer, dataset, split, config: RunConfig, k: int) -> SeedJobs:
         tctx = sample_contexts(k, i, m, seed=split.seed * 1000 + 500 + i)
         jobs[f"test{i}"] = (tctx, np.stack([np.repeat(np.arange(m), T), np.tile(q_test, m)], axis=1))
     return SeedJobs(pieces, jobs, ms, T)
+
+
+def load_datasets(config: RunConfig) -> dict:
+    """name -> :class:`sc_jax.data.Dataset` of every dataset of ``config``, from its
+    ``--data-file``, ``--data-dir`` or default source."""
+    files = dict(config.data_files)
+    return {name: load_task(name, data_file=files.get(name), data_dir=config.data_dir,
+                            text_column=config.text_column, label_column=config.label_column)
+            for name in config.datasets}
 
 
 def draw_split(dataset, config: RunConfig, k: int, seed: int):
@@ -341,15 +354,49 @@ def save_scores(path: Path, s: SeedScores) -> None:
 
 
 def load_scores(path: Path) -> SeedScores:
-    """The :class:`SeedScores` written by :func:`save_scores`."""
-    with np.load(path) as z:
-        a = {name: z[name] for name in z.files}
-    sizes = sorted(int(name[len("test"):]) for name in a if name.startswith("test"))
-    return SeedScores(
-        base=a["base"], cc=a["cc"], dc=a["dc"], y_test=a["y_test"],
-        surrogate={i: (a[f"surrogate{i}_logp"], a[f"surrogate{i}_labels"],
-                       a[f"surrogate{i}_queries"]) for i in sizes},
-        test={i: a[f"test{i}"] for i in sizes})
+    """The :class:`SeedScores` written by :func:`save_scores`.
+
+    Raises ValueError naming ``path`` for a truncated or foreign file (the score cache
+    still holds the scores: rerunning the run's command rewrites it)."""
+    try:
+        with np.load(path) as z:
+            a = {name: z[name] for name in z.files}
+        sizes = sorted(int(name[len("test"):]) for name in a if name.startswith("test"))
+        return SeedScores(
+            base=a["base"], cc=a["cc"], dc=a["dc"], y_test=a["y_test"],
+            surrogate={i: (a[f"surrogate{i}_logp"], a[f"surrogate{i}_labels"],
+                           a[f"surrogate{i}_queries"]) for i in sizes},
+            test={i: a[f"test{i}"] for i in sizes})
+    # A damaged file makes np.load raise zipfile.BadZipFile (not an OSError), EOFError,
+    # ValueError or OSError; a foreign archive lacks a key.
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError) as e:
+        raise ValueError(f"{path}: unreadable score file ({type(e).__name__}: {e}); rerun the "
+                         "same `sc-jax run` command to rewrite it from the score cache") from e
+
+
+def make_out_dir(path) -> Path:
+    """Create the output directory ``path`` (and its parents) and return it; a
+    ValueError naming ``path`` (``--out``) when it is a file, lies under a file, or
+    cannot be created or written."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is an existing file, not a directory: choose a directory")
+    parent = out
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"--out {out} lies under {parent}, which is a file, not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        # A directory can exist and still refuse files (read-only mounts, permissions).
+        probe = out / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        where = f"{parent} does not accept new files" if parent != out else f"{out} is not writable"
+        raise ValueError(f"--out {out}: {where} ({e.strerror or e}); choose a writable "
+                         "directory") from e
+    return out
 
 
 # ------------------------------------------------------------------ the run
@@ -489,13 +536,10 @@ def run_experiment(config: RunConfig, out_dir, *, progress: bool = True) -> Resu
     interruption recomputes only what is missing. Each seed's assembled scores are
     also kept in ``out_dir/scores/`` (:func:`save_scores`), from which
     :func:`sc_jax.ablation.ablate` refits without the model."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = make_out_dir(out_dir)
     t_start = time.perf_counter()
     # Load data first: a bad dataset name or file fails before the model loads.
-    files = dict(config.data_files)
-    datasets = {name: load_task(name, data_file=files.get(name), data_dir=config.data_dir)
-                for name in config.datasets}
+    datasets = load_datasets(config)
     # Every seed's prompts against the context window before the weights load (a
     # late failure would come after minutes of scoring). A named model not converted
     # yet has no tokenizer to check with until load_model converts it.

@@ -27,8 +27,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from . import scoring
-from .data import load_task
-from .experiment import check_run, draw_split, seed_jobs
+from .experiment import check_run, draw_split, load_datasets, seed_jobs
 from .loading import DTYPES, load_config_and_tokenizer
 from .model import Decoder, KVCache
 # The memory model (sc_jax.schedule), importable from here too.
@@ -241,7 +240,6 @@ def plan_run(run_config, *, device_memory: int | None = None, n_devices: int = 1
     dtype = DTYPES[run_config.dtype]
     platform = "cpu" if device_memory is None and jax.default_backend() == "cpu" else "default"
     budget = device_memory or device_memory_bytes() or host_memory_bytes()
-    files = dict(run_config.data_files)
     mesh = None
     if n_devices * model_shards > 1 and xla and len(jax.devices()) >= n_devices * model_shards:
         mesh = make_mesh(n_devices, model=model_shards)
@@ -256,8 +254,7 @@ def plan_run(run_config, *, device_memory: int | None = None, n_devices: int = 1
         engine_calls, config, dtype, mode=run_config.mode, budget_bytes=budget,
         n_devices=n_devices, platform=platform,
         max_tokens_per_batch=run_config.max_tokens_per_batch, model_shards=model_shards)
-    datasets = {name: load_task(name, data_file=files.get(name), data_dir=run_config.data_dir)
-                for name in run_config.datasets}
+    datasets = load_datasets(run_config)
     # The run's own up-front check, every seed: a prompt too long for the context
     # window is named (task, seed, row) before the memory plan would misread it.
     checked = {(c["dataset"], c["k"]): c for c in check_run(run_config, config, tokenizer, datasets)}

@@ -37,9 +37,57 @@ def load_results(path: str | Path) -> dict:
         res = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{path} is not valid JSON ({e}); re-run `sc-jax run` to regenerate it") from e
-    if "rows" not in res or "config" not in res:
-        raise ValueError(f"{path} is not an sc_jax results file (no 'rows' / 'config')")
+    problem = results_problem(res)
+    if problem:
+        raise ValueError(f"{path} is not an sc_jax results file: {problem}")
     return res
+
+
+# What the tables and plots read from results.json: config keys, and per row / SC
+# param the keys and their types (bool is excluded from the numbers).
+_CONFIG_KEYS = ("model", "seeds", "test_size", "mode", "solver")
+_ROW_KEYS = {"dataset": str, "shots": int, "method": str, "seed": int,
+             "accuracy": float, "macro_f1": float, "ece": float}
+_PARAM_KEYS = {"method": str, "dataset": str, "shots": int, "size": int, "w": list, "b": list}
+
+
+def _wrong(value, kind) -> bool:
+    if kind is float:
+        return isinstance(value, bool) or not isinstance(value, (int, float))
+    if kind is int:
+        return isinstance(value, bool) or not isinstance(value, int)
+    return not isinstance(value, kind)
+
+
+def results_problem(res) -> str | None:
+    """What makes ``res`` (parsed results.json) unusable for :func:`write_report`, in a
+    few words naming the key or the row; None when it is usable."""
+    if not isinstance(res, dict):
+        return f"a JSON {type(res).__name__}, not an object"
+    if not isinstance(res.get("config"), dict) or not isinstance(res.get("rows"), list):
+        return "no 'config' object or no 'rows' list"
+    missing = [k for k in _CONFIG_KEYS if k not in res["config"]]
+    if missing:
+        return f"config has no {missing[0]!r}"
+    for what, items, keys in (("rows", res["rows"], _ROW_KEYS),
+                              ("params", res.get("params") or [], _PARAM_KEYS)):
+        if not isinstance(items, list):
+            return f"{what!r} is not a list"
+        for j, item in enumerate(items):
+            if not isinstance(item, dict):
+                return f"{what}[{j}] is not an object"
+            if what == "params" and item.get("method") != "sc":
+                continue  # only SC's parameters are plotted
+            for key, kind in keys.items():
+                if key not in item:
+                    return f"{what}[{j}] has no {key!r}"
+                if _wrong(item[key], kind):
+                    return f"{what}[{j}][{key!r}] is {item[key]!r}, not {'a number' if kind is float else kind.__name__}"
+                if kind is list and any(_wrong(v, float) for v in item[key]):
+                    return f"{what}[{j}][{key!r}] holds a value that is not a number"
+            if what == "rows" and item["method"] not in METHOD_NAMES:
+                return f"rows[{j}] has an unknown method {item['method']!r}"
+    return None
 
 
 def summarize(rows) -> dict[tuple, dict]:

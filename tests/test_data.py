@@ -523,3 +523,10 @@ def test_repeated_rows_never_make_a_test_query_a_demonstration(tmp_path, caplog,
         assert len(test) == 8 and len(set(demos)) == 4 and not test & set(demos)
     with pytest.raises(ValueError, match=r"80 examples \(20 distinct texts\), fewer than"):
         split_protocol(ds, k=4, test_size=17, seed=0, test_seed=test_seed)
+
+
+def test_a_csv_that_is_not_utf8_names_file_line_and_column(tmp_path):
+    path = tmp_path / "rt.csv"
+    path.write_bytes(b"\xef\xbb\xbftext,label\ngood film,1\nna\xefve plot,0\n")  # BOM, then Latin-1
+    with pytest.raises(ValueError, match=r"rt.csv, line 3, column 3: byte 0xef is not UTF-8 text"):
+        load_task("rotten_tomatoes", data_file=path)
