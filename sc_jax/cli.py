@@ -183,7 +183,7 @@ def _run(args) -> int:
           f"{list(config.shots)}, seeds {list(config.seeds)}, test size {config.test_size}, "
           f"methods {','.join(config.methods)}, mode {config.mode}, m_i cap {config.m_cap}, "
           f"solver {config.solver}, out {args.out}", flush=True)
-    results = run_experiment(config, args.out, progress=not args.quiet)
+    results = run_experiment(config, args.out, progress=not args.quiet, overwrite=args.overwrite)
     print()
     print((results.out_dir / "table.md").read_text())
     print(f"outputs in {results.out_dir}: " + ", ".join(sorted(p.name for p in results.files.values())))
@@ -358,6 +358,9 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     _add_run_options(r)
     r.add_argument("--out", default="sc_jax_run", help="output directory (also holds the score cache)")
+    r.add_argument("--overwrite", action="store_true",
+                   help="replace the results of another configuration in --out (without it such "
+                        "a directory is refused; the score cache is kept and reused)")
     r.add_argument("--quiet", action="store_true", help="no progress bars")
     r.set_defaults(fn=_run)
     pl = sub.add_parser("plan", help="dry run of `run`: pairs, tokens, FLOPs, chunks, planned and "

@@ -29,12 +29,14 @@ note in the results, for every method.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.metadata as md
 import json
 import logging
 import os
 import platform
+import socket
 import sys
 import time
 import zipfile
@@ -530,13 +532,113 @@ def _fit_notes(params: list[dict]) -> list[str]:
     return notes
 
 
-def run_experiment(config: RunConfig, out_dir, *, progress: bool = True) -> Results:
+LOCK_FILE = ".lock"
+RUN_CONFIG_FILE = "run_config.json"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def run_lock(out: Path):
+    """Hold ``out/.lock`` (created with O_EXCL, holding this process's pid and host)
+    while a run writes into ``out``; removed on exit, whatever the exit. A lock whose
+    process is gone (a run killed with SIGKILL) is stale and taken over. Raises
+    ValueError naming the pid when another live run holds ``out``."""
+    path = out / LOCK_FILE
+    me = f"{os.getpid()} {socket.gethostname()}"
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                pid_text, _, host = path.read_text().strip().partition(" ")
+                pid = int(pid_text)
+            except (OSError, ValueError):
+                pid, host = None, ""  # removed meanwhile, or half written: look again
+            # Another host's pid cannot be checked from here: treat it as alive.
+            if pid is not None and (host not in ("", socket.gethostname()) or _pid_alive(pid)):
+                raise ValueError(f"--out {out} is in use by another sc-jax run (pid {pid}"
+                                 f"{' on ' + host if host else ''}; lock file {path}): wait for "
+                                 "it to finish, or choose another --out") from None
+            if pid is not None:
+                log.info("%s: taking over the lock of pid %d, which no longer runs", out, pid)
+                path.unlink(missing_ok=True)
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(me + "\n")
+        break
+    else:
+        raise ValueError(f"--out {out}: could not take the lock file {path}; remove it if no "
+                         "sc-jax run is writing there")
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def _config_differences(old: dict, new: dict) -> list[str]:
+    """``key: old there, new here`` for every key of two RunConfig JSONs that differs;
+    a key one of them lacks (written by another version) counts as its default."""
+    default = json.loads(json.dumps(RunConfig().to_json()))
+    out = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key, default.get(key)), new.get(key, default.get(key))
+        if a != b:
+            out.append(f"{key}: {a} there, {b} here")
+    return out
+
+
+def _refuse_other_config(out: Path, config: RunConfig) -> None:
+    """A ValueError when ``out`` holds (or was last started with) another run
+    configuration: the tables, plots and scores/ would be replaced without a word."""
+    new = json.loads(json.dumps(config.to_json()))  # tuples as JSON lists
+    for name in (RUN_CONFIG_FILE, "results.json"):
+        path = out / name
+        if not path.exists():
+            continue
+        try:
+            old = json.loads(path.read_text())
+            old = old["config"] if name == "results.json" else old
+        except (OSError, ValueError, KeyError, TypeError):
+            raise ValueError(f"--out {out} holds an unreadable {name}; rerun with --overwrite "
+                             "to replace it, or choose another --out") from None
+        diff = _config_differences(old if isinstance(old, dict) else {}, new)
+        if diff:
+            raise ValueError(f"--out {out} holds a run with another configuration "
+                             f"({'; '.join(diff[:3])}{'; ...' if len(diff) > 3 else ''}): rerun "
+                             "with --overwrite to replace its results (the score cache is kept "
+                             "and reused), or choose another --out")
+        return
+
+
+def run_experiment(config: RunConfig, out_dir, *, progress: bool = True,
+                   overwrite: bool = False) -> Results:
     """Run the experiment and write results.json, results.csv, table.md and plots
     into ``out_dir``. LLM scores are cached in ``out_dir/cache``: a re-run after an
     interruption recomputes only what is missing. Each seed's assembled scores are
     also kept in ``out_dir/scores/`` (:func:`save_scores`), from which
-    :func:`sc_jax.ablation.ablate` refits without the model."""
+    :func:`sc_jax.ablation.ablate` refits without the model.
+
+    ``out_dir`` is locked for the run (:func:`run_lock`: a second run into it is
+    refused), and a directory holding a run of another configuration is refused
+    unless ``overwrite`` (the same configuration resumes or repeats)."""
     out = make_out_dir(out_dir)
+    with run_lock(out):
+        if not overwrite:
+            _refuse_other_config(out, config)
+        return _run_locked(config, out, progress)
+
+
+def _run_locked(config: RunConfig, out: Path, progress: bool) -> Results:
+    """:func:`run_experiment` once ``out`` is created, locked and checked."""
     t_start = time.perf_counter()
     # Load data first: a bad dataset name or file fails before the model loads.
     datasets = load_datasets(config)
@@ -554,6 +656,8 @@ def run_experiment(config: RunConfig, out_dir, *, progress: bool = True) -> Resu
     model = loading.load_model(config.model, dtype=config.dtype, mesh=mesh)
     if not checked:
         check_run(config, model.config, model.tokenizer, datasets)
+    # What this directory now holds: a later run with another configuration is refused.
+    _write_json(out / RUN_CONFIG_FILE, config.to_json())
     engine = ScoringEngine(model, max_tokens_per_batch=config.max_tokens_per_batch,
                            device_memory=config.device_memory, progress=progress)
     cache = ScoreCache(out / "cache")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import json
+import socket
+import subprocess
 import sys
 
 import numpy as np
@@ -193,3 +195,52 @@ def test_ctrl_c_during_a_run_is_one_line_naming_the_cache_and_the_command(tmp_pa
     assert err.startswith(f"error: interrupted: the scores computed so far are saved in "
                           f"{tmp_path / 'run' / 'cache'}; run the same command to resume")
     assert err.endswith(" ".join(["sc-jax", *argv]))
+
+
+# ------------------------------------------------------------------ nothing overwritten
+def _stop_at_the_model(monkeypatch):
+    def stop(*a, **k):
+        raise ValueError("stopped at the model")
+
+    monkeypatch.setattr("sc_jax.loading.load_model", stop)
+
+
+def test_a_second_run_into_a_locked_out_is_refused_and_a_stale_lock_is_taken_over(
+        tmp_path, capsys, monkeypatch):
+    _stop_at_the_model(monkeypatch)
+    out = tmp_path / "run"
+    out.mkdir()
+    argv = ["run", "--out", str(out), "--data-file", str(_data(tmp_path))] + TINY
+    live = subprocess.Popen(["sleep", "60"])  # another run, still going
+    try:
+        (out / ".lock").write_text(f"{live.pid} {socket.gethostname()}\n")
+        assert cli.main(argv) == 2
+        assert _one_error(capsys) == (f"error: --out {out} is in use by another sc-jax run (pid "
+                                      f"{live.pid} on {socket.gethostname()}; lock file "
+                                      f"{out / '.lock'}): wait for it to finish, or choose "
+                                      "another --out")
+    finally:
+        live.kill()
+        live.wait()
+    # Its process is gone (as after SIGKILL): the lock is stale and taken over.
+    assert cli.main(argv) == 2 and _one_error(capsys) == "error: stopped at the model"
+    assert not (out / ".lock").exists()  # released on the way out
+
+
+def test_a_rerun_with_another_configuration_is_refused_unless_overwrite(tmp_path, capsys,
+                                                                      monkeypatch):
+    _stop_at_the_model(monkeypatch)
+    out = tmp_path / "run"
+    out.mkdir()
+    argv = ["run", "--out", str(out), "--data-file", str(_data(tmp_path))] + TINY
+    first = cli._run_config(cli.build_parser().parse_args(argv)).to_json()
+    (out / "results.json").write_text(json.dumps({"config": first, "rows": []}))
+    other = [a if a != "1" else "2" for a in argv]  # --seeds 2
+    assert cli.main(other) == 2
+    assert _one_error(capsys) == (f"error: --out {out} holds a run with another configuration "
+                                  "(seeds: [0] there, [0, 1] here): rerun with --overwrite to "
+                                  "replace its results (the score cache is kept and reused), or "
+                                  "choose another --out")
+    # The same configuration resumes; --overwrite replaces.
+    for command in (argv, other + ["--overwrite"]):
+        assert cli.main(command) == 2 and _one_error(capsys) == "error: stopped at the model"
