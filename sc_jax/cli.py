@@ -44,7 +44,7 @@ from sc_jax.experiment import METHODS, RunConfig, run_experiment
 from sc_jax.loading import load_model
 from sc_jax.named_models import MODELS
 from sc_jax.objective import log_odds
-from sc_jax.plan import plan_run, plan_table
+from sc_jax.plan import ACCELERATOR_PEAK_FLOPS, plan_run, plan_table
 from sc_jax.prompts import TEMPLATES, build_pieces
 from sc_jax.pypi import WheelFileError
 from sc_jax.report import write_report
@@ -167,7 +167,8 @@ def _plan(args) -> int:
     config = _run_config(args)
     data, model = args.mesh or (1, 1)
     plan = plan_run(config, device_memory=args.device_memory, n_devices=data or 1, model_shards=model,
-                    peak_flops=args.peak_tflops * 1e12, mfu=args.mfu, xla=not args.no_xla,
+                    peak_flops=None if args.peak_tflops is None else args.peak_tflops * 1e12,
+                    accelerator=args.accelerator, mfu=args.mfu, xla=not args.no_xla,
                     progress=not args.quiet)
     print(plan_table(plan))
     if args.json:
@@ -369,8 +370,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_options(pl)
     pl.add_argument("--json", default=None, help="also write the plan as JSON here")
     pl.add_argument("--quiet", action="store_true", help="no per-job progress lines")
-    pl.add_argument("--peak-tflops", type=float, default=989.0,
-                    help="device peak for the time estimate (H100 SXM dense bf16: 989)")
+    pl.add_argument("--peak-tflops", type=float, default=None,
+                    help="device peak for the time estimate (default: --accelerator's datasheet, "
+                         "the local accelerator's, or a matmul measured on this CPU)")
+    pl.add_argument("--accelerator", default=None, choices=sorted(ACCELERATOR_PEAK_FLOPS),
+                    help="estimate the time for this accelerator's dense bf16 peak (datasheet)")
     pl.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation assumed")
     pl.add_argument("--no-xla", action="store_true",
                     help="skip compiling the worst program for XLA's memory figure")
@@ -438,6 +442,11 @@ def main(argv=None) -> int:
     enable_compilation_cache()
     try:
         return args.fn(args)
+    except BrokenPipeError:
+        # `sc-jax plan | head`: the reader has gone, and Python would report the flush
+        # of stdout at exit as a second error.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         # Ctrl-C: one line, not JAX's 65-line traceback; every score written so far is
         # complete (the cache writes atomically), so rerunning resumes from them.

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import time
 from typing import Any
 
 import jax
@@ -116,8 +117,47 @@ def xla_peak_bytes(config, dtype, calls: list[Call], **kw) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ a whole run
-#: Dense bfloat16 peak of one H100 SXM (NVIDIA's datasheet), the default for time estimates.
+#: Dense bfloat16 peak of one H100 SXM (NVIDIA's datasheet).
 H100_BF16_PEAK_FLOPS = 989e12
+#: Dense bfloat16 peaks (datasheets) of accelerators by name, for `plan`'s time
+#: estimate: `--accelerator NAME`, or the local device when its kind names one.
+ACCELERATOR_PEAK_FLOPS = {"h100": H100_BF16_PEAK_FLOPS, "h200": H100_BF16_PEAK_FLOPS,
+                          "a100": 312e12, "l4": 121e12, "v100": 125e12}
+
+
+def measured_matmul_flops(dtype=jnp.float32, n: int = 1024, repeats: int = 5) -> float:
+    """FLOP/s of an ``[n, n] @ [n, n]`` product on the default device, the median of
+    ``repeats`` timed runs after one compile (about 0.3 s on a 2-core CPU)."""
+    a = jnp.full((n, n), 0.5, dtype)
+    f = jax.jit(lambda x: x @ x)
+    f(a).block_until_ready()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        f(a).block_until_ready()
+        times.append(time.perf_counter() - t)
+    return 2 * n ** 3 / float(np.median(times))
+
+
+def device_peak_flops(accelerator: str | None = None, dtype=jnp.float32) -> tuple[float, str]:
+    """(peak FLOP/s per device, where it comes from) for `plan`'s time estimate: the
+    datasheet figure of ``accelerator`` (a key of :data:`ACCELERATOR_PEAK_FLOPS`), or
+    of the local accelerator when its kind names one, else a matmul measured here
+    (a CPU: an H100's figure would promise a CPU run hundreds of times too fast)."""
+    if accelerator is not None:
+        key = accelerator.lower()
+        if key not in ACCELERATOR_PEAK_FLOPS:
+            raise ValueError(f"unknown accelerator {accelerator!r}; known: "
+                             f"{', '.join(ACCELERATOR_PEAK_FLOPS)} (or give --peak-tflops)")
+        return ACCELERATOR_PEAK_FLOPS[key], f"{key.upper()} datasheet, dense bf16"
+    dev = jax.devices()[0]
+    kind = str(getattr(dev, "device_kind", dev.platform))
+    if dev.platform != "cpu":
+        for key, peak in ACCELERATOR_PEAK_FLOPS.items():
+            if key in kind.lower():
+                return peak, f"{kind} datasheet, dense bf16"
+    where = dev.platform if kind.lower() == dev.platform else f"{dev.platform} ({kind})"
+    return measured_matmul_flops(dtype), f"matmul measured on this {where}"
 
 
 def engine_calls(config, dtype, pieces, ctx, pairs, mode, *, budget_bytes, n_devices,
@@ -223,8 +263,8 @@ def _xla_worst_call(config, dtype, calls: list[Call], model_shards: int, *, mode
 
 
 def plan_run(run_config, *, device_memory: int | None = None, n_devices: int = 1, model_shards: int = 1,
-             peak_flops: float = H100_BF16_PEAK_FLOPS, mfu: float = 0.4, xla: bool = True,
-             progress: bool = False) -> dict[str, Any]:
+             peak_flops: float | None = None, mfu: float = 0.4, xla: bool = True,
+             progress: bool = False, accelerator: str | None = None) -> dict[str, Any]:
     """A dry run of ``sc-jax run``: what one seed of every (dataset, k) would score,
     with no weights read and nothing scored. Returns a JSON-able dict with, per
     (dataset, k) and size: prompts, (context, query) pairs, ``unique_tokens`` (what
@@ -234,10 +274,16 @@ def plan_run(run_config, *, device_memory: int | None = None, n_devices: int = 1
     ``peak_flops``. ``flops`` is what the device executes (padded rows and tokens,
     attention included); ``model_flops`` is 2 x non-embedding parameters x unique
     tokens, the usual numerator of MFU. Seeds repeat the same work with other demonstrations, so totals
-    multiply the first seed's figures by the number of seeds.
+    multiply the first seed's figures by the number of seeds. ``peak_flops`` None:
+    :func:`device_peak_flops` (``accelerator``'s datasheet, the local accelerator's, or
+    a matmul measured on this CPU); ``peak_source`` says which.
     """
     config, tokenizer = load_config_and_tokenizer(run_config.model)
     dtype = DTYPES[run_config.dtype]
+    if peak_flops is None:
+        peak_flops, peak_source = device_peak_flops(accelerator, dtype)
+    else:
+        peak_source = "given"
     platform = "cpu" if device_memory is None and jax.default_backend() == "cpu" else "default"
     budget = device_memory or device_memory_bytes() or host_memory_bytes()
     mesh = None
@@ -247,7 +293,7 @@ def plan_run(run_config, *, device_memory: int | None = None, n_devices: int = 1
                n_devices=n_devices, model_shards=model_shards,
                weight_bytes=weight_bytes(config, dtype, model_shards),
                kv_bytes_per_token=kv_bytes_per_token(config, dtype, model_shards),
-               peak_flops=peak_flops, mfu=mfu,
+               peak_flops=peak_flops, peak_source=peak_source, mfu=mfu,
                seeds=len(run_config.seeds), context_window=config.max_position_embeddings,
                settings=[])
     calls_of = functools.partial(
@@ -295,8 +341,9 @@ def plan_table(plan: dict[str, Any]) -> str:
     lines = [f"model {plan['model']} ({plan['dtype']}): weights {plan['weight_bytes'] / gib:.2f} GiB, "
              f"KV {plan['kv_bytes_per_token'] / 2 ** 20:.3f} MiB per token; budget "
              f"{plan['budget_bytes'] / gib:.1f} GiB per device; mesh data {plan['n_devices']} x model "
-             f"{plan['model_shards']}; time at {plan['mfu']:.0%} MFU of {plan['peak_flops'] / 1e12:.0f} "
-             "TFLOP/s per device", "",
+             f"{plan['model_shards']}; time at {plan['mfu']:.0%} MFU of "
+             f"{plan['peak_flops'] / 1e12:.3g} TFLOP/s per device "
+             f"({plan.get('peak_source', 'given')})", "",
              "| dataset | k | pairs | unique tokens | flat tokens | flat/unique | TFLOP | micro-batches | "
              "compiles | peak GiB | XLA peak GiB | s per seed |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
