@@ -314,15 +314,24 @@ def check_run(config: RunConfig, model_config, tokenizer, datasets: dict) -> lis
     return out
 
 
-def score_seed(model, engine, cache, dataset, split, config: RunConfig, k: int) -> SeedScores:
-    """Every LLM score one (dataset, k, seed) needs, from the cache where present."""
+def score_seed(model, engine, cache, dataset, split, config: RunConfig, k: int, *,
+               label: str | None = None) -> SeedScores:
+    """Every LLM score one (dataset, k, seed) needs, from the cache where present.
+    With a ``label`` (e.g. ``"[sst2 k=4 seed=0]"``) each stage logs one line: its
+    prompts, and whether they came from the cache or how long scoring took."""
     sj = seed_jobs(model.tokenizer, dataset, split, config, k)
     pieces = sj.pieces
 
     def scored(tag):
         ctx, pairs = sj.jobs[tag]
         key = score_key(model.identity, config.mode, pieces, ctx, pairs, extra=tag)
-        return cache.get_or_compute(key, lambda: engine.score(pieces, ctx, pairs, config.mode))
+        t, hits = time.perf_counter(), cache.hits
+        out = cache.get_or_compute(key, lambda: engine.score(pieces, ctx, pairs, config.mode))
+        if label:
+            how = "from the cache" if cache.hits > hits else \
+                f"scored in {time.perf_counter() - t:.1f} s"
+            log.info("%s %s: %d prompts, %s", label, _stage(tag), len(pairs), how)
+        return out
 
     base, cc, dc = scored("base"), scored("cc"), scored("dc")
     surrogate, test = {}, {}
@@ -459,11 +468,14 @@ def _score_seeds(model, engine, cache, ds, name: str, k: int, config: RunConfig,
     scores: dict[int, SeedScores] = {}
     splits = []
     for seed in config.seeds:
+        label = f"[{name} k={k} seed={seed}]"
         if progress:
-            log.info("[%s k=%d seed=%d] scoring", name, k, seed)
+            log.info("%s scoring (seed %d of %d)", label, config.seeds.index(seed) + 1,
+                     len(config.seeds))
         split = draw_split(ds, config, k, seed)
         splits.append(_split_record(name, k, seed, split))
-        scores[seed] = score_seed(model, engine, cache, ds, split, config, k)
+        scores[seed] = score_seed(model, engine, cache, ds, split, config, k,
+                                  label=label if progress else None)
         save_scores(scores_path(out, name, k, seed), scores[seed])
     return scores, splits
 
@@ -647,15 +659,22 @@ def _run_locked(config: RunConfig, out: Path, progress: bool) -> Results:
     # yet has no tokenizer to check with until load_model converts it.
     try:
         model_config, tokenizer = loading.load_config_and_tokenizer(config.model)
-        check_run(config, model_config, tokenizer, datasets)
-        checked = True
+        checked = check_run(config, model_config, tokenizer, datasets)
     except FileNotFoundError:
-        checked = False
+        checked = None
+    if progress:
+        log.info("loading the model %s", config.model)
     mesh = (make_mesh(config.mesh_devices, model=config.mesh_model)
             if config.mesh_devices or config.mesh_model > 1 else None)
     model = loading.load_model(config.model, dtype=config.dtype, mesh=mesh)
-    if not checked:
-        check_run(config, model.config, model.tokenizer, datasets)
+    if checked is None:
+        checked = check_run(config, model.config, model.tokenizer, datasets)
+    if progress:
+        ran = [c for c in checked if not c["skipped"]]
+        w = max(ran, key=lambda c: c["longest_prompt"])
+        log.info("checked %d (dataset, k) x %d seeds: the longest prompt has %d tokens (%s k=%d "
+                 "seed %d), the context window %d", len(ran), len(config.seeds),
+                 w["longest_prompt"], w["dataset"], w["k"], w["longest_seed"], w["context_window"])
     # What this directory now holds: a later run with another configuration is refused.
     _write_json(out / RUN_CONFIG_FILE, config.to_json())
     engine = ScoringEngine(model, max_tokens_per_batch=config.max_tokens_per_batch,
@@ -683,6 +702,10 @@ def _run_locked(config: RunConfig, out: Path, progress: bool) -> Results:
             fits, fit_params = _fit_sc(scores, name, k, config, lam)
             params += fit_params
             timing["fitting_s"] += time.perf_counter() - t
+            if progress and fit_params:
+                log.info("[%s k=%d] fitted %d SC / SC* problems (%d seeds x %d sizes) in %.1f s",
+                         name, k, len(fit_params), len(config.seeds), len(config.sizes(k)),
+                         time.perf_counter() - t)
             rows += _metric_rows(scores, fits, name, k, n, config)
     timing["total_s"] = time.perf_counter() - t_start
     notes += _fit_notes(params)
@@ -692,6 +715,8 @@ def _run_locked(config: RunConfig, out: Path, progress: bool) -> Results:
             "timing": timing, "cache": {"hits": cache.hits, "misses": cache.misses,
                                         "corrupt": cache.corrupt}}
     _write_json(out / "results.json", data)
+    if progress:
+        log.info("writing the tables and plots into %s", out)
     written = write_report(data, out)
     written["json"] = out / "results.json"
     return Results(out, data, written)
