@@ -47,7 +47,7 @@ from sc_jax.objective import log_odds
 from sc_jax.plan import ACCELERATOR_PEAK_FLOPS, plan_run, plan_table
 from sc_jax.prompts import TEMPLATES, build_pieces
 from sc_jax.pypi import WheelFileError
-from sc_jax.report import write_report
+from sc_jax.report import load_results, write_report
 from sc_jax.scoring import ScoringEngine
 from sc_jax.sharding import parse_mesh
 
@@ -217,7 +217,8 @@ def _ablate(args) -> int:
                   progress=not args.quiet)
     diag = diagnose(args.dir, solver=args.solver)
     out = args.out or str(Path(args.dir) / "ablation")
-    files = write_ablation(rows, out, diagnostics=diag)
+    files = write_ablation(rows, out, diagnostics=diag,
+                           model=load_results(args.dir)["config"]["model"])
     print(files["table"].read_text())
     print(files["diagnostics"].read_text())
     print("wrote " + ", ".join(str(p) for p in files.values()))
