@@ -43,6 +43,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 
 from . import baselines, loading, metrics
@@ -54,6 +55,14 @@ from .enumeration import default_m, sample_contexts, surrogate_contexts, surroga
 from .objective import log_odds
 from .prompts import build_pieces
 from .report import write_report
+from .schedule import (
+    EngineShapes,
+    PlanError,
+    device_memory_bytes,
+    engine_shapes,
+    host_memory_bytes,
+    plan_budgets,
+)
 from .scoring import ScoringEngine, check_mode
 from .sharding import make_mesh
 
@@ -270,12 +279,42 @@ def _too_long(name, dataset, split, sj: SeedJobs, tag: str, r: int, n: int, limi
             f"{m} tokens: {fix}")
 
 
-def check_run(config: RunConfig, model_config, tokenizer, datasets: dict) -> list[dict]:
+def _memory_check(config: RunConfig, model_config, device: dict | None = None):
+    """A function ``(pieces, contexts, pairs)`` that raises :class:`PlanError` where
+    the engine's memory plan (:func:`sc_jax.schedule.plan_budgets`, as
+    :class:`ScoringEngine` makes it) cannot fit one context of that job in the
+    budget; None where the run gives ``max_tokens_per_batch`` (the engine then plans
+    nothing). The weights alone not fitting raise here, once. ``device``: the
+    keywords ``budget_bytes``, ``n_devices``, ``model_shards``, ``platform`` of
+    ``plan_budgets`` (default: this run's devices, as the engine sees them)."""
+    if config.max_tokens_per_batch is not None:
+        return None
+    dtype = loading.DTYPES[config.dtype]
+    kw = device or {"budget_bytes": config.device_memory or device_memory_bytes()
+                    or host_memory_bytes(), "n_devices": config.mesh_devices or 1,
+                    "model_shards": config.mesh_model, "platform": jax.default_backend()}
+    nr = 1 if config.mode == "first_token" else None
+
+    def check(pieces, ctx, pairs):
+        rows = nr or len(pieces.labels)
+        G = int(min(64, np.bincount(pairs[:, 0], minlength=len(ctx)).max() * rows))
+        plan_budgets(model_config, dtype, engine_shapes(pieces, ctx.shape[1], config.mode), G=G, **kw)
+
+    # The weights are the same for every job: their error names no dataset or seed.
+    plan_budgets(model_config, dtype, EngineShapes(8, 8, 1, (0, 32)), G=1, **kw)
+    return check
+
+
+def check_run(config: RunConfig, model_config, tokenizer, datasets: dict, *,
+              device: dict | None = None) -> list[dict]:
     """The whole run checked up front, with no weights and no forward pass: for every
     (dataset, k, seed) the run will score, the split it draws (:func:`draw_split`: a
     class short of rows fails here, not after earlier seeds were scored), the label
     tokens of the scoring mode, and every stage's longest prompt (:func:`seed_jobs`:
-    surrogate, baselines, test-time) against ``model_config.max_position_embeddings``.
+    surrogate, baselines, test-time) against ``model_config.max_position_embeddings``,
+    and each job's memory plan against the budget (``device_memory``, the device's,
+    or the host's; ``device`` overrides them as in :func:`_memory_check`, for
+    ``sc-jax plan``'s devices), as the engine would make it.
 
     ``datasets``: name -> :class:`sc_jax.data.Dataset`. Returns one dict per (dataset,
     k): ``dataset``, ``k``, ``skipped`` (more classes than k) and, when run,
@@ -285,6 +324,7 @@ def check_run(config: RunConfig, model_config, tokenizer, datasets: dict) -> lis
     which every (dataset, k) would be skipped.
     """
     limit = model_config.max_position_embeddings
+    memory = _memory_check(config, model_config, device)
     out = []
     for name, ds in datasets.items():
         for k in config.shots:
@@ -302,6 +342,11 @@ def check_run(config: RunConfig, model_config, tokenizer, datasets: dict) -> lis
                     r = int(lengths.argmax())
                     if lengths[r] > limit:
                         raise ValueError(_too_long(name, ds, split, sj, tag, r, int(lengths[r]), limit))
+                    if memory is not None:
+                        try:
+                            memory(sj.pieces, ctx, pairs)
+                        except PlanError as e:
+                            raise PlanError(f"{name}, k={k}, seed {seed}, {_stage(tag)}: {e}") from None
                     worst = max(worst, (int(lengths[r]), seed), key=lambda w: w[0])
             out.append({"dataset": name, "k": k, "skipped": False, "longest_prompt": worst[0],
                         "longest_seed": worst[1], "context_window": limit})

@@ -303,7 +303,10 @@ def plan_run(run_config, *, device_memory: int | None = None, n_devices: int = 1
     datasets = load_datasets(run_config)
     # The run's own up-front check, every seed: a prompt too long for the context
     # window is named (task, seed, row) before the memory plan would misread it.
-    checked = {(c["dataset"], c["k"]): c for c in check_run(run_config, config, tokenizer, datasets)}
+    device = {"budget_bytes": budget, "n_devices": n_devices, "model_shards": model_shards,
+              "platform": platform}
+    checked = {(c["dataset"], c["k"]): c
+               for c in check_run(run_config, config, tokenizer, datasets, device=device)}
     for name, ds in datasets.items():
         for k in run_config.shots:
             if ds.n_classes > k:
