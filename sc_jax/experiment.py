@@ -273,10 +273,14 @@ def _too_long(name, dataset, split, sj: SeedJobs, tag: str, r: int, n: int, limi
     parts = [(len(pieces.segment(j)), _text_of(dataset, split, int(j), sj.n_test)) for j in ctx[c]]
     parts.append((len(pieces.queries[q]), _text_of(dataset, split, q, sj.n_test)))
     m, what = max(parts, key=lambda p: p[0])
+    head = (f"{name}, k={split.k}, seed {split.seed}: a {_stage(tag)} has {n} tokens, more than "
+            f"the model's context window of {limit}")
+    if n - m > limit:
+        # Even without its longest text the prompt is too long: many long texts, not one.
+        return (f"{head}, and no one text is to blame (its longest, the {what}, has {m}): "
+                "use fewer shots or shorter texts")
     fix = "shorten or drop that row" + (", or use fewer shots" if what.startswith("demo") else "")
-    return (f"{name}, k={split.k}, seed {split.seed}: a {_stage(tag)} has {n} tokens, more than "
-            f"the model's context window of {limit}; its longest text is the {what}, "
-            f"{m} tokens: {fix}")
+    return f"{head}; its longest text is the {what}, {m} tokens: {fix}"
 
 
 def _memory_check(config: RunConfig, model_config, device: dict | None = None):

@@ -87,6 +87,12 @@ def test_every_text_long_is_a_context_window_error_in_plan_not_a_memory_error(tm
     path = _write(tmp_path / "rt.jsonl", [LONG + f" {j}" for j in range(40)], np.arange(40) % 2)
     rc, errors, _ = _run(["plan", "--data-file", str(path)] + ARGS, capsys)
     assert rc == 2 and len(errors) == 1 and "context window of 512" in errors[0]
+    # Texts of 300 bytes: each fits, four of them in one prompt do not.
+    path = _write(tmp_path / "rt.jsonl", [LONG[:300] + f" {j}" for j in range(40)], np.arange(40) % 2)
+    rc, errors, _ = _run(["plan", "--data-file", str(path)] + ARGS, capsys)
+    assert rc == 2 and len(errors) == 1
+    assert "no one text is to blame (its longest, the " in errors[0]
+    assert errors[0].endswith("use fewer shots or shorter texts")
 
 
 def test_more_classes_than_shots_everywhere_is_an_error_not_an_empty_table(tmp_path, capsys):
