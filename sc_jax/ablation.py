@@ -44,6 +44,7 @@ import numpy as np
 from . import metrics
 from .calibrators import DEFAULT_LAMBDA_INV, base_accuracy, fit_batch, predict_proba
 from .experiment import load_scores, scores_path
+from .named_models import display_name
 from .objective import log_odds
 from .report import load_results
 
@@ -403,16 +404,33 @@ def markdown(rows) -> str:
     return "\n".join(out)
 
 
-def _plot_curve(rows, study: str, x_field: str, xlabel: str, path: Path) -> bool:
+def _plot_curve(rows, study: str, x_field: str, xlabel: str, path: Path,
+                model: str | None = None) -> bool:
+    fig = curve_figure(rows, study, x_field, xlabel, model)
+    if fig is None:
+        return False
+    fig.savefig(path, dpi=120)
+    return True
+
+
+def curve_figure(rows, study: str, x_field: str, xlabel: str, model: str | None = None):
+    """Macro-F1 (mean and std over seeds) of ``study``'s rows against the integer
+    ``x_field`` (N sizes, m sub-contexts), one line per (dataset, k): a
+    ``matplotlib.figure.Figure``, or None when the study has no rows."""
     summ = summarize(rows)
     keys = sorted({(r["dataset"], r["shots"]) for r in rows if r["study"] == study})
     if not keys:
-        return False
+        return None
     # matplotlib loads on first plot (about 0.5 s to import; see report.plot_f1_bars).
     from matplotlib.figure import Figure  # noqa: PLC0415
+    from matplotlib.ticker import MaxNLocator  # plotting only, loaded on first plot
 
     fig = Figure(figsize=(6, 4))  # not pyplot: the caller's backend stays as it is
     ax = fig.subplots()
+    # N sizes and m sub-contexts are counts: no tick at 2.5.
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if model is not None:
+        ax.set_title(f"{display_name(str(model))}: macro-F1 against {xlabel}", fontsize=9)
     for d, k in keys:
         pts = sorted({(r[x_field], r["setting"]) for r in rows
                       if r["study"] == study and r["dataset"] == d and r["shots"] == k})
@@ -424,13 +442,13 @@ def _plot_curve(rows, study: str, x_field: str, xlabel: str, path: Path) -> bool
     ax.set_ylabel("macro-F1 (%)")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return True
+    return fig
 
 
-def write_ablation(rows, out_dir, diagnostics=None) -> dict[str, Path]:
+def write_ablation(rows, out_dir, diagnostics=None, model: str | None = None) -> dict[str, Path]:
     """``ablation.md``, ``ablation.csv`` and the SC-N and m_i plots into ``out_dir``;
-    with the rows of :func:`diagnose`, ``diagnostics.md`` and ``diagnostics.csv``."""
+    with the rows of :func:`diagnose`, ``diagnostics.md`` and ``diagnostics.csv``.
+    ``model`` (the run's ``--model``) titles the plots."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     files = {"table": out / "ablation.md", "csv": out / "ablation.csv"}
@@ -447,8 +465,10 @@ def write_ablation(rows, out_dir, diagnostics=None) -> dict[str, Path]:
         w = csv.DictWriter(f, fieldnames=ROW_FIELDS)
         w.writeheader()
         w.writerows({k: r.get(k) for k in ROW_FIELDS} for r in rows)
-    if _plot_curve(rows, "sc_n", "sizes", "largest size N in the ensemble", out / "ablation_sc_n.png"):
+    if _plot_curve(rows, "sc_n", "sizes", "largest size N in the ensemble", out / "ablation_sc_n.png",
+                   model):
         files["sc_n_plot"] = out / "ablation_sc_n.png"
-    if _plot_curve(rows, "m_i", "m", "test-time sub-contexts per size m", out / "ablation_m.png"):
+    if _plot_curve(rows, "m_i", "m", "test-time sub-contexts per size m", out / "ablation_m.png",
+                   model):
         files["m_plot"] = out / "ablation_m.png"
     return files

@@ -28,6 +28,7 @@ import logging
 import os
 import platform
 import re
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -43,10 +44,10 @@ from sc_jax.experiment import METHODS, RunConfig, run_experiment
 from sc_jax.loading import load_model
 from sc_jax.named_models import MODELS
 from sc_jax.objective import log_odds
-from sc_jax.plan import plan_run, plan_table
+from sc_jax.plan import ACCELERATOR_PEAK_FLOPS, plan_run, plan_table
 from sc_jax.prompts import TEMPLATES, build_pieces
 from sc_jax.pypi import WheelFileError
-from sc_jax.report import write_report
+from sc_jax.report import load_results, write_report
 from sc_jax.scoring import ScoringEngine
 from sc_jax.sharding import parse_mesh
 
@@ -131,7 +132,7 @@ def _run_config(args):
         model=args.model, dtype=args.dtype, datasets=datasets,
         data_files=tuple(tuple(x.split("=", 1)) if "=" in x else (datasets[0], x)
                          for x in args.data_file),
-        data_dir=args.data_dir,
+        data_dir=args.data_dir, text_column=args.text_column, label_column=args.label_column,
         test_seed=None if args.per_seed_test_sets else args.test_seed,
         shots=tuple(args.shots), seeds=seeds, methods=tuple(args.methods.split(",")),
         test_size=args.test_size, mode=args.mode, max_size=args.max_size,
@@ -166,7 +167,8 @@ def _plan(args) -> int:
     config = _run_config(args)
     data, model = args.mesh or (1, 1)
     plan = plan_run(config, device_memory=args.device_memory, n_devices=data or 1, model_shards=model,
-                    peak_flops=args.peak_tflops * 1e12, mfu=args.mfu, xla=not args.no_xla,
+                    peak_flops=None if args.peak_tflops is None else args.peak_tflops * 1e12,
+                    accelerator=args.accelerator, mfu=args.mfu, xla=not args.no_xla,
                     progress=not args.quiet)
     print(plan_table(plan))
     if args.json:
@@ -182,7 +184,7 @@ def _run(args) -> int:
           f"{list(config.shots)}, seeds {list(config.seeds)}, test size {config.test_size}, "
           f"methods {','.join(config.methods)}, mode {config.mode}, m_i cap {config.m_cap}, "
           f"solver {config.solver}, out {args.out}", flush=True)
-    results = run_experiment(config, args.out, progress=not args.quiet)
+    results = run_experiment(config, args.out, progress=not args.quiet, overwrite=args.overwrite)
     print()
     print((results.out_dir / "table.md").read_text())
     print(f"outputs in {results.out_dir}: " + ", ".join(sorted(p.name for p in results.files.values())))
@@ -215,7 +217,8 @@ def _ablate(args) -> int:
                   progress=not args.quiet)
     diag = diagnose(args.dir, solver=args.solver)
     out = args.out or str(Path(args.dir) / "ablation")
-    files = write_ablation(rows, out, diagnostics=diag)
+    files = write_ablation(rows, out, diagnostics=diag,
+                           model=load_results(args.dir)["config"]["model"])
     print(files["table"].read_text())
     print(files["diagnostics"].read_text())
     print("wrote " + ", ".join(str(p) for p in files.values()))
@@ -255,6 +258,12 @@ def _add_run_options(r) -> None:
     r.add_argument("--data-dir", default=None,
                    help="directory with DIR/<dataset>.jsonl (or .csv, .parquet) for every "
                         "dataset without a --data-file, e.g. the nine in shared/datasets")
+    r.add_argument("--text-column", default=None,
+                   help="column of the texts in --data-file / --data-dir files (default: the "
+                        "task's own name, else 'text')")
+    r.add_argument("--label-column", default=None,
+                   help="column of the labels in those files (default: the task's own name, else "
+                        "'label')")
     r.add_argument("--shots", type=int, nargs="+", default=[4, 8], help="k, demonstrations per prompt")
     r.add_argument("--seeds", type=int, default=5, help="number of seeds (0..N-1)")
     r.add_argument("--seed-list", type=int, nargs="+", help="explicit seeds (overrides --seeds)")
@@ -351,6 +360,9 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     _add_run_options(r)
     r.add_argument("--out", default="sc_jax_run", help="output directory (also holds the score cache)")
+    r.add_argument("--overwrite", action="store_true",
+                   help="replace the results of another configuration in --out (without it such "
+                        "a directory is refused; the score cache is kept and reused)")
     r.add_argument("--quiet", action="store_true", help="no progress bars")
     r.set_defaults(fn=_run)
     pl = sub.add_parser("plan", help="dry run of `run`: pairs, tokens, FLOPs, chunks, planned and "
@@ -359,8 +371,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_options(pl)
     pl.add_argument("--json", default=None, help="also write the plan as JSON here")
     pl.add_argument("--quiet", action="store_true", help="no per-job progress lines")
-    pl.add_argument("--peak-tflops", type=float, default=989.0,
-                    help="device peak for the time estimate (H100 SXM dense bf16: 989)")
+    pl.add_argument("--peak-tflops", type=float, default=None,
+                    help="device peak for the time estimate (default: --accelerator's datasheet, "
+                         "the local accelerator's, or a matmul measured on this CPU)")
+    pl.add_argument("--accelerator", default=None, choices=sorted(ACCELERATOR_PEAK_FLOPS),
+                    help="estimate the time for this accelerator's dense bf16 peak (datasheet)")
     pl.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation assumed")
     pl.add_argument("--no-xla", action="store_true",
                     help="skip compiling the worst program for XLA's memory figure")
@@ -413,12 +428,31 @@ def enable_compilation_cache() -> str | None:
     return path
 
 
+def _interrupted(args, argv) -> str:
+    """The one line for Ctrl-C: what is kept and, for `run`, how to resume."""
+    if args.command != "run":
+        return f"interrupted: nothing of `sc-jax {args.command}` was kept"
+    command = shlex.join(["sc-jax", *(sys.argv[1:] if argv is None else argv)])
+    return (f"interrupted: the scores computed so far are saved in {Path(args.out) / 'cache'}; "
+            f"run the same command to resume from them: {command}")
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     show_log_messages()
     enable_compilation_cache()
     try:
         return args.fn(args)
+    except BrokenPipeError:
+        # `sc-jax plan | head`: the reader has gone, and Python would report the flush
+        # of stdout at exit as a second error.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except KeyboardInterrupt:
+        # Ctrl-C: one line, not JAX's 65-line traceback; every score written so far is
+        # complete (the cache writes atomically), so rerunning resumes from them.
+        print(f"error: {_interrupted(args, argv)}", file=sys.stderr)
+        return 130
     except (ValueError, FileNotFoundError, WheelFileError, DataUnavailableError) as e:
         # PlanError (memory) is a ValueError: its message names the numbers.
         print(f"error: {e}", file=sys.stderr)

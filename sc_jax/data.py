@@ -28,15 +28,23 @@ random classes), shuffled into prompt order. The test set of a seed does not dep
 k, so results for different shot counts are on the same queries. All methods of a run
 share one split. The demonstrations and the test set come from the same pool (the
 loaded split, "train" by default), as in the paper, which holds out 256 test examples
-per dataset.
+per dataset. Texts are drawn once each: a row whose text (case- and
+whitespace-insensitively, `normalise_text`) repeats one drawn before it in the
+permutation is passed over, and no demonstration repeats a test query's text (real
+data repeats texts; `load_task` logs how many rows do). Data without repeated texts
+draws exactly the rows it drew before this rule.
 """
 
 from __future__ import annotations
 
+import codecs
 import csv
 import dataclasses
+import functools
 import hashlib
+import io
 import json
+import logging
 import math
 import numbers
 import os
@@ -48,6 +56,8 @@ import numpy as np
 
 from .pypi import WheelFile, cache_root
 from .prompts import TEMPLATES, Template
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "DataUnavailableError",
@@ -189,6 +199,16 @@ class Dataset:
     def n_classes(self) -> int:
         return self.task.n_classes
 
+    @functools.cached_property
+    def text_keys(self) -> tuple[str, ...]:
+        """Each text as the protocol compares texts (`normalise_text`): [N] strings."""
+        return tuple(normalise_text(t) for t in self.texts)
+
+    @functools.cached_property
+    def duplicate_rows(self) -> int:
+        """Rows whose text (`normalise_text`) repeats an earlier row's."""
+        return len(self.texts) - len(set(self.text_keys))
+
     def class_counts(self) -> np.ndarray:
         """Examples per class, int64 [n_classes]."""
         return np.bincount(self.labels, minlength=self.n_classes)
@@ -197,6 +217,13 @@ class Dataset:
         """The rows at `indices` (int [M]), in that order."""
         indices = np.asarray(indices, dtype=np.int64)
         return Dataset(tuple(self.texts[i] for i in indices), self.labels[indices], self.task, self.source)
+
+
+def normalise_text(text: str) -> str:
+    """The form in which the protocol compares two texts: case folded, every run of
+    whitespace one space (prompts normalise whitespace too, so two texts that differ
+    only there are the same prompt)."""
+    return " ".join(str(text).split()).casefold()
 
 
 # --------------------------------------------------------------------------- loading
@@ -306,6 +333,19 @@ def load_task(
       DataUnavailableError: no local file was given and the data cannot be fetched; the
         message says how to pass a local file.
     """
+    dataset = _load_task(name, data_file=data_file, data_dir=data_dir, split=split,
+                         text_column=text_column, label_column=label_column)
+    if dataset.duplicate_rows:
+        # Real data repeats texts (GLUE's SST-2 train split 371 times); the protocol
+        # keeps one copy of each, so a test query is never also a demonstration.
+        log.info("%s: %d of %d rows repeat an earlier text (compared case- and "
+                 "whitespace-insensitively); the protocol draws each text once, so no test "
+                 "query is also a demonstration", dataset.source, dataset.duplicate_rows,
+                 len(dataset))
+    return dataset
+
+
+def _load_task(name: str, *, data_file, data_dir, split: str, text_column, label_column) -> Dataset:
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
     spec = TASKS[name]
@@ -334,7 +374,8 @@ def _local_file_help(spec: TaskSpec, text_column: str, label_column: str) -> str
         "the command line. The file may be CSV, JSONL (one JSON object per line) or Parquet, "
         f"with a column {text_column!r} holding the text and a column {label_column!r} holding "
         f"the label: an integer 0..{spec.n_classes - 1} or a label word, in this order: {labels} "
-        "(other column names: text_column=..., label_column=...)."
+        "(other column names: --text-column / --label-column, or text_column=... / "
+        "label_column=... in Python)."
     )
 
 
@@ -381,11 +422,25 @@ def _read_file(path: Path, spec: TaskSpec) -> dict[str, list]:
                      "or .parquet")
 
 
+def _read_text(path: Path) -> str:
+    """The UTF-8 text of ``path``, without a leading byte-order mark (spreadsheet
+    exports often start with one, which would otherwise become part of the first
+    column's name). Raises ValueError naming the file, line and byte that is not UTF-8."""
+    raw = path.read_bytes()
+    start = len(codecs.BOM_UTF8) if raw.startswith(codecs.BOM_UTF8) else 0
+    try:
+        return raw[start:].decode("utf-8")
+    except UnicodeDecodeError as e:
+        at = start + e.start
+        line = raw.count(b"\n", 0, at) + 1
+        column = at - (raw.rfind(b"\n", 0, at) + 1) + 1
+        raise ValueError(f"{path}, line {line}, column {column}: byte 0x{raw[at]:02x} is not UTF-8 "
+                         "text; save the file as UTF-8") from None
+
+
 def _read_csv(path: Path, delimiter: str = ",") -> dict[str, list]:
     """Columns of a CSV file with a header row; all values are strings."""
-    # utf-8-sig: spreadsheet exports often start with a byte-order mark that would
-    # otherwise become part of the first column's name.
-    with path.open(newline="", encoding="utf-8-sig") as f:
+    with io.StringIO(_read_text(path), newline="") as f:
         reader = csv.reader(f, delimiter=delimiter)
         try:
             header = next(reader, None)
@@ -408,7 +463,7 @@ def _read_csv(path: Path, delimiter: str = ",") -> dict[str, list]:
 
 def _read_json(path: Path) -> dict[str, list]:
     """Columns of JSON lines (or a JSON list) of objects; missing keys become None."""
-    text = path.read_text(encoding="utf-8-sig")
+    text = _read_text(path)
     if text.lstrip().startswith("["):
         try:
             records = json.loads(text)
@@ -458,7 +513,8 @@ def _to_dataset(columns: Mapping[str, Sequence], spec: TaskSpec, text_column: st
         roles = {text_column: "text", label_column: "label"}
         named = " and ".join(f"{roles[c]} column {c!r}" for c in missing)
         raise ValueError(f"{where} has no {named}; its columns are {sorted(columns)}. "
-                         "Name the right ones with text_column=... / label_column=....")
+                         "Name the right ones with --text-column / --label-column (text_column=... / "
+                         "label_column=... in Python).")
     texts_raw, labels_raw = list(columns[text_column]), list(columns[label_column])
     if not texts_raw:
         raise ValueError(f"{where} holds no rows for task {spec.name!r}")
@@ -591,6 +647,11 @@ def split_protocol(dataset: Dataset, *, k: int, test_size: int = 256, seed: int,
     are then shuffled into prompt order. Identical (dataset, k, test_size, seed) give
     identical splits, and the test set does not depend on k.
 
+    Rows whose text repeats an earlier drawn one (`normalise_text`) are passed over in
+    both the test set and the pool, and the pool holds no test query's text, so no
+    test query is also a demonstration and no two test queries are the same text; on
+    data without repeated texts nothing is passed over.
+
     When k < n, n - k classes get no demonstration; this is returned, not raised:
     see `Split.missing_classes`.
 
@@ -604,17 +665,24 @@ def split_protocol(dataset: Dataset, *, k: int, test_size: int = 256, seed: int,
     if test_size < 0:
         raise ValueError(f"test_size must be non-negative, got {test_size}")
     n_rows, n = len(dataset), dataset.n_classes
-    if n_rows < k + test_size:
-        raise ValueError(f"{dataset.task.name}: {n_rows} examples, fewer than k + test_size = "
+    n_distinct = n_rows - dataset.duplicate_rows
+    if n_distinct < k + test_size:
+        what = f"{n_rows} examples" + (f" ({n_distinct} distinct texts)" if n_distinct < n_rows else "")
+        raise ValueError(f"{dataset.task.name}: {what}, fewer than k + test_size = "
                          f"{k} + {test_size}; lower test_size or k, or load more data")
     rng = np.random.default_rng(seed)
     order = rng.permutation(n_rows).astype(np.int64)
     if test_seed is None:
+        order = _first_of_each_text(dataset, order)
         test = order[:test_size]
         pool = order[test_size:]
     else:
         test = fixed_test_indices(n_rows, test_size, test_seed)
+        if dataset.duplicate_rows:
+            perm = np.random.default_rng(test_seed).permutation(n_rows).astype(np.int64)
+            test = _first_of_each_text(dataset, perm)[:test_size]
         pool = order[~np.isin(order, test)]
+        pool = _first_of_each_text(dataset, pool, seen={dataset.text_keys[i] for i in test})
     pool_labels = dataset.labels[pool]
     by_class = [pool[pool_labels == c] for c in range(n)]  # each in permutation order
     available = np.array([len(rows) for rows in by_class])
@@ -643,6 +711,23 @@ def split_protocol(dataset: Dataset, *, k: int, test_size: int = 256, seed: int,
         a.setflags(write=False)
     return Split(demos, test, demo_labels, n, int(seed), missing,
                  None if test_seed is None else int(test_seed))
+
+
+def _first_of_each_text(dataset: Dataset, rows: np.ndarray, seen: set | None = None) -> np.ndarray:
+    """``rows`` (int64 [M], in draw order) without those whose text (`normalise_text`)
+    is in ``seen`` (texts of rows outside ``rows``) or repeats an earlier one of
+    ``rows``: int64 [M' <= M]. On data without repeated texts this is ``rows`` itself, so such data
+    draws exactly the rows it drew before duplicates were handled."""
+    if not dataset.duplicate_rows:  # ``seen`` holds texts of other rows: none can match
+        return rows
+    seen = set(seen or ())
+    keys = dataset.text_keys
+    keep = []
+    for r in rows.tolist():
+        if keys[r] not in seen:
+            seen.add(keys[r])
+            keep.append(r)
+    return np.asarray(keep, np.int64)
 
 
 def dc_pool(dataset: Dataset, test_indices) -> tuple[str, ...]:

@@ -29,16 +29,21 @@ note in the results, for every method.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.metadata as md
 import json
 import logging
+import os
 import platform
+import socket
 import sys
 import time
+import zipfile
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 
 from . import baselines, loading, metrics
@@ -50,7 +55,15 @@ from .enumeration import default_m, sample_contexts, surrogate_contexts, surroga
 from .objective import log_odds
 from .prompts import build_pieces
 from .report import write_report
-from .scoring import ScoringEngine
+from .schedule import (
+    EngineShapes,
+    PlanError,
+    device_memory_bytes,
+    engine_shapes,
+    host_memory_bytes,
+    plan_budgets,
+)
+from .scoring import ScoringEngine, check_mode
 from .sharding import make_mesh
 
 log = logging.getLogger(__name__)
@@ -62,6 +75,10 @@ METHODS = ("base", "cc", "dc", "bc", "sc_star", "sc")
 # paper's fit reverses the LLM at those sizes; guard="none" is the paper's SC.
 DEFAULT_GUARD = "bias_only"
 LABEL_MODES = ("first_token", "sequence")
+# The largest k a run accepts: the paper's largest is 16. Above a few dozen, the k-shot
+# prompt outgrows small models' context windows and a run compiles for minutes before
+# its first score, so a typo such as --shots 100 is refused instead.
+MAX_SHOTS = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +90,8 @@ class RunConfig:
     datasets: tuple[str, ...] = ("rotten_tomatoes",)
     data_files: tuple[tuple[str, str], ...] = ()  # (dataset, local file)
     data_dir: str | None = None  # DIR/<dataset>.jsonl (or .csv, .parquet) for the rest
+    text_column: str | None = None  # None: the task's own, else "text" (sc_jax.data.load_task)
+    label_column: str | None = None  # None: the task's own, else "label"
     shots: tuple[int, ...] = (4, 8)
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     methods: tuple[str, ...] = METHODS
@@ -106,8 +125,19 @@ class RunConfig:
             raise ValueError(f"mode must be one of {LABEL_MODES}, got {self.mode!r}")
         if not self.shots or min(self.shots) < 2:
             raise ValueError(f"shots must be >= 2 (SC needs a held-out demonstration), got {self.shots}")
+        if max(self.shots) > MAX_SHOTS:
+            raise ValueError(f"shots must be at most {MAX_SHOTS} (the paper uses 4, 8 and 16; "
+                             f"SC's sub-contexts grow with k), got {max(self.shots)}")
         if not self.seeds:
             raise ValueError("at least one seed is needed")
+        # Each of these would run without a word and record a value it did not use
+        # (m_cap 0 still draws one sub-context) or fail only after the scoring.
+        for name, value in (("m_cap", self.m_cap), ("max_size", self.max_size),
+                            ("budget", self.budget), ("bc_batch", self.bc_batch),
+                            ("dc_strings", self.dc_strings),
+                            ("max_tokens_per_batch", self.max_tokens_per_batch)):
+            if value is not None and value < 1:
+                raise ValueError(f"{name} (--{name.replace('_', '-')}) must be at least 1, got {value}")
         if self.test_size < 1:
             raise ValueError(f"test_size must be positive, got {self.test_size}")
         if self.tau is not None and not -1.0 <= self.tau <= 1.0:
@@ -193,15 +223,164 @@ def seed_jobs(tokenizer, dataset, split, config: RunConfig, k: int) -> SeedJobs:
     return SeedJobs(pieces, jobs, ms, T)
 
 
-def score_seed(model, engine, cache, dataset, split, config: RunConfig, k: int) -> SeedScores:
-    """Every LLM score one (dataset, k, seed) needs, from the cache where present."""
+def load_datasets(config: RunConfig) -> dict:
+    """name -> :class:`sc_jax.data.Dataset` of every dataset of ``config``, from its
+    ``--data-file``, ``--data-dir`` or default source."""
+    files = dict(config.data_files)
+    return {name: load_task(name, data_file=files.get(name), data_dir=config.data_dir,
+                            text_column=config.text_column, label_column=config.label_column)
+            for name in config.datasets}
+
+
+def draw_split(dataset, config: RunConfig, k: int, seed: int):
+    """The :class:`sc_jax.data.Split` of one (dataset, k, seed) as the run draws it.
+    The run, its up-front check (:func:`check_run`) and ``sc-jax plan`` all draw
+    through here, so the check sees the rows the run will score."""
+    return split_protocol(dataset, k=k, test_size=config.test_size, seed=seed,
+                          test_seed=config.test_seed)
+
+
+def _stage(tag: str) -> str:
+    """A job tag of :func:`seed_jobs`, as a person reads it."""
+    named = {"base": "k-shot prompt (Base, BC)", "cc": "k-shot prompt of CC",
+             "dc": "k-shot prompt of DC"}
+    if tag in named:
+        return named[tag]
+    if tag.startswith("surrogate"):
+        return f"surrogate prompt of size {tag[len('surrogate'):]}"
+    return f"test-time prompt of size {tag[len('test'):]}"
+
+
+def _text_of(dataset, split, q: int, n_test: int) -> str:
+    """Query ``q`` of :func:`seed_jobs`' pieces (demonstrations, then test queries, then
+    CC's content-free inputs, then DC's strings), named by its data row where it has one."""
+    k = split.k
+    if q < k:
+        return f"demonstration {q + 1} (row {int(split.demo_indices[q]) + 1} of {dataset.source})"
+    if q < k + n_test:
+        return f"test query (row {int(split.test_indices[q - k]) + 1} of {dataset.source})"
+    if q < k + n_test + len(CONTENT_FREE_INPUTS):
+        return "a content-free input of CC"
+    return "a random in-domain string of DC"
+
+
+def _too_long(name, dataset, split, sj: SeedJobs, tag: str, r: int, n: int, limit: int) -> str:
+    """The one-line error for prompt ``r`` of job ``tag`` (``n`` tokens > ``limit``):
+    which text of it is longest, by data row."""
+    ctx, pairs = sj.jobs[tag]
+    c, q = (int(x) for x in pairs[r])
+    pieces = sj.pieces
+    parts = [(len(pieces.segment(j)), _text_of(dataset, split, int(j), sj.n_test)) for j in ctx[c]]
+    parts.append((len(pieces.queries[q]), _text_of(dataset, split, q, sj.n_test)))
+    m, what = max(parts, key=lambda p: p[0])
+    head = (f"{name}, k={split.k}, seed {split.seed}: a {_stage(tag)} has {n} tokens, more than "
+            f"the model's context window of {limit}")
+    if n - m > limit:
+        # Even without its longest text the prompt is too long: many long texts, not one.
+        return (f"{head}, and no one text is to blame (its longest, the {what}, has {m}): "
+                "use fewer shots or shorter texts")
+    fix = "shorten or drop that row" + (", or use fewer shots" if what.startswith("demo") else "")
+    return f"{head}; its longest text is the {what}, {m} tokens: {fix}"
+
+
+def _memory_check(config: RunConfig, model_config, device: dict | None = None):
+    """A function ``(pieces, contexts, pairs)`` that raises :class:`PlanError` where
+    the engine's memory plan (:func:`sc_jax.schedule.plan_budgets`, as
+    :class:`ScoringEngine` makes it) cannot fit one context of that job in the
+    budget; None where the run gives ``max_tokens_per_batch`` (the engine then plans
+    nothing). The weights alone not fitting raise here, once. ``device``: the
+    keywords ``budget_bytes``, ``n_devices``, ``model_shards``, ``platform`` of
+    ``plan_budgets`` (default: this run's devices, as the engine sees them)."""
+    if config.max_tokens_per_batch is not None:
+        return None
+    dtype = loading.DTYPES[config.dtype]
+    kw = device or {"budget_bytes": config.device_memory or device_memory_bytes()
+                    or host_memory_bytes(), "n_devices": config.mesh_devices or 1,
+                    "model_shards": config.mesh_model, "platform": jax.default_backend()}
+    nr = 1 if config.mode == "first_token" else None
+
+    def check(pieces, ctx, pairs):
+        rows = nr or len(pieces.labels)
+        G = int(min(64, np.bincount(pairs[:, 0], minlength=len(ctx)).max() * rows))
+        plan_budgets(model_config, dtype, engine_shapes(pieces, ctx.shape[1], config.mode), G=G, **kw)
+
+    # The weights are the same for every job: their error names no dataset or seed.
+    plan_budgets(model_config, dtype, EngineShapes(8, 8, 1, (0, 32)), G=1, **kw)
+    return check
+
+
+def check_run(config: RunConfig, model_config, tokenizer, datasets: dict, *,
+              device: dict | None = None) -> list[dict]:
+    """The whole run checked up front, with no weights and no forward pass: for every
+    (dataset, k, seed) the run will score, the split it draws (:func:`draw_split`: a
+    class short of rows fails here, not after earlier seeds were scored), the label
+    tokens of the scoring mode, and every stage's longest prompt (:func:`seed_jobs`:
+    surrogate, baselines, test-time) against ``model_config.max_position_embeddings``,
+    and each job's memory plan against the budget (``device_memory``, the device's,
+    or the host's; ``device`` overrides them as in :func:`_memory_check`, for
+    ``sc-jax plan``'s devices), as the engine would make it.
+
+    ``datasets``: name -> :class:`sc_jax.data.Dataset`. Returns one dict per (dataset,
+    k): ``dataset``, ``k``, ``skipped`` (more classes than k) and, when run,
+    ``longest_prompt`` (tokens, over all seeds and stages) and ``longest_seed``.
+    Raises ValueError (one line naming dataset, k, seed, stage and data row) for a
+    prompt longer than the context window, a split that cannot be drawn, or a run in
+    which every (dataset, k) would be skipped.
+    """
+    limit = model_config.max_position_embeddings
+    memory = _memory_check(config, model_config, device)
+    out = []
+    for name, ds in datasets.items():
+        for k in config.shots:
+            if ds.n_classes > k:
+                out.append({"dataset": name, "k": k, "skipped": True, "n_classes": ds.n_classes})
+                continue
+            worst = (0, None)
+            for seed in config.seeds:
+                split = draw_split(ds, config, k, seed)
+                sj = seed_jobs(tokenizer, ds, split, config, k)
+                if seed == config.seeds[0]:
+                    check_mode(config.mode, sj.pieces)
+                for tag, (ctx, pairs) in sj.jobs.items():
+                    lengths = sj.pieces.prompt_lengths(ctx, pairs, config.mode)
+                    r = int(lengths.argmax())
+                    if lengths[r] > limit:
+                        raise ValueError(_too_long(name, ds, split, sj, tag, r, int(lengths[r]), limit))
+                    if memory is not None:
+                        try:
+                            memory(sj.pieces, ctx, pairs)
+                        except PlanError as e:
+                            raise PlanError(f"{name}, k={k}, seed {seed}, {_stage(tag)}: {e}") from None
+                    worst = max(worst, (int(lengths[r]), seed), key=lambda w: w[0])
+            out.append({"dataset": name, "k": k, "skipped": False, "longest_prompt": worst[0],
+                        "longest_seed": worst[1], "context_window": limit})
+    if all(s["skipped"] for s in out):
+        why = "; ".join(f"{s['dataset']} has {s['n_classes']} classes, more than k={s['k']}"
+                        for s in out)
+        raise ValueError(f"nothing to run: {why} (a class would have no demonstration; the "
+                         "paper skips such settings, Appendix A): use --shots at least the "
+                         "number of classes")
+    return out
+
+
+def score_seed(model, engine, cache, dataset, split, config: RunConfig, k: int, *,
+               label: str | None = None) -> SeedScores:
+    """Every LLM score one (dataset, k, seed) needs, from the cache where present.
+    With a ``label`` (e.g. ``"[sst2 k=4 seed=0]"``) each stage logs one line: its
+    prompts, and whether they came from the cache or how long scoring took."""
     sj = seed_jobs(model.tokenizer, dataset, split, config, k)
     pieces = sj.pieces
 
     def scored(tag):
         ctx, pairs = sj.jobs[tag]
         key = score_key(model.identity, config.mode, pieces, ctx, pairs, extra=tag)
-        return cache.get_or_compute(key, lambda: engine.score(pieces, ctx, pairs, config.mode))
+        t, hits = time.perf_counter(), cache.hits
+        out = cache.get_or_compute(key, lambda: engine.score(pieces, ctx, pairs, config.mode))
+        if label:
+            how = "from the cache" if cache.hits > hits else \
+                f"scored in {time.perf_counter() - t:.1f} s"
+            log.info("%s %s: %d prompts, %s", label, _stage(tag), len(pairs), how)
+        return out
 
     base, cc, dc = scored("base"), scored("cc"), scored("dc")
     surrogate, test = {}, {}
@@ -235,15 +414,49 @@ def save_scores(path: Path, s: SeedScores) -> None:
 
 
 def load_scores(path: Path) -> SeedScores:
-    """The :class:`SeedScores` written by :func:`save_scores`."""
-    with np.load(path) as z:
-        a = {name: z[name] for name in z.files}
-    sizes = sorted(int(name[len("test"):]) for name in a if name.startswith("test"))
-    return SeedScores(
-        base=a["base"], cc=a["cc"], dc=a["dc"], y_test=a["y_test"],
-        surrogate={i: (a[f"surrogate{i}_logp"], a[f"surrogate{i}_labels"],
-                       a[f"surrogate{i}_queries"]) for i in sizes},
-        test={i: a[f"test{i}"] for i in sizes})
+    """The :class:`SeedScores` written by :func:`save_scores`.
+
+    Raises ValueError naming ``path`` for a truncated or foreign file (the score cache
+    still holds the scores: rerunning the run's command rewrites it)."""
+    try:
+        with np.load(path) as z:
+            a = {name: z[name] for name in z.files}
+        sizes = sorted(int(name[len("test"):]) for name in a if name.startswith("test"))
+        return SeedScores(
+            base=a["base"], cc=a["cc"], dc=a["dc"], y_test=a["y_test"],
+            surrogate={i: (a[f"surrogate{i}_logp"], a[f"surrogate{i}_labels"],
+                           a[f"surrogate{i}_queries"]) for i in sizes},
+            test={i: a[f"test{i}"] for i in sizes})
+    # A damaged file makes np.load raise zipfile.BadZipFile (not an OSError), EOFError,
+    # ValueError or OSError; a foreign archive lacks a key.
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError) as e:
+        raise ValueError(f"{path}: unreadable score file ({type(e).__name__}: {e}); rerun the "
+                         "same `sc-jax run` command to rewrite it from the score cache") from e
+
+
+def make_out_dir(path) -> Path:
+    """Create the output directory ``path`` (and its parents) and return it; a
+    ValueError naming ``path`` (``--out``) when it is a file, lies under a file, or
+    cannot be created or written."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is an existing file, not a directory: choose a directory")
+    parent = out
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"--out {out} lies under {parent}, which is a file, not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        # A directory can exist and still refuse files (read-only mounts, permissions).
+        probe = out / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        where = f"{parent} does not accept new files" if parent != out else f"{out} is not writable"
+        raise ValueError(f"--out {out}: {where} ({e.strerror or e}); choose a writable "
+                         "directory") from e
+    return out
 
 
 # ------------------------------------------------------------------ the run
@@ -304,12 +517,14 @@ def _score_seeds(model, engine, cache, ds, name: str, k: int, config: RunConfig,
     scores: dict[int, SeedScores] = {}
     splits = []
     for seed in config.seeds:
+        label = f"[{name} k={k} seed={seed}]"
         if progress:
-            log.info("[%s k=%d seed=%d] scoring", name, k, seed)
-        split = split_protocol(ds, k=k, test_size=config.test_size, seed=seed,
-                               test_seed=config.test_seed)
+            log.info("%s scoring (seed %d of %d)", label, config.seeds.index(seed) + 1,
+                     len(config.seeds))
+        split = draw_split(ds, config, k, seed)
         splits.append(_split_record(name, k, seed, split))
-        scores[seed] = score_seed(model, engine, cache, ds, split, config, k)
+        scores[seed] = score_seed(model, engine, cache, ds, split, config, k,
+                                  label=label if progress else None)
         save_scores(scores_path(out, name, k, seed), scores[seed])
     return scores, splits
 
@@ -378,27 +593,147 @@ def _fit_notes(params: list[dict]) -> list[str]:
     return notes
 
 
-def run_experiment(config: RunConfig, out_dir, *, progress: bool = True) -> Results:
+LOCK_FILE = ".lock"
+RUN_CONFIG_FILE = "run_config.json"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def run_lock(out: Path):
+    """Hold ``out/.lock`` (created with O_EXCL, holding this process's pid and host)
+    while a run writes into ``out``; removed on exit, whatever the exit. A lock whose
+    process is gone (a run killed with SIGKILL) is stale and taken over. Raises
+    ValueError naming the pid when another live run holds ``out``."""
+    path = out / LOCK_FILE
+    me = f"{os.getpid()} {socket.gethostname()}"
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                pid_text, _, host = path.read_text().strip().partition(" ")
+                pid = int(pid_text)
+            except (OSError, ValueError):
+                pid, host = None, ""  # removed meanwhile, or half written: look again
+            # Another host's pid cannot be checked from here: treat it as alive.
+            if pid is not None and (host not in ("", socket.gethostname()) or _pid_alive(pid)):
+                raise ValueError(f"--out {out} is in use by another sc-jax run (pid {pid}"
+                                 f"{' on ' + host if host else ''}; lock file {path}): wait for "
+                                 "it to finish, or choose another --out") from None
+            if pid is not None:
+                log.info("%s: taking over the lock of pid %d, which no longer runs", out, pid)
+                path.unlink(missing_ok=True)
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(me + "\n")
+        break
+    else:
+        raise ValueError(f"--out {out}: could not take the lock file {path}; remove it if no "
+                         "sc-jax run is writing there")
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def _config_differences(old: dict, new: dict) -> list[str]:
+    """``key: old there, new here`` for every key of two RunConfig JSONs that differs;
+    a key one of them lacks (written by another version) counts as its default."""
+    default = json.loads(json.dumps(RunConfig().to_json()))
+    out = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key, default.get(key)), new.get(key, default.get(key))
+        if a != b:
+            out.append(f"{key}: {a} there, {b} here")
+    return out
+
+
+def _refuse_other_config(out: Path, config: RunConfig) -> None:
+    """A ValueError when ``out`` holds (or was last started with) another run
+    configuration: the tables, plots and scores/ would be replaced without a word."""
+    new = json.loads(json.dumps(config.to_json()))  # tuples as JSON lists
+    for name in (RUN_CONFIG_FILE, "results.json"):
+        path = out / name
+        if not path.exists():
+            continue
+        try:
+            old = json.loads(path.read_text())
+            old = old["config"] if name == "results.json" else old
+        except (OSError, ValueError, KeyError, TypeError):
+            raise ValueError(f"--out {out} holds an unreadable {name}; rerun with --overwrite "
+                             "to replace it, or choose another --out") from None
+        diff = _config_differences(old if isinstance(old, dict) else {}, new)
+        if diff:
+            raise ValueError(f"--out {out} holds a run with another configuration "
+                             f"({'; '.join(diff[:3])}{'; ...' if len(diff) > 3 else ''}): rerun "
+                             "with --overwrite to replace its results (the score cache is kept "
+                             "and reused), or choose another --out")
+        return
+
+
+def run_experiment(config: RunConfig, out_dir, *, progress: bool = True,
+                   overwrite: bool = False) -> Results:
     """Run the experiment and write results.json, results.csv, table.md and plots
     into ``out_dir``. LLM scores are cached in ``out_dir/cache``: a re-run after an
     interruption recomputes only what is missing. Each seed's assembled scores are
     also kept in ``out_dir/scores/`` (:func:`save_scores`), from which
-    :func:`sc_jax.ablation.ablate` refits without the model."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    :func:`sc_jax.ablation.ablate` refits without the model.
+
+    ``out_dir`` is locked for the run (:func:`run_lock`: a second run into it is
+    refused), and a directory holding a run of another configuration is refused
+    unless ``overwrite`` (the same configuration resumes or repeats)."""
+    out = make_out_dir(out_dir)
+    with run_lock(out):
+        if not overwrite:
+            _refuse_other_config(out, config)
+        return _run_locked(config, out, progress)
+
+
+def _run_locked(config: RunConfig, out: Path, progress: bool) -> Results:
+    """:func:`run_experiment` once ``out`` is created, locked and checked."""
     t_start = time.perf_counter()
     # Load data first: a bad dataset name or file fails before the model loads.
-    files = dict(config.data_files)
-    datasets = {name: load_task(name, data_file=files.get(name), data_dir=config.data_dir)
-                for name in config.datasets}
+    datasets = load_datasets(config)
+    # Every seed's prompts against the context window before the weights load (a
+    # late failure would come after minutes of scoring). A named model not converted
+    # yet has no tokenizer to check with until load_model converts it.
+    try:
+        model_config, tokenizer = loading.load_config_and_tokenizer(config.model)
+        checked = check_run(config, model_config, tokenizer, datasets)
+    except FileNotFoundError:
+        checked = None
+    if progress:
+        log.info("loading the model %s", config.model)
     mesh = (make_mesh(config.mesh_devices, model=config.mesh_model)
             if config.mesh_devices or config.mesh_model > 1 else None)
     model = loading.load_model(config.model, dtype=config.dtype, mesh=mesh)
+    if checked is None:
+        checked = check_run(config, model.config, model.tokenizer, datasets)
+    if progress:
+        ran = [c for c in checked if not c["skipped"]]
+        w = max(ran, key=lambda c: c["longest_prompt"])
+        log.info("checked %d (dataset, k) x %d seeds: the longest prompt has %d tokens (%s k=%d "
+                 "seed %d), the context window %d", len(ran), len(config.seeds),
+                 w["longest_prompt"], w["dataset"], w["k"], w["longest_seed"], w["context_window"])
+    # What this directory now holds: a later run with another configuration is refused.
+    _write_json(out / RUN_CONFIG_FILE, config.to_json())
     engine = ScoringEngine(model, max_tokens_per_batch=config.max_tokens_per_batch,
                            device_memory=config.device_memory, progress=progress)
     cache = ScoreCache(out / "cache")
     lam = DEFAULT_LAMBDA_INV if config.lambda_inv is None else config.lambda_inv
     rows, params, notes, splits, skipped = [], [], [], [], []
+    notes += [f"{name}: {ds.duplicate_rows} of {len(ds)} rows repeat an earlier text; each "
+              "text is drawn once, so no test query is also a demonstration"
+              for name, ds in datasets.items() if ds.duplicate_rows]
     timing = {"scoring_s": 0.0, "fitting_s": 0.0}
     for name, ds in datasets.items():
         n = ds.n_classes
@@ -416,6 +751,10 @@ def run_experiment(config: RunConfig, out_dir, *, progress: bool = True) -> Resu
             fits, fit_params = _fit_sc(scores, name, k, config, lam)
             params += fit_params
             timing["fitting_s"] += time.perf_counter() - t
+            if progress and fit_params:
+                log.info("[%s k=%d] fitted %d SC / SC* problems (%d seeds x %d sizes) in %.1f s",
+                         name, k, len(fit_params), len(config.seeds), len(config.sizes(k)),
+                         time.perf_counter() - t)
             rows += _metric_rows(scores, fits, name, k, n, config)
     timing["total_s"] = time.perf_counter() - t_start
     notes += _fit_notes(params)
@@ -425,6 +764,8 @@ def run_experiment(config: RunConfig, out_dir, *, progress: bool = True) -> Resu
             "timing": timing, "cache": {"hits": cache.hits, "misses": cache.misses,
                                         "corrupt": cache.corrupt}}
     _write_json(out / "results.json", data)
+    if progress:
+        log.info("writing the tables and plots into %s", out)
     written = write_report(data, out)
     written["json"] = out / "results.json"
     return Results(out, data, written)

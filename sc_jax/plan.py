@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import time
 from typing import Any
 
 import jax
@@ -27,8 +28,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from . import scoring
-from .data import load_task, split_protocol
-from .experiment import seed_jobs
+from .experiment import check_run, draw_split, load_datasets, seed_jobs
 from .loading import DTYPES, load_config_and_tokenizer
 from .model import Decoder, KVCache
 # The memory model (sc_jax.schedule), importable from here too.
@@ -117,8 +117,47 @@ def xla_peak_bytes(config, dtype, calls: list[Call], **kw) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ a whole run
-#: Dense bfloat16 peak of one H100 SXM (NVIDIA's datasheet), the default for time estimates.
+#: Dense bfloat16 peak of one H100 SXM (NVIDIA's datasheet).
 H100_BF16_PEAK_FLOPS = 989e12
+#: Dense bfloat16 peaks (datasheets) of accelerators by name, for `plan`'s time
+#: estimate: `--accelerator NAME`, or the local device when its kind names one.
+ACCELERATOR_PEAK_FLOPS = {"h100": H100_BF16_PEAK_FLOPS, "h200": H100_BF16_PEAK_FLOPS,
+                          "a100": 312e12, "l4": 121e12, "v100": 125e12}
+
+
+def measured_matmul_flops(dtype=jnp.float32, n: int = 1024, repeats: int = 5) -> float:
+    """FLOP/s of an ``[n, n] @ [n, n]`` product on the default device, the median of
+    ``repeats`` timed runs after one compile (about 0.3 s on a 2-core CPU)."""
+    a = jnp.full((n, n), 0.5, dtype)
+    f = jax.jit(lambda x: x @ x)
+    f(a).block_until_ready()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        f(a).block_until_ready()
+        times.append(time.perf_counter() - t)
+    return 2 * n ** 3 / float(np.median(times))
+
+
+def device_peak_flops(accelerator: str | None = None, dtype=jnp.float32) -> tuple[float, str]:
+    """(peak FLOP/s per device, where it comes from) for `plan`'s time estimate: the
+    datasheet figure of ``accelerator`` (a key of :data:`ACCELERATOR_PEAK_FLOPS`), or
+    of the local accelerator when its kind names one, else a matmul measured here
+    (a CPU: an H100's figure would promise a CPU run hundreds of times too fast)."""
+    if accelerator is not None:
+        key = accelerator.lower()
+        if key not in ACCELERATOR_PEAK_FLOPS:
+            raise ValueError(f"unknown accelerator {accelerator!r}; known: "
+                             f"{', '.join(ACCELERATOR_PEAK_FLOPS)} (or give --peak-tflops)")
+        return ACCELERATOR_PEAK_FLOPS[key], f"{key.upper()} datasheet, dense bf16"
+    dev = jax.devices()[0]
+    kind = str(getattr(dev, "device_kind", dev.platform))
+    if dev.platform != "cpu":
+        for key, peak in ACCELERATOR_PEAK_FLOPS.items():
+            if key in kind.lower():
+                return peak, f"{kind} datasheet, dense bf16"
+    where = dev.platform if kind.lower() == dev.platform else f"{dev.platform} ({kind})"
+    return measured_matmul_flops(dtype), f"matmul measured on this {where}"
 
 
 def engine_calls(config, dtype, pieces, ctx, pairs, mode, *, budget_bytes, n_devices,
@@ -224,8 +263,8 @@ def _xla_worst_call(config, dtype, calls: list[Call], model_shards: int, *, mode
 
 
 def plan_run(run_config, *, device_memory: int | None = None, n_devices: int = 1, model_shards: int = 1,
-             peak_flops: float = H100_BF16_PEAK_FLOPS, mfu: float = 0.4, xla: bool = True,
-             progress: bool = False) -> dict[str, Any]:
+             peak_flops: float | None = None, mfu: float = 0.4, xla: bool = True,
+             progress: bool = False, accelerator: str | None = None) -> dict[str, Any]:
     """A dry run of ``sc-jax run``: what one seed of every (dataset, k) would score,
     with no weights read and nothing scored. Returns a JSON-able dict with, per
     (dataset, k) and size: prompts, (context, query) pairs, ``unique_tokens`` (what
@@ -235,13 +274,18 @@ def plan_run(run_config, *, device_memory: int | None = None, n_devices: int = 1
     ``peak_flops``. ``flops`` is what the device executes (padded rows and tokens,
     attention included); ``model_flops`` is 2 x non-embedding parameters x unique
     tokens, the usual numerator of MFU. Seeds repeat the same work with other demonstrations, so totals
-    multiply the first seed's figures by the number of seeds.
+    multiply the first seed's figures by the number of seeds. ``peak_flops`` None:
+    :func:`device_peak_flops` (``accelerator``'s datasheet, the local accelerator's, or
+    a matmul measured on this CPU); ``peak_source`` says which.
     """
     config, tokenizer = load_config_and_tokenizer(run_config.model)
     dtype = DTYPES[run_config.dtype]
+    if peak_flops is None:
+        peak_flops, peak_source = device_peak_flops(accelerator, dtype)
+    else:
+        peak_source = "given"
     platform = "cpu" if device_memory is None and jax.default_backend() == "cpu" else "default"
     budget = device_memory or device_memory_bytes() or host_memory_bytes()
-    files = dict(run_config.data_files)
     mesh = None
     if n_devices * model_shards > 1 and xla and len(jax.devices()) >= n_devices * model_shards:
         mesh = make_mesh(n_devices, model=model_shards)
@@ -249,20 +293,26 @@ def plan_run(run_config, *, device_memory: int | None = None, n_devices: int = 1
                n_devices=n_devices, model_shards=model_shards,
                weight_bytes=weight_bytes(config, dtype, model_shards),
                kv_bytes_per_token=kv_bytes_per_token(config, dtype, model_shards),
-               peak_flops=peak_flops, mfu=mfu,
-               seeds=len(run_config.seeds), settings=[])
+               peak_flops=peak_flops, peak_source=peak_source, mfu=mfu,
+               seeds=len(run_config.seeds), context_window=config.max_position_embeddings,
+               settings=[])
     calls_of = functools.partial(
         engine_calls, config, dtype, mode=run_config.mode, budget_bytes=budget,
         n_devices=n_devices, platform=platform,
         max_tokens_per_batch=run_config.max_tokens_per_batch, model_shards=model_shards)
-    for name in run_config.datasets:
-        ds = load_task(name, data_file=files.get(name), data_dir=run_config.data_dir)
+    datasets = load_datasets(run_config)
+    # The run's own up-front check, every seed: a prompt too long for the context
+    # window is named (task, seed, row) before the memory plan would misread it.
+    device = {"budget_bytes": budget, "n_devices": n_devices, "model_shards": model_shards,
+              "platform": platform}
+    checked = {(c["dataset"], c["k"]): c
+               for c in check_run(run_config, config, tokenizer, datasets, device=device)}
+    for name, ds in datasets.items():
         for k in run_config.shots:
             if ds.n_classes > k:
                 out["settings"].append(dict(dataset=name, k=k, skipped=True))
                 continue
-            split = split_protocol(ds, k=k, test_size=run_config.test_size, seed=run_config.seeds[0],
-                                   test_seed=run_config.test_seed)
+            split = draw_split(ds, run_config, k, run_config.seeds[0])
             sj = seed_jobs(tokenizer, ds, split, run_config, k)
             rows, all_calls = [], []
             for tag, (ctx, pairs) in sj.jobs.items():
@@ -272,6 +322,8 @@ def plan_run(run_config, *, device_memory: int | None = None, n_devices: int = 1
                 if progress:
                     log.info("  %s k=%d %s: %d pairs", name, k, tag, len(pairs))
             setting = _setting_totals(name, k, rows, all_calls)
+            setting.update(longest_prompt=checked[name, k]["longest_prompt"],
+                           longest_seed=checked[name, k]["longest_seed"])
             # The mesh's devices share the work: peak_flops is per device.
             setting["seconds_per_seed"] = setting["flops"] / (mfu * peak_flops * n_devices * model_shards)
             if xla and (mesh is not None or n_devices * model_shards == 1):
@@ -292,8 +344,9 @@ def plan_table(plan: dict[str, Any]) -> str:
     lines = [f"model {plan['model']} ({plan['dtype']}): weights {plan['weight_bytes'] / gib:.2f} GiB, "
              f"KV {plan['kv_bytes_per_token'] / 2 ** 20:.3f} MiB per token; budget "
              f"{plan['budget_bytes'] / gib:.1f} GiB per device; mesh data {plan['n_devices']} x model "
-             f"{plan['model_shards']}; time at {plan['mfu']:.0%} MFU of {plan['peak_flops'] / 1e12:.0f} "
-             "TFLOP/s per device", "",
+             f"{plan['model_shards']}; time at {plan['mfu']:.0%} MFU of "
+             f"{plan['peak_flops'] / 1e12:.3g} TFLOP/s per device "
+             f"({plan.get('peak_source', 'given')})", "",
              "| dataset | k | pairs | unique tokens | flat tokens | flat/unique | TFLOP | micro-batches | "
              "compiles | peak GiB | XLA peak GiB | s per seed |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -307,6 +360,12 @@ def plan_table(plan: dict[str, Any]) -> str:
                      f"{s['flat_tokens']:,} | {s['flat_tokens'] / s['unique_tokens']:.1f}x | "
                      f"{s['flops'] / 1e12:.1f} | {s['micro_batches']:,} | {s['compiles']} | "
                      f"{s['peak_bytes'] / gib:.2f} | {xla} | {s['seconds_per_seed']:.1f} |")
+    done = [s for s in plan["settings"] if not s.get("skipped")]
+    if done and "longest_prompt" in done[0]:
+        w = max(done, key=lambda s: s["longest_prompt"])
+        lines += ["", (f"longest prompt over all seeds and stages: {w['longest_prompt']:,} tokens "
+                       f"({w['dataset']} k={w['k']} seed {w['longest_seed']}), context window "
+                       f"{plan.get('context_window', 0):,}")]
     lines += ["", f"total over {plan['seeds']} seed(s): {plan['total_flops'] / 1e12:.1f} TFLOP, "
               f"about {plan['total_seconds'] / 60:.1f} min of forward passes at the stated MFU"]
     return "\n".join(lines)

@@ -142,6 +142,20 @@ class PromptPieces:
         """The trie node segment of one demonstration: its ids and the separator."""
         return list(self.demos[demo]) + list(self.sep)
 
+    def prompt_lengths(self, contexts, pairs, mode: str = "first_token") -> np.ndarray:
+        """Tokens of every prompt ``pairs`` names: int64 ``[N]`` for ``contexts`` ``[M, i]``
+        (demo indices) and ``pairs`` ``[N, 2]`` (context index, query index). In
+        ``"sequence"`` mode a prompt also holds all but the last token of the longest
+        label. Exact per pair (not the longest context plus the longest query): a long
+        demonstration is never its own query, and the check must not claim it is."""
+        contexts = np.asarray(contexts, np.int64).reshape(len(contexts), -1)
+        pairs = np.asarray(pairs, np.int64).reshape(-1, 2)
+        seg = np.asarray([len(d) + len(self.sep) for d in self.demos], np.int64)
+        qlen = np.asarray([len(q) for q in self.queries], np.int64)
+        extra = max(len(lab) for lab in self.labels) - 1 if mode == "sequence" else 0
+        ctx_len = seg[contexts].sum(1) if contexts.size else np.zeros(len(contexts), np.int64)
+        return len(self.bos) + ctx_len[pairs[:, 0]] + qlen[pairs[:, 1]] + extra
+
 
 def build_pieces(tokenizer, template: Template, demos, queries, *, add_bos: bool | None = None) -> PromptPieces:
     """Tokenize demonstrations ``[(text, label)]`` and query texts once.

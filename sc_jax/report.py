@@ -37,9 +37,57 @@ def load_results(path: str | Path) -> dict:
         res = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{path} is not valid JSON ({e}); re-run `sc-jax run` to regenerate it") from e
-    if "rows" not in res or "config" not in res:
-        raise ValueError(f"{path} is not an sc_jax results file (no 'rows' / 'config')")
+    problem = results_problem(res)
+    if problem:
+        raise ValueError(f"{path} is not an sc_jax results file: {problem}")
     return res
+
+
+# What the tables and plots read from results.json: config keys, and per row / SC
+# param the keys and their types (bool is excluded from the numbers).
+_CONFIG_KEYS = ("model", "seeds", "test_size", "mode", "solver")
+_ROW_KEYS = {"dataset": str, "shots": int, "method": str, "seed": int,
+             "accuracy": float, "macro_f1": float, "ece": float}
+_PARAM_KEYS = {"method": str, "dataset": str, "shots": int, "size": int, "w": list, "b": list}
+
+
+def _wrong(value, kind) -> bool:
+    if kind is float:
+        return isinstance(value, bool) or not isinstance(value, (int, float))
+    if kind is int:
+        return isinstance(value, bool) or not isinstance(value, int)
+    return not isinstance(value, kind)
+
+
+def results_problem(res) -> str | None:
+    """What makes ``res`` (parsed results.json) unusable for :func:`write_report`, in a
+    few words naming the key or the row; None when it is usable."""
+    if not isinstance(res, dict):
+        return f"a JSON {type(res).__name__}, not an object"
+    if not isinstance(res.get("config"), dict) or not isinstance(res.get("rows"), list):
+        return "no 'config' object or no 'rows' list"
+    missing = [k for k in _CONFIG_KEYS if k not in res["config"]]
+    if missing:
+        return f"config has no {missing[0]!r}"
+    for what, items, keys in (("rows", res["rows"], _ROW_KEYS),
+                              ("params", res.get("params") or [], _PARAM_KEYS)):
+        if not isinstance(items, list):
+            return f"{what!r} is not a list"
+        for j, item in enumerate(items):
+            if not isinstance(item, dict):
+                return f"{what}[{j}] is not an object"
+            if what == "params" and item.get("method") != "sc":
+                continue  # only SC's parameters are plotted
+            for key, kind in keys.items():
+                if key not in item:
+                    return f"{what}[{j}] has no {key!r}"
+                if _wrong(item[key], kind):
+                    return f"{what}[{j}][{key!r}] is {item[key]!r}, not {'a number' if kind is float else kind.__name__}"
+                if kind is list and any(_wrong(v, float) for v in item[key]):
+                    return f"{what}[{j}][{key!r}] holds a value that is not a number"
+            if what == "rows" and item["method"] not in METHOD_NAMES:
+                return f"rows[{j}] has an unknown method {item['method']!r}"
+    return None
 
 
 def summarize(rows) -> dict[tuple, dict]:
@@ -182,7 +230,8 @@ def plot_f1_bars(results: dict, path: Path) -> None:
     ax.set_xticks(np.arange(len(methods)), [METHOD_NAMES[m] for m in methods])
     ax.set_ylabel("macro-F1 (%)")
     datasets = sorted({r["dataset"] for r in rows})
-    ax.set_title(f"{results['config']['model']}: {', '.join(datasets)}", fontsize=9)
+    ax.set_title(f"{display_name(str(results['config']['model']))}: {', '.join(datasets)}",
+                 fontsize=9)
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
@@ -191,18 +240,35 @@ def plot_f1_bars(results: dict, path: Path) -> None:
 
 def plot_params(results: dict, path: Path) -> bool:
     """Learned SC parameters; returns False (and writes nothing) if there are none."""
+    fig = params_figure(results)
+    if fig is None:
+        return False
+    fig.savefig(path, dpi=130)
+    return True
+
+
+def params_figure(results: dict):
+    """The figure of :func:`plot_params` (a ``matplotlib.figure.Figure``), or None when
+    the results hold no SC parameters. An UNBOUNDED fit's (w, b) is wherever its
+    solver stopped along a ray, orders of magnitude beyond the others: such fits are
+    left out of the scatter and counted in their panel's title, so the rest stays
+    readable."""
     params = [p for p in results.get("params", []) if p["method"] == "sc"]
     if not params:
-        return False
+        return None
     panels = sorted({(p["dataset"], p["shots"]) for p in params})
     # matplotlib loads on first plot (about 0.5 s to import; see plot_f1_bars).
     import matplotlib  # noqa: PLC0415  (plotting only)
     from matplotlib.figure import Figure  # noqa: PLC0415  (plotting only)
 
-    fig = Figure(figsize=(3.6 * len(panels), 3.4))
+    fig = Figure(figsize=(3.6 * len(panels), 3.8))
+    fig.suptitle(f"SC parameters, {display_name(str(results['config']['model']))}", fontsize=10)
     axes = fig.subplots(1, len(panels), squeeze=False)
     for ax, (d, k) in zip(axes[0], panels):
-        ps = [p for p in params if p["dataset"] == d and p["shots"] == k]
+        panel = [p for p in params if p["dataset"] == d and p["shots"] == k]
+        ps = [p for p in panel if p.get("status") != "UNBOUNDED"
+              and np.all(np.isfinite(p["w"])) and np.all(np.isfinite(p["b"]))]
+        hidden = len(panel) - len(ps)
         sizes = sorted({p["size"] for p in ps})
         cmap = matplotlib.colormaps["viridis"].resampled(max(len(sizes), 2))
         for si, i in enumerate(sizes):
@@ -214,11 +280,11 @@ def plot_params(results: dict, path: Path) -> bool:
         ax.axhline(0, color="grey", lw=0.6)
         ax.set_xlabel("w_c (slope)")
         ax.set_ylabel("b_c (bias)")
-        ax.set_title(f"{d}, {k}-shot", fontsize=9)
+        ax.set_title(f"{d}, {k}-shot" + (f" ({hidden} unbounded fit{'s' * (hidden > 1)} "
+                                            "not shown)" if hidden else ""), fontsize=9)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    return True
+    return fig
 
 
 def write_report(results: dict | str | Path, out_dir: str | Path | None = None) -> dict[str, Path]:

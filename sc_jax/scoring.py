@@ -71,7 +71,8 @@ def _renorm(x: np.ndarray) -> np.ndarray:
     return (x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))).astype(np.float32)
 
 
-def _check_mode(mode: str, pieces: PromptPieces) -> None:
+def check_mode(mode: str, pieces: PromptPieces) -> None:
+    """Refuse an unknown mode, and first-token scoring of labels that share a first token."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if mode == "first_token":
@@ -85,7 +86,7 @@ def _check_mode(mode: str, pieces: PromptPieces) -> None:
 
 def _check_inputs(model: LoadedModel, pieces: PromptPieces, contexts, pairs, mode: str):
     """Validate everything before any forward pass."""
-    _check_mode(mode, pieces)
+    check_mode(mode, pieces)
     contexts = np.asarray(contexts, np.int64)
     pairs = np.asarray(pairs, np.int64)
     k = len(pieces.demos)
@@ -106,14 +107,15 @@ def _check_inputs(model: LoadedModel, pieces: PromptPieces, contexts, pairs, mod
     if any(len(q) == 0 for q in pieces.queries):
         raise ValueError("a query tokenizes to nothing")
     # The longest prompt must fit the context window (and any sliding window).
-    seg = [len(pieces.segment(j)) for j in range(k)]
-    longest_ctx = max((sum(seg[j] for j in c) for c in contexts), default=0)
-    longest = len(pieces.bos) + longest_ctx + max(len(q) for q in pieces.queries) + \
-        (max(len(l) for l in pieces.labels) - 1 if mode == "sequence" else 0)
+    lengths = pieces.prompt_lengths(contexts, pairs, mode)
     limit = model.config.max_position_embeddings
-    if longest > limit:
-        raise ValueError(f"the longest prompt has {longest} tokens, more than the model's "
-                         f"context window of {limit}; use fewer or shorter demonstrations")
+    if lengths.size and lengths.max() > limit:
+        r = int(lengths.argmax())
+        c, q = (int(x) for x in pairs[r])
+        qpart = f"demonstration {q}" if q < k else f"query {q}"
+        raise ValueError(f"the longest prompt (context {contexts[c].tolist()}, {qpart}) has "
+                         f"{int(lengths[r])} tokens, more than the model's context window of "
+                         f"{limit}; shorten or drop its longest text, or use fewer demonstrations")
     # Sliding windows need no check: masking by position honours them in cached paths.
     return contexts, pairs
 

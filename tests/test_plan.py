@@ -140,3 +140,18 @@ def test_llama_2_70b_sharded_over_8_devices_plan_agrees_with_xla(data_dir):
     per_layer = (cfg.num_params() - 2 * cfg.vocab_size * cfg.hidden_size) // cfg.num_layers
     margin = 0.10 * s["planned_peak_of_that_call"] + 4 * per_layer // 8
     assert abs(s["xla_peak_bytes"] - s["planned_peak_of_that_call"]) <= margin, s
+
+
+def test_plan_time_is_for_the_device_it_names(data_dir, tmp_path, capsys):
+    """On a CPU the time estimate uses a matmul measured here, not an H100's peak
+    (which promised a CPU run seconds where it took minutes); --accelerator names one."""
+    argv = ["plan", "--model", "random:tiny-llama", "--dataset", "rotten_tomatoes", "--data-dir",
+            str(data_dir), "--shots", "4", "--seeds", "1", "--test-size", "16", "--no-xla",
+            "--quiet", "--json", str(tmp_path / "p.json")]
+    assert cli.main(argv) == 0
+    p = json.loads((tmp_path / "p.json").read_text())
+    assert p["peak_source"] == "matmul measured on this cpu" and 1e8 < p["peak_flops"] < 1e14
+    assert "(matmul measured on this cpu)" in capsys.readouterr().out.splitlines()[0]
+    assert cli.main(argv + ["--accelerator", "h100"]) == 0
+    p = json.loads((tmp_path / "p.json").read_text())
+    assert p["peak_flops"] == 989e12 and p["peak_source"] == "H100 datasheet, dense bf16"

@@ -128,3 +128,29 @@ print(matplotlib.get_backend(), "matplotlib.pyplot" in sys.modules, sorted(paths
     assert out.stdout.split()[:2] == ["svg", "False"]
     assert (tmp_path / "f1_bars.png").stat().st_size > 0
     assert (tmp_path / "ablation" / "ablation_sc_n.png").stat().st_size > 0
+
+
+def test_an_unbounded_fit_leaves_the_parameter_plot_readable():
+    from sc_jax.report import params_figure
+
+    res = _results()
+    res["config"]["model"] = "default"
+    res["params"][0].update(status="UNBOUNDED", w=[3e8], b=[-1e9])  # far out along a ray
+    fig = params_figure(res)
+    ax = fig.axes[0]
+    assert max(abs(x) for x in ax.get_xlim() + ax.get_ylim()) < 10
+    assert ax.get_title() == "sst2, 4-shot (1 unbounded fit not shown)"
+    assert fig._suptitle.get_text() == "SC parameters, smollm2-135m"  # the model, by name
+
+
+def test_ablation_curves_have_integer_ticks_and_name_the_model():
+    from sc_jax.ablation import curve_figure
+
+    rows = [{"study": "sc_n", "dataset": "d", "shots": 4, "setting": f"SC-{n}", "sizes": n,
+             "seed": s, "macro_f1": 0.5 + 0.01 * n + 0.001 * s, "accuracy": 0.6, "ece": 0.1}
+            for n in (1, 2, 3) for s in (0, 1)]
+    fig = curve_figure(rows, "sc_n", "sizes", "largest size N", model="default")
+    ax = fig.axes[0]
+    ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks
+    assert ax.get_title().startswith("smollm2-135m: ")

@@ -3,6 +3,7 @@ results identical to an uninterrupted run; an end-to-end run on a small random m
 
 import csv
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -116,7 +117,7 @@ def test_killed_run_resumes_identically(config, tmp_path, monkeypatch, capsys):
         assert (out / "ablation" / name).exists()
 
 
-def test_skips_when_classes_exceed_shots(config, tmp_path):
+def test_skips_when_classes_exceed_shots(config, tmp_path, caplog):
     cfg = dict(config, shots=(2,), seeds=(0,))
     # 2 classes, k=2 runs; then a 3-class file with k=2 is skipped with a note.
     rng = np.random.default_rng(1)
@@ -126,9 +127,32 @@ def test_skips_when_classes_exceed_shots(config, tmp_path):
         w.writerow(["text", "label"])
         for j in range(60):
             w.writerow([" ".join(rng.choice(["up", "down", "flat"], 3)), j % 3])
-    cfg.update(datasets=("financial_phrasebank",), data_files=(("financial_phrasebank", str(path)),))
-    res = run_experiment(RunConfig(**cfg), tmp_path / "run", progress=False)
-    assert res.rows == [] and "3 classes > 2 demonstrations" in res.data["notes"][0]
+    fin = (("financial_phrasebank", str(path)),)
+    with caplog.at_level(logging.INFO, logger="sc_jax"):
+        res = run_experiment(RunConfig(**dict(cfg, datasets=("rotten_tomatoes", "financial_phrasebank"),
+                                              data_files=cfg["data_files"] + fin)),
+                             tmp_path / "run", progress=True)
+    # Progress a person can follow: the check, then one line per stage, the fit, the report.
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("sc_jax.experiment")]
+    assert lines[0].startswith("loading the model random:tiny-llama")
+    assert lines[1].startswith("checked 1 (dataset, k) x 1 seeds: the longest prompt has ")
+    seed0 = "[rotten_tomatoes k=2 seed=0]"
+    assert lines[2] == f"{seed0} scoring (seed 1 of 1)"
+    for line, stage in zip(lines[3:8], ["k-shot prompt (Base, BC): 6 prompts, scored in ",
+                                        "k-shot prompt of CC: 3 prompts, ",
+                                        "k-shot prompt of DC: 20 prompts, ",
+                                        "surrogate prompt of size 1: 2 prompts, ",
+                                        "test-time prompt of size 1: 6 prompts, "]):
+        assert line.startswith(f"{seed0} {stage}"), line
+    assert lines[-2].startswith("[rotten_tomatoes k=2] fitted 2 SC / SC* problems (1 seeds x 1 sizes)")
+    assert lines[-1] == f"writing the tables and plots into {tmp_path / 'run'}"
+    assert {r["dataset"] for r in res.rows} == {"rotten_tomatoes"}
+    assert any("3 classes > 2 demonstrations" in note for note in res.data["notes"])
+    # A run in which every (dataset, k) would be skipped is refused, not an empty table.
+    with pytest.raises(ValueError, match="nothing to run: financial_phrasebank has 3 classes"):
+        run_experiment(RunConfig(**dict(cfg, datasets=("financial_phrasebank",), data_files=fin)),
+                       tmp_path / "none", progress=False)
+    assert not (tmp_path / "none" / "results.json").exists()
 
 
 def test_m_study_subsets_are_uniform_and_nested():
