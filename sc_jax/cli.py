@@ -342,6 +342,43 @@ def show_log_messages() -> None:
     logger.setLevel(logging.INFO)
 
 
+def _add_plan_parser(sub) -> None:
+    pl = sub.add_parser("plan", help="dry run of `run`: pairs, tokens, FLOPs, chunks, planned and "
+                                     "XLA peak memory, compiles, time; no weights read, nothing scored",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    _add_run_options(pl)
+    pl.add_argument("--json", default=None, help="also write the plan as JSON here")
+    pl.add_argument("--quiet", action="store_true", help="no per-job progress lines")
+    pl.add_argument("--peak-tflops", type=float, default=None,
+                    help="device peak for the time estimate (default: --accelerator's datasheet, "
+                         "the local accelerator's, or a matmul measured on this CPU)")
+    pl.add_argument("--accelerator", default=None, choices=sorted(ACCELERATOR_PEAK_FLOPS),
+                    help="estimate the time for this accelerator's dense bf16 peak (datasheet)")
+    pl.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation assumed")
+    pl.add_argument("--no-xla", action="store_true",
+                    help="skip compiling the worst program for XLA's memory figure")
+    pl.set_defaults(fn=_plan)
+
+
+def _add_ablate_parser(sub) -> None:
+    a = sub.add_parser("ablate", help="refit SC from DIR's saved scores (no model, no forward "
+                                      "pass): lambda_inv x trust region, SC-N, m_i, single sizes, guard",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    a.add_argument("dir", help="output directory of a finished `sc-jax run`")
+    a.add_argument("--lambda-inv", nargs="+", default=["0", "run", "1", "paper"],
+                   help="lambda_inv grid: numbers, 'run' (the run's value) and 'paper' (the "
+                        "paper's weight 10 on our mean scale)")
+    a.add_argument("--m-values", type=int, nargs="+", default=[1, 2, 4, 8, 16, 24],
+                   help="test-time sub-contexts per size, up to what the run scored")
+    a.add_argument("--solver", default=None, choices=["augmented_lagrangian", "projected", "scipy"],
+                   help="default: the run's")
+    a.add_argument("--guard", default=None, choices=["none", "bias_only"],
+                   help="the guard of every study but the guard study (default: the run's)")
+    a.add_argument("--out", default=None, help="default: DIR/ablation")
+    a.add_argument("--quiet", action="store_true")
+    a.set_defaults(fn=_ablate)
+
+
 def build_parser() -> argparse.ArgumentParser:
     # Raw text: argparse would wrap the --version line at the terminal's width.
     p = argparse.ArgumentParser(prog="sc-jax", description="Supervised Calibration for ICL, in JAX.",
@@ -365,40 +402,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "a directory is refused; the score cache is kept and reused)")
     r.add_argument("--quiet", action="store_true", help="no progress bars")
     r.set_defaults(fn=_run)
-    pl = sub.add_parser("plan", help="dry run of `run`: pairs, tokens, FLOPs, chunks, planned and "
-                                     "XLA peak memory, compiles, time; no weights read, nothing scored",
-                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    _add_run_options(pl)
-    pl.add_argument("--json", default=None, help="also write the plan as JSON here")
-    pl.add_argument("--quiet", action="store_true", help="no per-job progress lines")
-    pl.add_argument("--peak-tflops", type=float, default=None,
-                    help="device peak for the time estimate (default: --accelerator's datasheet, "
-                         "the local accelerator's, or a matmul measured on this CPU)")
-    pl.add_argument("--accelerator", default=None, choices=sorted(ACCELERATOR_PEAK_FLOPS),
-                    help="estimate the time for this accelerator's dense bf16 peak (datasheet)")
-    pl.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation assumed")
-    pl.add_argument("--no-xla", action="store_true",
-                    help="skip compiling the worst program for XLA's memory figure")
-    pl.set_defaults(fn=_plan)
+    _add_plan_parser(sub)
     rp = sub.add_parser("report", help="rebuild tables and plots from DIR/results.json")
     rp.add_argument("dir")
     rp.set_defaults(fn=_report)
-    a = sub.add_parser("ablate", help="refit SC from DIR's saved scores (no model, no forward "
-                                      "pass): lambda_inv x trust region, SC-N, m_i, single sizes, guard",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    a.add_argument("dir", help="output directory of a finished `sc-jax run`")
-    a.add_argument("--lambda-inv", nargs="+", default=["0", "run", "1", "paper"],
-                   help="lambda_inv grid: numbers, 'run' (the run's value) and 'paper' (the "
-                        "paper's weight 10 on our mean scale)")
-    a.add_argument("--m-values", type=int, nargs="+", default=[1, 2, 4, 8, 16, 24],
-                   help="test-time sub-contexts per size, up to what the run scored")
-    a.add_argument("--solver", default=None, choices=["augmented_lagrangian", "projected", "scipy"],
-                   help="default: the run's")
-    a.add_argument("--guard", default=None, choices=["none", "bias_only"],
-                   help="the guard of every study but the guard study (default: the run's)")
-    a.add_argument("--out", default=None, help="default: DIR/ablation")
-    a.add_argument("--quiet", action="store_true")
-    a.set_defaults(fn=_ablate)
+    _add_ablate_parser(sub)
     i = sub.add_parser("info", help="list the named models, or load one and print its configuration")
     i.add_argument("model", nargs="?", help=_MODEL_HELP)
     i.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])

@@ -698,11 +698,9 @@ def run_experiment(config: RunConfig, out_dir, *, progress: bool = True,
         return _run_locked(config, out, progress)
 
 
-def _run_locked(config: RunConfig, out: Path, progress: bool) -> Results:
-    """:func:`run_experiment` once ``out`` is created, locked and checked."""
-    t_start = time.perf_counter()
-    # Load data first: a bad dataset name or file fails before the model loads.
-    datasets = load_datasets(config)
+def _load_checked(config: RunConfig, datasets: dict, progress: bool):
+    """The run's model, loaded after :func:`check_run` passed on every (dataset, k,
+    seed) (before the weights load where the tokenizer can be had without them)."""
     # Every seed's prompts against the context window before the weights load (a
     # late failure would come after minutes of scoring). A named model not converted
     # yet has no tokenizer to check with until load_model converts it.
@@ -724,6 +722,15 @@ def _run_locked(config: RunConfig, out: Path, progress: bool) -> Results:
         log.info("checked %d (dataset, k) x %d seeds: the longest prompt has %d tokens (%s k=%d "
                  "seed %d), the context window %d", len(ran), len(config.seeds),
                  w["longest_prompt"], w["dataset"], w["k"], w["longest_seed"], w["context_window"])
+    return model
+
+
+def _run_locked(config: RunConfig, out: Path, progress: bool) -> Results:
+    """:func:`run_experiment` once ``out`` is created, locked and checked."""
+    t_start = time.perf_counter()
+    # Load data first: a bad dataset name or file fails before the model loads.
+    datasets = load_datasets(config)
+    model = _load_checked(config, datasets, progress)
     # What this directory now holds: a later run with another configuration is refused.
     _write_json(out / RUN_CONFIG_FILE, config.to_json())
     engine = ScoringEngine(model, max_tokens_per_batch=config.max_tokens_per_batch,
