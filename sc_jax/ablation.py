@@ -10,7 +10,9 @@ in ``DIR/scores/`` (:func:`sc_jax.experiment.save_scores`). From them
   run fixed one) or off (tau = -1), plus the uncalibrated model. The paper's
   ablation table is the rows "uncalibrated", lambda_inv = 0 without trust region
   ("neither"), lambda_inv > 0 without ("invariance only"), lambda_inv = 0 with
-  ("trust region only") and both.
+  ("trust region only") and both. Two rows beside "uncalibrated" give BC as the paper
+  defines it (p / mean p) and as the reference code computes it (softmax(p - mean p)),
+  for reference (:data:`BC_SETTINGS`).
 * ``sc_n``: the ensemble over sizes 1..N, N = 1..max size (the paper's context-size
   figure; SC-5 is SC).
 * ``m_i``: m of the m_i sampled test-time sub-contexts of every size, a uniformly
@@ -41,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import metrics
+from . import baselines, metrics
 from .calibrators import DEFAULT_LAMBDA_INV, base_accuracy, fit_batch, predict_proba
 from .experiment import load_scores, scores_path
 from .named_models import display_name
@@ -134,6 +136,7 @@ class _Refit:
     solver: str
     dtype: str
     weighting: str
+    bc_batch: int
 
     @property
     def seeds(self) -> list[int]:
@@ -172,15 +175,26 @@ class _Refit:
         return row
 
 
+# Reference rows of the lambda_trust study beside "uncalibrated": BC as the paper
+# defines it (the best baseline in every run reported here) and as the reference code
+# computes it (sc_jax.baselines.batch_calibration_reference), from the same scores.
+BC_SETTINGS = (("BC (paper: p / mean p)", baselines.batch_calibration),
+               ("BC (reference code: softmax(p - mean p))", baselines.batch_calibration_reference))
+
+
 def _uncalibrated_rows(r: _Refit) -> list[dict]:
+    """The uncalibrated model and both forms of BC, per seed (no fit)."""
     rows = []
     for seed in r.seeds:
         s = r.per_seed[seed]
-        pred = s.base.argmax(-1)
-        rows.append(r.row(seed, "lambda_trust", "uncalibrated",
-                          dict(accuracy=metrics.accuracy(s.y_test, pred),
-                               macro_f1=metrics.macro_f1(s.y_test, pred,
-                                                         num_classes=s.base.shape[-1]))))
+        p = np.exp(s.base.astype(np.float64))
+        n = s.base.shape[-1]
+        for setting, probs in (("uncalibrated", p),
+                               *((label, bc(p, r.bc_batch)) for label, bc in BC_SETTINGS)):
+            pred = probs.argmax(-1)
+            rows.append(r.row(seed, "lambda_trust", setting,
+                              dict(accuracy=metrics.accuracy(s.y_test, pred),
+                                   macro_f1=metrics.macro_f1(s.y_test, pred, num_classes=n))))
     return rows
 
 
@@ -253,7 +267,8 @@ def ablate(run_dir, *, lambda_invs=(0.0, None, 1.0, "paper"), m_values=M_VALUES,
         run_lambda=results.get("lambda_inv", DEFAULT_LAMBDA_INV),
         run_guard=guard or config.get("guard", "none"), tau=config.get("tau"),
         solver=solver or config.get("solver", "augmented_lagrangian"), dtype=dtype,
-        weighting="uniform" if config.get("size_weighting", "uniform") == "uniform" else "reference")
+        weighting="uniform" if config.get("size_weighting", "uniform") == "uniform" else "reference",
+        bc_batch=int(config.get("bc_batch", baselines.BC_BATCH_SIZE)))
     rows = []
     for (name, k), per_seed in runs.items():
         if progress:

@@ -68,7 +68,10 @@ from .sharding import make_mesh
 
 log = logging.getLogger(__name__)
 
-METHODS = ("base", "cc", "dc", "bc", "sc_star", "sc")
+# bc_reference: BC as the reference code computes it (sc_jax.baselines
+# .batch_calibration_reference), reported beside the paper's BC ("bc"), which stays the
+# baseline that SC is compared with.
+METHODS = ("base", "cc", "dc", "bc", "bc_reference", "sc_star", "sc")
 # The run's guard (sc_jax.calibrators.fit_batch): SC* for a size whose surrogate data
 # the LLM scores below chance. A deviation from the paper, chosen on the development
 # tasks (Rotten Tomatoes, SST-2, AG News; seeds 100-104; README "Real data"), where the
@@ -500,6 +503,8 @@ def _method_probs(method, s: SeedScores, fits, sizes, config) -> np.ndarray:
         return baselines.domain_context_calibration(p, np.exp(s.dc.astype(np.float64)))
     if method == "bc":
         return baselines.batch_calibration(p, config.bc_batch)
+    if method == "bc_reference":
+        return baselines.batch_calibration_reference(p, config.bc_batch)
     return predict_proba([fits[i] for i in sizes], [log_odds(s.test[i]) for i in sizes],
                          size_weights="uniform" if config.size_weighting == "uniform" else "reference")
 
