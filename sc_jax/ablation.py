@@ -21,8 +21,9 @@ in ``DIR/scores/`` (:func:`sc_jax.experiment.save_scores`). From them
 * ``single_size``: each size i alone (SC_i).
 * ``guard``: what SC does with sizes whose surrogate data the LLM scores below
   chance: nothing (the paper), the guard (SC* for those sizes,
-  :func:`sc_jax.calibrators.below_chance`), and SC* for every size, at the run's
-  lambda_inv and tau.
+  :func:`sc_jax.calibrators.below_chance`), SC* for every size, and SC* without trust
+  region (tau = -1) for every size, at the run's lambda_inv and tau
+  (:data:`GUARD_SETTINGS`).
 
 All but ``guard`` use the run's guard; the last three also its lambda_inv and tau.
 
@@ -53,8 +54,13 @@ from .report import load_results
 log = logging.getLogger(__name__)
 
 STUDIES = ("lambda_trust", "sc_n", "m_i", "single_size", "guard")
-GUARD_SETTINGS = (("paper (no guard)", "none", False), ("guard: SC* where below chance", "bias_only", False),
-                  ("SC* at every size", "none", True))
+# (label, guard, SC*, tau: None the run's, -1.0 no trust region).
+# The guard's SC* without trust region ("bias_only_free") is not a row of its own: under
+# the tau schedule it equals the guard row (below chance, the schedule gives tau = -1).
+GUARD_SETTINGS = (("paper (no guard)", "none", False, None),
+                  ("guard: SC* where below chance", "bias_only", False, None),
+                  ("SC* at every size", "none", True, None),
+                  ("SC* without trust region at every size", "none", True, -1.0))
 PAPER_LAMBDA = 10.0
 M_VALUES = (1, 2, 4, 8, 16, 24)
 ROW_FIELDS = ("dataset", "shots", "seed", "study", "setting", "lambda_inv", "trust_region",
@@ -234,10 +240,10 @@ def _size_rows(r: _Refit, fits: dict, m_values) -> list[dict]:
 
 def _guard_rows(r: _Refit, default_fits: dict) -> list[dict]:
     rows = []
-    for label, guard, star in GUARD_SETTINGS:
+    for label, guard, star, tau in GUARD_SETTINGS:
         # The run's own setting was fitted already; the others are fitted here.
         fits = (default_fits if (guard, star) == (r.run_guard, False)
-                else r.fit(None, r.tau, guard=guard, sc_star=star))
+                else r.fit(None, r.tau if tau is None else tau, guard=guard, sc_star=star))
         for seed in r.seeds:
             rows.append(r.row(seed, "guard", label, r.score(seed, fits, r.sizes),
                               sizes=len(r.sizes)))

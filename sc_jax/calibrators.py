@@ -71,8 +71,11 @@ from sc_jax.solvers import (
 from sc_jax.validation import check_lambda, check_problem, check_tau
 
 # What fit_batch does with a size whose surrogate data the LLM scores below chance:
-# "none" fits SC as the paper does; "bias_only" fits SC* (w = 1) there instead.
-GUARDS = ("none", "bias_only")
+# "none" fits SC as the paper does; "bias_only" fits SC* (w = 1) there instead, with
+# the problem's trust region; "bias_only_free" fits SC* without it (tau = -1), the
+# reference code's unconstrained bias-only form. Under the tau schedule the two agree
+# (below chance means accuracy < 0.5, where the schedule gives tau = -1 already).
+GUARDS = ("none", "bias_only", "bias_only_free")
 # Reference code: the final average across sizes is weighted by min(|T_i|, 15000).
 REFERENCE_SIZE_WEIGHT_CAP = 15000
 
@@ -493,10 +496,16 @@ def fit_batch(problems: Sequence[tuple], *, lambda_inv=DEFAULT_LAMBDA_INV, tau=N
         start ended at a worse KKT point than SciPy's best start on 26 of 144
         instances of the synthetic sweep, all at lambda_inv >= 1, and on near-apex
         instances at lambda_inv = 0.5).
-    guard: "none" (the paper) or "bias_only": problems whose surrogate in-sample
-        accuracy is below chance (:func:`below_chance`) are fitted as SC* (bias only,
-        w = 1) and marked ``guarded``; the others as asked. A deviation from the paper
-        (README, "Real data"); ignored for ``sc_star=True``.
+    guard: "none" (the paper), "bias_only" or "bias_only_free": problems whose
+        surrogate in-sample accuracy is below chance (:func:`below_chance`) are fitted
+        as SC* (bias only, w = 1) and marked ``guarded``; the others as asked. SC*
+        keeps the problem's trust region (mean_c 1/||(b_c, 1)|| >= tau, which at
+        tau = 0.997 bounds |b| near 0.08) under "bias_only", and drops it (tau = -1,
+        the reference code's unconstrained bias-only fit) under "bias_only_free".
+        With ``tau=None`` the two agree: the Appendix A schedule already gives a
+        below-chance problem (accuracy < 1/n <= 0.5) tau = -1; they differ only where
+        tau is fixed. A deviation from the paper (README, "Real data"); ignored for
+        ``sc_star=True``.
     Returns one :class:`FitResult` per problem, in order. Solver failures are reported
     in ``status``, never raised; bad input raises ValueError before any solve.
     """
@@ -507,19 +516,20 @@ def fit_batch(problems: Sequence[tuple], *, lambda_inv=DEFAULT_LAMBDA_INV, tau=N
                   bucketed=bucketed, batch_size=batch_size, threads=threads, guard=guard)
 
     def part(idx, **changes):  # fit_batch on the problems idx, settings changed
-        return fit_batch([problems[j] for j in idx], lambda_inv=[lams[j] for j in idx],
-                         tau=[taus[j] for j in idx], **{**common, **changes})
+        settings = dict(common, lambda_inv=[lams[j] for j in idx], tau=[taus[j] for j in idx])
+        return fit_batch([problems[j] for j in idx], **{**settings, **changes})
 
     # Problems of different class counts: one group (and compiled solver) per n, so
     # that each gets its own n in the tau schedule and its own parameter count.
     widths = _class_widths(problems)
     if len(set(widths)) > 1 and None not in widths:
         return _by_group(widths, lambda _, idx: part(idx))
-    if guard == "bias_only" and not sc_star and count:
+    if guard in ("bias_only", "bias_only_free") and not sc_star and count:
         flagged = _below_chance_flags(problems)
         if any(flagged):
+            free = {"tau": -1.0} if guard == "bias_only_free" else {}
             return _by_group(flagged, lambda star, idx: _mark_guarded(
-                part(idx, sc_star=star, guard="none"), star))
+                part(idx, sc_star=star, guard="none", **(free if star else {})), star))
     if solver == "augmented_lagrangian" and options is None and count:
         # Where the invariance term weighs, the objective has several KKT points and
         # one start often ends at a worse one (SolverOptions.num_starts): those

@@ -38,6 +38,7 @@ import numpy as np
 
 from sc_jax import __version__
 from sc_jax.ablation import ablate, diagnose, write_ablation
+from sc_jax.calibrators import GUARDS
 from sc_jax.data import DEFAULT_TEST_SEED, TASKS, DataUnavailableError
 from sc_jax.enumeration import all_contexts, surrogate_pairs
 from sc_jax.experiment import METHODS, RunConfig, run_experiment
@@ -282,10 +283,13 @@ def _add_run_options(r) -> None:
                    help="invariance weight (default: the calibrators' documented default)")
     r.add_argument("--tau", type=float, default=None,
                    help="trust-region cosine (default: the paper's schedule from in-sample accuracy)")
-    r.add_argument("--guard", default="bias_only", choices=["none", "bias_only"],
-                   help="none: SC as the paper fits it; bias_only: SC* (w = 1) for a size whose "
-                        "surrogate data the LLM scores below chance (a deviation from the "
-                        "paper, chosen on development tasks; README, 'Real data')")
+    r.add_argument("--guard", default="bias_only", choices=list(GUARDS),
+                   help="none: SC as the paper fits it; bias_only: SC* (w = 1, with the trust "
+                        "region) for a size whose surrogate data the LLM scores below chance (a "
+                        "deviation from the paper, chosen on development tasks; README, 'Real "
+                        "data'); bias_only_free: the same with SC* unconstrained (tau = -1; "
+                        "the same as bias_only unless --tau is fixed: the schedule gives "
+                        "tau = -1 below chance)")
     r.add_argument("--solver", default="augmented_lagrangian",
                    choices=["augmented_lagrangian", "projected", "scipy"])
     r.add_argument("--budget", type=int, default=5000,
@@ -372,7 +376,7 @@ def _add_ablate_parser(sub) -> None:
                    help="test-time sub-contexts per size, up to what the run scored")
     a.add_argument("--solver", default=None, choices=["augmented_lagrangian", "projected", "scipy"],
                    help="default: the run's")
-    a.add_argument("--guard", default=None, choices=["none", "bias_only"],
+    a.add_argument("--guard", default=None, choices=list(GUARDS),
                    help="the guard of every study but the guard study (default: the run's)")
     a.add_argument("--out", default=None, help="default: DIR/ablation")
     a.add_argument("--quiet", action="store_true")

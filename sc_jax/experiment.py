@@ -71,7 +71,12 @@ log = logging.getLogger(__name__)
 # bc_reference: BC as the reference code computes it (sc_jax.baselines
 # .batch_calibration_reference), reported beside the paper's BC ("bc"), which stays the
 # baseline that SC is compared with.
-METHODS = ("base", "cc", "dc", "bc", "bc_reference", "sc_star", "sc")
+# sc_star: SC* as fit_batch(sc_star=True) fits it, with the run's trust region (at
+# tau = 0.997 and w = 1 it bounds |b| near 0.08); sc_star_free: the bias-only fit of the
+# paper's description and the reference code, with no trust region (tau = -1).
+METHODS = ("base", "cc", "dc", "bc", "bc_reference", "sc_star", "sc_star_free", "sc")
+# Per SC method of METHODS: fit SC* (w = 1) or not, and its tau (None: the run's).
+SC_FITS = {"sc": (False, None), "sc_star": (True, None), "sc_star_free": (True, -1.0)}
 # The run's guard (sc_jax.calibrators.fit_batch): SC* for a size whose surrogate data
 # the LLM scores below chance. A deviation from the paper, chosen on the development
 # tasks (Rotten Tomatoes, SST-2, AG News; seeds 100-104; README "Real data"), where the
@@ -106,8 +111,9 @@ class RunConfig:
     max_size: int = 5  # sizes i = 1..min(max_size, k-1)
     lambda_inv: float | None = None  # None: the calibrators' documented default
     tau: float | None = None  # None: the paper's schedule from in-sample accuracy
-    # "none": SC as the paper fits it; "bias_only": SC* for a size whose surrogate
-    # data the LLM scores below chance (sc_jax.calibrators.fit_batch).
+    # "none": SC as the paper fits it; "bias_only": SC* (with the trust region) for a
+    # size whose surrogate data the LLM scores below chance; "bias_only_free": the
+    # same with SC* unconstrained (sc_jax.calibrators.fit_batch).
     guard: str = DEFAULT_GUARD
     solver: str = "augmented_lagrangian"
     budget: int | None = 5000  # surrogate (context, query) pairs per size
@@ -544,17 +550,18 @@ def _param_record(name: str, k: int, seed: int, size: int, method: str, r) -> di
 
 def _fit_sc(scores: dict[int, SeedScores], name: str, k: int, config: RunConfig,
             lam: float) -> tuple[dict, list[dict]]:
-    """SC and SC* (those of ``config.methods``) for every (seed, size) of one (dataset,
-    k): method -> {(seed, size): fit}, and one param record per fit."""
+    """SC, SC* and SC* without trust region (those of ``config.methods``; :data:`SC_FITS`)
+    for every (seed, size) of one (dataset, k): method -> {(seed, size): fit}, and one
+    param record per fit."""
     # Every (seed, size) of this (dataset, k) in one batched solver call.
     keys = [(seed, i) for seed in config.seeds for i in config.sizes(k)]
     problems = [(log_odds(scores[seed].surrogate[i][0]), scores[seed].surrogate[i][1],
                  scores[seed].surrogate[i][2]) for seed, i in keys]
     fits, params = {}, []
-    for method, star in (("sc", False), ("sc_star", True)):
+    for method, (star, tau) in SC_FITS.items():
         if method in config.methods:
-            res = fit_batch(problems, lambda_inv=lam, tau=config.tau, solver=config.solver,
-                            sc_star=star, guard=config.guard)
+            res = fit_batch(problems, lambda_inv=lam, tau=config.tau if tau is None else tau,
+                            solver=config.solver, sc_star=star, guard=config.guard)
             fits[method] = dict(zip(keys, res))
             params += [_param_record(name, k, seed, i, method, r) for (seed, i), r in zip(keys, res)]
     return fits, params

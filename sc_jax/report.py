@@ -25,8 +25,10 @@ from .named_models import display_name
 
 # "BC (code)": BC as the reference code computes it, softmax(p - mean p)
 # (sc_jax.baselines.batch_calibration_reference), beside the paper's p / mean p.
+# "SC* (no trust region)": the bias-only fit without the trust region (tau = -1), as
+# the paper describes SC* and the reference code fits it; "SC*" keeps it.
 METHOD_NAMES = {"base": "Base", "cc": "CC", "dc": "DC", "bc": "BC", "bc_reference": "BC (code)",
-                "sc_star": "SC*", "sc": "SC"}
+                "sc_star": "SC*", "sc_star_free": "SC* (no trust region)", "sc": "SC"}
 CSV_FIELDS = ("dataset", "model", "shots", "method", "seed", "accuracy", "macro_f1", "ece")
 
 

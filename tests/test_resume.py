@@ -85,6 +85,8 @@ def test_killed_run_resumes_identically(config, tmp_path, monkeypatch, capsys):
     sc = {r["seed"]: r["accuracy"] for r in reference.rows if r["method"] == "sc"}
     base = {r["seed"]: r["accuracy"] for r in reference.rows if r["method"] == "base"}
     star = {r["seed"]: r["accuracy"] for r in reference.rows if r["method"] == "sc_star"}
+    free = {r["seed"]: r["accuracy"] for r in reference.rows if r["method"] == "sc_star_free"}
+    assert set(free) == {0, 1}  # a run reports SC* both ways by default
     run_lam = reference.data["lambda_inv"]
     for seed in (0, 1):
         mine = {r["setting"]: r["accuracy"] for r in rows if r["seed"] == seed}
@@ -96,6 +98,7 @@ def test_killed_run_resumes_identically(config, tmp_path, monkeypatch, capsys):
         assert reference.data["config"]["guard"] == "bias_only"
         assert mine["guard: SC* where below chance"] == sc[seed]
         assert mine["SC* at every size"] == star[seed]
+        assert mine["SC* without trust region at every size"] == free[seed]
         assert "paper (no guard)" in mine
         assert "m=4" not in mine and {"SC_1", "SC_2", "m=1"} <= set(mine)
     # lambda_inv "paper" is 10 P / N per problem: 4 queries x 3 contexts of size 1.
@@ -144,7 +147,7 @@ def test_skips_when_classes_exceed_shots(config, tmp_path, caplog):
                                         "surrogate prompt of size 1: 2 prompts, ",
                                         "test-time prompt of size 1: 6 prompts, "]):
         assert line.startswith(f"{seed0} {stage}"), line
-    assert lines[-2].startswith("[rotten_tomatoes k=2] fitted 2 SC / SC* problems (1 seeds x 1 sizes)")
+    assert lines[-2].startswith("[rotten_tomatoes k=2] fitted 3 SC / SC* problems (1 seeds x 1 sizes)")  # SC, SC*, SC* free
     assert lines[-1] == f"writing the tables and plots into {tmp_path / 'run'}"
     assert {r["dataset"] for r in res.rows} == {"rotten_tomatoes"}
     assert any("3 classes > 2 demonstrations" in note for note in res.data["notes"])

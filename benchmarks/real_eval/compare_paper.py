@@ -1,7 +1,8 @@
 """This project's runs beside the paper's 7B tables, in the paper's shape.
 
-One block of rows per model: Base, CC, DC, BC, BC (code) (ours only), SC* (ours only;
-the paper's main tables have no SC* row) and SC, as mean ± s.d. over seeds in %, one
+One block of rows per model: Base, CC, DC, BC, BC (code) (ours only), SC* and SC* (no
+TR) (ours only; the paper's main tables have no SC* row; SC* keeps the trust region,
+SC* (no TR) is the unconstrained bias-only fit) and SC, as mean ± s.d. over seeds in %, one
 column per task in the paper's order, and Avg over the columns shown. BC is the paper's
 p / mean p; BC (code) is softmax(p - mean p), what the reference code computes
 (sc_jax.baselines.batch_calibration_reference). Each block ends with SC's margin over
@@ -29,9 +30,9 @@ from sc_jax.named_models import display_name  # noqa: E402
 from sc_jax.report import load_results, summarize  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-OURS = ("base", "cc", "dc", "bc", "bc_reference", "sc_star", "sc")
+OURS = ("base", "cc", "dc", "bc", "bc_reference", "sc_star", "sc_star_free", "sc")
 LABELS = {"base": "Base", "cc": "CC", "dc": "DC", "bc": "BC", "bc_reference": "BC (code)",
-          "sc_star": "SC*", "sc": "SC"}
+          "sc_star": "SC*", "sc_star_free": "SC* (no TR)", "sc": "SC"}
 MARGINS = ("bc", "bc_reference")  # SC minus each, per task
 
 
