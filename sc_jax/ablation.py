@@ -44,12 +44,30 @@ from pathlib import Path
 
 import numpy as np
 
-from . import baselines, metrics
-from .calibrators import DEFAULT_LAMBDA_INV, base_accuracy, fit_batch, predict_proba
-from .experiment import load_scores, scores_path
+from . import baselines, metrics, samples
+from .calibrators import (
+    DEFAULT_LAMBDA_INV,
+    FitResult,
+    base_accuracy,
+    fit_batch,
+    predict_proba,
+)
+from .data import DataUnavailableError
+from .experiment import (
+    METHODS,
+    SC_FITS,
+    RunConfig,
+    draw_split,
+    load_datasets,
+    load_scores,
+    method_probs,
+    sc_size_probs,
+    scores_path,
+)
 from .named_models import display_name
 from .objective import log_odds
 from .report import load_results
+from .solvers import Status
 
 log = logging.getLogger(__name__)
 
@@ -289,6 +307,89 @@ def ablate(run_dir, *, lambda_invs=(0.0, None, 1.0, "paper"), m_values=M_VALUES,
         rows += _size_rows(r, default_fits, m_values)
         rows += _guard_rows(r, default_fits)
     return rows
+
+
+def _fit_from_param(p: dict, solver: str) -> FitResult:
+    """The :class:`FitResult` of one param record of results.json (the run's own b and
+    w, stored as exact float64 JSON numbers): predictions from it are the run's."""
+    nan = float("nan")
+    return FitResult(b=np.asarray(p["b"], np.float64), w=np.asarray(p["w"], np.float64),
+                     status=Status[p.get("status", "CONVERGED")], iterations=0,
+                     outer_iterations=0, objective=p.get("objective", nan), constraint=nan,
+                     violation=nan, tau=p.get("tau", nan), lambda_inv=p.get("lambda_inv", nan),
+                     solver=solver, sc_star=p["method"] != "sc" or bool(p.get("guarded")),
+                     num_rows=int(p.get("rows", 0)),
+                     base_accuracy=p.get("base_accuracy", nan), guarded=bool(p.get("guarded")))
+
+
+def _drawn_splits(results: dict) -> tuple[dict, str | None]:
+    """(dataset, k, seed) -> (dataset, Split) as the run drew them, checked against the
+    test-set hashes in results.json; ``({}, why)`` when the data cannot be had here."""
+    config = results["config"]
+    known = {f.name for f in dataclasses.fields(RunConfig)}
+
+    def frozen(v):  # JSON lists back to the tuples RunConfig holds
+        return tuple(frozen(x) for x in v) if isinstance(v, list) else v
+
+    try:
+        cfg = RunConfig(**{k: frozen(v) for k, v in config.items() if k in known})
+        datasets = load_datasets(cfg)
+    except (DataUnavailableError, OSError, ValueError, TypeError) as e:
+        return {}, f"the run's data could not be loaded here ({type(e).__name__}: {e})"
+    out = {}
+    for rec in results.get("splits", []):
+        name, k, seed = rec["dataset"], rec["shots"], rec["seed"]
+        split = draw_split(datasets[name], cfg, k, seed)
+        if split.test_hash() != rec.get("test_hash"):
+            return {}, (f"{name} k={k} seed {seed}: the data here draw another test set than "
+                        "the run's (its hash differs)")
+        out[(name, k, seed)] = (datasets[name], split)
+    return out, None
+
+
+def regenerate_samples(run_dir, *, with_texts: bool = True) -> tuple[Path, list[str]]:
+    """Write the per-sample records (:mod:`sc_jax.samples`) of a finished run beside
+    its results.json, from its score files (``DIR/scores/``) and the SC parameters its
+    results.json holds: no model, no forward pass, no refit. Returns the file and notes.
+
+    Baselines: every baseline of :data:`sc_jax.experiment.METHODS`, ``bc_reference``
+    included for a run that predates it (its ``bc_batch``). SC methods: those with
+    params in results.json. The records of the run's own methods reproduce its
+    results.json rows (:func:`sc_jax.samples.check_samples`). Dataset rows and text
+    hashes are filled in when ``with_texts`` and the run's data load here and draw the
+    test sets the run recorded; otherwise they are null, and a note says why.
+    """
+    run_dir = Path(run_dir)
+    results, runs = _load_run(run_dir)
+    config = results["config"]
+    solver = config.get("solver", "augmented_lagrangian")
+    bc_batch = int(config.get("bc_batch", baselines.BC_BATCH_SIZE))
+    weighting = config.get("size_weighting", "uniform")
+    fits = defaultdict(dict)  # (method, dataset, shots, seed) -> size -> FitResult
+    for p in results.get("params") or []:
+        fits[(p["method"], p["dataset"], p["shots"], p["seed"])][p["size"]] = _fit_from_param(p, solver)
+    drawn, why = _drawn_splits(results) if with_texts else ({}, "texts not asked for")
+    notes = [] if why is None else [f"no dataset rows or text hashes: {why}"]
+    records = []
+    for (name, k), per_seed in runs.items():
+        for seed in sorted(per_seed):
+            s = per_seed[seed]
+            probs, per_size = {}, {}
+            for method in METHODS:
+                per = fits.get((method, name, k, seed)) if method in SC_FITS else None
+                if method in SC_FITS and not per:
+                    continue  # the run did not fit it
+                sizes = sorted(per) if per else []
+                probs[method] = method_probs(method, s, per, sizes, bc_batch=bc_batch,
+                                             size_weighting=weighting)
+                if per:
+                    per_size[method] = sc_size_probs(s, per, sizes)
+            ds, split = drawn.get((name, k, seed), (None, None))
+            records += samples.seed_records(
+                name, k, seed, s.y_test, probs, per_size,
+                rows=None if split is None else split.test_indices,
+                texts=None if split is None else split.test_texts(ds))
+    return samples.write_samples(run_dir, records), notes
 
 
 DIAGNOSTIC_FIELDS = ("dataset", "shots", "seed", "size", "rows", "surrogate_accuracy",

@@ -37,7 +37,7 @@ import jax
 import numpy as np
 
 from sc_jax import __version__
-from sc_jax.ablation import ablate, diagnose, write_ablation
+from sc_jax.ablation import ablate, diagnose, regenerate_samples, write_ablation
 from sc_jax.calibrators import GUARDS
 from sc_jax.data import DEFAULT_TEST_SEED, TASKS, DataUnavailableError
 from sc_jax.enumeration import all_contexts, surrogate_pairs
@@ -185,7 +185,8 @@ def _run(args) -> int:
           f"{list(config.shots)}, seeds {list(config.seeds)}, test size {config.test_size}, "
           f"methods {','.join(config.methods)}, mode {config.mode}, m_i cap {config.m_cap}, "
           f"solver {config.solver}, out {args.out}", flush=True)
-    results = run_experiment(config, args.out, progress=not args.quiet, overwrite=args.overwrite)
+    results = run_experiment(config, args.out, progress=not args.quiet, overwrite=args.overwrite,
+                             log_samples=args.log_samples)
     print()
     print((results.out_dir / "table.md").read_text())
     print(f"outputs in {results.out_dir}: " + ", ".join(sorted(p.name for p in results.files.values())))
@@ -193,6 +194,9 @@ def _run(args) -> int:
 
 
 def _report(args) -> int:
+    if args.log_samples:
+        path, notes = regenerate_samples(args.dir)
+        print(f"wrote {path} from the run's score files" + "".join(f"; {n}" for n in notes))
     paths = write_report(args.dir)
     print(paths["table"].read_text())
     print("wrote " + ", ".join(str(p) for p in paths.values()))
@@ -405,10 +409,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replace the results of another configuration in --out (without it such "
                         "a directory is refused; the score cache is kept and reused)")
     r.add_argument("--quiet", action="store_true", help="no progress bars")
+    r.add_argument("--log-samples", action="store_true",
+                   help="also write OUT/samples.jsonl (gzipped when large): per test query its "
+                        "gold label, each method's probabilities and prediction, SC's per-size "
+                        "probabilities; `sc-jax report` checks and summarises it")
     r.set_defaults(fn=_run)
     _add_plan_parser(sub)
     rp = sub.add_parser("report", help="rebuild tables and plots from DIR/results.json")
     rp.add_argument("dir")
+    rp.add_argument("--log-samples", action="store_true",
+                    help="first write DIR/samples.jsonl[.gz], the per-sample records, from the "
+                         "run's score files and fitted parameters (no model, no refit)")
     rp.set_defaults(fn=_report)
     _add_ablate_parser(sub)
     i = sub.add_parser("info", help="list the named models, or load one and print its configuration")

@@ -46,8 +46,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from . import baselines, loading, metrics
-from .baselines import CONTENT_FREE_INPUTS, random_domain_strings
+from . import baselines, loading, metrics, samples
+from .baselines import BC_BATCH_SIZE, CONTENT_FREE_INPUTS, random_domain_strings
 from .cache import ScoreCache, score_key
 from .calibrators import DEFAULT_LAMBDA_INV, GUARDS, fit_batch, predict_proba
 from .data import DEFAULT_TEST_SEED, dc_pool, load_task, split_protocol
@@ -499,7 +499,11 @@ def _write_json(path: Path, data: dict) -> None:
     tmp.replace(path)
 
 
-def _method_probs(method, s: SeedScores, fits, sizes, config) -> np.ndarray:
+def method_probs(method: str, s: SeedScores, fits: dict | None, sizes, *,
+                 bc_batch: int = BC_BATCH_SIZE, size_weighting: str = "uniform") -> np.ndarray:
+    """``[T, n]`` probabilities of ``method`` (one of :data:`METHODS`) on one seed's
+    test queries, from its scores ``s``; ``fits`` maps size -> FitResult for the SC
+    methods (None for the baselines)."""
     p = np.exp(s.base.astype(np.float64))
     if method == "base":
         return baselines.base(p)
@@ -508,11 +512,17 @@ def _method_probs(method, s: SeedScores, fits, sizes, config) -> np.ndarray:
     if method == "dc":
         return baselines.domain_context_calibration(p, np.exp(s.dc.astype(np.float64)))
     if method == "bc":
-        return baselines.batch_calibration(p, config.bc_batch)
+        return baselines.batch_calibration(p, bc_batch)
     if method == "bc_reference":
-        return baselines.batch_calibration_reference(p, config.bc_batch)
+        return baselines.batch_calibration_reference(p, bc_batch)
     return predict_proba([fits[i] for i in sizes], [log_odds(s.test[i]) for i in sizes],
-                         size_weights="uniform" if config.size_weighting == "uniform" else "reference")
+                         size_weights="uniform" if size_weighting == "uniform" else "reference")
+
+
+def sc_size_probs(s: SeedScores, fits: dict, sizes) -> dict[int, np.ndarray]:
+    """Per size i, the ``[T, n]`` probabilities (1/m_i) sum_j f(m(x; C_i^(j)); theta_i)
+    that SC's ensemble averages (Algorithm 2, Part 2)."""
+    return {i: fits[i].predict_proba(log_odds(s.test[i])).mean(axis=0) for i in sizes}
 
 
 def _split_record(name: str, k: int, seed: int, split) -> dict:
@@ -522,22 +532,22 @@ def _split_record(name: str, k: int, seed: int, split) -> dict:
 
 
 def _score_seeds(model, engine, cache, ds, name: str, k: int, config: RunConfig, out: Path,
-                 progress: bool) -> tuple[dict[int, SeedScores], list[dict]]:
-    """Every seed's scores of one (dataset, k), each saved under ``out/scores``, and
-    each seed's split record."""
+                 progress: bool) -> tuple[dict[int, SeedScores], list[dict], dict]:
+    """Every seed's scores of one (dataset, k), each saved under ``out/scores``, each
+    seed's split record, and seed -> its :class:`sc_jax.data.Split`."""
     scores: dict[int, SeedScores] = {}
-    splits = []
+    splits, drawn = [], {}
     for seed in config.seeds:
         label = f"[{name} k={k} seed={seed}]"
         if progress:
             log.info("%s scoring (seed %d of %d)", label, config.seeds.index(seed) + 1,
                      len(config.seeds))
-        split = draw_split(ds, config, k, seed)
+        split = drawn[seed] = draw_split(ds, config, k, seed)
         splits.append(_split_record(name, k, seed, split))
         scores[seed] = score_seed(model, engine, cache, ds, split, config, k,
                                   label=label if progress else None)
         save_scores(scores_path(out, name, k, seed), scores[seed])
-    return scores, splits
+    return scores, splits, drawn
 
 
 def _param_record(name: str, k: int, seed: int, size: int, method: str, r) -> dict:
@@ -568,21 +578,33 @@ def _fit_sc(scores: dict[int, SeedScores], name: str, k: int, config: RunConfig,
 
 
 def _metric_rows(scores: dict[int, SeedScores], fits: dict, name: str, k: int, n: int,
-                 config: RunConfig) -> list[dict]:
-    """One results row per (seed, method) of one (dataset, k): accuracy, macro-F1, ECE."""
+                 config: RunConfig, drawn: dict | None = None,
+                 dataset=None) -> tuple[list[dict], list[dict]]:
+    """One results row per (seed, method) of one (dataset, k): accuracy, macro-F1, ECE;
+    and with ``drawn`` (seed -> Split) and ``dataset``, the per-sample records
+    (:func:`sc_jax.samples.seed_records`), else none."""
     sizes = config.sizes(k)
-    rows = []
+    rows, records = [], []
     for seed in config.seeds:
         s = scores[seed]
+        probs, per_size = {}, {}
         for method in config.methods:
             per = {i: fits[method][(seed, i)] for i in sizes} if method in fits else None
-            p = _method_probs(method, s, per, sizes, config)
+            p = probs[method] = method_probs(method, s, per, sizes, bc_batch=config.bc_batch,
+                                             size_weighting=config.size_weighting)
+            if per is not None:
+                per_size[method] = sc_size_probs(s, per, sizes)
             pred = p.argmax(-1)
             rows.append(dict(dataset=name, model=config.model, shots=k, method=method, seed=seed,
                              accuracy=metrics.accuracy(s.y_test, pred),
                              macro_f1=metrics.macro_f1(s.y_test, pred, num_classes=n),
                              ece=metrics.expected_calibration_error(p, s.y_test)))
-    return rows
+        if drawn is not None:
+            split = drawn[seed]
+            records += samples.seed_records(name, k, seed, s.y_test, probs, per_size,
+                                            rows=split.test_indices,
+                                            texts=split.test_texts(dataset))
+    return rows, records
 
 
 def _skip_note(name: str, n: int, k: int) -> str:
@@ -693,7 +715,7 @@ def _refuse_other_config(out: Path, config: RunConfig) -> None:
 
 
 def run_experiment(config: RunConfig, out_dir, *, progress: bool = True,
-                   overwrite: bool = False) -> Results:
+                   overwrite: bool = False, log_samples: bool = False) -> Results:
     """Run the experiment and write results.json, results.csv, table.md and plots
     into ``out_dir``. LLM scores are cached in ``out_dir/cache``: a re-run after an
     interruption recomputes only what is missing. Each seed's assembled scores are
@@ -702,12 +724,22 @@ def run_experiment(config: RunConfig, out_dir, *, progress: bool = True,
 
     ``out_dir`` is locked for the run (:func:`run_lock`: a second run into it is
     refused), and a directory holding a run of another configuration is refused
-    unless ``overwrite`` (the same configuration resumes or repeats)."""
+    unless ``overwrite`` (the same configuration resumes or repeats).
+
+    ``log_samples``: also write the per-sample records (every test query's gold label,
+    each method's probabilities and prediction, SC's per-size probabilities;
+    :mod:`sc_jax.samples`) as ``samples.jsonl`` (or ``.jsonl.gz``) beside results.json.
+    Not part of the configuration: a rerun with or without it is the same run."""
     out = make_out_dir(out_dir)
     with run_lock(out):
         if not overwrite:
             _refuse_other_config(out, config)
-        return _run_locked(config, out, progress)
+        elif not log_samples:
+            # Records of the replaced run would be read (and fail the check) beside
+            # the new results.
+            for path in samples.sample_paths(out):
+                path.unlink(missing_ok=True)
+        return _run_locked(config, out, progress, log_samples)
 
 
 def _load_checked(config: RunConfig, datasets: dict, progress: bool):
@@ -737,7 +769,7 @@ def _load_checked(config: RunConfig, datasets: dict, progress: bool):
     return model
 
 
-def _run_locked(config: RunConfig, out: Path, progress: bool) -> Results:
+def _run_locked(config: RunConfig, out: Path, progress: bool, log_samples: bool) -> Results:
     """:func:`run_experiment` once ``out`` is created, locked and checked."""
     t_start = time.perf_counter()
     # Load data first: a bad dataset name or file fails before the model loads.
@@ -749,7 +781,7 @@ def _run_locked(config: RunConfig, out: Path, progress: bool) -> Results:
                            device_memory=config.device_memory, progress=progress)
     cache = ScoreCache(out / "cache")
     lam = DEFAULT_LAMBDA_INV if config.lambda_inv is None else config.lambda_inv
-    rows, params, notes, splits, skipped = [], [], [], [], []
+    rows, params, notes, splits, skipped, records = [], [], [], [], [], []
     notes += [f"{name}: {ds.duplicate_rows} of {len(ds)} rows repeat an earlier text; each "
               "text is drawn once, so no test query is also a demonstration"
               for name, ds in datasets.items() if ds.duplicate_rows]
@@ -762,8 +794,8 @@ def _run_locked(config: RunConfig, out: Path, progress: bool) -> Results:
                 notes.append(_skip_note(name, n, k))
                 continue
             t = time.perf_counter()
-            scores, seed_splits = _score_seeds(model, engine, cache, ds, name, k, config, out,
-                                               progress)
+            scores, seed_splits, drawn = _score_seeds(model, engine, cache, ds, name, k, config,
+                                                      out, progress)
             splits += seed_splits
             timing["scoring_s"] += time.perf_counter() - t
             t = time.perf_counter()
@@ -774,7 +806,10 @@ def _run_locked(config: RunConfig, out: Path, progress: bool) -> Results:
                 log.info("[%s k=%d] fitted %d SC / SC* problems (%d seeds x %d sizes) in %.1f s",
                          name, k, len(fit_params), len(config.seeds), len(config.sizes(k)),
                          time.perf_counter() - t)
-            rows += _metric_rows(scores, fits, name, k, n, config)
+            seed_rows, seed_records = _metric_rows(scores, fits, name, k, n, config,
+                                                   drawn if log_samples else None, ds)
+            rows += seed_rows
+            records += seed_records
     timing["total_s"] = time.perf_counter() - t_start
     notes += _fit_notes(params)
     data = {"config": config.to_json(), "lambda_inv": lam, "model_identity": model.identity,
@@ -783,6 +818,8 @@ def _run_locked(config: RunConfig, out: Path, progress: bool) -> Results:
             "timing": timing, "cache": {"hits": cache.hits, "misses": cache.misses,
                                         "corrupt": cache.corrupt}}
     _write_json(out / "results.json", data)
+    if log_samples:
+        samples.write_samples(out, records)
     if progress:
         log.info("writing the tables and plots into %s", out)
     written = write_report(data, out)

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from .named_models import display_name
+from .samples import read_samples, rows_from_samples, samples_markdown
 
 # "BC (code)": BC as the reference code computes it, softmax(p - mean p)
 # (sc_jax.baselines.batch_calibration_reference), beside the paper's p / mean p.
@@ -194,8 +195,17 @@ def _margin_table(rows) -> list[str]:
     return out + [""]
 
 
-def markdown_tables(results: dict) -> str:
+def markdown_tables(results: dict, records: list[dict] | None = None) -> str:
+    """table.md: the tables of the module docstring; with the run's per-sample
+    ``records`` (:mod:`sc_jax.samples`), also their check against the rows and SC
+    against both forms of BC query by query. Methods the records hold and the rows
+    do not (``bc_reference`` for a run that predates it) join the tables from them."""
     rows = results["rows"]
+    extra = []
+    if records:
+        have = {r["method"] for r in rows}
+        extra = rows_from_samples(records, [m for m in METHOD_NAMES if m not in have])
+        rows = rows + extra
     summ = summarize(rows)
     datasets = sorted({r["dataset"] for r in rows})
     shots = sorted({r["shots"] for r in rows})
@@ -241,6 +251,12 @@ def markdown_tables(results: dict) -> str:
                        f"{got.count('tie')} / {got.count('loss')}")
         out.append("")
     out += _margin_table(rows)
+    if records:
+        out += samples_markdown(records, results["rows"])
+        if extra:
+            names = ", ".join(METHOD_NAMES[m] for m in sorted({r["method"] for r in extra}))
+            out += [f"{names}: computed from the per-sample records (results.json predates it).",
+                    ""]
     notes = results.get("notes") or []
     if notes:
         out += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
@@ -342,15 +358,20 @@ def params_figure(results: dict):
 
 
 def write_report(results: dict | str | Path, out_dir: str | Path | None = None) -> dict[str, Path]:
-    """Write table.md, results.csv and the plots. Returns ``{name: path}``."""
+    """Write table.md, results.csv and the plots. Returns ``{name: path}``. Per-sample
+    records (``samples.jsonl[.gz]``) in the run's directory (``results`` when it is a
+    path, else ``out_dir``) are checked against the rows and summarised in table.md."""
     if not isinstance(results, dict):
         src = Path(results)
-        out_dir = out_dir or (src if src.is_dir() else src.parent)
+        run_dir = src if src.is_dir() else src.parent
+        out_dir = out_dir or run_dir
         results = load_results(src)
+    else:
+        run_dir = Path(out_dir)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"table": out / "table.md", "csv": out / "results.csv", "f1_bars": out / "f1_bars.png"}
-    paths["table"].write_text(markdown_tables(results))
+    paths["table"].write_text(markdown_tables(results, read_samples(run_dir)))
     write_csv(results, paths["csv"])
     if results["rows"]:  # every (dataset, k) skipped: nothing to plot
         plot_f1_bars(results, paths["f1_bars"])

@@ -7,7 +7,9 @@ column per task in the paper's order, and Avg over the columns shown. BC is the 
 p / mean p; BC (code) is softmax(p - mean p), what the reference code computes
 (sc_jax.baselines.batch_calibration_reference). Each block ends with SC's margin over
 both, "SC - BC" and "SC - BC (code)" (differences of the means, per task and Avg; the
-paper's blocks have only the first). The margins are not candidates for bold. The paper's blocks are recomputed from
+paper's blocks have only the first). The margins are not candidates for bold. A run
+whose results.json predates bc_reference gets it from its per-sample records when
+they are there (`sc-jax report DIR --log-samples` writes them from its score files). The paper's blocks are recomputed from
 its cells over the same tasks, so that every Avg in the table averages the same
 columns (`paper_tables.py` lists where the paper's own Avg differs from its cells).
 The best method of each block and column is in bold.
@@ -28,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from sc_jax.named_models import display_name  # noqa: E402
 from sc_jax.report import load_results, summarize  # noqa: E402
+from sc_jax.samples import read_samples, rows_from_samples
 
 HERE = Path(__file__).resolve().parent
 OURS = ("base", "cc", "dc", "bc", "bc_reference", "sc_star", "sc_star_free", "sc")
@@ -48,7 +51,15 @@ def blocks(run_dirs, paper: dict, shots: int, metric: str):
     ours = []
     for run in run_dirs:
         res = load_results(run)
-        summary = summarize(res["rows"])
+        rows = res["rows"]
+        # A run made before bc_reference (or SC* without trust region) existed: those
+        # rows from its per-sample records where `sc-jax report DIR --log-samples`
+        # wrote them (from its score files, no model).
+        records = read_samples(run)
+        have = {r["method"] for r in rows}
+        if records:
+            rows = rows + rows_from_samples(records, [m for m in OURS if m not in have])
+        summary = summarize(rows)
         model = display_name(str(res["config"].get("model", run)))
         cells = {}
         for (task, k, method), stats in summary.items():
