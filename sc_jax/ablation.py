@@ -187,7 +187,8 @@ class _Refit:
         feats = [log_odds(s.test[i][context_subset(s.test[i].shape[0], m, seed, i)]
                           if m else s.test[i]) for i in use_sizes]
         pred = predict_proba([fits[(seed, i)] for i in use_sizes], feats,
-                             size_weights=self.weighting).argmax(-1)
+                             size_weights=self.weighting, shots=self.k,
+                             sizes=list(use_sizes)).argmax(-1)
         n = s.base.shape[-1]
         return dict(accuracy=metrics.accuracy(s.y_test, pred),
                     macro_f1=metrics.macro_f1(s.y_test, pred, num_classes=n))
@@ -381,7 +382,7 @@ def regenerate_samples(run_dir, *, with_texts: bool = True) -> tuple[Path, list[
                     continue  # the run did not fit it
                 sizes = sorted(per) if per else []
                 probs[method] = method_probs(method, s, per, sizes, bc_batch=bc_batch,
-                                             size_weighting=weighting)
+                                             size_weighting=weighting, shots=k)
                 if per:
                     per_size[method] = sc_size_probs(s, per, sizes)
             ds, split = drawn.get((name, k, seed), (None, None))

@@ -300,7 +300,8 @@ def _add_run_options(r) -> None:
                    help="surrogate (context, query) pairs per size; contexts sampled uniformly above it")
     r.add_argument("--m-cap", type=int, default=24, help="cap on test-time sub-contexts m_i per size")
     r.add_argument("--size-weighting", default="uniform", choices=["uniform", "reference"],
-                   help="ensemble over sizes: uniform (paper) or min(|T_i|, 15000) (reference code)")
+                   help="ensemble over sizes: uniform (paper) or min(P(k,i)(k-i), 15000), the "
+                        "full surrogate row count of size i before --budget (reference code)")
     r.add_argument("--mesh", type=_mesh, default=None,
                    help="device mesh data=D,model=M: batches split over D devices, weights over "
                         "M (heads, MLP width, vocabulary); a bare number is data=N (default: one "

@@ -118,7 +118,7 @@ class RunConfig:
     solver: str = "augmented_lagrangian"
     budget: int | None = 5000  # surrogate (context, query) pairs per size
     m_cap: int = 24
-    size_weighting: str = "uniform"  # or "reference": min(|T_i|, 15000)
+    size_weighting: str = "uniform"  # or "reference": min(P(k, i)(k - i), 15000)
     mesh_devices: int | None = None  # devices on the data axis (None: no mesh unless mesh_model > 1)
     mesh_model: int = 1  # devices on the model axis (weights sharded when > 1)
     max_tokens_per_batch: int | None = None  # None: planned from the device's memory
@@ -500,10 +500,12 @@ def _write_json(path: Path, data: dict) -> None:
 
 
 def method_probs(method: str, s: SeedScores, fits: dict | None, sizes, *,
-                 bc_batch: int = BC_BATCH_SIZE, size_weighting: str = "uniform") -> np.ndarray:
+                 bc_batch: int = BC_BATCH_SIZE, size_weighting: str = "uniform",
+                 shots: int | None = None) -> np.ndarray:
     """``[T, n]`` probabilities of ``method`` (one of :data:`METHODS`) on one seed's
     test queries, from its scores ``s``; ``fits`` maps size -> FitResult for the SC
-    methods (None for the baselines)."""
+    methods (None for the baselines); ``shots`` k is needed by the reference size
+    weighting."""
     p = np.exp(s.base.astype(np.float64))
     if method == "base":
         return baselines.base(p)
@@ -516,7 +518,8 @@ def method_probs(method: str, s: SeedScores, fits: dict | None, sizes, *,
     if method == "bc_reference":
         return baselines.batch_calibration_reference(p, bc_batch)
     return predict_proba([fits[i] for i in sizes], [log_odds(s.test[i]) for i in sizes],
-                         size_weights="uniform" if size_weighting == "uniform" else "reference")
+                         size_weights="uniform" if size_weighting == "uniform" else "reference",
+                         shots=shots, sizes=sizes)
 
 
 def sc_size_probs(s: SeedScores, fits: dict, sizes) -> dict[int, np.ndarray]:
@@ -591,7 +594,7 @@ def _metric_rows(scores: dict[int, SeedScores], fits: dict, name: str, k: int, n
         for method in config.methods:
             per = {i: fits[method][(seed, i)] for i in sizes} if method in fits else None
             p = probs[method] = method_probs(method, s, per, sizes, bc_batch=config.bc_batch,
-                                             size_weighting=config.size_weighting)
+                                             size_weighting=config.size_weighting, shots=k)
             if per is not None:
                 per_size[method] = sc_size_probs(s, per, sizes)
             pred = p.argmax(-1)

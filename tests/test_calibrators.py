@@ -1,6 +1,7 @@
 """The calibrator API: the hidden-truth behaviour check, the tau schedule, the
 ensemble, compile counting and input validation. Runs in float32 (the default)."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -105,9 +106,21 @@ def test_two_level_ensemble():
     feats = [rng.normal(size=(3, 10, 2)), rng.normal(size=(5, 10, 2))]
     per_size = [calibrated_proba(f.b, f.w, x).mean(0) for f, x in zip(fits, feats)]
     np.testing.assert_allclose(predict_proba(fits, feats), (per_size[0] + per_size[1]) / 2)
-    weights = np.array([56, 15000]) / (56 + 15000)  # min(|T_i|, 15000)
-    np.testing.assert_allclose(predict_proba(fits, feats, size_weights="reference"),
+    # The reference code's a_i = min(P(k, i)(k - i), 15000), from k and i alone: at
+    # k = 8, sizes 1 and 5 have 56 and min(20160, 15000) rows before any budget, however
+    # many rows the fits kept (the second fit was truncated to 5000 by the budget).
+    fits[1] = dataclasses.replace(fits[1], num_rows=5000)
+    weights = np.array([56, 15000]) / (56 + 15000)
+    np.testing.assert_allclose(predict_proba(fits, feats, size_weights="reference", shots=8,
+                                             sizes=[1, 5]),
                                weights[0] * per_size[0] + weights[1] * per_size[1])
+    np.testing.assert_array_equal(calibrators.reference_size_weights(8, [1, 2, 3, 4, 5]),
+                                  [56, 336, 1680, 6720, 15000])
+    np.testing.assert_array_equal(calibrators.reference_size_weights(4, [1, 2, 3]), [12, 24, 24])
+    with pytest.raises(ValueError, match="needs shots"):
+        predict_proba(fits, feats, size_weights="reference")
+    with pytest.raises(ValueError, match="sizes must lie in 1..k-1"):
+        calibrators.reference_size_weights(4, [1, 4])
     # Each m_i sub-context counts once within its size: averaging within sizes first is
     # not the same as pooling all sub-contexts.
     pooled = np.concatenate([calibrated_proba(f.b, f.w, x) for f, x in zip(fits, feats)]).mean(0)

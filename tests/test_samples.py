@@ -110,3 +110,24 @@ def test_regenerated_for_a_committed_run_from_its_score_files(tmp_path, monkeypa
     # name the rows; elsewhere those fields are null and the rest is the same.
     if recs[0]["row"] is not None:
         assert len({r["text_sha256"] for r in recs if r["dataset"] == "sst2"}) == 128
+
+
+def test_reference_size_weighting_of_a_committed_seed():
+    """method_probs with size_weighting="reference" weights each size's probabilities
+    by min(P(k, i)(k - i), 15000) (k = 8: 56, 336, 1680, 6720, 15000), not by the rows
+    the budget kept (300 per size in this run)."""
+    from sc_jax import ablation, calibrators, experiment
+
+    run = RUN.parents[1] / "smollm2-135m" / "k8"
+    res = json.loads((run / "results.json").read_text())
+    s = experiment.load_scores(run / "scores" / "ag_news-k8-seed0.npz")
+    fits = {p["size"]: ablation._fit_from_param(p, "augmented_lagrangian") for p in res["params"]
+            if (p["dataset"], p["seed"], p["method"]) == ("ag_news", 0, "sc")}
+    sizes = [1, 2, 3, 4, 5]
+    assert [fits[i].num_rows for i in sizes] == [56, 300, 300, 300, 300]
+    weights = np.array([56, 336, 1680, 6720, 15000], float)
+    np.testing.assert_array_equal(calibrators.reference_size_weights(8, sizes), weights)
+    per = experiment.sc_size_probs(s, fits, sizes)
+    got = experiment.method_probs("sc", s, fits, sizes, size_weighting="reference", shots=8)
+    want = sum(w * per[i] for w, i in zip(weights, sizes)) / weights.sum()
+    np.testing.assert_allclose(got, want, rtol=1e-12)
