@@ -173,6 +173,28 @@ def sc_against(rows, baseline: str, metric: str = "macro_f1", *, n_boot: int = 1
             if "sc" in methods and baseline in methods]
 
 
+def _best_baseline_table(rows) -> list[str]:
+    """Markdown: :func:`sc_against_best_baseline` per (dataset, shots), and the win /
+    tie / loss count per shot count; empty without SC and a baseline."""
+    paired = sc_against_best_baseline(rows)
+    if not paired:
+        return []
+    out = ["## SC minus the best baseline (macro-F1, paired over seeds)", "",
+           ("The best of Base, CC, DC and BC (the paper's) by mean on the same test data; "
+            "95% paired bootstrap interval over seeds; win / loss when it excludes 0."), "",
+           "| Dataset | k | best baseline | SC - best | 95% CI | outcome |",
+           "|---|---|---|---|---|---|"]
+    for p in paired:
+        out.append(f"| {p['dataset']} | {p['shots']} | {METHOD_NAMES[p['best_baseline']]} | "
+                   f"{100 * p['diff']:+.1f} | [{100 * p['ci_low']:+.1f}, "
+                   f"{100 * p['ci_high']:+.1f}] | {p['outcome']} |")
+    for k in sorted({p["shots"] for p in paired}):
+        got = [p["outcome"] for p in paired if p["shots"] == k]
+        out.append(f"\n{k}-shot win / tie / loss over datasets: {got.count('win')} / "
+                   f"{got.count('tie')} / {got.count('loss')}")
+    return out + [""]
+
+
 def _margin_table(rows) -> list[str]:
     """Markdown: SC minus BC as the paper defines it and as its code computes it, per
     (dataset, shots); empty unless the rows hold SC and both forms of BC."""
@@ -234,22 +256,7 @@ def markdown_tables(results: dict, records: list[dict] | None = None) -> str:
                 avg = f"{100 * np.mean(means):.1f}" if len(means) == len(datasets) else "–"
                 out.append(f"| {METHOD_NAMES[m]} | " + " | ".join(cells) + f" | {avg} |")
             out.append("")
-    paired = sc_against_best_baseline(rows)
-    if paired:
-        out += ["## SC minus the best baseline (macro-F1, paired over seeds)", "",
-                "The best of Base, CC, DC and BC (the paper's) by mean on the same test data; 95% paired "
-                "bootstrap interval over seeds; win / loss when it excludes 0.", "",
-                "| Dataset | k | best baseline | SC - best | 95% CI | outcome |",
-                "|---|---|---|---|---|---|"]
-        for p in paired:
-            out.append(f"| {p['dataset']} | {p['shots']} | {METHOD_NAMES[p['best_baseline']]} | "
-                       f"{100 * p['diff']:+.1f} | [{100 * p['ci_low']:+.1f}, "
-                       f"{100 * p['ci_high']:+.1f}] | {p['outcome']} |")
-        for k in sorted({p["shots"] for p in paired}):
-            got = [p["outcome"] for p in paired if p["shots"] == k]
-            out.append(f"\n{k}-shot win / tie / loss over datasets: {got.count('win')} / "
-                       f"{got.count('tie')} / {got.count('loss')}")
-        out.append("")
+    out += _best_baseline_table(rows)
     out += _margin_table(rows)
     if records:
         out += samples_markdown(records, results["rows"])
