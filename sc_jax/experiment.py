@@ -821,10 +821,11 @@ def _run_locked(config: RunConfig, out: Path, progress: bool, log_samples: bool)
             "timing": timing, "cache": {"hits": cache.hits, "misses": cache.misses,
                                         "corrupt": cache.corrupt}}
     _write_json(out / "results.json", data)
-    if log_samples:
-        samples.write_samples(out, records)
+    sample_file = samples.write_samples(out, records) if log_samples else None
     if progress:
         log.info("writing the tables and plots into %s", out)
     written = write_report(data, out)
     written["json"] = out / "results.json"
+    if sample_file is not None:
+        written["samples"] = sample_file
     return Results(out, data, written)

@@ -186,6 +186,7 @@ def test_log_samples_writes_records_that_reproduce_the_rows(config, tmp_path):
     cfg = RunConfig(**dict(config, shots=(3,)))
     res = run_experiment(cfg, tmp_path / "run", progress=False, log_samples=True)
     recs = samples.read_samples(tmp_path / "run")
+    assert res.files["samples"] == tmp_path / "run" / samples.SAMPLES_FILE
     assert len(recs) == len(cfg.seeds) * cfg.test_size
     assert samples.check_samples(recs, res.rows) == []
     assert set(recs[0]["probs"]) == set(cfg.methods) == set(recs[0]["pred"])
