@@ -682,13 +682,24 @@ def run_lock(out: Path):
         path.unlink(missing_ok=True)
 
 
+# Methods a run made before they existed lacks (issue 43), in its run_config.json or
+# results.json: resuming it with the default --methods only adds them.
+ADDED_METHODS = ("bc_reference", "sc_star_free")
+
+
 def _config_differences(old: dict, new: dict) -> list[str]:
     """``key: old there, new here`` for every key of two RunConfig JSONs that differs;
-    a key one of them lacks (written by another version) counts as its default."""
+    a key one of them lacks (written by another version) counts as its default. A run
+    whose methods lack only :data:`ADDED_METHODS` of the new ones is no other run:
+    methods do not change any score, every old row is recomputed as it was, and the
+    added methods' rows join them (so a run started before them resumes)."""
     default = json.loads(json.dumps(RunConfig().to_json()))
     out = []
     for key in sorted(set(old) | set(new)):
         a, b = old.get(key, default.get(key)), new.get(key, default.get(key))
+        if key == "methods" and isinstance(a, list) and isinstance(b, list):
+            a = [m for m in a if m not in ADDED_METHODS]
+            b = [m for m in b if m not in ADDED_METHODS]
         if a != b:
             out.append(f"{key}: {a} there, {b} here")
     return out
