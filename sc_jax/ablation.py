@@ -10,7 +10,9 @@ in ``DIR/scores/`` (:func:`sc_jax.experiment.save_scores`). From them
   run fixed one) or off (tau = -1), plus the uncalibrated model. The paper's
   ablation table is the rows "uncalibrated", lambda_inv = 0 without trust region
   ("neither"), lambda_inv > 0 without ("invariance only"), lambda_inv = 0 with
-  ("trust region only") and both.
+  ("trust region only") and both. Two rows beside "uncalibrated" give BC as the paper
+  defines it (p / mean p) and as the reference code computes it (softmax(p - mean p)),
+  for reference (:data:`BC_SETTINGS`).
 * ``sc_n``: the ensemble over sizes 1..N, N = 1..max size (the paper's context-size
   figure; SC-5 is SC).
 * ``m_i``: m of the m_i sampled test-time sub-contexts of every size, a uniformly
@@ -19,8 +21,9 @@ in ``DIR/scores/`` (:func:`sc_jax.experiment.save_scores`). From them
 * ``single_size``: each size i alone (SC_i).
 * ``guard``: what SC does with sizes whose surrogate data the LLM scores below
   chance: nothing (the paper), the guard (SC* for those sizes,
-  :func:`sc_jax.calibrators.below_chance`), and SC* for every size, at the run's
-  lambda_inv and tau.
+  :func:`sc_jax.calibrators.below_chance`), SC* for every size, and SC* without trust
+  region (tau = -1) for every size, at the run's lambda_inv and tau
+  (:data:`GUARD_SETTINGS`).
 
 All but ``guard`` use the run's guard; the last three also its lambda_inv and tau.
 
@@ -41,18 +44,41 @@ from pathlib import Path
 
 import numpy as np
 
-from . import metrics
-from .calibrators import DEFAULT_LAMBDA_INV, base_accuracy, fit_batch, predict_proba
-from .experiment import load_scores, scores_path
+from . import baselines, metrics, samples
+from .calibrators import (
+    DEFAULT_LAMBDA_INV,
+    FitResult,
+    base_accuracy,
+    fit_batch,
+    predict_proba,
+)
+from .data import DataUnavailableError
+from .experiment import (
+    METHODS,
+    SC_FITS,
+    RunConfig,
+    draw_split,
+    load_datasets,
+    load_scores,
+    method_probs,
+    sc_size_probs,
+    scores_path,
+)
 from .named_models import display_name
 from .objective import log_odds
 from .report import load_results
+from .solvers import Status
 
 log = logging.getLogger(__name__)
 
 STUDIES = ("lambda_trust", "sc_n", "m_i", "single_size", "guard")
-GUARD_SETTINGS = (("paper (no guard)", "none", False), ("guard: SC* where below chance", "bias_only", False),
-                  ("SC* at every size", "none", True))
+# (label, guard, SC*, tau: None the run's, -1.0 no trust region).
+# The guard's SC* without trust region ("bias_only_free") is not a row of its own: under
+# the tau schedule it equals the guard row (below chance, the schedule gives tau = -1).
+GUARD_SETTINGS = (("paper (no guard)", "none", False, None),
+                  ("guard: SC* where below chance", "bias_only", False, None),
+                  ("SC* at every size", "none", True, None),
+                  ("SC* without trust region at every size", "none", True, -1.0))
 PAPER_LAMBDA = 10.0
 M_VALUES = (1, 2, 4, 8, 16, 24)
 ROW_FIELDS = ("dataset", "shots", "seed", "study", "setting", "lambda_inv", "trust_region",
@@ -134,6 +160,7 @@ class _Refit:
     solver: str
     dtype: str
     weighting: str
+    bc_batch: int
 
     @property
     def seeds(self) -> list[int]:
@@ -160,7 +187,8 @@ class _Refit:
         feats = [log_odds(s.test[i][context_subset(s.test[i].shape[0], m, seed, i)]
                           if m else s.test[i]) for i in use_sizes]
         pred = predict_proba([fits[(seed, i)] for i in use_sizes], feats,
-                             size_weights=self.weighting).argmax(-1)
+                             size_weights=self.weighting, shots=self.k,
+                             sizes=list(use_sizes)).argmax(-1)
         n = s.base.shape[-1]
         return dict(accuracy=metrics.accuracy(s.y_test, pred),
                     macro_f1=metrics.macro_f1(s.y_test, pred, num_classes=n))
@@ -172,15 +200,26 @@ class _Refit:
         return row
 
 
+# Reference rows of the lambda_trust study beside "uncalibrated": BC as the paper
+# defines it (the best baseline in every run reported here) and as the reference code
+# computes it (sc_jax.baselines.batch_calibration_reference), from the same scores.
+BC_SETTINGS = (("BC (paper: p / mean p)", baselines.batch_calibration),
+               ("BC (reference code: softmax(p - mean p))", baselines.batch_calibration_reference))
+
+
 def _uncalibrated_rows(r: _Refit) -> list[dict]:
+    """The uncalibrated model and both forms of BC, per seed (no fit)."""
     rows = []
     for seed in r.seeds:
         s = r.per_seed[seed]
-        pred = s.base.argmax(-1)
-        rows.append(r.row(seed, "lambda_trust", "uncalibrated",
-                          dict(accuracy=metrics.accuracy(s.y_test, pred),
-                               macro_f1=metrics.macro_f1(s.y_test, pred,
-                                                         num_classes=s.base.shape[-1]))))
+        p = np.exp(s.base.astype(np.float64))
+        n = s.base.shape[-1]
+        for setting, probs in (("uncalibrated", p),
+                               *((label, bc(p, r.bc_batch)) for label, bc in BC_SETTINGS)):
+            pred = probs.argmax(-1)
+            rows.append(r.row(seed, "lambda_trust", setting,
+                              dict(accuracy=metrics.accuracy(s.y_test, pred),
+                                   macro_f1=metrics.macro_f1(s.y_test, pred, num_classes=n))))
     return rows
 
 
@@ -220,10 +259,10 @@ def _size_rows(r: _Refit, fits: dict, m_values) -> list[dict]:
 
 def _guard_rows(r: _Refit, default_fits: dict) -> list[dict]:
     rows = []
-    for label, guard, star in GUARD_SETTINGS:
+    for label, guard, star, tau in GUARD_SETTINGS:
         # The run's own setting was fitted already; the others are fitted here.
         fits = (default_fits if (guard, star) == (r.run_guard, False)
-                else r.fit(None, r.tau, guard=guard, sc_star=star))
+                else r.fit(None, r.tau if tau is None else tau, guard=guard, sc_star=star))
         for seed in r.seeds:
             rows.append(r.row(seed, "guard", label, r.score(seed, fits, r.sizes),
                               sizes=len(r.sizes)))
@@ -253,7 +292,8 @@ def ablate(run_dir, *, lambda_invs=(0.0, None, 1.0, "paper"), m_values=M_VALUES,
         run_lambda=results.get("lambda_inv", DEFAULT_LAMBDA_INV),
         run_guard=guard or config.get("guard", "none"), tau=config.get("tau"),
         solver=solver or config.get("solver", "augmented_lagrangian"), dtype=dtype,
-        weighting="uniform" if config.get("size_weighting", "uniform") == "uniform" else "reference")
+        weighting="uniform" if config.get("size_weighting", "uniform") == "uniform" else "reference",
+        bc_batch=int(config.get("bc_batch", baselines.BC_BATCH_SIZE)))
     rows = []
     for (name, k), per_seed in runs.items():
         if progress:
@@ -268,6 +308,89 @@ def ablate(run_dir, *, lambda_invs=(0.0, None, 1.0, "paper"), m_values=M_VALUES,
         rows += _size_rows(r, default_fits, m_values)
         rows += _guard_rows(r, default_fits)
     return rows
+
+
+def _fit_from_param(p: dict, solver: str) -> FitResult:
+    """The :class:`FitResult` of one param record of results.json (the run's own b and
+    w, stored as exact float64 JSON numbers): predictions from it are the run's."""
+    nan = float("nan")
+    return FitResult(b=np.asarray(p["b"], np.float64), w=np.asarray(p["w"], np.float64),
+                     status=Status[p.get("status", "CONVERGED")], iterations=0,
+                     outer_iterations=0, objective=p.get("objective", nan), constraint=nan,
+                     violation=nan, tau=p.get("tau", nan), lambda_inv=p.get("lambda_inv", nan),
+                     solver=solver, sc_star=p["method"] != "sc" or bool(p.get("guarded")),
+                     num_rows=int(p.get("rows", 0)),
+                     base_accuracy=p.get("base_accuracy", nan), guarded=bool(p.get("guarded")))
+
+
+def _drawn_splits(results: dict) -> tuple[dict, str | None]:
+    """(dataset, k, seed) -> (dataset, Split) as the run drew them, checked against the
+    test-set hashes in results.json; ``({}, why)`` when the data cannot be had here."""
+    config = results["config"]
+    known = {f.name for f in dataclasses.fields(RunConfig)}
+
+    def frozen(v):  # JSON lists back to the tuples RunConfig holds
+        return tuple(frozen(x) for x in v) if isinstance(v, list) else v
+
+    try:
+        cfg = RunConfig(**{k: frozen(v) for k, v in config.items() if k in known})
+        datasets = load_datasets(cfg)
+    except (DataUnavailableError, OSError, ValueError, TypeError) as e:
+        return {}, f"the run's data could not be loaded here ({type(e).__name__}: {e})"
+    out = {}
+    for rec in results.get("splits", []):
+        name, k, seed = rec["dataset"], rec["shots"], rec["seed"]
+        split = draw_split(datasets[name], cfg, k, seed)
+        if split.test_hash() != rec.get("test_hash"):
+            return {}, (f"{name} k={k} seed {seed}: the data here draw another test set than "
+                        "the run's (its hash differs)")
+        out[(name, k, seed)] = (datasets[name], split)
+    return out, None
+
+
+def regenerate_samples(run_dir, *, with_texts: bool = True) -> tuple[Path, list[str]]:
+    """Write the per-sample records (:mod:`sc_jax.samples`) of a finished run beside
+    its results.json, from its score files (``DIR/scores/``) and the SC parameters its
+    results.json holds: no model, no forward pass, no refit. Returns the file and notes.
+
+    Baselines: every baseline of :data:`sc_jax.experiment.METHODS`, ``bc_reference``
+    included for a run that predates it (its ``bc_batch``). SC methods: those with
+    params in results.json. The records of the run's own methods reproduce its
+    results.json rows (:func:`sc_jax.samples.check_samples`). Dataset rows and text
+    hashes are filled in when ``with_texts`` and the run's data load here and draw the
+    test sets the run recorded; otherwise they are null, and a note says why.
+    """
+    run_dir = Path(run_dir)
+    results, runs = _load_run(run_dir)
+    config = results["config"]
+    solver = config.get("solver", "augmented_lagrangian")
+    bc_batch = int(config.get("bc_batch", baselines.BC_BATCH_SIZE))
+    weighting = config.get("size_weighting", "uniform")
+    fits = defaultdict(dict)  # (method, dataset, shots, seed) -> size -> FitResult
+    for p in results.get("params") or []:
+        fits[(p["method"], p["dataset"], p["shots"], p["seed"])][p["size"]] = _fit_from_param(p, solver)
+    drawn, why = _drawn_splits(results) if with_texts else ({}, "texts not asked for")
+    notes = [] if why is None else [f"no dataset rows or text hashes: {why}"]
+    records = []
+    for (name, k), per_seed in runs.items():
+        for seed in sorted(per_seed):
+            s = per_seed[seed]
+            probs, per_size = {}, {}
+            for method in METHODS:
+                per = fits.get((method, name, k, seed)) if method in SC_FITS else None
+                if method in SC_FITS and not per:
+                    continue  # the run did not fit it
+                sizes = sorted(per) if per else []
+                probs[method] = method_probs(method, s, per, sizes, bc_batch=bc_batch,
+                                             size_weighting=weighting, shots=k)
+                if per:
+                    per_size[method] = sc_size_probs(s, per, sizes)
+            ds, split = drawn.get((name, k, seed), (None, None))
+            records += samples.seed_records(
+                name, k, seed, s.y_test, probs, per_size,
+                rows=None if split is None else split.test_indices,
+                texts=None if split is None else split.test_texts(ds))
+    return samples.write_samples(run_dir, records), notes
 
 
 DIAGNOSTIC_FIELDS = ("dataset", "shots", "seed", "size", "rows", "surrogate_accuracy",

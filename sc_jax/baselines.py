@@ -7,6 +7,12 @@ context's label prior P(y | C) and renormalises; they differ only in the estimat
     CC:   content-free inputs      P(y | x, C) / mean_s P(y | s, C),  s in CONTENT_FREE_INPUTS
     DC:   random in-domain strings P(y | x, C) / mean_j P(y | RandDom_j, C), 20 strings
     BC:   the test batch itself    P(y | x, C) / mean_{x' in batch} P(y | x', C), batches of 128
+    BC (reference code):           softmax_y(P(y | x, C) - mean_{x' in batch} P(y | x', C))
+
+The last is what the reference implementation computes for BC (gundemkorel/ICL,
+``ICL_calibrations/calibration_methods.py``, ``batch_calibration``), not the paper's
+ratio: :func:`batch_calibration_reference`. The paper's BC stays the baseline
+(``batch_calibration``); the reference form is reported beside it.
 
 All are pure NumPy functions of probabilities ``[..., T, n]`` (leading axes, e.g. one
 per context, broadcast). The prompts that produce the reference probabilities come from
@@ -30,6 +36,7 @@ __all__ = [
     "NUM_DOMAIN_STRINGS",
     "base",
     "batch_calibration",
+    "batch_calibration_reference",
     "contextual_calibration",
     "domain_context_calibration",
     "random_domain_strings",
@@ -93,6 +100,41 @@ def batch_calibration(probs, batch_size: int = BC_BATCH_SIZE) -> np.ndarray:
         chunk = p[..., start:start + batch_size, :]
         out[..., start:start + batch_size, :] = _divide(chunk,
                                                         chunk.mean(axis=-2, keepdims=True))
+    return out
+
+
+def batch_calibration_reference(probs, batch_size: int = BC_BATCH_SIZE) -> np.ndarray:
+    """BC as the reference code computes it: for each batch B of ``batch_size``
+    consecutive test predictions, in order (the last batch may be shorter),
+
+        q(y | x) = softmax_y( p(y | x) - (1/|B|) sum_{x' in B} p(y | x') ),  x in B,
+
+    with p the label probabilities renormalised over the label set (the reference's
+    ``label_space_probs``; gundemkorel/ICL ``calibration_methods.batch_calibration``,
+    default batch size 128, as here).
+
+    The paper (Appendix D; Zhou et al. 2024) writes BC as p(y | x) / mean_B p(y | x'),
+    which :func:`batch_calibration` implements. The prediction here is
+    argmax_y p(y|x) - mean_B p(y|x'): on two classes the same as the ratio's (both
+    predict class 1 iff p_1(x) exceeds its batch mean), on more classes not (a label
+    the model rarely favours gains at most its small mean, not a factor 1 / mean). The
+    probabilities are softmaxes of numbers in [-1, 1], so never far from uniform
+    (ratios at most e^2): their ECE differs from the ratio's even on two classes.
+
+    probs: ``[..., T, n]``; batches run along the T axis. Returns ``[..., T, n]``.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    p = base(_probs(probs, "probs"))
+    if p.ndim < 2:
+        raise ValueError(f"probs must be [..., T, n], got shape {p.shape}")
+    out = np.empty_like(p)
+    for start in range(0, p.shape[-2], batch_size):
+        chunk = p[..., start:start + batch_size, :]
+        z = chunk - chunk.mean(axis=-2, keepdims=True)
+        # z lies in [-1, 1]: exp cannot overflow, so no max-shift is needed.
+        e = np.exp(z)
+        out[..., start:start + batch_size, :] = e / e.sum(axis=-1, keepdims=True)
     return out
 
 

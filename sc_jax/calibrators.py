@@ -35,7 +35,8 @@ Defaults and where they come from:
 
 Prediction (Algorithm 2, Part 2): calibrated probabilities are averaged over the m_i
 sampled sub-contexts of each size, then over sizes, uniformly as in the paper, or
-weighted by min(|T_i|, 15000) as the reference code does (``size_weights="reference"``).
+weighted by min(P(k, i)(k - i), 15000) as the reference code does
+(``size_weights="reference"``, :func:`reference_size_weights`).
 
 Departures from the reference code, all deliberate: means instead of sums in the
 objective; the identity (b=0, w=1) as the start point instead of zeros (where the
@@ -71,9 +72,13 @@ from sc_jax.solvers import (
 from sc_jax.validation import check_lambda, check_problem, check_tau
 
 # What fit_batch does with a size whose surrogate data the LLM scores below chance:
-# "none" fits SC as the paper does; "bias_only" fits SC* (w = 1) there instead.
-GUARDS = ("none", "bias_only")
-# Reference code: the final average across sizes is weighted by min(|T_i|, 15000).
+# "none" fits SC as the paper does; "bias_only" fits SC* (w = 1) there instead, with
+# the problem's trust region; "bias_only_free" fits SC* without it (tau = -1), the
+# reference code's unconstrained bias-only form. Under the tau schedule the two agree
+# (below chance means accuracy < 0.5, where the schedule gives tau = -1 already).
+GUARDS = ("none", "bias_only", "bias_only_free")
+# Reference code (gundemkorel/ICL, ICL_modules/functions.py): the final average across
+# sizes is weighted by min(P(k, i)(k - i), 15000), the full surrogate row count of size i.
 REFERENCE_SIZE_WEIGHT_CAP = 15000
 
 __all__ = [
@@ -88,6 +93,7 @@ __all__ = [
     "pack_batch",
     "pack_buckets",
     "predict_proba",
+    "reference_size_weights",
     "tau_from_accuracy",
 ]
 
@@ -493,10 +499,16 @@ def fit_batch(problems: Sequence[tuple], *, lambda_inv=DEFAULT_LAMBDA_INV, tau=N
         start ended at a worse KKT point than SciPy's best start on 26 of 144
         instances of the synthetic sweep, all at lambda_inv >= 1, and on near-apex
         instances at lambda_inv = 0.5).
-    guard: "none" (the paper) or "bias_only": problems whose surrogate in-sample
-        accuracy is below chance (:func:`below_chance`) are fitted as SC* (bias only,
-        w = 1) and marked ``guarded``; the others as asked. A deviation from the paper
-        (README, "Real data"); ignored for ``sc_star=True``.
+    guard: "none" (the paper), "bias_only" or "bias_only_free": problems whose
+        surrogate in-sample accuracy is below chance (:func:`below_chance`) are fitted
+        as SC* (bias only, w = 1) and marked ``guarded``; the others as asked. SC*
+        keeps the problem's trust region (mean_c 1/||(b_c, 1)|| >= tau, which at
+        tau = 0.997 bounds |b| near 0.08) under "bias_only", and drops it (tau = -1,
+        the reference code's unconstrained bias-only fit) under "bias_only_free".
+        With ``tau=None`` the two agree: the Appendix A schedule already gives a
+        below-chance problem (accuracy < 1/n <= 0.5) tau = -1; they differ only where
+        tau is fixed. A deviation from the paper (README, "Real data"); ignored for
+        ``sc_star=True``.
     Returns one :class:`FitResult` per problem, in order. Solver failures are reported
     in ``status``, never raised; bad input raises ValueError before any solve.
     """
@@ -507,19 +519,20 @@ def fit_batch(problems: Sequence[tuple], *, lambda_inv=DEFAULT_LAMBDA_INV, tau=N
                   bucketed=bucketed, batch_size=batch_size, threads=threads, guard=guard)
 
     def part(idx, **changes):  # fit_batch on the problems idx, settings changed
-        return fit_batch([problems[j] for j in idx], lambda_inv=[lams[j] for j in idx],
-                         tau=[taus[j] for j in idx], **{**common, **changes})
+        settings = dict(common, lambda_inv=[lams[j] for j in idx], tau=[taus[j] for j in idx])
+        return fit_batch([problems[j] for j in idx], **{**settings, **changes})
 
     # Problems of different class counts: one group (and compiled solver) per n, so
     # that each gets its own n in the tau schedule and its own parameter count.
     widths = _class_widths(problems)
     if len(set(widths)) > 1 and None not in widths:
         return _by_group(widths, lambda _, idx: part(idx))
-    if guard == "bias_only" and not sc_star and count:
+    if guard in ("bias_only", "bias_only_free") and not sc_star and count:
         flagged = _below_chance_flags(problems)
         if any(flagged):
+            free = {"tau": -1.0} if guard == "bias_only_free" else {}
             return _by_group(flagged, lambda star, idx: _mark_guarded(
-                part(idx, sc_star=star, guard="none"), star))
+                part(idx, sc_star=star, guard="none", **(free if star else {})), star))
     if solver == "augmented_lagrangian" and options is None and count:
         # Where the invariance term weighs, the objective has several KKT points and
         # one start often ends at a worse one (SolverOptions.num_starts): those
@@ -557,15 +570,35 @@ def fit(features: np.ndarray, labels: np.ndarray, query_ids: np.ndarray, *,
 # Prediction: the two-level ensemble of Algorithm 2.
 
 
+def reference_size_weights(shots: int, sizes: Sequence[int]) -> np.ndarray:
+    """The reference code's size weights, ``[len(sizes)]`` (unnormalised):
+
+        a_i = min(P(k, i) (k - i), 15000),  P(k, i) = k! / (k - i)!,
+
+    the number of surrogate rows of size i before any budget truncation (every ordered
+    i-tuple of the k demonstrations with each of the k - i held-out ones as query),
+    capped at 15000 (gundemkorel/ICL ``ICL_modules/functions.py``: ``min(math.perm(k, i)
+    * (k - i), 15000)``). It does not depend on the budget: at k = 8 with the default
+    budget 5000 the fitted sizes have 56, 336, 1680, 5000, 5000 rows but weights 56,
+    336, 1680, 6720, 15000."""
+    sizes = [int(i) for i in sizes]
+    if any(not 1 <= i < shots for i in sizes):
+        raise ValueError(f"sizes must lie in 1..k-1 = 1..{shots - 1}, got {sizes}")
+    return np.array([min(math.perm(shots, i) * (shots - i), REFERENCE_SIZE_WEIGHT_CAP)
+                     for i in sizes], float)
+
+
 def predict_proba(fits: Sequence[FitResult], features: Sequence[np.ndarray], *,
-                  size_weights: str = "uniform") -> np.ndarray:
+                  size_weights: str = "uniform", shots: int | None = None,
+                  sizes: Sequence[int] | None = None) -> np.ndarray:
     """p_SC(x) = sum_i a_i (1/m_i) sum_j f(m(x; C_i^(j)); theta_i) (Algorithm 2, Part 2).
 
     fits: one :class:`FitResult` per context size i in I.
     features: per size, ``[m_i, T, n-1]`` log-odds of the T test queries under each of
         the m_i sampled sub-contexts of that size (``[T, n-1]`` means m_i = 1).
     size_weights: "uniform" (a_i = 1/|I|, the paper) or "reference" (a_i proportional
-        to min(|T_i|, 15000), the reference code).
+        to min(P(k, i)(k - i), 15000), the reference code: :func:`reference_size_weights`;
+        needs ``shots`` k and the fits' ``sizes`` i).
     Returns ``[T, n]`` probabilities; the SC prediction is their argmax.
     """
     if len(fits) == 0 or len(fits) != len(features):
@@ -574,7 +607,9 @@ def predict_proba(fits: Sequence[FitResult], features: Sequence[np.ndarray], *,
     if size_weights == "uniform":
         weights = np.ones(len(fits))
     elif size_weights == "reference":
-        weights = np.array([min(f.num_rows, REFERENCE_SIZE_WEIGHT_CAP) for f in fits], float)
+        if shots is None or sizes is None or len(sizes) != len(fits):
+            raise ValueError("size_weights='reference' needs shots (k) and one size per fit")
+        weights = reference_size_weights(shots, sizes)
     else:
         raise ValueError(f"size_weights must be 'uniform' or 'reference', got {size_weights!r}")
     feats_all = []

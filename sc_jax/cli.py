@@ -37,7 +37,8 @@ import jax
 import numpy as np
 
 from sc_jax import __version__
-from sc_jax.ablation import ablate, diagnose, write_ablation
+from sc_jax.ablation import ablate, diagnose, regenerate_samples, write_ablation
+from sc_jax.calibrators import GUARDS
 from sc_jax.data import DEFAULT_TEST_SEED, TASKS, DataUnavailableError
 from sc_jax.enumeration import all_contexts, surrogate_pairs
 from sc_jax.experiment import METHODS, RunConfig, run_experiment
@@ -184,7 +185,8 @@ def _run(args) -> int:
           f"{list(config.shots)}, seeds {list(config.seeds)}, test size {config.test_size}, "
           f"methods {','.join(config.methods)}, mode {config.mode}, m_i cap {config.m_cap}, "
           f"solver {config.solver}, out {args.out}", flush=True)
-    results = run_experiment(config, args.out, progress=not args.quiet, overwrite=args.overwrite)
+    results = run_experiment(config, args.out, progress=not args.quiet, overwrite=args.overwrite,
+                             log_samples=args.log_samples)
     print()
     print((results.out_dir / "table.md").read_text())
     print(f"outputs in {results.out_dir}: " + ", ".join(sorted(p.name for p in results.files.values())))
@@ -192,6 +194,9 @@ def _run(args) -> int:
 
 
 def _report(args) -> int:
+    if args.log_samples:
+        path, notes = regenerate_samples(args.dir)
+        print(f"wrote {path} from the run's score files" + "".join(f"; {n}" for n in notes))
     paths = write_report(args.dir)
     print(paths["table"].read_text())
     print("wrote " + ", ".join(str(p) for p in paths.values()))
@@ -282,17 +287,21 @@ def _add_run_options(r) -> None:
                    help="invariance weight (default: the calibrators' documented default)")
     r.add_argument("--tau", type=float, default=None,
                    help="trust-region cosine (default: the paper's schedule from in-sample accuracy)")
-    r.add_argument("--guard", default="bias_only", choices=["none", "bias_only"],
-                   help="none: SC as the paper fits it; bias_only: SC* (w = 1) for a size whose "
-                        "surrogate data the LLM scores below chance (a deviation from the "
-                        "paper, chosen on development tasks; README, 'Real data')")
+    r.add_argument("--guard", default="bias_only", choices=list(GUARDS),
+                   help="none: SC as the paper fits it; bias_only: SC* (w = 1, with the trust "
+                        "region) for a size whose surrogate data the LLM scores below chance (a "
+                        "deviation from the paper, chosen on development tasks; README, 'Real "
+                        "data'); bias_only_free: the same with SC* unconstrained (tau = -1; "
+                        "the same as bias_only unless --tau is fixed: the schedule gives "
+                        "tau = -1 below chance)")
     r.add_argument("--solver", default="augmented_lagrangian",
                    choices=["augmented_lagrangian", "projected", "scipy"])
     r.add_argument("--budget", type=int, default=5000,
                    help="surrogate (context, query) pairs per size; contexts sampled uniformly above it")
     r.add_argument("--m-cap", type=int, default=24, help="cap on test-time sub-contexts m_i per size")
     r.add_argument("--size-weighting", default="uniform", choices=["uniform", "reference"],
-                   help="ensemble over sizes: uniform (paper) or min(|T_i|, 15000) (reference code)")
+                   help="ensemble over sizes: uniform (paper) or min(P(k,i)(k-i), 15000), the "
+                        "full surrogate row count of size i before --budget (reference code)")
     r.add_argument("--mesh", type=_mesh, default=None,
                    help="device mesh data=D,model=M: batches split over D devices, weights over "
                         "M (heads, MLP width, vocabulary); a bare number is data=N (default: one "
@@ -372,7 +381,7 @@ def _add_ablate_parser(sub) -> None:
                    help="test-time sub-contexts per size, up to what the run scored")
     a.add_argument("--solver", default=None, choices=["augmented_lagrangian", "projected", "scipy"],
                    help="default: the run's")
-    a.add_argument("--guard", default=None, choices=["none", "bias_only"],
+    a.add_argument("--guard", default=None, choices=list(GUARDS),
                    help="the guard of every study but the guard study (default: the run's)")
     a.add_argument("--out", default=None, help="default: DIR/ablation")
     a.add_argument("--quiet", action="store_true")
@@ -401,10 +410,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replace the results of another configuration in --out (without it such "
                         "a directory is refused; the score cache is kept and reused)")
     r.add_argument("--quiet", action="store_true", help="no progress bars")
+    r.add_argument("--log-samples", action="store_true",
+                   help="also write OUT/samples.jsonl (gzipped when large): per test query its "
+                        "gold label, each method's probabilities and prediction, SC's per-size "
+                        "probabilities; `sc-jax report` checks and summarises it")
     r.set_defaults(fn=_run)
     _add_plan_parser(sub)
     rp = sub.add_parser("report", help="rebuild tables and plots from DIR/results.json")
     rp.add_argument("dir")
+    rp.add_argument("--log-samples", action="store_true",
+                    help="first write DIR/samples.jsonl[.gz], the per-sample records, from the "
+                         "run's score files and fitted parameters (no model, no refit)")
     rp.set_defaults(fn=_report)
     _add_ablate_parser(sub)
     i = sub.add_parser("info", help="list the named models, or load one and print its configuration")

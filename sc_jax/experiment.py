@@ -46,8 +46,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from . import baselines, loading, metrics
-from .baselines import CONTENT_FREE_INPUTS, random_domain_strings
+from . import baselines, loading, metrics, samples
+from .baselines import BC_BATCH_SIZE, CONTENT_FREE_INPUTS, random_domain_strings
 from .cache import ScoreCache, score_key
 from .calibrators import DEFAULT_LAMBDA_INV, GUARDS, fit_batch, predict_proba
 from .data import DEFAULT_TEST_SEED, dc_pool, load_task, split_protocol
@@ -68,7 +68,15 @@ from .sharding import make_mesh
 
 log = logging.getLogger(__name__)
 
-METHODS = ("base", "cc", "dc", "bc", "sc_star", "sc")
+# bc_reference: BC as the reference code computes it (sc_jax.baselines
+# .batch_calibration_reference), reported beside the paper's BC ("bc"), which stays the
+# baseline that SC is compared with.
+# sc_star: SC* as fit_batch(sc_star=True) fits it, with the run's trust region (at
+# tau = 0.997 and w = 1 it bounds |b| near 0.08); sc_star_free: the bias-only fit of the
+# paper's description and the reference code, with no trust region (tau = -1).
+METHODS = ("base", "cc", "dc", "bc", "bc_reference", "sc_star", "sc_star_free", "sc")
+# Per SC method of METHODS: fit SC* (w = 1) or not, and its tau (None: the run's).
+SC_FITS = {"sc": (False, None), "sc_star": (True, None), "sc_star_free": (True, -1.0)}
 # The run's guard (sc_jax.calibrators.fit_batch): SC* for a size whose surrogate data
 # the LLM scores below chance. A deviation from the paper, chosen on the development
 # tasks (Rotten Tomatoes, SST-2, AG News; seeds 100-104; README "Real data"), where the
@@ -103,13 +111,14 @@ class RunConfig:
     max_size: int = 5  # sizes i = 1..min(max_size, k-1)
     lambda_inv: float | None = None  # None: the calibrators' documented default
     tau: float | None = None  # None: the paper's schedule from in-sample accuracy
-    # "none": SC as the paper fits it; "bias_only": SC* for a size whose surrogate
-    # data the LLM scores below chance (sc_jax.calibrators.fit_batch).
+    # "none": SC as the paper fits it; "bias_only": SC* (with the trust region) for a
+    # size whose surrogate data the LLM scores below chance; "bias_only_free": the
+    # same with SC* unconstrained (sc_jax.calibrators.fit_batch).
     guard: str = DEFAULT_GUARD
     solver: str = "augmented_lagrangian"
     budget: int | None = 5000  # surrogate (context, query) pairs per size
     m_cap: int = 24
-    size_weighting: str = "uniform"  # or "reference": min(|T_i|, 15000)
+    size_weighting: str = "uniform"  # or "reference": min(P(k, i)(k - i), 15000)
     mesh_devices: int | None = None  # devices on the data axis (None: no mesh unless mesh_model > 1)
     mesh_model: int = 1  # devices on the model axis (weights sharded when > 1)
     max_tokens_per_batch: int | None = None  # None: planned from the device's memory
@@ -490,7 +499,13 @@ def _write_json(path: Path, data: dict) -> None:
     tmp.replace(path)
 
 
-def _method_probs(method, s: SeedScores, fits, sizes, config) -> np.ndarray:
+def method_probs(method: str, s: SeedScores, fits: dict | None, sizes, *,
+                 bc_batch: int = BC_BATCH_SIZE, size_weighting: str = "uniform",
+                 shots: int | None = None) -> np.ndarray:
+    """``[T, n]`` probabilities of ``method`` (one of :data:`METHODS`) on one seed's
+    test queries, from its scores ``s``; ``fits`` maps size -> FitResult for the SC
+    methods (None for the baselines); ``shots`` k is needed by the reference size
+    weighting."""
     p = np.exp(s.base.astype(np.float64))
     if method == "base":
         return baselines.base(p)
@@ -499,9 +514,18 @@ def _method_probs(method, s: SeedScores, fits, sizes, config) -> np.ndarray:
     if method == "dc":
         return baselines.domain_context_calibration(p, np.exp(s.dc.astype(np.float64)))
     if method == "bc":
-        return baselines.batch_calibration(p, config.bc_batch)
+        return baselines.batch_calibration(p, bc_batch)
+    if method == "bc_reference":
+        return baselines.batch_calibration_reference(p, bc_batch)
     return predict_proba([fits[i] for i in sizes], [log_odds(s.test[i]) for i in sizes],
-                         size_weights="uniform" if config.size_weighting == "uniform" else "reference")
+                         size_weights="uniform" if size_weighting == "uniform" else "reference",
+                         shots=shots, sizes=sizes)
+
+
+def sc_size_probs(s: SeedScores, fits: dict, sizes) -> dict[int, np.ndarray]:
+    """Per size i, the ``[T, n]`` probabilities (1/m_i) sum_j f(m(x; C_i^(j)); theta_i)
+    that SC's ensemble averages (Algorithm 2, Part 2)."""
+    return {i: fits[i].predict_proba(log_odds(s.test[i])).mean(axis=0) for i in sizes}
 
 
 def _split_record(name: str, k: int, seed: int, split) -> dict:
@@ -511,22 +535,22 @@ def _split_record(name: str, k: int, seed: int, split) -> dict:
 
 
 def _score_seeds(model, engine, cache, ds, name: str, k: int, config: RunConfig, out: Path,
-                 progress: bool) -> tuple[dict[int, SeedScores], list[dict]]:
-    """Every seed's scores of one (dataset, k), each saved under ``out/scores``, and
-    each seed's split record."""
+                 progress: bool) -> tuple[dict[int, SeedScores], list[dict], dict]:
+    """Every seed's scores of one (dataset, k), each saved under ``out/scores``, each
+    seed's split record, and seed -> its :class:`sc_jax.data.Split`."""
     scores: dict[int, SeedScores] = {}
-    splits = []
+    splits, drawn = [], {}
     for seed in config.seeds:
         label = f"[{name} k={k} seed={seed}]"
         if progress:
             log.info("%s scoring (seed %d of %d)", label, config.seeds.index(seed) + 1,
                      len(config.seeds))
-        split = draw_split(ds, config, k, seed)
+        split = drawn[seed] = draw_split(ds, config, k, seed)
         splits.append(_split_record(name, k, seed, split))
         scores[seed] = score_seed(model, engine, cache, ds, split, config, k,
                                   label=label if progress else None)
         save_scores(scores_path(out, name, k, seed), scores[seed])
-    return scores, splits
+    return scores, splits, drawn
 
 
 def _param_record(name: str, k: int, seed: int, size: int, method: str, r) -> dict:
@@ -539,38 +563,51 @@ def _param_record(name: str, k: int, seed: int, size: int, method: str, r) -> di
 
 def _fit_sc(scores: dict[int, SeedScores], name: str, k: int, config: RunConfig,
             lam: float) -> tuple[dict, list[dict]]:
-    """SC and SC* (those of ``config.methods``) for every (seed, size) of one (dataset,
-    k): method -> {(seed, size): fit}, and one param record per fit."""
+    """SC, SC* and SC* without trust region (those of ``config.methods``; :data:`SC_FITS`)
+    for every (seed, size) of one (dataset, k): method -> {(seed, size): fit}, and one
+    param record per fit."""
     # Every (seed, size) of this (dataset, k) in one batched solver call.
     keys = [(seed, i) for seed in config.seeds for i in config.sizes(k)]
     problems = [(log_odds(scores[seed].surrogate[i][0]), scores[seed].surrogate[i][1],
                  scores[seed].surrogate[i][2]) for seed, i in keys]
     fits, params = {}, []
-    for method, star in (("sc", False), ("sc_star", True)):
+    for method, (star, tau) in SC_FITS.items():
         if method in config.methods:
-            res = fit_batch(problems, lambda_inv=lam, tau=config.tau, solver=config.solver,
-                            sc_star=star, guard=config.guard)
+            res = fit_batch(problems, lambda_inv=lam, tau=config.tau if tau is None else tau,
+                            solver=config.solver, sc_star=star, guard=config.guard)
             fits[method] = dict(zip(keys, res))
             params += [_param_record(name, k, seed, i, method, r) for (seed, i), r in zip(keys, res)]
     return fits, params
 
 
 def _metric_rows(scores: dict[int, SeedScores], fits: dict, name: str, k: int, n: int,
-                 config: RunConfig) -> list[dict]:
-    """One results row per (seed, method) of one (dataset, k): accuracy, macro-F1, ECE."""
+                 config: RunConfig, drawn: dict | None = None,
+                 dataset=None) -> tuple[list[dict], list[dict]]:
+    """One results row per (seed, method) of one (dataset, k): accuracy, macro-F1, ECE;
+    and with ``drawn`` (seed -> Split) and ``dataset``, the per-sample records
+    (:func:`sc_jax.samples.seed_records`), else none."""
     sizes = config.sizes(k)
-    rows = []
+    rows, records = [], []
     for seed in config.seeds:
         s = scores[seed]
+        probs, per_size = {}, {}
         for method in config.methods:
             per = {i: fits[method][(seed, i)] for i in sizes} if method in fits else None
-            p = _method_probs(method, s, per, sizes, config)
+            p = probs[method] = method_probs(method, s, per, sizes, bc_batch=config.bc_batch,
+                                             size_weighting=config.size_weighting, shots=k)
+            if per is not None:
+                per_size[method] = sc_size_probs(s, per, sizes)
             pred = p.argmax(-1)
             rows.append(dict(dataset=name, model=config.model, shots=k, method=method, seed=seed,
                              accuracy=metrics.accuracy(s.y_test, pred),
                              macro_f1=metrics.macro_f1(s.y_test, pred, num_classes=n),
                              ece=metrics.expected_calibration_error(p, s.y_test)))
-    return rows
+        if drawn is not None:
+            split = drawn[seed]
+            records += samples.seed_records(name, k, seed, s.y_test, probs, per_size,
+                                            rows=split.test_indices,
+                                            texts=split.test_texts(dataset))
+    return rows, records
 
 
 def _skip_note(name: str, n: int, k: int) -> str:
@@ -645,13 +682,24 @@ def run_lock(out: Path):
         path.unlink(missing_ok=True)
 
 
+# Methods a run made before they existed lacks (issue 43), in its run_config.json or
+# results.json: resuming it with the default --methods only adds them.
+ADDED_METHODS = ("bc_reference", "sc_star_free")
+
+
 def _config_differences(old: dict, new: dict) -> list[str]:
     """``key: old there, new here`` for every key of two RunConfig JSONs that differs;
-    a key one of them lacks (written by another version) counts as its default."""
+    a key one of them lacks (written by another version) counts as its default. A run
+    whose methods lack only :data:`ADDED_METHODS` of the new ones is no other run:
+    methods do not change any score, every old row is recomputed as it was, and the
+    added methods' rows join them (so a run started before them resumes)."""
     default = json.loads(json.dumps(RunConfig().to_json()))
     out = []
     for key in sorted(set(old) | set(new)):
         a, b = old.get(key, default.get(key)), new.get(key, default.get(key))
+        if key == "methods" and isinstance(a, list) and isinstance(b, list):
+            a = [m for m in a if m not in ADDED_METHODS]
+            b = [m for m in b if m not in ADDED_METHODS]
         if a != b:
             out.append(f"{key}: {a} there, {b} here")
     return out
@@ -681,7 +729,7 @@ def _refuse_other_config(out: Path, config: RunConfig) -> None:
 
 
 def run_experiment(config: RunConfig, out_dir, *, progress: bool = True,
-                   overwrite: bool = False) -> Results:
+                   overwrite: bool = False, log_samples: bool = False) -> Results:
     """Run the experiment and write results.json, results.csv, table.md and plots
     into ``out_dir``. LLM scores are cached in ``out_dir/cache``: a re-run after an
     interruption recomputes only what is missing. Each seed's assembled scores are
@@ -690,12 +738,22 @@ def run_experiment(config: RunConfig, out_dir, *, progress: bool = True,
 
     ``out_dir`` is locked for the run (:func:`run_lock`: a second run into it is
     refused), and a directory holding a run of another configuration is refused
-    unless ``overwrite`` (the same configuration resumes or repeats)."""
+    unless ``overwrite`` (the same configuration resumes or repeats).
+
+    ``log_samples``: also write the per-sample records (every test query's gold label,
+    each method's probabilities and prediction, SC's per-size probabilities;
+    :mod:`sc_jax.samples`) as ``samples.jsonl`` (or ``.jsonl.gz``) beside results.json.
+    Not part of the configuration: a rerun with or without it is the same run."""
     out = make_out_dir(out_dir)
     with run_lock(out):
         if not overwrite:
             _refuse_other_config(out, config)
-        return _run_locked(config, out, progress)
+        elif not log_samples:
+            # Records of the replaced run would be read (and fail the check) beside
+            # the new results.
+            for path in samples.sample_paths(out):
+                path.unlink(missing_ok=True)
+        return _run_locked(config, out, progress, log_samples)
 
 
 def _load_checked(config: RunConfig, datasets: dict, progress: bool):
@@ -725,7 +783,7 @@ def _load_checked(config: RunConfig, datasets: dict, progress: bool):
     return model
 
 
-def _run_locked(config: RunConfig, out: Path, progress: bool) -> Results:
+def _run_locked(config: RunConfig, out: Path, progress: bool, log_samples: bool) -> Results:
     """:func:`run_experiment` once ``out`` is created, locked and checked."""
     t_start = time.perf_counter()
     # Load data first: a bad dataset name or file fails before the model loads.
@@ -737,7 +795,7 @@ def _run_locked(config: RunConfig, out: Path, progress: bool) -> Results:
                            device_memory=config.device_memory, progress=progress)
     cache = ScoreCache(out / "cache")
     lam = DEFAULT_LAMBDA_INV if config.lambda_inv is None else config.lambda_inv
-    rows, params, notes, splits, skipped = [], [], [], [], []
+    rows, params, notes, splits, skipped, records = [], [], [], [], [], []
     notes += [f"{name}: {ds.duplicate_rows} of {len(ds)} rows repeat an earlier text; each "
               "text is drawn once, so no test query is also a demonstration"
               for name, ds in datasets.items() if ds.duplicate_rows]
@@ -750,8 +808,8 @@ def _run_locked(config: RunConfig, out: Path, progress: bool) -> Results:
                 notes.append(_skip_note(name, n, k))
                 continue
             t = time.perf_counter()
-            scores, seed_splits = _score_seeds(model, engine, cache, ds, name, k, config, out,
-                                               progress)
+            scores, seed_splits, drawn = _score_seeds(model, engine, cache, ds, name, k, config,
+                                                      out, progress)
             splits += seed_splits
             timing["scoring_s"] += time.perf_counter() - t
             t = time.perf_counter()
@@ -762,7 +820,10 @@ def _run_locked(config: RunConfig, out: Path, progress: bool) -> Results:
                 log.info("[%s k=%d] fitted %d SC / SC* problems (%d seeds x %d sizes) in %.1f s",
                          name, k, len(fit_params), len(config.seeds), len(config.sizes(k)),
                          time.perf_counter() - t)
-            rows += _metric_rows(scores, fits, name, k, n, config)
+            seed_rows, seed_records = _metric_rows(scores, fits, name, k, n, config,
+                                                   drawn if log_samples else None, ds)
+            rows += seed_rows
+            records += seed_records
     timing["total_s"] = time.perf_counter() - t_start
     notes += _fit_notes(params)
     data = {"config": config.to_json(), "lambda_inv": lam, "model_identity": model.identity,
@@ -771,8 +832,11 @@ def _run_locked(config: RunConfig, out: Path, progress: bool) -> Results:
             "timing": timing, "cache": {"hits": cache.hits, "misses": cache.misses,
                                         "corrupt": cache.corrupt}}
     _write_json(out / "results.json", data)
+    sample_file = samples.write_samples(out, records) if log_samples else None
     if progress:
         log.info("writing the tables and plots into %s", out)
     written = write_report(data, out)
     written["json"] = out / "results.json"
+    if sample_file is not None:
+        written["samples"] = sample_file
     return Results(out, data, written)

@@ -22,8 +22,14 @@ from pathlib import Path
 import numpy as np
 
 from .named_models import display_name
+from .samples import read_samples, rows_from_samples, samples_markdown
 
-METHOD_NAMES = {"base": "Base", "cc": "CC", "dc": "DC", "bc": "BC", "sc_star": "SC*", "sc": "SC"}
+# "BC (code)": BC as the reference code computes it, softmax(p - mean p)
+# (sc_jax.baselines.batch_calibration_reference), beside the paper's p / mean p.
+# "SC* (no trust region)": the bias-only fit without the trust region (tau = -1), as
+# the paper describes SC* and the reference code fits it; "SC*" keeps it.
+METHOD_NAMES = {"base": "Base", "cc": "CC", "dc": "DC", "bc": "BC", "bc_reference": "BC (code)",
+                "sc_star": "SC*", "sc_star_free": "SC* (no trust region)", "sc": "SC"}
 CSV_FIELDS = ("dataset", "model", "shots", "method", "seed", "accuracy", "macro_f1", "ece")
 
 
@@ -102,47 +108,126 @@ def summarize(rows) -> dict[tuple, dict]:
     return out
 
 
+# The baselines SC is compared with: the paper's. BC as the reference code computes it
+# (bc_reference) is weaker on multi-class tasks and reported beside BC, but never
+# chosen as the best baseline.
 BASELINES = ("base", "cc", "dc", "bc")
+
+
+def _by_task(rows, metric: str) -> dict:
+    """(dataset, shots) -> method -> {seed: value}."""
+    by = defaultdict(dict)
+    for r in rows:
+        by[(r["dataset"], r["shots"])].setdefault(r["method"], {})[r["seed"]] = r[metric]
+    return by
+
+
+def _paired(a: dict, b: dict, rng, n_boot: int) -> dict:
+    """Mean of d_s = a_s - b_s over the seeds both have, and its 95% paired bootstrap
+    interval (see :func:`sc_against_best_baseline`)."""
+    seeds = sorted(set(a) & set(b))
+    diff = np.array([a[x] - b[x] for x in seeds])
+    means = diff[rng.integers(0, len(diff), (n_boot, len(diff)))].mean(axis=1)
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    outcome = "win" if lo > 0 else ("loss" if hi < 0 else "tie")
+    return dict(seeds=len(seeds), diff=float(diff.mean()), ci_low=float(lo),
+                ci_high=float(hi), outcome=outcome)
 
 
 def sc_against_best_baseline(rows, metric: str = "macro_f1", *, n_boot: int = 10000,
                              seed: int = 0) -> list[dict]:
     """SC minus the best baseline, per (dataset, shots), paired over seeds.
 
-    The best baseline is the one of Base, CC, DC and BC present with the highest mean
-    ``metric`` over seeds on that (dataset, shots): chosen on the test results
-    themselves, which favours the baseline. Per seed s, d_s = SC_s - best_s (the same
-    test set and demonstrations); the 95% interval is the 2.5 and 97.5 percentiles of
-    the mean of d over ``n_boot`` resamples of the seeds with replacement (a paired
-    bootstrap; with few seeds it is coarse, and with one seed it is the point). The
-    outcome is "win" if the interval lies above 0, "loss" if below, else "tie".
-    Returns one dict per (dataset, shots) with both methods' seeds.
+    The best baseline is the one of Base, CC, DC and BC (the paper's p / mean p;
+    :data:`BASELINES`, never BC as the reference code computes it) present with the
+    highest mean ``metric`` over seeds on that (dataset, shots): chosen on the test
+    results themselves, which favours the baseline. Per seed s, d_s = SC_s - best_s
+    (the same test set and demonstrations); the 95% interval is the 2.5 and 97.5
+    percentiles of the mean of d over ``n_boot`` resamples of the seeds with
+    replacement (a paired bootstrap; with few seeds it is coarse, and with one seed it
+    is the point). The outcome is "win" if the interval lies above 0, "loss" if below,
+    else "tie". Returns one dict per (dataset, shots) with both methods' seeds.
     """
-    by = defaultdict(dict)  # (dataset, shots) -> method -> {seed: value}
-    for r in rows:
-        by[(r["dataset"], r["shots"])].setdefault(r["method"], {})[r["seed"]] = r[metric]
     rng = np.random.default_rng(seed)
     out = []
-    for (d, k), methods in sorted(by.items()):
+    for (d, k), methods in sorted(_by_task(rows, metric).items()):
         if "sc" not in methods:
             continue
         candidates = [m for m in BASELINES if m in methods]
         if not candidates:
             continue
         best = max(candidates, key=lambda m: np.mean(list(methods[m].values())))
-        seeds = sorted(set(methods["sc"]) & set(methods[best]))
-        diff = np.array([methods["sc"][x] - methods[best][x] for x in seeds])
-        means = diff[rng.integers(0, len(diff), (n_boot, len(diff)))].mean(axis=1)
-        lo, hi = np.percentile(means, [2.5, 97.5])
-        outcome = "win" if lo > 0 else ("loss" if hi < 0 else "tie")
-        out.append(dict(dataset=d, shots=k, best_baseline=best, seeds=len(seeds),
-                        diff=float(diff.mean()), ci_low=float(lo), ci_high=float(hi),
-                        outcome=outcome))
+        out.append(dict(dataset=d, shots=k, best_baseline=best,
+                        **_paired(methods["sc"], methods[best], rng, n_boot)))
     return out
 
 
-def markdown_tables(results: dict) -> str:
+def sc_against(rows, baseline: str, metric: str = "macro_f1", *, n_boot: int = 10000,
+               seed: int = 0) -> list[dict]:
+    """SC minus one named ``baseline`` (e.g. "bc" and "bc_reference"), per (dataset,
+    shots) where both ran, paired over seeds as in :func:`sc_against_best_baseline`."""
+    rng = np.random.default_rng(seed)
+    return [dict(dataset=d, shots=k, baseline=baseline,
+                 **_paired(methods["sc"], methods[baseline], rng, n_boot))
+            for (d, k), methods in sorted(_by_task(rows, metric).items())
+            if "sc" in methods and baseline in methods]
+
+
+def _best_baseline_table(rows) -> list[str]:
+    """Markdown: :func:`sc_against_best_baseline` per (dataset, shots), and the win /
+    tie / loss count per shot count; empty without SC and a baseline."""
+    paired = sc_against_best_baseline(rows)
+    if not paired:
+        return []
+    out = ["## SC minus the best baseline (macro-F1, paired over seeds)", "",
+           ("The best of Base, CC, DC and BC (the paper's) by mean on the same test data; "
+            "95% paired bootstrap interval over seeds; win / loss when it excludes 0."), "",
+           "| Dataset | k | best baseline | SC - best | 95% CI | outcome |",
+           "|---|---|---|---|---|---|"]
+    for p in paired:
+        out.append(f"| {p['dataset']} | {p['shots']} | {METHOD_NAMES[p['best_baseline']]} | "
+                   f"{100 * p['diff']:+.1f} | [{100 * p['ci_low']:+.1f}, "
+                   f"{100 * p['ci_high']:+.1f}] | {p['outcome']} |")
+    for k in sorted({p["shots"] for p in paired}):
+        got = [p["outcome"] for p in paired if p["shots"] == k]
+        out.append(f"\n{k}-shot win / tie / loss over datasets: {got.count('win')} / "
+                   f"{got.count('tie')} / {got.count('loss')}")
+    return out + [""]
+
+
+def _margin_table(rows) -> list[str]:
+    """Markdown: SC minus BC as the paper defines it and as its code computes it, per
+    (dataset, shots); empty unless the rows hold SC and both forms of BC."""
+    pairs = {b: {(p["dataset"], p["shots"]): p for p in sc_against(rows, b)}
+             for b in ("bc", "bc_reference")}
+    keys = sorted(set(pairs["bc"]) & set(pairs["bc_reference"]))
+    if not keys:
+        return []
+    out = ["## SC minus BC, as the paper defines it and as its code computes it (macro-F1)", "",
+           ("BC: p / mean p over the test batch (the paper; the best-baseline comparison "
+            "above uses it). BC (code): softmax(p - mean p), the reference code's. Paired "
+            "over seeds, 95% bootstrap interval."), "",
+           "| Dataset | k | SC - BC | 95% CI | SC - BC (code) | 95% CI |",
+           "|---|---|---|---|---|---|"]
+    for key in keys:
+        a, b = pairs["bc"][key], pairs["bc_reference"][key]
+        out.append(f"| {key[0]} | {key[1]} | {100 * a['diff']:+.1f} | [{100 * a['ci_low']:+.1f}, "
+                   f"{100 * a['ci_high']:+.1f}] | {100 * b['diff']:+.1f} | "
+                   f"[{100 * b['ci_low']:+.1f}, {100 * b['ci_high']:+.1f}] |")
+    return out + [""]
+
+
+def markdown_tables(results: dict, records: list[dict] | None = None) -> str:
+    """table.md: the tables of the module docstring; with the run's per-sample
+    ``records`` (:mod:`sc_jax.samples`), also their check against the rows and SC
+    against both forms of BC query by query. Methods the records hold and the rows
+    do not (``bc_reference`` for a run that predates it) join the tables from them."""
     rows = results["rows"]
+    extra = []
+    if records:
+        have = {r["method"] for r in rows}
+        extra = rows_from_samples(records, [m for m in METHOD_NAMES if m not in have])
+        rows = rows + extra
     summ = summarize(rows)
     datasets = sorted({r["dataset"] for r in rows})
     shots = sorted({r["shots"] for r in rows})
@@ -171,22 +256,14 @@ def markdown_tables(results: dict) -> str:
                 avg = f"{100 * np.mean(means):.1f}" if len(means) == len(datasets) else "–"
                 out.append(f"| {METHOD_NAMES[m]} | " + " | ".join(cells) + f" | {avg} |")
             out.append("")
-    paired = sc_against_best_baseline(rows)
-    if paired:
-        out += ["## SC minus the best baseline (macro-F1, paired over seeds)", "",
-                "The best of Base, CC, DC and BC by mean on the same test data; 95% paired "
-                "bootstrap interval over seeds; win / loss when it excludes 0.", "",
-                "| Dataset | k | best baseline | SC - best | 95% CI | outcome |",
-                "|---|---|---|---|---|---|"]
-        for p in paired:
-            out.append(f"| {p['dataset']} | {p['shots']} | {METHOD_NAMES[p['best_baseline']]} | "
-                       f"{100 * p['diff']:+.1f} | [{100 * p['ci_low']:+.1f}, "
-                       f"{100 * p['ci_high']:+.1f}] | {p['outcome']} |")
-        for k in sorted({p["shots"] for p in paired}):
-            got = [p["outcome"] for p in paired if p["shots"] == k]
-            out.append(f"\n{k}-shot win / tie / loss over datasets: {got.count('win')} / "
-                       f"{got.count('tie')} / {got.count('loss')}")
-        out.append("")
+    out += _best_baseline_table(rows)
+    out += _margin_table(rows)
+    if records:
+        out += samples_markdown(records, results["rows"])
+        if extra:
+            names = ", ".join(METHOD_NAMES[m] for m in sorted({r["method"] for r in extra}))
+            out += [f"{names}: computed from the per-sample records (results.json predates it).",
+                    ""]
     notes = results.get("notes") or []
     if notes:
         out += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
@@ -288,15 +365,20 @@ def params_figure(results: dict):
 
 
 def write_report(results: dict | str | Path, out_dir: str | Path | None = None) -> dict[str, Path]:
-    """Write table.md, results.csv and the plots. Returns ``{name: path}``."""
+    """Write table.md, results.csv and the plots. Returns ``{name: path}``. Per-sample
+    records (``samples.jsonl[.gz]``) in the run's directory (``results`` when it is a
+    path, else ``out_dir``) are checked against the rows and summarised in table.md."""
     if not isinstance(results, dict):
         src = Path(results)
-        out_dir = out_dir or (src if src.is_dir() else src.parent)
+        run_dir = src if src.is_dir() else src.parent
+        out_dir = out_dir or run_dir
         results = load_results(src)
+    else:
+        run_dir = Path(out_dir)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"table": out / "table.md", "csv": out / "results.csv", "f1_bars": out / "f1_bars.png"}
-    paths["table"].write_text(markdown_tables(results))
+    paths["table"].write_text(markdown_tables(results, read_samples(run_dir)))
     write_csv(results, paths["csv"])
     if results["rows"]:  # every (dataset, k) skipped: nothing to plot
         plot_f1_bars(results, paths["f1_bars"])

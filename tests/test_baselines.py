@@ -9,6 +9,7 @@ from sc_jax.baselines import (
     CONTENT_FREE_INPUTS,
     base,
     batch_calibration,
+    batch_calibration_reference,
     contextual_calibration,
     domain_context_calibration,
     random_domain_strings,
@@ -82,6 +83,46 @@ def test_batch_calibration_of_a_constant_batch_is_uniform():
     assert batch_calibration(p)[5].argmax() == 2
 
 
+def _reference_bc(label_space_probs, batch_size=128):
+    # The reference code's loop (gundemkorel/ICL calibration_methods.batch_calibration),
+    # restated on plain lists: mean per batch, softmax of the differences.
+    out = []
+    for start in range(0, len(label_space_probs), batch_size):
+        batch = label_space_probs[start:start + batch_size]
+        mean = [sum(row[c] for row in batch) / len(batch) for c in range(len(batch[0]))]
+        for row in batch:
+            e = [np.exp(row[c] - mean[c]) for c in range(len(row))]
+            out.append([v / sum(e) for v in e])
+    return np.array(out)
+
+
+def test_batch_calibration_reference_is_the_reference_codes_softmax_of_differences():
+    rng = np.random.default_rng(3)
+    p = _probs(rng, (300, 4))  # batches [0, 128), [128, 256), [256, 300)
+    out = batch_calibration_reference(p)
+    np.testing.assert_allclose(out, _reference_bc(p.tolist()), rtol=1e-12)
+    np.testing.assert_allclose(batch_calibration_reference(p, batch_size=7),
+                               _reference_bc(p.tolist(), 7), rtol=1e-12)
+    # Leading axes broadcast, one set of batches per leading index.
+    stacked = batch_calibration_reference(np.stack([p, p[::-1]]))
+    np.testing.assert_allclose(stacked[1], _reference_bc(p[::-1].tolist()), rtol=1e-12)
+
+
+def test_batch_calibration_reference_against_the_papers_ratio():
+    rng = np.random.default_rng(4)
+    # Two classes: the same predictions as the paper's ratio (p_1 against its batch mean).
+    p2 = _probs(rng, (256, 2))
+    np.testing.assert_array_equal(batch_calibration_reference(p2).argmax(-1),
+                                  batch_calibration(p2).argmax(-1))
+    # Three classes: a rare label the ratio boosts and the difference does not.
+    # The batch mean of class 2 is about 0.012; the query below has p_2 = 0.05 (4x),
+    # but class 0 leads by more in absolute terms.
+    p = np.tile([0.6, 0.39, 0.01], (128, 1))
+    p[0] = [0.8, 0.15, 0.05]
+    assert batch_calibration(p)[0].argmax() == 2
+    assert batch_calibration_reference(p)[0].argmax() == 0
+
+
 def test_random_domain_strings():
     pool = ["the cat sat", "a dog ran far away", "birds fly"]  # mean length 3
     words = {w for s in pool for w in s.split()}
@@ -107,3 +148,7 @@ def test_bad_input():
         contextual_calibration(np.array([[0.5, np.nan]]), np.ones((3, 2)))
     with pytest.raises(ValueError, match="batch_size"):
         batch_calibration(np.ones((4, 2)), batch_size=0)
+    with pytest.raises(ValueError, match="batch_size"):
+        batch_calibration_reference(np.ones((4, 2)), batch_size=0)
+    with pytest.raises(ValueError, match="T, n"):
+        batch_calibration_reference(np.ones(2))

@@ -1,6 +1,7 @@
 """The calibrator API: the hidden-truth behaviour check, the tau schedule, the
 ensemble, compile counting and input validation. Runs in float32 (the default)."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -105,9 +106,21 @@ def test_two_level_ensemble():
     feats = [rng.normal(size=(3, 10, 2)), rng.normal(size=(5, 10, 2))]
     per_size = [calibrated_proba(f.b, f.w, x).mean(0) for f, x in zip(fits, feats)]
     np.testing.assert_allclose(predict_proba(fits, feats), (per_size[0] + per_size[1]) / 2)
-    weights = np.array([56, 15000]) / (56 + 15000)  # min(|T_i|, 15000)
-    np.testing.assert_allclose(predict_proba(fits, feats, size_weights="reference"),
+    # The reference code's a_i = min(P(k, i)(k - i), 15000), from k and i alone: at
+    # k = 8, sizes 1 and 5 have 56 and min(20160, 15000) rows before any budget, however
+    # many rows the fits kept (the second fit was truncated to 5000 by the budget).
+    fits[1] = dataclasses.replace(fits[1], num_rows=5000)
+    weights = np.array([56, 15000]) / (56 + 15000)
+    np.testing.assert_allclose(predict_proba(fits, feats, size_weights="reference", shots=8,
+                                             sizes=[1, 5]),
                                weights[0] * per_size[0] + weights[1] * per_size[1])
+    np.testing.assert_array_equal(calibrators.reference_size_weights(8, [1, 2, 3, 4, 5]),
+                                  [56, 336, 1680, 6720, 15000])
+    np.testing.assert_array_equal(calibrators.reference_size_weights(4, [1, 2, 3]), [12, 24, 24])
+    with pytest.raises(ValueError, match="needs shots"):
+        predict_proba(fits, feats, size_weights="reference")
+    with pytest.raises(ValueError, match="sizes must lie in 1..k-1"):
+        calibrators.reference_size_weights(4, [1, 4])
     # Each m_i sub-context counts once within its size: averaging within sizes first is
     # not the same as pooling all sub-contexts.
     pooled = np.concatenate([calibrated_proba(f.b, f.w, x) for f, x in zip(fits, feats)]).mean(0)
@@ -253,3 +266,32 @@ def test_guard_fits_bias_only_where_the_surrogate_data_are_below_chance():
     np.testing.assert_allclose(guarded[1].w, paper[1].w, atol=1e-5)
     with pytest.raises(ValueError, match="guard must be one of"):
         fit_batch(problems, guard="always")
+
+
+def test_sc_star_without_trust_region_and_the_free_guard():
+    """SC* with w = 1 and tau = 0.997 keeps mean_c 1/||(b_c, 1)|| >= tau, so |b| <= about
+    0.078; the unconstrained bias-only fit (tau = -1, the reference code's SC*) is free
+    to remove a large shift. guard="bias_only_free" fits that form where below chance."""
+    rng = np.random.default_rng(5)
+    y = np.repeat([0, 1], 40)
+    q = np.tile(np.arange(8), 10)
+    x = ((2.0 * y - 1.0) * rng.uniform(0.5, 1.5, 80) + 3.0)[:, None]  # shifted by +3
+    bound = np.sqrt(1 / 0.997 ** 2 - 1)
+    kept = fit_batch([(x, y, q)], sc_star=True, tau=0.997)[0]
+    free = fit_batch([(x, y, q)], sc_star=True, tau=-1.0)[0]
+    assert abs(kept.b[0]) <= bound + 1e-4 and free.b[0] < -2.0
+    assert kept.w[0] == free.w[0] == 1.0
+    # Below chance (the model reversed, accuracy near 0): the guard's SC* keeps or
+    # drops the trust region; sizes above chance are fitted as SC either way.
+    reversed_ = ((1.0 - 2.0 * y) * rng.uniform(0.5, 1.5, 80) + 0.3)[:, None]
+    problems = [(reversed_, y, q), (x - 3.0, y, q)]
+    kept_guard = fit_batch(problems, guard="bias_only", tau=0.997)
+    free_guard = fit_batch(problems, guard="bias_only_free", tau=0.997)
+    assert kept_guard[0].guarded and kept_guard[0].tau == 0.997
+    assert free_guard[0].guarded and free_guard[0].sc_star and free_guard[0].tau == -1.0
+    np.testing.assert_allclose(free_guard[0].b, fit_batch(problems[:1], sc_star=True,
+                                                          tau=-1.0)[0].b, atol=1e-5)
+    assert not free_guard[1].guarded and free_guard[1].tau == 0.997
+    np.testing.assert_allclose(free_guard[1].w, kept_guard[1].w, atol=1e-5)
+    with pytest.raises(ValueError, match="guard must be one of"):
+        fit_batch(problems, guard="free")

@@ -241,6 +241,17 @@ def test_a_rerun_with_another_configuration_is_refused_unless_overwrite(tmp_path
                                   "(seeds: [0] there, [0, 1] here): rerun with --overwrite to "
                                   "replace its results (the score cache is kept and reused), or "
                                   "choose another --out")
+    # A run started before bc_reference and sc_star_free existed (issue 43) resumes
+    # with the default methods, which only add their rows.
+    older = dict(first, methods=[m for m in first["methods"]
+                                 if m not in ("bc_reference", "sc_star_free")])
+    assert older["methods"] != first["methods"]
+    (out / "results.json").write_text(json.dumps({"config": older, "rows": []}))
+    assert cli.main(argv) == 2 and _one_error(capsys) == "error: stopped at the model"
+    assert cli.main(argv + ["--methods", "base,sc"]) == 2
+    assert "(methods: ['base', 'cc', 'dc', 'bc', 'sc_star', 'sc'] there, ['base', 'sc'] here)" \
+        in _one_error(capsys)
+    (out / "results.json").write_text(json.dumps({"config": first, "rows": []}))
     # The same configuration resumes; --overwrite replaces.
     for command in (argv, other + ["--overwrite"]):
         assert cli.main(command) == 2 and _one_error(capsys) == "error: stopped at the model"

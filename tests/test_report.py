@@ -1,6 +1,7 @@
 """Tables, CSV and plots rebuilt from a results dict (no model)."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -154,3 +155,64 @@ def test_ablation_curves_have_integer_ticks_and_name_the_model():
     ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
     assert ticks and all(float(t).is_integer() for t in ticks), ticks
     assert ax.get_title().startswith("smollm2-135m: ")
+
+
+def test_bc_reference_is_reported_beside_bc_but_never_the_best_baseline():
+    rows = []
+    for m, vals in (("sc", [0.70, 0.60, 0.80]), ("bc", [0.65, 0.55, 0.75]),
+                    ("bc_reference", [0.90, 0.90, 0.90])):
+        rows += [{"dataset": "t", "shots": 4, "method": m, "seed": s, "macro_f1": v,
+                  "accuracy": v, "ece": 0.0} for s, v in enumerate(vals)]
+    (p,) = sc_against_best_baseline(rows)
+    assert p["best_baseline"] == "bc"  # the paper's BC, though BC (code) scores higher
+    table = markdown_tables({"config": {"model": "m", "seeds": [0, 1, 2], "test_size": 4,
+                                        "mode": "first_token", "solver": "s"}, "rows": rows})
+    assert "| BC (code) | 90.0 ± 0.0 | 90.0 |" in table
+    assert "## SC minus BC, as the paper defines it and as its code computes it" in table
+    assert "| t | 4 | +5.0 |" in table and "| -20.0 |" in table
+
+
+def test_a_committed_run_without_bc_reference_still_reports(tmp_path):
+    # Runs made before bc_reference existed: their results.json has no such rows and
+    # no such method in its config; the report is written as before, without them.
+    run = Path(__file__).resolve().parents[1] / "benchmarks/real_eval/qwen2.5-0.5b/k4"
+    res = load_results(run)
+    assert "bc_reference" not in res["config"]["methods"]
+    paths = write_report(res, tmp_path)
+    table = paths["table"].read_text()
+    assert "| BC |" in table and "BC (code)" not in table
+    assert "SC minus BC, as the paper" not in table
+
+
+def _committed_subset(tmp_path, dataset="ag_news", seeds=(0,)):
+    """A committed run (made before bc_reference, sc_star_free and sample logs),
+    cut to one dataset and ``seeds`` so that refits stay quick: its results.json
+    as committed but for the config's datasets and seeds, and those score files."""
+    import shutil
+
+    run = Path(__file__).resolve().parents[1] / "benchmarks/real_eval/qwen2.5-0.5b/k4"
+    res = json.loads((run / "results.json").read_text())
+    res["config"].update(datasets=[dataset], seeds=list(seeds))
+    res["rows"] = [r for r in res["rows"] if r["dataset"] == dataset and r["seed"] in seeds]
+    res["params"] = [p for p in res["params"] if p["dataset"] == dataset and p["seed"] in seeds]
+    (tmp_path / "scores").mkdir()
+    for s in seeds:
+        name = f"{dataset}-k4-seed{s}.npz"
+        shutil.copy(run / "scores" / name, tmp_path / "scores" / name)
+    (tmp_path / "results.json").write_text(json.dumps(res))
+    return tmp_path
+
+
+def test_ablate_reads_a_committed_run_and_reports_both_bcs(tmp_path):
+    from sc_jax import ablation
+
+    run = _committed_subset(tmp_path)
+    rows = ablation.ablate(run, lambda_invs=(None,), m_values=(1,))
+    settings = {r["setting"] for r in rows if r["study"] == "lambda_trust"}
+    assert {label for label, _ in ablation.BC_SETTINGS} <= settings
+    # The paper's BC row reproduces the run's own BC result (same scores, same batches).
+    bc = [r for r in rows if r["setting"] == ablation.BC_SETTINGS[0][0]]
+    res = load_results(run)
+    assert bc[0]["macro_f1"] == pytest.approx(
+        next(r["macro_f1"] for r in res["rows"] if r["method"] == "bc"))
+    assert "BC (reference code" in ablation.markdown(rows)

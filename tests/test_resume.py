@@ -85,6 +85,8 @@ def test_killed_run_resumes_identically(config, tmp_path, monkeypatch, capsys):
     sc = {r["seed"]: r["accuracy"] for r in reference.rows if r["method"] == "sc"}
     base = {r["seed"]: r["accuracy"] for r in reference.rows if r["method"] == "base"}
     star = {r["seed"]: r["accuracy"] for r in reference.rows if r["method"] == "sc_star"}
+    free = {r["seed"]: r["accuracy"] for r in reference.rows if r["method"] == "sc_star_free"}
+    assert set(free) == {0, 1}  # a run reports SC* both ways by default
     run_lam = reference.data["lambda_inv"]
     for seed in (0, 1):
         mine = {r["setting"]: r["accuracy"] for r in rows if r["seed"] == seed}
@@ -96,6 +98,7 @@ def test_killed_run_resumes_identically(config, tmp_path, monkeypatch, capsys):
         assert reference.data["config"]["guard"] == "bias_only"
         assert mine["guard: SC* where below chance"] == sc[seed]
         assert mine["SC* at every size"] == star[seed]
+        assert mine["SC* without trust region at every size"] == free[seed]
         assert "paper (no guard)" in mine
         assert "m=4" not in mine and {"SC_1", "SC_2", "m=1"} <= set(mine)
     # lambda_inv "paper" is 10 P / N per problem: 4 queries x 3 contexts of size 1.
@@ -144,7 +147,7 @@ def test_skips_when_classes_exceed_shots(config, tmp_path, caplog):
                                         "surrogate prompt of size 1: 2 prompts, ",
                                         "test-time prompt of size 1: 6 prompts, "]):
         assert line.startswith(f"{seed0} {stage}"), line
-    assert lines[-2].startswith("[rotten_tomatoes k=2] fitted 2 SC / SC* problems (1 seeds x 1 sizes)")
+    assert lines[-2].startswith("[rotten_tomatoes k=2] fitted 3 SC / SC* problems (1 seeds x 1 sizes)")  # SC, SC*, SC* free
     assert lines[-1] == f"writing the tables and plots into {tmp_path / 'run'}"
     assert {r["dataset"] for r in res.rows} == {"rotten_tomatoes"}
     assert any("3 classes > 2 demonstrations" in note for note in res.data["notes"])
@@ -170,3 +173,34 @@ def test_m_study_subsets_are_uniform_and_nested():
     # 55..145 is more than 5 sd either side.
     assert counts.min() > 55 and counts.max() < 145
     np.testing.assert_array_equal(context_subset(4, 8, 0, size=1), np.arange(4))
+
+
+def test_log_samples_writes_records_that_reproduce_the_rows(config, tmp_path):
+    """`run --log-samples`: one record per (seed, test query), naming its data row and
+    text, whose predictions and probabilities give back every row of results.json;
+    regenerating them from the score files (no model) gives the same records."""
+    import hashlib
+
+    from sc_jax import ablation, data, samples
+
+    cfg = RunConfig(**dict(config, shots=(3,)))
+    res = run_experiment(cfg, tmp_path / "run", progress=False, log_samples=True)
+    recs = samples.read_samples(tmp_path / "run")
+    assert res.files["samples"] == tmp_path / "run" / samples.SAMPLES_FILE
+    assert len(recs) == len(cfg.seeds) * cfg.test_size
+    assert samples.check_samples(recs, res.rows) == []
+    assert set(recs[0]["probs"]) == set(cfg.methods) == set(recs[0]["pred"])
+    assert set(recs[0]["sc_sizes"]) == {"sc", "sc_star", "sc_star_free"}
+    assert set(recs[0]["sc_sizes"]["sc"]) == {"1", "2"}
+    ds = data.load_task("rotten_tomatoes", data_file=config["data_files"][0][1])
+    for r in recs:
+        text = ds.texts[r["row"]]
+        assert r["text_sha256"] == hashlib.sha256(text.encode()).hexdigest()[:16]
+        assert r["gold"] == ds.labels[r["row"]]
+    # A wrong prediction in the log is caught.
+    flipped = [dict(r, pred=dict(r["pred"], sc=1 - r["pred"]["sc"])) if r["index"] == 0 else r
+               for r in recs]
+    assert any("sc: accuracy" in p for p in samples.check_samples(flipped, res.rows))
+    first = (tmp_path / "run" / samples.SAMPLES_FILE).read_bytes()
+    ablation.regenerate_samples(tmp_path / "run")
+    assert (tmp_path / "run" / samples.SAMPLES_FILE).read_bytes() == first

@@ -1,8 +1,15 @@
 """This project's runs beside the paper's 7B tables, in the paper's shape.
 
-One block of rows per model: Base, CC, DC, BC, SC* (ours only; the paper's main tables
-have no SC* row) and SC, as mean ± s.d. over seeds in %, one column per task in the
-paper's order, and Avg over the columns shown. The paper's blocks are recomputed from
+One block of rows per model: Base, CC, DC, BC, BC (code) (ours only), SC* and SC* (no
+TR) (ours only; the paper's main tables have no SC* row; SC* keeps the trust region,
+SC* (no TR) is the unconstrained bias-only fit) and SC, as mean ± s.d. over seeds in %, one
+column per task in the paper's order, and Avg over the columns shown. BC is the paper's
+p / mean p; BC (code) is softmax(p - mean p), what the reference code computes
+(sc_jax.baselines.batch_calibration_reference). Each block ends with SC's margin over
+both, "SC - BC" and "SC - BC (code)" (differences of the means, per task and Avg; the
+paper's blocks have only the first). The margins are not candidates for bold. A run
+whose results.json predates bc_reference gets it from its per-sample records when
+they are there (`sc-jax report DIR --log-samples` writes them from its score files). The paper's blocks are recomputed from
 its cells over the same tasks, so that every Avg in the table averages the same
 columns (`paper_tables.py` lists where the paper's own Avg differs from its cells).
 The best method of each block and column is in bold.
@@ -23,10 +30,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from sc_jax.named_models import display_name  # noqa: E402
 from sc_jax.report import load_results, summarize  # noqa: E402
+from sc_jax.samples import read_samples, rows_from_samples
 
 HERE = Path(__file__).resolve().parent
-OURS = ("base", "cc", "dc", "bc", "sc_star", "sc")
-LABELS = {"base": "Base", "cc": "CC", "dc": "DC", "bc": "BC", "sc_star": "SC*", "sc": "SC"}
+OURS = ("base", "cc", "dc", "bc", "bc_reference", "sc_star", "sc_star_free", "sc")
+LABELS = {"base": "Base", "cc": "CC", "dc": "DC", "bc": "BC", "bc_reference": "BC (code)",
+          "sc_star": "SC*", "sc_star_free": "SC* (no TR)", "sc": "SC"}
+MARGINS = ("bc", "bc_reference")  # SC minus each, per task
+
+
+def margin(cells: dict, baseline: str, tasks) -> list:
+    """SC's mean minus ``baseline``'s mean per task (None where either is missing)."""
+    sc, other = cells.get("sc", {}), cells.get(baseline, {})
+    return [sc[t][0] - other[t][0] if t in sc and t in other else None for t in tasks]
 
 
 def blocks(run_dirs, paper: dict, shots: int, metric: str):
@@ -35,7 +51,15 @@ def blocks(run_dirs, paper: dict, shots: int, metric: str):
     ours = []
     for run in run_dirs:
         res = load_results(run)
-        summary = summarize(res["rows"])
+        rows = res["rows"]
+        # A run made before bc_reference (or SC* without trust region) existed: those
+        # rows from its per-sample records where `sc-jax report DIR --log-samples`
+        # wrote them (from its score files, no model).
+        records = read_samples(run)
+        have = {r["method"] for r in rows}
+        if records:
+            rows = rows + rows_from_samples(records, [m for m in OURS if m not in have])
+        summary = summarize(rows)
         model = display_name(str(res["config"].get("model", run)))
         cells = {}
         for (task, k, method), stats in summary.items():
@@ -79,6 +103,14 @@ def markdown(tasks, rows, metric: str, shots: int) -> str:
                 s = f"{v[0]:.1f}" + ("" if v[1] is None else f" ± {v[1]:.1f}")
                 strs.append(f"**{s}**" if v[0] == best[t] else s)
             out.append(f"| {model} | {LABELS[m]} | {avg} | {' | '.join(strs)} |")
+        for b in MARGINS:
+            diffs = margin(cells, b, tasks)
+            if all(d is None for d in diffs):
+                continue
+            shown = [d for d in diffs if d is not None]
+            avg = f"{statistics.mean(shown):+.1f}" if len(shown) == len(tasks) else "-"
+            strs = ["-" if d is None else f"{d:+.1f}" for d in diffs]
+            out.append(f"| {model} | SC - {LABELS[b]} | {avg} | {' | '.join(strs)} |")
     return "\n".join(out) + "\n"
 
 
