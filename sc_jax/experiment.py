@@ -682,8 +682,8 @@ def run_lock(out: Path):
         path.unlink(missing_ok=True)
 
 
-# Methods a run made before they existed lacks (issue 43), in its run_config.json or
-# results.json: resuming it with the default --methods only adds them.
+# Methods that runs made before them lack in their run_config.json and
+# results.json: resuming such a run with the default --methods only adds them.
 ADDED_METHODS = ("bc_reference", "sc_star_free")
 
 

@@ -241,7 +241,7 @@ def test_a_rerun_with_another_configuration_is_refused_unless_overwrite(tmp_path
                                   "(seeds: [0] there, [0, 1] here): rerun with --overwrite to "
                                   "replace its results (the score cache is kept and reused), or "
                                   "choose another --out")
-    # A run started before bc_reference and sc_star_free existed (issue 43) resumes
+    # A run started before bc_reference and sc_star_free existed resumes
     # with the default methods, which only add their rows.
     older = dict(first, methods=[m for m in first["methods"]
                                  if m not in ("bc_reference", "sc_star_free")])
