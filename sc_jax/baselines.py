@@ -84,12 +84,10 @@ def domain_context_calibration(probs, domain_probs) -> np.ndarray:
     return _divide(base(p), prior)
 
 
-def batch_calibration(probs, batch_size: int = BC_BATCH_SIZE) -> np.ndarray:
-    """BC: each prediction divided by the mean over its batch of ``batch_size``
-    consecutive test predictions, in order (the last batch may be shorter).
-
-    probs: ``[..., T, n]``; batches run along the T axis.
-    """
+def _per_batch(probs, batch_size: int, calibrate) -> np.ndarray:
+    """``calibrate(chunk, mean)`` on each batch of ``batch_size`` consecutive test
+    predictions along T (the last may be shorter), ``mean`` the batch's mean
+    prediction ``[..., 1, n]``. probs: ``[..., T, n]``, renormalised over the labels."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     p = base(_probs(probs, "probs"))
@@ -98,9 +96,23 @@ def batch_calibration(probs, batch_size: int = BC_BATCH_SIZE) -> np.ndarray:
     out = np.empty_like(p)
     for start in range(0, p.shape[-2], batch_size):
         chunk = p[..., start:start + batch_size, :]
-        out[..., start:start + batch_size, :] = _divide(chunk,
-                                                        chunk.mean(axis=-2, keepdims=True))
+        out[..., start:start + batch_size, :] = calibrate(chunk, chunk.mean(axis=-2, keepdims=True))
     return out
+
+
+def _softmax_of_difference(chunk: np.ndarray, mean: np.ndarray) -> np.ndarray:
+    # chunk - mean lies in [-1, 1]: exp cannot overflow, so no max-shift is needed.
+    e = np.exp(chunk - mean)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def batch_calibration(probs, batch_size: int = BC_BATCH_SIZE) -> np.ndarray:
+    """BC: each prediction divided by the mean over its batch of ``batch_size``
+    consecutive test predictions, in order (the last batch may be shorter).
+
+    probs: ``[..., T, n]``; batches run along the T axis.
+    """
+    return _per_batch(probs, batch_size, _divide)
 
 
 def batch_calibration_reference(probs, batch_size: int = BC_BATCH_SIZE) -> np.ndarray:
@@ -123,19 +135,7 @@ def batch_calibration_reference(probs, batch_size: int = BC_BATCH_SIZE) -> np.nd
 
     probs: ``[..., T, n]``; batches run along the T axis. Returns ``[..., T, n]``.
     """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    p = base(_probs(probs, "probs"))
-    if p.ndim < 2:
-        raise ValueError(f"probs must be [..., T, n], got shape {p.shape}")
-    out = np.empty_like(p)
-    for start in range(0, p.shape[-2], batch_size):
-        chunk = p[..., start:start + batch_size, :]
-        z = chunk - chunk.mean(axis=-2, keepdims=True)
-        # z lies in [-1, 1]: exp cannot overflow, so no max-shift is needed.
-        e = np.exp(z)
-        out[..., start:start + batch_size, :] = e / e.sum(axis=-1, keepdims=True)
-    return out
+    return _per_batch(probs, batch_size, _softmax_of_difference)
 
 
 def random_domain_strings(pool: Sequence[str], num_strings: int = NUM_DOMAIN_STRINGS,
