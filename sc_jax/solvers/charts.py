@@ -62,11 +62,6 @@ def plain(n1: int) -> Chart:
     return Chart(jnp.asarray(-1, jnp.int32), jnp.zeros(n1, bool))
 
 
-def polar(cls, n1: int) -> Chart:
-    """Class ``cls`` in polar form."""
-    return Chart(jnp.asarray(cls, jnp.int32), jnp.zeros(n1, bool))
-
-
 def cosine(apex: Array) -> Chart:
     """The classes of the mask ``apex`` in cosine form."""
     return Chart(jnp.asarray(-1, jnp.int32), apex)

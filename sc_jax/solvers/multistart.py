@@ -136,11 +136,12 @@ def _end_phase(su: lagrangian.Setup, s: lagrangian.State, force, one_site: bool)
     # A first phase that stopped unconverged with classes near their apex and no
     # run-off is followed up in cosine form; that takes precedence over the polar
     # follow-up of a mere fall at 2x along some ray.
+    first = charts.is_plain(s.chart)
     apex = jnp.zeros(n1, bool)
     if su.options.follow_apex and not su.sc_star:
         near = jnp.hypot(rt.x[:n1], rt.x[n1:]) <= charts.APEX_RADIUS * COSINE_EPS
-        apex = charts.is_plain(s.chart) & ~s.done & ~unb & near
-    zs = jnp.where(charts.is_plain(s.chart), rt.x, z)  # the solver's coordinates there
+        apex = first & ~s.done & ~unb & near
+    zs = jnp.where(first, rt.x, z)  # the solver's coordinates there
     # The multiplier of the paper's constraint is mu times the scale sqrt(1 + ||z||^2).
     return Phase(rt.x, rt.f, unb, s.done, s.dual.mu * jnp.sqrt(1.0 + jnp.dot(zs, zs)),
                  s.it, s.dual.outer, rt.cls, runoff | jnp.any(apex), apex)
