@@ -24,6 +24,8 @@ from typing import Callable
 
 import numpy as np
 
+from .multihost import from_writer, is_writer
+
 
 def _digest(arr: np.ndarray) -> str:
     h = hashlib.sha256(f"{arr.dtype.str}{arr.shape}".encode())
@@ -55,7 +57,7 @@ class ScoreCache:
 
     def __init__(self, root: str | os.PathLike | None):
         self.root = None if root is None else Path(root)
-        if self.root is not None:
+        if self.root is not None and is_writer():
             self.root.mkdir(parents=True, exist_ok=True)
         self.hits = 0
         self.misses = 0
@@ -101,11 +103,16 @@ class ScoreCache:
             raise
 
     def get_or_compute(self, key: str, fn: Callable[[], np.ndarray]) -> np.ndarray:
-        arr = self.get(key)
+        """The entry ``key``, or ``fn()`` stored under it. In a multi-process run
+        process 0 alone reads and writes the directory and shares what it read, so
+        every process takes the same branch (``fn`` runs collectives) and the other
+        hosts need no copy of the cache."""
+        arr = from_writer(self.get(key) if is_writer() else None)
         if arr is not None:
             self.hits += 1
             return arr
         self.misses += 1
         arr = np.asarray(fn())
-        self.put(key, arr)
+        if is_writer():
+            self.put(key, arr)
         return arr

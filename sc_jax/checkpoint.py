@@ -13,7 +13,6 @@ import json
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -21,6 +20,7 @@ from safetensors import safe_open
 
 from .config import ModelConfig, rope_inv_freq
 from .model import LAYER_PARAMS, Decoder
+from .multihost import put_global
 
 # Keys some checkpoints carry that hold no weights we need (recomputed buffers).
 _IGNORABLE_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -216,7 +216,7 @@ def decoder_from_arrays(config: ModelConfig, arrays: Mapping[str, np.ndarray], *
 
     def put(x, name):
         x = np.asarray(x)
-        x = jnp.asarray(x, dtype=dtype) if sharding is None else jax.device_put(
+        x = jnp.asarray(x, dtype=dtype) if sharding is None else put_global(
             x.astype(jnp.dtype(dtype)), where(name, x.shape))
         return x
 
@@ -230,8 +230,8 @@ def decoder_from_arrays(config: ModelConfig, arrays: Mapping[str, np.ndarray], *
         var.set_value(put(arr, name))
         if consume:
             del arrays[name], arr  # host copy freed as soon as the device has it
-    consts = {"inv_freq": jnp.asarray(rope_inv_freq(config), jnp.float32),
-              "windows": jnp.asarray(config.windows, jnp.int32)}
+    consts = {"inv_freq": np.asarray(rope_inv_freq(config), np.float32),
+              "windows": np.asarray(config.windows, np.int32)}
     for name, val in consts.items():
-        getattr(model, name).set_value(val if sharding is None else jax.device_put(val, where(name, val.shape)))
+        getattr(model, name).set_value(jnp.asarray(val) if sharding is None else put_global(val, where(name, val.shape)))
     return model

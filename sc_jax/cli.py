@@ -50,6 +50,7 @@ from sc_jax.prompts import TEMPLATES, build_pieces
 from sc_jax.pypi import WheelFileError
 from sc_jax.report import load_results, write_report
 from sc_jax.scoring import ScoringEngine
+from sc_jax.multihost import initialize_distributed, is_writer
 from sc_jax.sharding import parse_mesh
 
 # A tiny labelled set for the demonstration (0 = negative, 1 = positive). Written
@@ -170,7 +171,9 @@ def _plan(args) -> int:
     plan = plan_run(config, device_memory=args.device_memory, n_devices=data or 1, model_shards=model,
                     peak_flops=None if args.peak_tflops is None else args.peak_tflops * 1e12,
                     accelerator=args.accelerator, mfu=args.mfu, xla=not args.no_xla,
-                    progress=not args.quiet)
+                    progress=not args.quiet and is_writer())
+    if not is_writer():  # one of several processes: the same plan; process 0 reports it
+        return 0
     print(plan_table(plan))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
@@ -181,12 +184,17 @@ def _plan(args) -> int:
 
 def _run(args) -> int:
     config = _run_config(args)
-    print(f"sc-jax run: model {config.model}, datasets {', '.join(config.datasets)}, shots "
-          f"{list(config.shots)}, seeds {list(config.seeds)}, test size {config.test_size}, "
-          f"methods {','.join(config.methods)}, mode {config.mode}, m_i cap {config.m_cap}, "
-          f"solver {config.solver}, out {args.out}", flush=True)
+    if not is_writer():  # one of several processes: process 0 reports
+        args.quiet = True
+    else:
+        print(f"sc-jax run: model {config.model}, datasets {', '.join(config.datasets)}, shots "
+              f"{list(config.shots)}, seeds {list(config.seeds)}, test size {config.test_size}, "
+              f"methods {','.join(config.methods)}, mode {config.mode}, m_i cap {config.m_cap}, "
+              f"solver {config.solver}, out {args.out}", flush=True)
     results = run_experiment(config, args.out, progress=not args.quiet, overwrite=args.overwrite,
                              log_samples=args.log_samples)
+    if not results.files:  # another process than 0 of a multi-process run: it wrote them
+        return 0
     print()
     print((results.out_dir / "table.md").read_text())
     print(f"outputs in {results.out_dir}: " + ", ".join(sorted(p.name for p in results.files.values())))
@@ -461,11 +469,28 @@ def _interrupted(args, argv) -> str:
             f"run the same command to resume from them: {command}")
 
 
+#: Commands that run on several processes when launched so (:mod:`sc_jax.multihost`).
+MULTIPROCESS_COMMANDS = ("run", "plan")
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     show_log_messages()
     enable_compilation_cache()
+    rc = _dispatch(args, argv)
+    if rc and jax.distributed.is_initialized():
+        # JAX's exit handler would wait at a shutdown barrier for processes still
+        # working; leaving now lets them see this one gone (heartbeat) and stop.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+    return rc
+
+
+def _dispatch(args, argv) -> int:
     try:
+        if args.command in MULTIPROCESS_COMMANDS and initialize_distributed() and not is_writer():
+            logging.getLogger("sc_jax").setLevel(logging.WARNING)  # process 0 reports
         return args.fn(args)
     except BrokenPipeError:
         # `sc-jax plan | head`: the reader has gone, and Python would report the flush
@@ -478,7 +503,8 @@ def main(argv=None) -> int:
         print(f"error: {_interrupted(args, argv)}", file=sys.stderr)
         return 130
     except (ValueError, FileNotFoundError, WheelFileError, DataUnavailableError) as e:
-        # PlanError (memory) is a ValueError: its message names the numbers.
+        # PlanError (memory) and DistributedError are ValueErrors: their messages name
+        # the numbers.
         print(f"error: {e}", file=sys.stderr)
         return 2
     except ImportError as e:

@@ -64,6 +64,7 @@ from .schedule import (
     plan_budgets,
 )
 from .scoring import ScoringEngine, check_mode
+from .multihost import is_multiprocess, is_writer, on_writer, smallest
 from .sharding import make_mesh
 
 log = logging.getLogger(__name__)
@@ -303,8 +304,9 @@ def _memory_check(config: RunConfig, model_config, device: dict | None = None):
     if config.max_tokens_per_batch is not None:
         return None
     dtype = loading.DTYPES[config.dtype]
-    kw = device or {"budget_bytes": config.device_memory or device_memory_bytes()
-                    or host_memory_bytes(), "n_devices": config.mesh_devices or 1,
+    kw = device or {"budget_bytes": config.device_memory or smallest(device_memory_bytes()
+                                                                      or host_memory_bytes()),
+                    "n_devices": config.mesh_devices or 1,
                     "model_shards": config.mesh_model, "platform": jax.default_backend()}
     nr = 1 if config.mode == "first_token" else None
 
@@ -549,7 +551,8 @@ def _score_seeds(model, engine, cache, ds, name: str, k: int, config: RunConfig,
         splits.append(_split_record(name, k, seed, split))
         scores[seed] = score_seed(model, engine, cache, ds, split, config, k,
                                   label=label if progress else None)
-        save_scores(scores_path(out, name, k, seed), scores[seed])
+        if is_writer():
+            save_scores(scores_path(out, name, k, seed), scores[seed])
     return scores, splits, drawn
 
 
@@ -744,15 +747,22 @@ def run_experiment(config: RunConfig, out_dir, *, progress: bool = True,
     each method's probabilities and prediction, SC's per-size probabilities;
     :mod:`sc_jax.samples`) as ``samples.jsonl`` (or ``.jsonl.gz``) beside results.json.
     Not part of the configuration: a rerun with or without it is the same run."""
-    out = make_out_dir(out_dir)
-    with run_lock(out):
-        if not overwrite:
-            _refuse_other_config(out, config)
-        elif not log_samples:
-            # Records of the replaced run would be read (and fail the check) beside
-            # the new results.
-            for path in samples.sample_paths(out):
-                path.unlink(missing_ok=True)
+    out = Path(out_dir)
+    with contextlib.ExitStack() as held:
+        def prepare():
+            made = make_out_dir(out)
+            held.enter_context(run_lock(made))
+            if not overwrite:
+                _refuse_other_config(made, config)
+            elif not log_samples:
+                # Records of the replaced run would be read (and fail the check) beside
+                # the new results.
+                for path in samples.sample_paths(made):
+                    path.unlink(missing_ok=True)
+
+        # Several processes: process 0 alone creates, locks and checks the directory
+        # (and writes into it); an error there stops every process.
+        on_writer(prepare)
         return _run_locked(config, out, progress, log_samples)
 
 
@@ -769,8 +779,10 @@ def _load_checked(config: RunConfig, datasets: dict, progress: bool):
         checked = None
     if progress:
         log.info("loading the model %s", config.model)
+    # Several processes and no --mesh: every process's devices on the data axis (a
+    # model that one device holds; with no mesh each process would score alone).
     mesh = (make_mesh(config.mesh_devices, model=config.mesh_model)
-            if config.mesh_devices or config.mesh_model > 1 else None)
+            if config.mesh_devices or config.mesh_model > 1 or is_multiprocess() else None)
     model = loading.load_model(config.model, dtype=config.dtype, mesh=mesh)
     if checked is None:
         checked = check_run(config, model.config, model.tokenizer, datasets)
@@ -790,7 +802,8 @@ def _run_locked(config: RunConfig, out: Path, progress: bool, log_samples: bool)
     datasets = load_datasets(config)
     model = _load_checked(config, datasets, progress)
     # What this directory now holds: a later run with another configuration is refused.
-    _write_json(out / RUN_CONFIG_FILE, config.to_json())
+    if is_writer():
+        _write_json(out / RUN_CONFIG_FILE, config.to_json())
     engine = ScoringEngine(model, max_tokens_per_batch=config.max_tokens_per_batch,
                            device_memory=config.device_memory, progress=progress)
     cache = ScoreCache(out / "cache")
@@ -830,7 +843,11 @@ def _run_locked(config: RunConfig, out: Path, progress: bool, log_samples: bool)
             "versions": _versions(), "rows": rows, "params": params, "splits": splits,
             "skipped": skipped, "notes": notes,
             "timing": timing, "cache": {"hits": cache.hits, "misses": cache.misses,
-                                        "corrupt": cache.corrupt}}
+                                        "corrupt": cache.corrupt},
+            "runtime": {"processes": jax.process_count(), "devices": jax.device_count(),
+                        "mesh": {"data": model.n_devices, "model": model.model_shards}}}
+    if not is_writer():
+        return Results(out, data, {})  # the same results; process 0 writes them
     _write_json(out / "results.json", data)
     sample_file = samples.write_samples(out, records) if log_samples else None
     if progress:

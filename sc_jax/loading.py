@@ -27,7 +27,9 @@ from .checkpoint import convert, decoder_from_arrays, read_safetensors, safetens
 from .config import ModelConfig, preset, PRESETS
 from .model import Decoder, KVCache, positions_from_valid
 from .named_models import MODELS, model_dir, resolve
-from .sharding import MODEL, axis_size, batch_sharded, kv_sharding, mesh_size, param_sharding, state_shardings
+from .multihost import on_writer, put_global, to_host
+from .sharding import (MODEL, axis_size, batch_sharded, kv_sharding, mesh_size, param_sharding, replicated,
+                       state_shardings)
 from .tokenizer import ByteTokenizer, Tokenizer
 
 #: The dtypes :func:`load_model` takes, by name.
@@ -108,17 +110,21 @@ class LoadedModel:
         """Host array with a leading batch axis -> device (split over ``data``)."""
         if self.mesh is None:
             return jnp.asarray(x)
-        return jax.device_put(x, batch_sharded(self.mesh))
+        return put_global(x, batch_sharded(self.mesh))
 
     def _put_cache(self, cache: KVCache) -> KVCache:
         if self.mesh is None or cache.batch == 1:
             return cache
         kv = kv_sharding(self.mesh, cache.k.shape)
-        return KVCache(jax.device_put(cache.k, kv), jax.device_put(cache.v, kv),
+        return KVCache(put_global(cache.k, kv), put_global(cache.v, kv),
                        self._put(cache.pos), self._put(cache.valid))
 
     def _rows(self, rows):
-        return None if rows is None else jnp.asarray(np.asarray(rows, np.int32))
+        """Vocabulary rows ``[R]``, replicated over the mesh."""
+        if rows is None:
+            return None
+        rows = np.asarray(rows, np.int32)
+        return jnp.asarray(rows) if self.mesh is None else put_global(rows, replicated(self.mesh))
 
     # ------------------------------------------------------------------ forward modes
     def logits_at(self, tokens, valid, gather, rows=None) -> jax.Array:
@@ -198,7 +204,7 @@ class LoadedModel:
                 j += 1
             idx = order[i:j]
             tokens, valid, last = self.pad([token_ids[k] for k in idx], side=side, length=T)
-            res = np.asarray(self.logits_at(tokens, valid, last[:, None], rows))[:, 0]
+            res = to_host(self.logits_at(tokens, valid, last[:, None], rows))[:, 0]
             for r, k in enumerate(idx):
                 out[k] = res[r]
             i = j
@@ -238,6 +244,9 @@ def load_model(source: str, *, dtype: str = "float32", mesh=None, seed: int = 0)
                            identity=ident)
 
     if source == "default" or source in MODELS:
+        # Several processes: process 0 fetches and converts first, so that processes
+        # sharing a cache directory do it once.
+        on_writer(lambda: model_dir(source))
         source = str(model_dir(source))
 
     path = Path(source).expanduser()

@@ -150,7 +150,7 @@ def device_peak_flops(accelerator: str | None = None, dtype=jnp.float32) -> tupl
             raise ValueError(f"unknown accelerator {accelerator!r}; known: "
                              f"{', '.join(ACCELERATOR_PEAK_FLOPS)} (or give --peak-tflops)")
         return ACCELERATOR_PEAK_FLOPS[key], f"{key.upper()} datasheet, dense bf16"
-    dev = jax.devices()[0]
+    dev = jax.local_devices()[0]
     kind = str(getattr(dev, "device_kind", dev.platform))
     if dev.platform != "cpu":
         for key, peak in ACCELERATOR_PEAK_FLOPS.items():

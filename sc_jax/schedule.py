@@ -192,7 +192,7 @@ def _itemsize(dtype) -> int:
 def device_memory_bytes(device=None) -> int | None:
     """``bytes_limit`` of ``device`` (default: the first), None where the backend does
     not report one (CPU)."""
-    dev = device or jax.devices()[0]
+    dev = device or jax.local_devices()[0]
     try:
         stats = dev.memory_stats()
     except Exception:  # backends without memory statistics

@@ -57,6 +57,7 @@ from .schedule import (  # noqa: F401
     EngineShapes, PlanError, QueryGroups, device_memory_bytes, engine_shapes, host_memory_bytes,
     micro_batch, peak_bytes, plan_budgets, query_batches, query_groups, query_length, query_rows,
     round_up, schedule)
+from .multihost import smallest, to_host
 from .sharding import batch_sharded, kv_sharding
 
 MODES = ("first_token", "sequence")
@@ -324,10 +325,12 @@ class ScoringEngine:
         """(bytes per device, whether it is a real limit to check against)."""
         if self.device_memory is not None:
             return self.device_memory, True
+        # The smallest over the processes of a multi-process run: each plans the same
+        # batches, so each runs the same programs.
         dev = device_memory_bytes()
         if dev is not None:
-            return dev, True
-        return host_memory_bytes(), False
+            return smallest(dev), True
+        return smallest(host_memory_bytes()), False
 
     def _resolve(self, shapes, contexts, pairs, nr: int, G: int, row_lengths) -> int:
         """Set this call's token budgets (given, or planned) and check the plan."""
@@ -400,7 +403,7 @@ class ScoringEngine:
         T_seg, T_q, P, lens = shapes.T_seg, shapes.T_q, shapes.P, shapes.lens
         segs = _SegmentTable(pieces, T_seg, self.side)
         qt = _QueryTable(pieces, mode, T_q, P, self.side)
-        rows_arg = None if seq else jnp.asarray([l[0] for l in pieces.labels], jnp.int32)
+        rows_arg = None if seq else self.model._rows([l[0] for l in pieces.labels])
         out = np.zeros((len(pairs) * nr, n) if not seq else (len(pairs) * nr,), np.float32)
 
         # Query rows of one context form groups of G that share one copy of its cache.
@@ -478,7 +481,7 @@ class ScoringEngine:
 
         def collect(p):
             res, keep, dest = p
-            res = np.asarray(res)[keep]  # blocks only on an earlier batch
+            res = to_host(res)[keep]  # blocks only on an earlier batch
             out[dest] = res
             st.query_rows += len(dest)
             if bar is not None:
@@ -580,7 +583,7 @@ def score_flat(model: LoadedModel, pieces: PromptPieces, contexts, pairs, mode: 
             gathers.append([len(prefix) + x for x in q_gathers[q * nr + j]])
             targets.append(q_targets[q * nr + j])
     P = 1 if not seq else max(len(l) for l in pieces.labels)
-    rows_arg = None if seq else jnp.asarray([l[0] for l in pieces.labels], jnp.int32)
+    rows_arg = None if seq else model._rows([l[0] for l in pieces.labels])
     lengths = np.fromiter(map(len, rows), np.int64, len(rows))
     order = np.argsort(lengths, kind="stable")
     padded = np.asarray([flat_length(int(x)) for x in lengths[order]])
@@ -600,7 +603,7 @@ def score_flat(model: LoadedModel, pieces: PromptPieces, contexts, pairs, mode: 
         res = _score_flat(model._graphdef, model._state, put(tokens), put(valid), put(g),
                           put(t), put(msk), rows_arg, sequence=seq)
         if pending is not None:
-            out[pending[1]] = np.asarray(pending[0])[:len(pending[1])]
+            out[pending[1]] = to_host(pending[0])[:len(pending[1])]
         pending = (res, idx)
         if stats is not None:
             stats.calls += 1
@@ -608,5 +611,5 @@ def score_flat(model: LoadedModel, pieces: PromptPieces, contexts, pairs, mode: 
             stats.padded_tokens += Bp * T
         s = e
     if pending is not None:
-        out[pending[1]] = np.asarray(pending[0])[:len(pending[1])]
+        out[pending[1]] = to_host(pending[0])[:len(pending[1])]
     return _label_logprobs(out, mode, n)

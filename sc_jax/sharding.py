@@ -11,29 +11,20 @@ over ``data``; a larger ``model`` axis holds a model too large for one device. X
 SPMD partitioner propagates these shardings through the forward pass and inserts the
 collectives (all-reduces after the attention output and MLP down projections).
 
-Several hosts: call :func:`initialize_distributed` (``jax.distributed.initialize``)
-in every process before anything else touches JAX; :func:`make_mesh` then spans all
-global devices. Every process passes the same full batch (``jax.device_put`` to a
-global sharding needs identical inputs). Example for two hosts of 8 GPUs each, a
-mesh of data 2 x model 8 (one model replica per host), the same command on both::
-
-    # host 0                                    # host 1
-    export SC_JAX_COORDINATOR=10.0.0.1:1234     export SC_JAX_COORDINATOR=10.0.0.1:1234
-    export SC_JAX_NUM_PROCESSES=2               export SC_JAX_NUM_PROCESSES=2
-    export SC_JAX_PROCESS_ID=0                  export SC_JAX_PROCESS_ID=1
-    sc-jax run --model random:llama-2-70b --dtype bfloat16 --mesh data=2,model=8 ...
-
-Without those variables :func:`initialize_distributed` does nothing (one process),
-which is the path the tests exercise; multi-host runs themselves are untested here.
+Several processes (hosts, or several on one machine): :mod:`sc_jax.multihost`.
+After :func:`initialize_distributed` the mesh spans every process's devices, host
+arrays become global arrays with :func:`sc_jax.multihost.put_global` (each process
+transfers its own shards) and results come back whole with
+:func:`sc_jax.multihost.to_host`.
 """
 
 from __future__ import annotations
 
-import os
-
 import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+from .multihost import initialize_distributed  # noqa: F401  (public here too)
 
 DATA = "data"
 MODEL = "model"
@@ -75,22 +66,6 @@ PARAM_AXES: dict[str, tuple[str | None, ...]] = {
 
 #: Logical axes of a KV cache's keys and values ``[L, Bc, S, K, Dh]``.
 KV_AXES = ("layers", "batch", "seq", "kv_heads", "head_dim")
-
-
-def initialize_distributed() -> bool:
-    """``jax.distributed.initialize`` from ``SC_JAX_COORDINATOR`` (host:port),
-    ``SC_JAX_NUM_PROCESSES`` and ``SC_JAX_PROCESS_ID``; returns False (and does
-    nothing) when they are unset: a single process."""
-    addr = os.environ.get("SC_JAX_COORDINATOR")
-    if not addr:
-        return False
-    try:
-        n, pid = int(os.environ["SC_JAX_NUM_PROCESSES"]), int(os.environ["SC_JAX_PROCESS_ID"])
-    except (KeyError, ValueError):
-        raise ValueError("SC_JAX_COORDINATOR is set: SC_JAX_NUM_PROCESSES and SC_JAX_PROCESS_ID "
-                         "must be integers too") from None
-    jax.distributed.initialize(coordinator_address=addr, num_processes=n, process_id=pid)
-    return True
 
 
 def parse_mesh(text: str | int | None) -> tuple[int, int] | None:

@@ -190,7 +190,7 @@ def compiler_options(backend: str) -> dict:
     accepts, found once per process by compiling a one-op program with each."""
     accepted = {}
     arg = jax.ShapeDtypeStruct((), jnp.float32, sharding=jax.sharding.SingleDeviceSharding(
-        jax.devices(backend)[0]))
+        jax.local_devices(backend=backend)[0]))
     lowered = jax.jit(lambda x: x + 1).lower(arg)
     for name, setting in COMPILER_OPTIONS.get(backend, {}).items():
         try:
