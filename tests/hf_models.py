@@ -79,3 +79,27 @@ def hf_logits(model, ids) -> "list":
 
 def read_config(path: Path) -> dict:
     return json.loads((path / "config.json").read_text())
+
+
+def write_numpy_checkpoint(out: Path, *, seed: int = 0) -> Path:
+    """A random tiny llama Hugging Face directory written with NumPy and safetensors
+    alone (no torch, so on every Python): config.json, model.safetensors and a
+    byte-level tokenizer.json. Returns ``out``."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from sc_jax.checkpoint import key_map
+    from sc_jax.config import ModelConfig
+
+    cfg = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": VOCAB,
+           "hidden_size": 60, "intermediate_size": 37, "num_hidden_layers": 2,
+           "num_attention_heads": 6, "num_key_value_heads": 2, "max_position_embeddings": 256,
+           "rms_norm_eps": 1e-5, "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False}
+    rng = np.random.default_rng(seed)
+    tensors = {k: (0.1 * rng.standard_normal(rule.hf_shape)).astype(np.float32)
+               for k, rule in key_map(ModelConfig.from_hf(cfg)).items()}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(cfg))
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    write_tokenizer(out)
+    return out
