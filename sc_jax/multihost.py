@@ -34,6 +34,7 @@ import time
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 log = logging.getLogger("sc_jax")
 
@@ -150,8 +151,6 @@ def put_global(x, sharding) -> jax.Array:
 def to_host(x) -> np.ndarray:
     """A (possibly global) array -> NumPy, the whole array in every process."""
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
-        from jax.experimental import multihost_utils
-
         return np.asarray(multihost_utils.process_allgather(x, tiled=True))
     return np.asarray(x)
 
@@ -166,8 +165,6 @@ def from_writer(value: np.ndarray | None) -> np.ndarray | None:
     need not know them. Dtypes: those of :data:`_SHARED_DTYPES`, up to 8 dimensions."""
     if not is_multiprocess():
         return value
-    from jax.experimental import multihost_utils
-
     head = np.zeros(10, np.int64)
     if is_writer() and value is not None:
         value = np.ascontiguousarray(value)
@@ -191,21 +188,8 @@ def smallest(value: int) -> int:
     can hold, so that all of them plan the same batches (identity for one process)."""
     if not is_multiprocess():
         return int(value)
-    from jax.experimental import multihost_utils
-
     with jax.enable_x64(True):
         return int(np.min(multihost_utils.process_allgather(np.int64(value))))
-
-
-def agree(flag: bool) -> bool:
-    """Process 0's ``flag`` in every process: decisions that depend on files (a cache
-    hit, a check of the output directory) are taken once, so no process takes a
-    branch the others skip."""
-    if not is_multiprocess():
-        return bool(flag)
-    from jax.experimental import multihost_utils
-
-    return bool(np.asarray(multihost_utils.broadcast_one_to_all(np.int32(bool(flag)))))
 
 
 def on_writer(fn):

@@ -55,7 +55,26 @@ def main(out):
         for mode in ("first_token", "sequence") if model_axis == 4 else ("first_token",):
             res[f"engine_{data}x{model_axis}_{mode}"], res[f"flat_{data}x{model_axis}_{mode}"] = \
                 scores(model, mode)
+    res.update(shared(jax.process_index()))
     np.savez(f"{out}/p{jax.process_index()}.npz", devices=jax.device_count(), **res)
+
+
+def shared(pid):
+    """What process 0 shares: an array (float64 and its shape), nothing (None), the
+    smallest of per-process values, and an error raised in process 0 alone."""
+    from sc_jax.multihost import from_writer, on_writer, smallest
+
+    def fail():
+        raise ValueError(f"only process {pid} raised this")
+
+    mine = np.arange(6.0).reshape(2, 3) / 7 if pid == 0 else None
+    try:
+        on_writer(fail)
+        message = ""
+    except ValueError as e:
+        message = str(e)
+    return {"from_writer": from_writer(mine), "none": from_writer(None) is None,
+            "smallest": smallest(10 - pid), "error": message}
 
 
 if __name__ == "__main__":

@@ -56,7 +56,11 @@ def test_engine_across_processes_equals_one_process(tmp_path):
     ref = {mode: worker.scores(one, mode)[0] for mode in ("first_token", "sequence")}
     got = [np.load(tmp_path / f"p{i}.npz") for i in (0, 1)]
     assert int(got[0]["devices"]) == 8
-    names = [n for n in got[0].files if n != "devices"]
+    for g in got:  # process 0's array, error and the minimum, in both processes
+        assert g["from_writer"].dtype == np.float64 and np.array_equal(
+            g["from_writer"], np.arange(6.0).reshape(2, 3) / 7)
+        assert g["none"] and int(g["smallest"]) == 9 and str(g["error"]) == "only process 0 raised this"
+    names = [n for n in got[0].files if n.startswith(("engine", "flat"))]
     assert len(names) == 8  # engine and flat on 3 meshes, both modes on 2 x 4
     for name in names:
         mode = "sequence" if name.endswith("sequence") else "first_token"
