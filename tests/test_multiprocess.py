@@ -68,9 +68,10 @@ def test_engine_across_processes_equals_one_process(tmp_path):
         assert np.abs(got[0][name] - ref[mode]).max() <= TOL, name
 
 
+# One seed and one calibrator (the solver's compiles are most of a tiny run's time).
 RUN = ["run", "--model", "random:tiny-llama-8h", "--dataset", "rotten_tomatoes", "--shots", "4",
-       "--seeds", "2", "--test-size", "8", "--m-cap", "2", "--budget", "30", "--max-size", "2",
-       "--quiet"]
+       "--seeds", "1", "--methods", "base,bc,sc", "--test-size", "8", "--m-cap", "2", "--budget", "30",
+       "--max-size", "2", "--quiet"]
 
 
 def _rows(path):
