@@ -48,9 +48,10 @@ def rt_csv(tmp_path_factory):
 # one worker ran it alone while the other sat idle. Longest-first keeps the two
 # workers' loads even, and starts the model downloads of test_qwen2.py and
 # test_gguf.py early, beside CPU-bound work. Order within a file is unchanged.
-_LONGEST_FIRST = ("test_solvers.py", "test_qwen2.py", "test_gguf.py", "test_multiprocess.py", "test_scoring.py",
-                  "test_model.py", "test_functional.py", "test_accelerator_suite.py",
-                  "test_resume.py", "test_experiment.py", "test_calibrators.py", "test_plan.py")
+_LONGEST_FIRST = ("test_solvers.py", "test_qwen2.py", "test_gguf.py", "test_multiprocess.py",
+                  "test_scoring.py", "test_model.py", "test_functional.py",
+                  "test_accelerator_suite.py", "test_resume.py", "test_experiment.py",
+                  "test_calibrators.py", "test_plan.py")
 
 
 def pytest_collection_modifyitems(config, items):
