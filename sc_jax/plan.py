@@ -427,7 +427,8 @@ def _reference_tokenizer():
     return Tokenizer.from_file(path), ""
 
 
-def _flat_tokens(pieces, jobs, mode: str) -> int:
+def _prompt_tokens(pieces, jobs, mode: str) -> int:
+    """Tokens of every prompt the jobs score, in full."""
     return int(sum(pieces.prompt_lengths(ctx, pairs, mode).sum() for ctx, pairs in jobs.values()))
 
 
@@ -465,8 +466,9 @@ def _plan_setting(pl: _Planner, name: str, ds, k: int) -> dict[str, Any]:
     setting = _setting_totals(name, k, rows, all_calls, stages)
     if pl.reference is not None:
         ref = seed_jobs(pl.reference, ds, split, pl.run, k)
-        setting["flat_tokens_reference"] = _flat_tokens(ref.pieces, ref.jobs, pl.run.mode)
-        setting["stand_in_inflation"] = setting["flat_tokens"] / setting["flat_tokens_reference"]
+        setting["prompt_tokens"] = _prompt_tokens(sj.pieces, sj.jobs, pl.run.mode)
+        setting["prompt_tokens_reference"] = _prompt_tokens(ref.pieces, ref.jobs, pl.run.mode)
+        setting["stand_in_inflation"] = setting["prompt_tokens"] / setting["prompt_tokens_reference"]
     lowered = pl.mesh is not None or pl.model_shards * pl.n_devices == 1
     kw = {"mode": pl.run.mode, "n_labels": ds.n_classes, "mesh": pl.mesh}
     if pl.compile_time and lowered:
@@ -563,9 +565,9 @@ def _run_totals(settings: list[dict], seeds: int, measured: dict) -> dict[str, A
     done = [s for s in settings if not s.get("skipped")]
     out = {"total_forward_seconds": sum(s["forward_seconds_per_seed"] for s in done) * seeds,
            "total_flops": sum(s["flops"] for s in done) * seeds}
-    ref = sum(s.get("flat_tokens_reference", 0) for s in done)
+    ref = sum(s.get("prompt_tokens_reference", 0) for s in done)
     if ref:
-        out["stand_in_inflation"] = sum(s["flat_tokens"] for s in done) / ref
+        out["stand_in_inflation"] = sum(s["prompt_tokens"] for s in done) / ref
     if measured:
         out.update(programs=len(measured),
                    compile_seconds=sum(m["seconds"] for m in measured.values()),

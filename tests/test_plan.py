@@ -252,7 +252,8 @@ def test_plan_measures_the_byte_stand_ins_inflation(data_dir):
                       peak_flops=1e12)
     s = p["settings"][0]
     assert p["tokenizer"] == "byte stand-in"
-    assert s["stand_in_inflation"] == pytest.approx(s["flat_tokens"] / s["flat_tokens_reference"])
+    assert s["stand_in_inflation"] == pytest.approx(s["prompt_tokens"] / s["prompt_tokens_reference"])
+    assert s["prompt_tokens"] == s["flat_tokens"]  # first_token mode: the same count
     assert p["stand_in_inflation"] == pytest.approx(s["stand_in_inflation"])
     assert 1.5 < p["stand_in_inflation"] < 8  # English words: several bytes a token
     assert f"{p['stand_in_inflation']:.2f}x the tokens of the Qwen2 vocabulary" in plan.plan_table(p)
