@@ -296,6 +296,10 @@ def test_compile_seconds_per_distinct_program():
     assert plan.compile_seconds(cfg, np.float32, e["calls"][:2], measured=measured, mode="first_token",
                                 n_labels=2)["programs"] == len({x.key for x in e["calls"][:2]})
     assert measured == before
+    # Sequence mode's query program (no label rows) compiles too.
+    score = next(x for x in e["calls"] if x.kind == "score")
+    seq = plan.compile_seconds(cfg, np.float32, [score], measured=measured, mode="sequence", n_labels=2)
+    assert seq["programs"] == 1 and len(measured) == len(before) + 1
 
 
 def test_tokenizer_from_the_gguf_without_converting(tmp_path):
