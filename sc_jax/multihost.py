@@ -206,9 +206,10 @@ def on_writer(fn):
             result = fn()
         except Exception as e:  # noqa: BLE001  (shared, then raised again below)
             error, text = e, str(e).encode()
-    # A flag first: the message may be empty.
-    shared = from_writer(np.frombuffer(b"\x01" + text, np.uint8).astype(np.int32))
-    if len(shared) > 1 or error is not None:
+    # A flag first (2: failed), then the message, which may be empty.
+    flag = b"\x02" if error is not None else b"\x01"
+    shared = from_writer(np.frombuffer(flag + text, np.uint8).astype(np.int32))
+    if shared[0] == 2:
         if error is not None:
             raise error
         raise DistributedError(bytes(shared[1:].astype(np.uint8)).decode(errors="replace") or
