@@ -30,7 +30,7 @@ from .hub import hub_snapshot, parse_hub_id
 from .model import Decoder, KVCache, positions_from_valid
 from .named_models import MODELS, model_dir, resolve, tokenizer_file
 from .pypi import WheelFileError
-from .multihost import on_writer, put_global, to_host
+from .multihost import put_global, to_host, writer_first
 from .sharding import (MODEL, axis_size, batch_sharded, kv_sharding, mesh_size, param_sharding, replicated,
                        state_shardings)
 from .tokenizer import ByteTokenizer, Tokenizer
@@ -273,8 +273,7 @@ def load_model(source: str, *, dtype: str = "float32", mesh=None, seed: int = 0,
         _no_revision(source, revision, "a named model")
         # Several processes: process 0 fetches and converts first, so that processes
         # sharing a cache directory do it once.
-        on_writer(lambda: model_dir(source))
-        source = str(model_dir(source))
+        source = str(writer_first(lambda: model_dir(source)))
 
     path = _local_path(source, revision, weights=True)
     if path.suffix == ".gguf":
@@ -312,8 +311,7 @@ def _local_path(source: str, revision: str | None, *, weights: bool) -> Path:
         _no_revision(source, revision, "not a Hugging Face id (org/name)")
         return path
     # Several processes: process 0 downloads first, once per shared hub cache.
-    on_writer(lambda: hub_snapshot(hub_id, weights=weights))
-    return hub_snapshot(hub_id, weights=weights)
+    return writer_first(lambda: hub_snapshot(hub_id, weights=weights))
 
 
 def _no_revision(source: str, revision: str | None, what: str) -> None:
@@ -364,8 +362,7 @@ def preset_tokenizer(name: str, config: ModelConfig):
     if shared is None:
         return ByteTokenizer(config.vocab_size), ""
     try:
-        on_writer(lambda: tokenizer_file(shared))
-        path = tokenizer_file(shared)
+        path = writer_first(lambda: tokenizer_file(shared))
     except (OSError, ValueError, ImportError, WheelFileError) as e:  # no fetch, no [gguf] extra
         log.warning("random:%s: the %s vocabulary is not available (%s); tokenizing with the "
                     "byte-level stand-in, which makes several times more tokens", name, shared,

@@ -215,3 +215,12 @@ def on_writer(fn):
         raise DistributedError(bytes(shared[1:].astype(np.uint8)).decode(errors="replace") or
                                "process 0 stopped with an error")
     return result
+
+
+def writer_first(fn):
+    """``fn()`` in process 0, then in the other processes once it has finished; its
+    result in every process (one call in each). For fetches and conversions into a
+    cache the processes may share: process 0 does the work once, the others find it
+    done. An exception in process 0 stops every process (:func:`on_writer`)."""
+    result = on_writer(fn)
+    return result if is_writer() else fn()
