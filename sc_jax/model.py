@@ -71,6 +71,24 @@ class KVCache:
         return nxt
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Packing:
+    """Several independent segments in one row (packed rows, as in packed training).
+
+    segment: ``[B, T]`` int32, the segment of each new token: a new token sees the
+    new keys of its own segment only (causal by position within it). slot: ``[B, T]``
+    int32, the cache slot it continues; cache_slot: ``[B, S]`` int32, the slot of
+    each cached key. A row's cache holds several prefixes side by side (slot j: the
+    keys of one prefix); a token sees only the cached keys of its slot. With one
+    segment and one slot per row this is the unpacked forward pass.
+    """
+
+    segment: jax.Array
+    slot: jax.Array
+    cache_slot: jax.Array
+
+
 def _normal(rngs: nnx.Rngs, shape, dtype, std=0.02):
     return nnx.Param(jax.random.normal(rngs.params(), shape, jnp.float32).astype(dtype) * std)
 
@@ -139,12 +157,14 @@ class Decoder(nnx.Module):
         out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
         return out.astype(x.dtype)
 
-    def _attend(self, q, k_new, v_new, q_pos, new_valid, window, ck, cv, c_pos, c_valid):
+    def _attend(self, q, k_new, v_new, q_pos, new_valid, window, ck, cv, c_pos, c_valid,
+                packing=None):
         """Grouped-query attention of the new queries over [cached keys, new keys].
 
         q: ``[B, T, H, Dh]``; k_new, v_new: ``[B, T, K, Dh]``; q_pos, new_valid: ``[B, T]``;
         ck, cv: ``[Bc, S, K, Dh]`` or None; c_pos, c_valid: ``[Bc, S]``.
-        Returns ``[B, T, H, Dh]``.
+        ``packing``: None, or :class:`Packing` (several segments per row, each after
+        its own slot of the cache). Returns ``[B, T, H, Dh]``.
         """
         c = self.config
         B, T, H, Dh = q.shape
@@ -152,15 +172,18 @@ class Decoder(nnx.Module):
         qg = q.reshape(B, T, K, H // K, Dh)
         scale = 1.0 / np.sqrt(Dh)
 
-        def visible(k_pos, k_valid):  # [b, S] -> [B, 1, 1, T, S]
+        def visible(k_pos, k_valid, q_ids=None, k_ids=None):  # [b, S] -> [B, 1, 1, T, S]
             d = q_pos[:, :, None] - k_pos[:, None, :]
             ok = k_valid[:, None, :] & (d >= 0)
             ok = ok & ((window <= 0) | (d < window))
+            if q_ids is not None:  # packed rows: a key is seen only from its own segment/slot
+                ok = ok & (q_ids[:, :, None] == k_ids[:, None, :])
             return ok[:, None, None, :, :]
 
         s_new = jnp.einsum("btkgd,bskd->bkgts", qg, k_new,
                            preferred_element_type=jnp.float32) * scale
-        s_new = jnp.where(visible(q_pos, new_valid), s_new, _MASK_VALUE)
+        seg = None if packing is None else packing.segment
+        s_new = jnp.where(visible(q_pos, new_valid, seg, seg), s_new, _MASK_VALUE)
         if ck is None:
             p = jax.nn.softmax(s_new, axis=-1).astype(v_new.dtype)
             out = jnp.einsum("bkgts,bskd->btkgd", p, v_new, preferred_element_type=jnp.float32)
@@ -178,7 +201,9 @@ class Decoder(nnx.Module):
         s_old = s_old.reshape(B, K, Gh, T, S)
         c_pos = jnp.repeat(c_pos, G, axis=0)  # [Bc, S] -> [B, S]: small int/bool
         c_valid = jnp.repeat(c_valid, G, axis=0)
-        s_old = jnp.where(visible(c_pos, c_valid), s_old * scale, _MASK_VALUE)
+        slots = (None, None) if packing is None else (
+            packing.slot, jnp.repeat(packing.cache_slot, G, axis=0))
+        s_old = jnp.where(visible(c_pos, c_valid, *slots), s_old * scale, _MASK_VALUE)
         p = jax.nn.softmax(jnp.concatenate([s_old, s_new], axis=-1), axis=-1).astype(v_new.dtype)
         p_old, p_new = p[..., :S], p[..., S:]
         out = jnp.einsum("cgkhts,cskd->cgtkhd", p_old.reshape(Bc, G, K, Gh, T, S), cv,
@@ -188,10 +213,13 @@ class Decoder(nnx.Module):
         return out.reshape(B, T, H, Dh).astype(q.dtype)
 
     # ------------------------------------------------------------------ forward
-    def __call__(self, tokens, positions, valid, cache: KVCache | None = None):
+    def __call__(self, tokens, positions, valid, cache: KVCache | None = None,
+                 packing: "Packing | None" = None):
         """Run the new tokens (optionally after a cached prefix).
 
         tokens, positions: ``[B, T]`` int32; valid: ``[B, T]`` bool (False = padding).
+        ``packing`` (with a cache of B rows): several segments per row, see
+        :class:`Packing`.
         Returns ``(hidden [B, T, D] after the final norm, KVCache of the new tokens
         [L, B, T, K, Dh])``; concatenate it to ``cache`` to extend.
         """
@@ -212,7 +240,7 @@ class Decoder(nnx.Module):
                 a = self._attend(q, k, v, positions, valid, xs["window"], None, None, None, None)
             else:
                 a = self._attend(q, k, v, positions, valid, xs["window"], xs["ck"], xs["cv"],
-                                 cache.pos, cache.valid)
+                                 cache.pos, cache.valid, packing)
             o = jnp.einsum("bthk,hkd->btd", a, w["wo"])
             if c.o_bias:
                 o = o + w["bo"]

@@ -48,15 +48,14 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from .loading import LoadedModel, bucket_batch
-from .model import KVCache, empty_cache, positions_from_valid
-# log_odds, engine_shapes, EngineShapes, micro_batch and query_length are importable
-# from here too (the scoring stage's features and the engine's shapes).
+from .model import KVCache, Packing, empty_cache, positions_from_valid
+# log_odds and query_rows are importable from here too (the scoring stage's features
+# and the engine's query rows).
 from .objective import log_odds  # noqa: F401
+from .packing import PackShape, Schedule, Stage
 from .prompts import PromptPieces
 from .schedule import (  # noqa: F401
-    EngineShapes, PlanError, QueryGroups, device_memory_bytes, engine_shapes, host_memory_bytes,
-    micro_batch, peak_bytes, plan_budgets, query_batches, query_groups, query_length, query_rows,
-    round_up, schedule)
+    PlanError, device_memory_bytes, host_memory_bytes, plan_schedule, query_rows, round_up)
 from .multihost import smallest, to_host
 from .sharding import batch_sharded, kv_sharding
 
@@ -199,50 +198,78 @@ def _score_flat(graphdef, state, tokens, valid, gather, targets, tmask, rows, se
     return _label_scores(model, hidden, gather, targets, tmask, rows, sequence)
 
 
-def _take_rows(parent: KVCache, idx) -> KVCache:
-    return KVCache(parent.k[:, idx], parent.v[:, idx], parent.pos[idx], parent.valid[idx])
-
-
-# The model's programs take only the cache rows they extend (gathered by a separate,
-# model-free program), so their shapes do not depend on how many nodes a trie level
-# has: a run compiles one growth program per depth and micro-batch, not one per
-# (level size, depth). Model programs are the expensive compiles (seconds to tens of
-# seconds for a 7B model on a GPU); gathers and in-place writes compile in
-# milliseconds.
-@jax.jit
-def _gather_rows(level: KVCache, idx) -> KVCache:
-    """Rows ``idx [B]`` of a level buffer: ``[L, B, S, K, Dh]``."""
+# The engine's programs. The model program (`_packed`) has the same shapes for every
+# call of a schedule except the cache length S (a power of two per stage), so one
+# (dataset, k, seed) compiles one model program per cache bucket. The gathers and
+# in-place writes around it are model-free programs that compile in milliseconds.
+@functools.partial(jax.jit, static_argnames=("S",))
+def _gather_slots(level: KVCache, idx, S: int):
+    """The cache of a call: rows ``idx [B, m]`` of a level buffer, each padded to
+    ``S`` tokens and laid side by side: ``[L, B, m * S, K, Dh]``, and the slot of
+    every cached key ``[B, m * S]``."""
     COMPILES["gather"] += 1
-    return _take_rows(level, idx)
+    B, m = idx.shape
+    flat = idx.reshape(-1)
+    pad = S - level.length
+
+    def rows(x, lead):
+        x = x[:, flat] if lead else x[flat]
+        widths = [(0, 0)] * x.ndim
+        widths[2 if lead else 1] = (0, pad)
+        x = jnp.pad(x, widths)
+        return x.reshape(x.shape[:1] + (B, m * S) + x.shape[3:]) if lead else x.reshape(B, m * S)
+
+    cache = KVCache(rows(level.k, True), rows(level.v, True), rows(level.pos, False),
+                    rows(level.valid, False))
+    slot = jnp.broadcast_to(jnp.repeat(jnp.arange(m, dtype=jnp.int32), S), (B, m * S))
+    return cache, slot
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef",))
-def _grow(graphdef, state, rows: KVCache, tokens, valid) -> KVCache:
-    """One segment after each of ``rows`` (B cached prefixes of S tokens): the new
-    tokens' keys and values ``[L, B, T, K, Dh]``."""
-    COMPILES["grow"] += 1
+@functools.partial(jax.jit, static_argnames=("graphdef", "sequence"))
+def _packed(graphdef, state, cache: KVCache, cache_slot, tokens, positions, valid, segment, slot,
+            readout, targets, rows, sequence):
+    """One packed call: ``B`` rows of ``W`` tokens, several items per row, each after
+    its own slot of ``cache`` (:class:`sc_jax.model.Packing`). Returns the label
+    scores at the ``R`` flat positions ``readout`` (``[R, n]`` label-row logits, or
+    ``[R]`` log-probabilities of ``targets`` in sequence mode) and the new tokens'
+    keys and values ``[L, B, W, K, Dh]``."""
+    COMPILES["packed"] += 1
     model = nnx.merge(graphdef, state)
-    _, seg = model(tokens, positions_from_valid(valid, rows.next_position(tokens.shape[0])), valid, rows)
-    return seg
+    hidden, kv = model(tokens, positions, valid, cache, Packing(segment, slot, cache_slot))
+    B, W, D = hidden.shape
+    sel = hidden.reshape(B * W, D)[readout]  # [R, D]
+    if not sequence:
+        return model.project(sel, rows), kv
+    lp = jax.nn.log_softmax(model.project(sel), axis=-1)  # full vocabulary at R positions only
+    return jnp.take_along_axis(lp, targets[:, None], axis=-1)[:, 0], kv
 
 
 @functools.partial(jax.jit, donate_argnames=("level",))
-def _write_rows(level: KVCache, rows: KVCache, seg: KVCache, offset) -> KVCache:
-    """Children (``rows`` then ``seg``) written in place into rows ``offset .. offset
-    + B`` of the donated ``level`` buffer ``[L, N, S_d, K, Dh]``: a level is never held
-    twice (no concatenation of parts)."""
+def _write_children(level: KVCache, parent: KVCache, kv: KVCache, child, parent_row, start, length):
+    """Children written in place into the donated ``level`` buffer: child row
+    ``child[c]`` (out of range: ignored) = parent row ``parent_row[c]`` then the
+    ``length[c]`` new tokens at flat position ``start[c]`` of the call's ``kv``."""
     COMPILES["write"] += 1
-    z = jnp.zeros((), jnp.int32)
-    S = rows.length
+    L, BW = kv.k.shape[0], kv.k.shape[1] * kv.k.shape[2]
+    T = level.length - parent.length
+    col = jnp.arange(T)
+    src = jnp.clip(start[:, None] + col, 0, BW - 1)  # [C, T]
+    ok = col[None, :] < length[:, None]
 
-    def put(dst, a, b, lead):
-        idx = (z, offset) if lead else (offset,)
-        dst = jax.lax.dynamic_update_slice(dst, a.astype(dst.dtype), idx + (z,) * (a.ndim - len(idx)))
-        at = idx + (jnp.int32(S),) + (z,) * (b.ndim - len(idx) - 1)
-        return jax.lax.dynamic_update_slice(dst, b.astype(dst.dtype), at)
+    def seg(x, lead):
+        flat = x.reshape((L, BW) + x.shape[3:]) if lead else x.reshape(BW)
+        return flat[:, src] if lead else flat[src]
 
-    return KVCache(put(level.k, rows.k, seg.k, True), put(level.v, rows.v, seg.v, True),
-                   put(level.pos, rows.pos, seg.pos, False), put(level.valid, rows.valid, seg.valid, False))
+    def put(dst, par, new, lead):
+        rows = jnp.concatenate([par[:, parent_row] if lead else par[parent_row], new.astype(dst.dtype)],
+                               axis=2 if lead else 1)
+        return dst.at[:, child].set(rows, mode="drop") if lead else dst.at[child].set(rows, mode="drop")
+
+    okb = ok[None, :, :, None, None]
+    return KVCache(put(level.k, parent.k, jnp.where(okb, seg(kv.k, True), 0), True),
+                   put(level.v, parent.v, jnp.where(okb, seg(kv.v, True), 0), True),
+                   put(level.pos, parent.pos, jnp.where(ok, seg(kv.pos, False), 0), False),
+                   put(level.valid, parent.valid, ok & seg(kv.valid, False), False))
 
 
 @functools.partial(jax.jit, static_argnames=("config", "rows", "length", "dtype", "sharding"))
@@ -257,67 +284,140 @@ def _empty_level(config, rows: int, length: int, dtype, sharding=None):
     return out
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "sequence"))
-def _score_cached(graphdef, state, cache: KVCache, tokens, valid, gather, targets, tmask, rows,
-                  sequence):
-    """Queries after their contexts' caches: ``cache`` holds Bc gathered contexts,
-    each serving G = B / Bc consecutive query rows. Label scores ``[B, n]`` or
-    ``[B]``."""
-    COMPILES["score"] += 1
-    model = nnx.merge(graphdef, state)
-    hidden, _ = model(tokens, positions_from_valid(valid, cache.next_position(tokens.shape[0])),
-                      valid, cache)
-    return _label_scores(model, hidden, gather, targets, tmask, rows, sequence)
-
-
 @dataclasses.dataclass
 class EngineStats:
-    """What one :meth:`ScoringEngine.score` call did: forward calls, real tokens
-    computed (the trie's unique tokens plus query tokens), padded tokens, rows."""
+    """What one :meth:`ScoringEngine.score_jobs` call did: forward calls, real tokens
+    computed (the trie's unique tokens plus query tokens), executed tokens (calls x
+    B x W, padding included), trie nodes, query rows, distinct model ``programs``
+    (cache buckets), the call shape and seconds."""
 
     calls: int = 0
     tokens: int = 0
     padded_tokens: int = 0
     nodes: int = 0
     query_rows: int = 0
+    programs: int = 0
+    shape: PackShape | None = None
     seconds: float = 0.0
 
 
-class ScoringEngine:
-    """Prefix-shared scoring of many (context, query) pairs.
+class _Tokens:
+    """Every item's tokens in one flat array: demonstration segments with BOS (depth
+    1), without, then every query row; readout offsets and targets of each query
+    row (CSR)."""
 
-    ``max_tokens_per_batch``: padded (cache + new) tokens per forward call, which
-    sets the micro-batch size. ``max_cache_tokens``: cached tokens held per chunk of
-    the trie (memory bound: never all of k = 16's nodes at once). Either left as
-    None is derived from the memory budget by :func:`sc_jax.schedule.plan_budgets`:
-    ``device_memory`` bytes per device if given, else the device's ``bytes_limit``,
-    else (CPU) the host's memory. When a budget is known (given or reported by the
-    device), every call's plan is checked against it before anything compiles, and
-    a :class:`sc_jax.schedule.PlanError` names the numbers if it cannot fit.
-    ``side``: padding side of segments and queries (results do not depend on it).
-    ``progress``: a tqdm bar with counts of rows and tokens. ``max_group``: how
-    many query rows of one context share one gathered copy of its cache (a fixed
-    group size keeps compiles bounded; larger groups copy less).
+    def __init__(self, pieces: PromptPieces, mode: str):
+        k = len(pieces.demos)
+        segs = [list(pieces.bos) + pieces.segment(j) for j in range(k)] + \
+            [pieces.segment(j) for j in range(k)]
+        qrows, gathers, targets = query_rows(pieces, mode, range(len(pieces.queries)))
+        rows = segs + qrows
+        lens = np.fromiter(map(len, rows), np.int64, len(rows))
+        self.flat = np.fromiter(itertools.chain.from_iterable(rows), np.int32, int(lens.sum()))
+        self.start = np.r_[0, np.cumsum(lens)[:-1]]
+        self.k = k
+        self.seg_len = lens[k:2 * k]
+        self.n_bos = len(pieces.bos)
+        self.qlen = lens[2 * k:]
+        cnt = np.fromiter(map(len, gathers), np.int64, len(gathers))
+        self.ro_ptr = np.r_[0, np.cumsum(cnt)]
+        self.ro_off = np.fromiter(itertools.chain.from_iterable(gathers), np.int64, int(cnt.sum()))
+        self.ro_tgt = np.fromiter(itertools.chain.from_iterable(targets), np.int64, int(cnt.sum()))
+        self.readouts = cnt
+
+    def source(self, st: Stage, it: slice) -> np.ndarray:
+        """Start of each item's tokens in :attr:`flat`."""
+        ref = st.ref[it]
+        seg = ref + (0 if st.depth == 1 else self.k)
+        return self.start[np.where(st.kind[it] == 0, seg, 2 * self.k + ref)]
+
+
+def _spans(lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(item of each token, offset of each token within its item) for items of
+    ``lens`` tokens laid end to end."""
+    item = np.repeat(np.arange(len(lens)), lens)
+    within = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
+    return item, within
+
+
+def call_arrays(tok: _Tokens, shape: PackShape, st: Stage, r0: int) -> dict[str, np.ndarray]:
+    """The host arrays of the call that runs rows ``r0 .. r0 + B`` of stage ``st``."""
+    B, W, R, C = shape.B, shape.W, shape.R, shape.C
+    a, b = np.searchsorted(st.row, [r0, r0 + B])
+    it = slice(a, b)
+    lens = st.length[it]
+    base = (st.row[it] - r0) * W + st.off[it]
+    item, within = _spans(lens)
+    dst = base[item] + within
+    tokens = np.zeros(B * W, np.int32)
+    tokens[dst] = tok.flat[tok.source(st, it)[item] + within]
+    positions = np.zeros(B * W, np.int32)
+    positions[dst] = st.start[it][item] + within
+    valid = np.zeros(B * W, bool)
+    valid[dst] = True
+    segment = np.full(B * W, -1, np.int32)
+    segment[dst] = item
+    slot = np.zeros(B * W, np.int32)
+    slot[dst] = st.slot[it][item]
+    idx = np.zeros((B, shape.m), np.int32)
+    nodes = st.slot_nodes[r0:r0 + B]
+    idx[:len(nodes)] = nodes
+    # Readouts of the query rows.
+    q = np.flatnonzero(st.kind[it] == 1)
+    refs = st.ref[it][q]
+    cnt = tok.readouts[refs]
+    qi, qw = _spans(cnt)
+    src = tok.ro_ptr[refs][qi] + qw
+    readout = np.zeros(R, np.int32)
+    targets = np.zeros(R, np.int32)
+    n_ro = len(src)
+    readout[:n_ro] = base[q][qi] + tok.ro_off[src]
+    targets[:n_ro] = tok.ro_tgt[src]
+    # Children (segments) written into the next level.
+    g = np.flatnonzero(st.kind[it] == 0)
+    child = np.full(C, np.iinfo(np.int32).max, np.int32)
+    parent_row = np.zeros(C, np.int32)
+    start = np.zeros(C, np.int32)
+    length = np.zeros(C, np.int32)
+    child[:len(g)] = st.node[it][g]
+    parent_row[:len(g)] = st.cache[it][g]
+    start[:len(g)] = base[g]
+    length[:len(g)] = lens[g]
+    return dict(tokens=tokens.reshape(B, W), positions=positions.reshape(B, W),
+                valid=valid.reshape(B, W), segment=segment.reshape(B, W), slot=slot.reshape(B, W),
+                idx=idx, readout=readout, targets=targets, dest=st.dest[it][q][qi], n_children=len(g),
+                child=child, parent_row=parent_row, start=start, length=length,
+                tokens_real=int(lens.sum()), query_rows=len(q))
+
+
+class ScoringEngine:
+    """Prefix-shared, packed scoring of many (context, query) pairs.
+
+    :meth:`score_jobs` scores several jobs (each ``(contexts, pairs)``) through one
+    prefix trie, grown depth by depth in packed calls (:mod:`sc_jax.packing`):
+    every distinct ordered sub-context is computed once, and the segments and query
+    rows of each depth are packed end to end into rows of ``W`` tokens.
+
+    ``max_tokens_per_batch``: cap on the tokens of one call (B x W; at least one row
+    per device). ``max_cache_tokens``: tokens of one trie level held at once (the
+    trie is cut into chunks that fit). Either left as None is derived from the
+    memory budget: ``device_memory`` bytes per device if given, else the device's
+    ``bytes_limit``, else (CPU) the host's memory. When a budget is known (given or
+    reported by the device), the schedule's peak is checked against it before
+    anything compiles, and a :class:`sc_jax.schedule.PlanError` names the numbers if
+    it cannot fit. ``progress``: a tqdm bar of query rows.
     """
 
     def __init__(self, model: LoadedModel, *, max_tokens_per_batch: int | None = None,
                  max_cache_tokens: int | None = None, device_memory: int | None = None,
-                 side: str = "right", progress: bool = True, max_group: int = 64):
-        if side not in ("left", "right"):
-            raise ValueError(f"side must be 'left' or 'right', got {side!r}")
-        for name, v in (("max_tokens_per_batch", max_tokens_per_batch),
-                        ("max_cache_tokens", max_cache_tokens), ("device_memory", device_memory)):
-            if v is not None and int(v) < 1:
-                raise ValueError(f"{name} must be positive, got {v}")
+                 progress: bool = True):
         self.model = model
         self._tokens = None if max_tokens_per_batch is None else int(max_tokens_per_batch)
         self._cache = None if max_cache_tokens is None else int(max_cache_tokens)
         self.device_memory = None if device_memory is None else int(device_memory)
         self.max_tokens_per_batch = self._tokens
         self.max_cache_tokens = self._cache
-        self.side = side
         self.progress = progress
-        self.max_group = int(max_group)
         self.stats = EngineStats()
         self.budgets = None  # the last call's plan (sc_jax.schedule.Budgets), when derived
 
@@ -332,41 +432,18 @@ class ScoringEngine:
             return smallest(dev), True
         return smallest(host_memory_bytes()), False
 
-    def _resolve(self, shapes, contexts, pairs, nr: int, G: int, row_lengths) -> int:
-        """Set this call's token budgets (given, or planned) and check the plan."""
+    def plan(self, pieces: PromptPieces, jobs, mode: str) -> Schedule:
+        """The packed schedule of ``jobs`` (checked inputs) within this engine's budgets."""
         budget, enforce = self._budget()
         m = self.model
-        platform = jax.default_backend()
-        if self._tokens is None or self._cache is None:
-            b = self.budgets = plan_budgets(m.config, m.dtype, shapes, budget_bytes=budget, G=G,
-                                            n_devices=m.n_devices, platform=platform,
-                                            model_shards=m.model_shards)
-            self.max_tokens_per_batch = self._tokens or b.max_tokens_per_batch
-            self.max_cache_tokens = self._cache or b.max_cache_tokens
-            G = b.max_group
-        else:
-            self.max_tokens_per_batch, self.max_cache_tokens = self._tokens, self._cache
-        if enforce:
-            calls = schedule(shapes, contexts, pairs, nr, G, row_lengths,
-                             max_tokens_per_batch=self.max_tokens_per_batch,
-                             max_cache_tokens=self.max_cache_tokens, n_devices=m.n_devices)
-            peak = peak_bytes(m.config, m.dtype, calls, model_shards=m.model_shards)
-            if peak["peak_bytes"] > budget:
-                gib = 2 ** 30
-                raise PlanError(
-                    f"the planned peak is {peak['peak_bytes'] / gib:.2f} GiB per device (weights "
-                    f"{peak['weight_bytes'] / gib:.2f}, KV caches {peak['cache_bytes'] / gib:.2f}, "
-                    f"one call's temporaries {peak['temp_bytes'] / gib:.2f}), over the "
-                    f"{budget / gib:.2f} GiB budget: lower max_tokens_per_batch "
-                    f"({self.max_tokens_per_batch}) or max_cache_tokens ({self.max_cache_tokens})")
-        return G
-
-    # -------------------------------------------------------------- helpers
-    def _micro_batch(self, n_rows: int, width: int) -> int:
-        return micro_batch(n_rows, width, self.max_tokens_per_batch, self.model.n_devices)
-
-    def _put_idx(self, x):
-        return self.model._put(x)
+        sched = plan_schedule(m.config, m.dtype, pieces, jobs, mode, budget_bytes=budget,
+                              n_devices=m.n_devices, model_shards=m.model_shards,
+                              platform=jax.default_backend(), max_tokens_per_batch=self._tokens,
+                              max_cache_tokens=self._cache, enforce=enforce)
+        self.budgets = sched.budgets
+        self.max_tokens_per_batch = sched.budgets.max_tokens_per_batch
+        self.max_cache_tokens = sched.budgets.max_cache_tokens
+        return sched.schedule
 
     def _level(self, rows: int, length: int) -> KVCache:
         m = self.model
@@ -375,7 +452,7 @@ class ScoringEngine:
             c = m.config
             kv = kv_sharding(m.mesh, (c.num_layers, rows, length, c.num_kv_heads, c.head_dim))
             sharding = KVCache(kv, kv, batch_sharded(m.mesh), batch_sharded(m.mesh))
-        return _empty_level(m.config, rows, length, m.dtype, sharding)
+        return _empty_level(m.config, round_up(rows, m.n_devices), length, m.dtype, sharding)
 
     # -------------------------------------------------------------- main entry
     def score(self, pieces: PromptPieces, contexts, pairs, mode: str = "first_token") -> np.ndarray:
@@ -383,175 +460,113 @@ class ScoringEngine:
 
         pieces: tokenized demos and queries; contexts: ``[M, i]`` demo indices
         (ordered); pairs: ``[N, 2]`` (context index, query index). Equal, to float
-        rounding, to :func:`score_plain` on the same inputs.
+        rounding, to :func:`score_plain` on the same inputs."""
+        return self.score_jobs(pieces, {"job": (contexts, pairs)}, mode)["job"]
 
-        Host work is table lookups (every segment and query row is packed once per
-        call) and results are fetched one micro-batch behind, so the host prepares
-        batch b + 1 while the device runs batch b, and never waits on a batch it
-        has just dispatched.
+    def score_jobs(self, pieces: PromptPieces, jobs: dict, mode: str = "first_token",
+                   on_done=None) -> dict:
+        """Label log-probs of several jobs scored together: ``jobs`` maps a tag to
+        ``(contexts [M, i], pairs [N, 2])`` (sizes may differ); returns tag ->
+        ``[N, n_classes]``. ``on_done(tag, scores)`` is called as soon as a job's
+        last query row is scored (jobs of small contexts finish first), so a caller
+        can keep each job's result before the others end.
+
+        Host work is table lookups, and each call's result is fetched after the next
+        call has been dispatched, so the host never waits on the call it has just
+        sent.
         """
-        contexts, pairs = _check_inputs(self.model, pieces, contexts, pairs, mode)
+        checked = {t: _check_inputs(self.model, pieces, c, p, mode) for t, (c, p) in jobs.items()}
         t0 = time.perf_counter()
         n = len(pieces.labels)
         seq = mode == "sequence"
-        nr = n if seq else 1  # query rows per pair
+        nr = n if seq else 1
         st = self.stats = EngineStats()
-        if len(pairs) == 0:
-            return np.zeros((0, n), np.float32)
-        i = contexts.shape[1]
-        shapes = engine_shapes(pieces, i, mode)
-        T_seg, T_q, P, lens = shapes.T_seg, shapes.T_q, shapes.P, shapes.lens
-        segs = _SegmentTable(pieces, T_seg, self.side)
-        qt = _QueryTable(pieces, mode, T_q, P, self.side)
+        tags = [t for t, (_, p) in checked.items() if len(p)]
+        results = {t: np.zeros((0, n), np.float32) for t, (_, p) in checked.items() if not len(p)}
+        if not tags:
+            return results
+        sched = self.plan(pieces, [checked[t] for t in tags], mode)
+        st.shape, st.programs = sched.shape, len(sched.programs)
+        tok = _Tokens(pieces, mode)
         rows_arg = None if seq else self.model._rows([l[0] for l in pieces.labels])
-        out = np.zeros((len(pairs) * nr, n) if not seq else (len(pairs) * nr,), np.float32)
+        sizes = np.asarray([len(checked[t][1]) * nr for t in tags])
+        offsets = np.r_[0, np.cumsum(sizes)]
+        out = np.zeros((sched.n_out, n) if not seq else (sched.n_out,), np.float32)
+        left = np.zeros(len(tags), np.int64)  # readouts still to come, per job
+        for ch in sched.trie:
+            for d, (node, qrow, dest) in ch.queries.items():
+                job = np.searchsorted(offsets, dest, side="right") - 1
+                np.add.at(left, job, tok.readouts[qrow])
 
-        # Query rows of one context form groups of G that share one copy of its cache.
-        per_ctx = np.bincount(pairs[:, 0], minlength=len(contexts))
-        G = int(min(self.max_group, per_ctx.max() * nr))
-        G = self._resolve(shapes, contexts, pairs, nr, G, qt.length)
-        # Sort contexts so shared prefixes are adjacent; chunk by cache memory.
-        order = np.lexsort(contexts.T[::-1])
-        per_chunk = max(1, self.max_cache_tokens // lens[-1])
+        def finished(job):
+            t = tags[job]
+            res = out[offsets[job]:offsets[job + 1]]
+            results[t] = _label_logprobs(res.reshape(-1, n) if not seq else res, mode, n)
+            if on_done is not None:
+                on_done(t, results[t])
 
         bar = None
         if self.progress:
-            bar = tqdm(total=len(pairs) * nr, unit="query", desc=f"scoring i={i}", leave=False)
+            bar = tqdm(total=int(sizes.sum()), unit="query", desc="scoring", leave=False)
         try:
-            for c0 in range(0, len(order), per_chunk):
-                chunk = order[c0:c0 + per_chunk]
-                leaf_cache, leaf_of = self._grow_trie(segs, contexts[chunk], lens)
-                groups = query_groups(chunk, len(contexts), pairs, nr, G, leaf_of, qt.length)
-                if groups is None:
-                    continue
-                self._run_queries(leaf_cache, groups, qt, lens[-1], rows_arg, seq, out, bar)
+            self._run(sched, tok, rows_arg, seq, out, bar, offsets, left, finished)
         finally:
             if bar is not None:
                 bar.close()
         st.seconds = time.perf_counter() - t0
-        return _label_logprobs(out, mode, n)
+        return {t: results[t] for t in jobs}
 
-    def _grow_trie(self, segs: "_SegmentTable", ctx, lens):
-        """Caches of every distinct prefix of ``ctx`` ([C, i]), depth by depth.
-        Returns (leaf caches [L, U, S_i, ...], index of each context's leaf)."""
+    def _run(self, sched: Schedule, tok: _Tokens, rows_arg, seq: bool, out, bar, offsets, left,
+             finished):
+        """Every call of ``sched``, chunk by chunk and depth by depth."""
         m, st = self.model, self.stats
-        parent = empty_cache(m.config, 1, m.dtype)
-        leaf_of = None
-        for d in range(1, ctx.shape[1] + 1):
-            prefixes, inverse = np.unique(ctx[:, :d], axis=0, return_inverse=True)
-            if d == 1:
-                pidx = np.zeros(len(prefixes), np.int64)
-            else:
-                # Every prefix of depth d - 1 has a child, so the unique parents are
-                # exactly the previous level, in the same (lexicographic) order.
-                _, pidx = np.unique(prefixes[:, :-1], axis=0, return_inverse=True)
-            pidx = pidx.reshape(-1)
-            seg = prefixes[:, -1]
-            first = d == 1
-            B = self._micro_batch(len(prefixes), lens[d])
-            level = self._level(round_up(len(prefixes), B), lens[d])
-            for s in range(0, len(prefixes), B):
-                sl = slice(s, s + B)
-                real = len(seg[sl])
-                idx = np.zeros(B, np.int32)
-                idx[:real] = pidx[sl]
-                demo = np.full(B, seg[s])  # filler rows repeat a real one, land in padding rows
-                demo[:real] = seg[sl]
-                tokens, valid = segs.batch(demo, first)
-                rows = _gather_rows(parent, self._put_idx(idx))
-                seg_kv = _grow(m._graphdef, m._state, rows, self._put_idx(tokens), self._put_idx(valid))
-                level = _write_rows(level, rows, seg_kv, np.int32(s))
-                del rows, seg_kv
-                st.calls += 1
-                st.tokens += int(segs.lengths(first)[seg[sl]].sum())
-                st.padded_tokens += B * segs.T
-            st.nodes += len(prefixes)
-            parent = level
-            leaf_of = inverse.reshape(-1)
-        return parent, leaf_of
-
-    def _run_queries(self, cache, groups: QueryGroups, qt: "_QueryTable", S, rows_arg, seq, out, bar):
-        """Score every group of <= G query rows against its leaf of ``cache`` and
-        write the real rows into ``out``; each batch's result is fetched after the
-        next batch has been dispatched."""
-        m, st = self.model, self.stats
-        G = groups.rows.shape[1]
-        Bc = self._micro_batch(len(groups.leaf), S + G * qt.T)
         pending = None
 
         def collect(p):
-            res, keep, dest = p
-            res = to_host(res)[keep]  # blocks only on an earlier batch
-            out[dest] = res
-            st.query_rows += len(dest)
+            res, dest = p
+            res = to_host(res)[:len(dest)]  # blocks only on an earlier call
+            if seq:
+                np.add.at(out, dest, res)
+            else:
+                out[dest] = res
+            job = np.searchsorted(offsets, dest, side="right") - 1
+            np.subtract.at(left, job, 1)
+            for j in np.unique(job):
+                if left[j] == 0:
+                    finished(int(j))
             if bar is not None:
-                bar.update(len(dest))
-                bar.set_postfix(tokens=st.tokens, refresh=False)
+                bar.update(len(np.unique(dest)))
 
-        for sel, real, T in query_batches(groups, Bc, qt.T):
-            rows = groups.rows[sel].reshape(-1)
-            keep = (groups.keep[sel] & real[:, None]).reshape(-1)
-            tokens, valid, g, t, msk = qt.batch(rows, T)
-            put = self._put_idx
-            ctx_rows = _gather_rows(cache, put(groups.leaf[sel].astype(np.int32)))
-            res = _score_cached(m._graphdef, m._state, ctx_rows, put(tokens), put(valid), put(g),
-                                put(t), put(msk), rows_arg, sequence=seq)
-            del ctx_rows
-            st.calls += 1
-            st.tokens += int(qt.length[rows[keep]].sum())
-            st.padded_tokens += len(rows) * T
-            if pending is not None:
-                collect(pending)
-            pending = (res, keep, groups.dest[sel].reshape(-1)[keep])
+        for ci, ch in enumerate(sched.trie):
+            parent = empty_cache(m.config, 1, m.dtype)
+            for stage in sched.chunks[ci]:
+                d = stage.depth
+                level = self._level(ch.nodes(d), sched.level_len[d]) if d <= ch.depth else None
+                for r0 in range(0, stage.rows, sched.shape.B):
+                    a = call_arrays(tok, sched.shape, stage, r0)
+                    put, rep = m._put, m._rows
+                    cache, cslot = _gather_slots(parent, put(a["idx"]), S=stage.S)
+                    res, kv = _packed(m._graphdef, m._state, cache, cslot, put(a["tokens"]),
+                                      put(a["positions"]), put(a["valid"]), put(a["segment"]),
+                                      put(a["slot"]), rep(a["readout"]), rep(a["targets"]),
+                                      rows_arg, sequence=seq)
+                    del cache
+                    if a["n_children"]:
+                        level = _write_children(level, parent, kv, rep(a["child"]), rep(a["parent_row"]),
+                                                rep(a["start"]), rep(a["length"]))
+                    del kv
+                    st.calls += 1
+                    st.tokens += a["tokens_real"]
+                    st.padded_tokens += a["tokens"].size
+                    st.query_rows += a["query_rows"]
+                    if pending is not None:
+                        collect(pending)
+                    pending = (res, a["dest"]) if len(a["dest"]) else None
+                if level is not None:
+                    st.nodes += ch.nodes(d)
+                    parent = level
         if pending is not None:
             collect(pending)
-
-
-class _SegmentTable:
-    """Every demonstration's segment packed once: ``[k, T]`` with and without BOS
-    (the first level of the trie carries it). Batches are row lookups."""
-
-    def __init__(self, pieces: PromptPieces, T: int, side: str):
-        k = len(pieces.demos)
-        self.T = T
-        rows = [list(pieces.bos) + pieces.segment(j) for j in range(k)] + \
-            [pieces.segment(j) for j in range(k)]
-        self.tokens, self.valid, _ = _pack(rows, T, side)
-        self._len = np.asarray([len(r) for r in rows], np.int64)
-        self.k = k
-
-    def batch(self, demo, first: bool):
-        r = demo + (0 if first else self.k)
-        return self.tokens[r], self.valid[r]
-
-    def lengths(self, first: bool):
-        return self._len[:self.k] if first else self._len[self.k:]
-
-
-class _QueryTable:
-    """Every query row packed once (row q * nr + j: query q, label j in sequence
-    mode): tokens, valid ``[R, T]``, gather offsets, targets and their mask
-    ``[R, P]``. Batches are row lookups."""
-
-    def __init__(self, pieces: PromptPieces, mode: str, T: int, P: int, side: str):
-        rows, gathers, targets = query_rows(pieces, mode, range(len(pieces.queries)))
-        self.T, self.side = T, side
-        self.tokens, self.valid, start = _pack(rows, T, side)
-        self.gather, self.targets, self.mask = _gather_arrays(gathers, targets, start, P)
-        self.length = np.asarray([len(r) for r in rows], np.int64)
-
-    def batch(self, rows, T: int | None = None):
-        """The rows, cut to ``T`` columns (every row in the batch fits)."""
-        T = self.T if T is None else T
-        cut = self.T - T
-        if self.side == "right":
-            cols = slice(0, T)
-            g = self.gather[rows]
-        else:  # left padding: the real tokens are the last columns
-            cols = slice(cut, self.T)
-            g = np.where(self.mask[rows], self.gather[rows] - cut, 0)
-        return (self.tokens[rows, cols], self.valid[rows, cols], g, self.targets[rows],
-                self.mask[rows])
 
 
 def flat_length(n: int) -> int:

@@ -1,0 +1,437 @@
+"""The scoring engine's packed schedule, on the host with NumPy (no model, nothing on a
+device): which tokens each forward call of :class:`sc_jax.scoring.ScoringEngine`
+runs, where they sit, and what the call costs. :mod:`sc_jax.plan` replays the same
+schedule for a whole run.
+
+Several scoring jobs (one (contexts, pairs) each: the surrogate sizes, the test-time
+sizes and the baselines of one seed) are scored together: every context of every job
+is a path in ONE prefix trie (a prefix shared by two jobs, such as the full context of
+Base, CC and DC, is computed once), grown depth by depth. Stage d continues the nodes
+of depth d - 1 (depth 0: the empty root) with two kinds of items:
+
+* a segment: one demonstration appended to a node, making a node of depth d (the
+  depth-1 segments carry the BOS token);
+* a query row: a query (with the label's tokens before the last one, in sequence
+  mode) after a context of d - 1 demonstrations, read out at its label positions.
+
+Items are packed into rows of ``W`` tokens, as packed training does: a row holds
+several items end to end; each item attends to its own tokens (causally) and to the
+cached keys of its own node. A row's cache holds up to ``m`` nodes side by side
+(slots), so the items of nodes with few items share rows; a node with many items
+(a test-time context and its hundreds of queries) fills rows of its own. ``B`` rows
+make one call. The padding left is the end of each row and the rows of each stage's
+last call: with ``W`` a few times the longest item and a few dozen calls per stage,
+a few percent of the unique tokens.
+
+Shapes: every call of a schedule has the same ``B``, ``W``, ``m`` and ``R`` (readouts
+per call); the cache length ``S`` is the stage's level length rounded up to a power of
+two (at least :data:`MIN_CACHE`). So one (dataset, k, seed) compiles one model
+program per distinct ``S``: four for k = 8 with demonstrations of up to 64 tokens.
+``W`` and ``m`` are chosen per schedule by a cost model in FLOPs
+(:func:`choose_shape`): dense work of the executed tokens, attention over the cached
+and packed keys, and a fixed cost per call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+#: Smallest cache length bucket (the root's stage reads an empty cache of this length).
+MIN_CACHE = 32
+#: Row widths and slot counts the cost model considers.
+WIDTHS = (128, 256, 512, 1024, 2048, 4096)
+SLOTS = (1, 2, 4, 8, 16)
+#: Fixed cost of one call, in executed-token equivalents (launch, weight reads): it
+#: keeps the cost model from choosing many tiny calls.
+CALL_OVERHEAD_TOKENS = 128
+
+
+def round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def pow2_at_least(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def cache_bucket(length: int) -> int:
+    """Padded cache length of a stage whose level holds ``length`` tokens per node."""
+    return max(MIN_CACHE, pow2_at_least(length))
+
+
+# ------------------------------------------------------------------ the trie of several jobs
+@dataclasses.dataclass
+class Chunk:
+    """The trie of the contexts of one chunk, depth by depth.
+
+    ``demo[d]``, ``parent[d]``, ``length[d]``: per node of depth d (1..D), its last
+    demonstration, its parent's index at depth d - 1 (0: the root) and its real
+    tokens (BOS included); depth 0 is the root (one node, 0 tokens).
+    ``queries[d]``: the query rows after the nodes of depth d, as (node [n], query row
+    [n], output index [n]), output index into the concatenation of every job's rows.
+    """
+
+    demo: list[np.ndarray]
+    parent: list[np.ndarray]
+    length: list[np.ndarray]
+    queries: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]
+
+    @property
+    def depth(self) -> int:
+        return len(self.demo) - 1
+
+    def nodes(self, d: int) -> int:
+        return len(self.demo[d])
+
+
+def _padded_contexts(jobs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every job's contexts in one ``[M, D]`` array (-1 past a context's end), their
+    sizes ``[M]`` and the offset of each job's first context."""
+    D = max(int(np.asarray(c).shape[1]) for c, _ in jobs)
+    parts, sizes, offs, n = [], [], [], 0
+    for ctx, _ in jobs:
+        ctx = np.asarray(ctx, np.int64)
+        p = np.full((len(ctx), D), -1, np.int64)
+        p[:, :ctx.shape[1]] = ctx
+        parts.append(p)
+        sizes.append(np.full(len(ctx), ctx.shape[1], np.int64))
+        offs.append(n)
+        n += len(ctx)
+    return np.concatenate(parts), np.concatenate(sizes), np.asarray(offs, np.int64)
+
+
+def _new_nodes(sorted_ctx: np.ndarray) -> np.ndarray:
+    """``[M, D]`` bool: context r (sorted) creates a new node at depth d + 1 (its
+    prefix differs from the previous context's there, and it is that long)."""
+    M, D = sorted_ctx.shape
+    real = sorted_ctx >= 0
+    if M == 0:
+        return real
+    diff = np.ones((M, D), bool)
+    diff[1:] = np.cumsum(sorted_ctx[1:] != sorted_ctx[:-1], axis=1) > 0
+    return diff & real
+
+
+def chunk_bounds(sorted_ctx: np.ndarray, level_len, max_cache_tokens: int) -> list[tuple[int, int]]:
+    """Cut the sorted contexts into runs whose every trie level fits
+    ``max_cache_tokens`` (nodes x level length; a level and its parent are alive
+    together, and the engine's budget counts each)."""
+    new = _new_nodes(sorted_ctx).astype(np.int64)
+    cum = np.vstack([np.zeros((1, new.shape[1]), np.int64), np.cumsum(new, axis=0)])
+    per = np.asarray(level_len[1:], np.int64)
+    real = sorted_ctx >= 0
+    M = len(sorted_ctx)
+    out, s = [], 0
+    while s < M:
+        def fits(e):  # contexts s..e-1: the first one creates every node of its own
+            counts = cum[e] - cum[s] - new[s] + real[s]
+            return int((counts * per).max()) <= max_cache_tokens
+        lo, hi = s + 1, M  # the largest e with fits(e); one context always runs
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if fits(mid):
+                lo = mid
+            else:
+                hi = mid - 1
+        out.append((s, lo))
+        s = lo
+    return out
+
+
+def build_chunks(jobs, nr: int, seg_len: np.ndarray, n_bos: int, level_len,
+                 max_cache_tokens: int) -> list[Chunk]:
+    """The chunks of the union trie of ``jobs`` (each ``(contexts [M_j, i_j], pairs
+    [N_j, 2])``). Output index of job j's pair r, label row t: ``offset_j + r * nr + t``
+    with ``offset_j`` the rows of the jobs before it."""
+    ctx, sizes, ctx_off = _padded_contexts(jobs)
+    order = np.lexsort(ctx.T[::-1])
+    sorted_ctx = ctx[order]
+    rank = np.empty(len(order), np.int64)
+    rank[order] = np.arange(len(order))
+    # Every pair as (global context, query row, output index).
+    gc, qrow, dest, row_off = [], [], [], 0
+    for (c, pairs), off in zip(jobs, ctx_off):
+        pairs = np.asarray(pairs, np.int64).reshape(-1, 2)
+        t = np.tile(np.arange(nr), len(pairs))
+        gc.append(np.repeat(pairs[:, 0] + off, nr))
+        qrow.append(np.repeat(pairs[:, 1], nr) * nr + t)
+        dest.append(row_off + np.arange(len(pairs) * nr))
+        row_off += len(pairs) * nr
+    gc, qrow, dest = (np.concatenate(x) if x else np.zeros(0, np.int64) for x in (gc, qrow, dest))
+    pos = rank[gc]  # sorted position of each row's context
+    by_ctx = np.argsort(pos, kind="stable")
+    pos, qrow, dest = pos[by_ctx], qrow[by_ctx], dest[by_ctx]
+    chunks = []
+    for s, e in chunk_bounds(sorted_ctx, level_len, max_cache_tokens):
+        part = sorted_ctx[s:e]
+        new = _new_nodes(part)
+        node_of = np.cumsum(new, axis=0) - 1  # [C, D]: node index at each depth
+        demo, parent, length = [np.zeros(1, np.int64)], [np.zeros(1, np.int64)], [np.zeros(1, np.int64)]
+        for d in range(part.shape[1]):
+            rows = np.flatnonzero(new[:, d])
+            if rows.size == 0:
+                break
+            demo.append(part[rows, d])
+            parent.append(node_of[rows, d - 1] if d else np.zeros(rows.size, np.int64))
+            length.append(length[-1][parent[-1]] + seg_len[part[rows, d]] + (n_bos if d == 0 else 0))
+        lo, hi = np.searchsorted(pos, [s, e])
+        local = pos[lo:hi] - s
+        size = (part[local] >= 0).sum(1)
+        queries = {}
+        for d in np.unique(size):
+            sel = size == d
+            queries[int(d)] = (node_of[local[sel], d - 1], qrow[lo:hi][sel], dest[lo:hi][sel])
+        chunks.append(Chunk(demo, parent, length, queries))
+    return chunks
+
+
+# ------------------------------------------------------------------ packing
+@dataclasses.dataclass
+class Stage:
+    """The items of one stage (continuing the nodes of depth ``depth - 1``), packed.
+
+    Per item, in packed order: ``kind`` (0 segment, 1 query row), ``ref`` (the demo,
+    or the query row), ``length``, ``row``, ``off`` (first column), ``slot``,
+    ``start`` (rotary position of its first token), ``node`` (segment: the node it
+    makes at depth ``depth``; query row: -1), ``dest`` (query row: output index;
+    segment: -1), ``cache`` (the node of depth ``depth - 1`` it continues).
+    ``slot_nodes``: ``[rows, m]`` the node in each row's slots (0 where unused).
+    """
+
+    depth: int
+    S: int
+    kind: np.ndarray
+    ref: np.ndarray
+    length: np.ndarray
+    row: np.ndarray
+    off: np.ndarray
+    slot: np.ndarray
+    start: np.ndarray
+    node: np.ndarray
+    dest: np.ndarray
+    cache: np.ndarray
+    slot_nodes: np.ndarray
+
+    @property
+    def rows(self) -> int:
+        return len(self.slot_nodes)
+
+
+def stage_items(chunk: Chunk, d: int, seg_len, qlen, n_bos: int):
+    """The items of stage d of ``chunk``, sorted by the node they continue: (kind,
+    ref, length, cache node, start position, node, dest)."""
+    parts = []
+    if d <= chunk.depth:
+        n = chunk.nodes(d)
+        demo, par = chunk.demo[d], chunk.parent[d]
+        ln = seg_len[demo] + (n_bos if d == 1 else 0)
+        parts.append((np.zeros(n, np.int64), demo, ln, par, chunk.length[d - 1][par],
+                      np.arange(n), np.full(n, -1)))
+    if d - 1 in chunk.queries:
+        node, qrow, dest = chunk.queries[d - 1]
+        parts.append((np.ones(len(node), np.int64), qrow, qlen[qrow], node,
+                      chunk.length[d - 1][node], np.full(len(node), -1), dest))
+    if not parts:
+        return None
+    cols = [np.concatenate([p[j] for p in parts]).astype(np.int64) for j in range(7)]
+    order = np.argsort(cols[3], kind="stable")
+    return [c[order] for c in cols]
+
+
+def pack(length: np.ndarray, cache: np.ndarray, W: int, m: int):
+    """Next-fit packing of items (in order) into rows of ``W`` tokens with at most
+    ``m`` distinct cache nodes per row. Returns (row, off, slot) per item and the
+    nodes of each row's slots ``[rows, m]``."""
+    n = len(length)
+    row = np.empty(n, np.int64)
+    off = np.empty(n, np.int64)
+    slot = np.empty(n, np.int64)
+    slots: list[list[int]] = []
+    r, o, used, last = -1, W, m, -1
+    L, C = length.tolist(), cache.tolist()
+    for j in range(n):
+        ln, c = L[j], C[j]
+        if o + ln > W or (c != last and used == m):
+            r += 1
+            o, used, last = 0, 0, -1
+            slots.append([])
+        if c != last:
+            slots[r].append(c)
+            used += 1
+            last = c
+        row[j], off[j], slot[j] = r, o, used - 1
+        o += ln
+    nodes = np.zeros((len(slots), m), np.int64)
+    for i, s in enumerate(slots):
+        nodes[i, :len(s)] = s
+    return row, off, slot, nodes
+
+
+def pack_stage(items, d: int, S: int, W: int, m: int) -> Stage:
+    kind, ref, length, cache, start, node, dest = items
+    row, off, slot, nodes = pack(length, cache, W, m)
+    return Stage(d, S, kind, ref, length, row, off, slot, start, node, dest, cache, nodes)
+
+
+def count_rows(length: np.ndarray, cache: np.ndarray, W: int, m: int) -> int:
+    """Rows :func:`pack` makes (without building its arrays)."""
+    rows, o, used, last = 0, W, m, -1
+    for ln, c in zip(length.tolist(), cache.tolist()):
+        if o + ln > W or (c != last and used == m):
+            rows += 1
+            o, used, last = 0, 0, -1
+        if c != last:
+            used += 1
+            last = c
+        o += ln
+    return rows
+
+
+# ------------------------------------------------------------------ shapes and costs
+@dataclasses.dataclass(frozen=True)
+class PackShape:
+    """The shape every call of a schedule shares: ``B`` rows of ``W`` tokens, ``m``
+    cache slots per row, ``R`` readouts, ``C`` children written per call."""
+
+    B: int
+    W: int
+    m: int
+    R: int = 0
+    C: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class CostModel:
+    """FLOPs of a call: ``token`` per executed token (2 x non-embedding parameters),
+    ``key`` per (token, attended key) (4 x L x H x Dh: q.k and p.v), and a fixed
+    ``call`` cost."""
+
+    token: float
+    key: float
+    call: float
+
+    @classmethod
+    def of(cls, config) -> "CostModel":
+        c = config
+        nonembed = c.num_params() - c.vocab_size * c.hidden_size * (1 if c.tie_word_embeddings else 2)
+        token = 2.0 * nonembed
+        return cls(token, 4.0 * c.num_layers * c.num_heads * c.head_dim,
+                   CALL_OVERHEAD_TOKENS * token)
+
+    def call_flops(self, B: int, W: int, m: int, S: int) -> float:
+        """One packed call: dense work of B x W tokens, attention over m x S cached
+        and W packed keys per token (masked keys are computed too)."""
+        return B * W * (self.token + self.key * (m * S + W)) + self.call
+
+
+def stage_lengths(level_len) -> list[int]:
+    """Cache bucket of every stage d = 1..D+1 (stage d reads level d - 1)."""
+    return [cache_bucket(level_len[d - 1]) for d in range(1, len(level_len) + 1)]
+
+
+def choose_shape(stage_items_list, buckets, cost: CostModel, *, max_tokens: int,
+                 n_devices: int = 1, temp_ok=None) -> tuple[PackShape, float]:
+    """The (B, W, m) of least modelled FLOPs for these stages (``stage_items_list``:
+    per stage its items' (length, cache node, stage index)). ``max_tokens`` caps B x W
+    (at least one row); ``temp_ok(B, W, m)``: whether a call of that shape fits the
+    memory budget. Returns the shape and its cost."""
+    longest = max((int(it[0].max()) for it in stage_items_list if len(it[0])), default=1)
+    best = None
+    for W in [w for w in WIDTHS if w >= longest] or [pow2_at_least(longest)]:
+        for m in SLOTS:
+            rows = [(count_rows(ln, c, W, m), bucket) for ln, c, bucket in stage_items_list]
+            for b in _batch_choices(max(max_tokens // W, 1), n_devices):
+                if temp_ok is not None and not temp_ok(b, W, m):
+                    break
+                total = sum(-(-r // b) * cost.call_flops(b, W, m, S) for r, S in rows if r)
+                if best is None or total < best[1]:
+                    best = (PackShape(b, W, m), total)
+    if best is None:  # nothing fits the budget: the smallest shape, for the error message
+        W = [w for w in WIDTHS if w >= longest][0] if longest <= WIDTHS[-1] else pow2_at_least(longest)
+        return PackShape(n_devices, W, 1), float("inf")
+    return best
+
+
+def _batch_choices(max_rows: int, n_devices: int):
+    """Rows per call: n_devices x powers of two, up to ``max_rows`` (at least one
+    row per device)."""
+    b = n_devices
+    while True:
+        yield b
+        b *= 2
+        if b > max_rows:
+            return
+
+
+# ------------------------------------------------------------------ the whole schedule
+@dataclasses.dataclass
+class Schedule:
+    """Every call of one engine call: ``shape``, per chunk its stages (packed), the
+    level lengths ``level_len`` (tokens per node at each depth, padded) and the
+    count of output rows ``n_out``."""
+
+    shape: PackShape
+    level_len: tuple[int, ...]
+    chunks: list[list[Stage]]
+    trie: list[Chunk]
+    n_out: int
+
+    def calls(self):
+        """(chunk index, stage, first row) of every call, in order."""
+        B = self.shape.B
+        for ci, stages in enumerate(self.chunks):
+            for st in stages:
+                for r0 in range(0, st.rows, B):
+                    yield ci, st, r0
+
+    @property
+    def programs(self) -> set[int]:
+        """Distinct model programs: one per cache bucket used."""
+        return {st.S for stages in self.chunks for st in stages}
+
+
+def level_lengths(seg_max: int, depth: int) -> tuple[int, ...]:
+    """Tokens per node of each level, padded: level d holds its parent's row and one
+    segment slot of ``seg_max`` tokens, rounded up to a multiple of 32."""
+    lens = [0]
+    for _ in range(depth):
+        lens.append(round_up(lens[-1] + seg_max, 32))
+    return tuple(lens)
+
+
+def build_schedule(jobs, *, nr: int, seg_len, n_bos: int, qlen, readouts, cost: CostModel,
+                   max_tokens: int, max_cache_tokens: int, n_devices: int = 1,
+                   temp_ok=None) -> Schedule:
+    """The packed schedule of ``jobs`` (see the module docstring).
+
+    seg_len ``[k]``: tokens of each demonstration's segment (no BOS); qlen ``[Rq]``:
+    tokens of each query row; readouts ``[Rq]``: positions read out per query row;
+    ``max_tokens``: cap on B x W; ``max_cache_tokens``: tokens of one trie level.
+    """
+    seg_len = np.asarray(seg_len, np.int64)
+    qlen = np.asarray(qlen, np.int64)
+    depth = max(int(np.asarray(c).shape[1]) for c, _ in jobs)
+    seg_max = int(seg_len.max()) + n_bos
+    level_len = level_lengths(seg_max, depth)
+    buckets = stage_lengths(level_len)
+    trie = build_chunks(jobs, nr, seg_len, n_bos, level_len, max_cache_tokens)
+    items = [[stage_items(ch, d, seg_len, qlen, n_bos) for d in range(1, depth + 2)] for ch in trie]
+    flat = [(it[2], it[3], buckets[d]) for per in items for d, it in enumerate(per) if it is not None]
+    shape, _ = choose_shape(flat, buckets, cost, max_tokens=max_tokens, n_devices=n_devices,
+                            temp_ok=temp_ok)
+    chunks = [[pack_stage(it, d + 1, buckets[d], shape.W, shape.m)
+               for d, it in enumerate(per) if it is not None] for per in items]
+    R = C = 1
+    readouts = np.asarray(readouts, np.int64)
+    for stages in chunks:
+        for st in stages:
+            for r0 in range(0, st.rows, shape.B):
+                sel = (st.row >= r0) & (st.row < r0 + shape.B)
+                q = sel & (st.kind == 1)
+                R = max(R, int(readouts[st.ref[q]].sum()))
+                C = max(C, int((sel & (st.kind == 0)).sum()))
+    shape = dataclasses.replace(shape, R=round_up(R, 8), C=round_up(C, 8))
+    n_out = sum(len(np.asarray(p).reshape(-1, 2)) for _, p in jobs) * nr
+    return Schedule(shape, level_len, chunks, trie, n_out)
