@@ -67,6 +67,11 @@ def _workload(pkg, model, k: int, n_test: int, seed: int):
     return pieces, jobs
 
 
+#: The engine's model programs: the packed engine's one, and the older engines' two
+#: (growth and query calls), for ``--before``.
+PROGRAMS = ("_packed", "_grow", "_score_cached")
+
+
 class _Recorder:
     """Wraps the engine module's jitted functions; records each call's arguments."""
 
@@ -124,14 +129,14 @@ def measure(pkg, source: str, dtype: str, k: int, n_test: int, repeats: int, see
     walls, devs, calls = [], [], 0
     outs = None
     for _ in range(repeats):
-        with _Recorder(scoring, ("_grow", "_score_cached", "_empty_level", "_gather_rows",
-                                 "_write_rows")) as rec:
+        with _Recorder(scoring, PROGRAMS + ("_empty_level", "_gather_rows", "_write_rows",
+                                            "_gather_slots", "_write_children")) as rec:
             t = time.perf_counter()
             outs = [eng.score(pieces, ctx, pairs) for _, ctx, pairs in jobs]
             walls.append(time.perf_counter() - t)
         # Forward calls: the model programs (gathers, writes and level allocations,
         # where the engine has them, are replayed too but not counted).
-        model_programs = {rec.orig[n] for n in ("_grow", "_score_cached")}
+        model_programs = {rec.orig[n] for n in PROGRAMS if n in rec.orig}
         calls = sum(1 for c in rec.calls if c[0] in model_programs)
         devs.append(min(_replay(rec.calls) for _ in range(2)))
         del rec

@@ -102,17 +102,28 @@ class ScoreCache:
             Path(tmp).unlink(missing_ok=True)
             raise
 
+    def cached(self, key: str) -> np.ndarray | None:
+        """The entry ``key`` or None, counted as a hit or a miss; in a multi-process
+        run process 0 reads it and every process gets what it read."""
+        arr = from_writer(self.get(key) if is_writer() else None)
+        if arr is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+        return arr
+
+    def store(self, key: str, arr) -> None:
+        """Keep ``arr`` under ``key`` (process 0 writes; the others do nothing)."""
+        if is_writer():
+            self.put(key, np.asarray(arr))
+
     def get_or_compute(self, key: str, fn: Callable[[], np.ndarray]) -> np.ndarray:
         """The entry ``key``, or ``fn()`` stored under it. In a multi-process run
         process 0 alone reads and writes the directory and shares what it read, so
         every process takes the same branch (``fn`` runs collectives) and the other
         hosts need no copy of the cache."""
-        arr = from_writer(self.get(key) if is_writer() else None)
-        if arr is not None:
-            self.hits += 1
-            return arr
-        self.misses += 1
-        arr = np.asarray(fn())
-        if is_writer():
-            self.put(key, arr)
+        arr = self.cached(key)
+        if arr is None:
+            arr = np.asarray(fn())
+            self.store(key, arr)
         return arr

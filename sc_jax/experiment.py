@@ -57,12 +57,11 @@ from .objective import log_odds
 from .prompts import build_pieces
 from .report import write_report
 from .schedule import (
-    EngineShapes,
     PlanError,
     device_memory_bytes,
-    engine_shapes,
     host_memory_bytes,
-    plan_budgets,
+    plan_schedule,
+    weights_fit,
 )
 from .scoring import ScoringEngine, check_mode
 from .multihost import is_multiprocess, is_writer, on_writer, smallest
@@ -295,13 +294,13 @@ def _too_long(name, dataset, split, sj: SeedJobs, tag: str, r: int, n: int, limi
 
 
 def _memory_check(config: RunConfig, model_config, device: dict | None = None):
-    """A function ``(pieces, contexts, pairs)`` that raises :class:`PlanError` where
-    the engine's memory plan (:func:`sc_jax.schedule.plan_budgets`, as
-    :class:`ScoringEngine` makes it) cannot fit one context of that job in the
-    budget; None where the run gives ``max_tokens_per_batch`` (the engine then plans
-    nothing). The weights alone not fitting raise here, once. ``device``: the
-    keywords ``budget_bytes``, ``n_devices``, ``model_shards``, ``platform`` of
-    ``plan_budgets`` (default: this run's devices, as the engine sees them)."""
+    """A function ``(pieces, jobs)`` that raises :class:`PlanError` where the
+    engine's packed schedule of one seed's jobs (:func:`sc_jax.schedule.plan_schedule`,
+    as :class:`ScoringEngine` makes it) cannot fit the budget; None where the run
+    gives ``max_tokens_per_batch`` (the engine then derives nothing). The weights alone
+    not fitting raise here, once. ``device``: the keywords ``budget_bytes``,
+    ``n_devices``, ``model_shards``, ``platform`` of ``plan_schedule`` (default: this
+    run's devices, as the engine sees them)."""
     if config.max_tokens_per_batch is not None:
         return None
     dtype = loading.DTYPES[config.dtype]
@@ -309,15 +308,16 @@ def _memory_check(config: RunConfig, model_config, device: dict | None = None):
                                                                       or host_memory_bytes()),
                     "n_devices": config.mesh_devices or 1,
                     "model_shards": config.mesh_model, "platform": jax.default_backend()}
-    nr = 1 if config.mode == "first_token" else None
+    # A real limit is one the device reports or the user gives (the host's memory
+    # on a CPU is not checked, as in the engine).
+    enforce = bool(device) or config.device_memory is not None or device_memory_bytes() is not None
 
-    def check(pieces, ctx, pairs):
-        rows = nr or len(pieces.labels)
-        G = int(min(64, np.bincount(pairs[:, 0], minlength=len(ctx)).max() * rows))
-        plan_budgets(model_config, dtype, engine_shapes(pieces, ctx.shape[1], config.mode), G=G, **kw)
+    def check(pieces, jobs):
+        plan_schedule(model_config, dtype, pieces, list(jobs.values()), config.mode,
+                      enforce=enforce, **kw)
 
     # The weights are the same for every job: their error names no dataset or seed.
-    plan_budgets(model_config, dtype, EngineShapes(8, 8, 1, (0, 32)), G=1, **kw)
+    weights_fit(model_config, dtype, kw["budget_bytes"], kw.get("model_shards", 1))
     return check
 
 
@@ -358,12 +358,12 @@ def check_run(config: RunConfig, model_config, tokenizer, datasets: dict, *,
                     r = int(lengths.argmax())
                     if lengths[r] > limit:
                         raise ValueError(_too_long(name, ds, split, sj, tag, r, int(lengths[r]), limit))
-                    if memory is not None:
-                        try:
-                            memory(sj.pieces, ctx, pairs)
-                        except PlanError as e:
-                            raise PlanError(f"{name}, k={k}, seed {seed}, {_stage(tag)}: {e}") from None
                     worst = max(worst, (int(lengths[r]), seed), key=lambda w: w[0])
+                if memory is not None:
+                    try:
+                        memory(sj.pieces, sj.jobs)
+                    except PlanError as e:
+                        raise PlanError(f"{name}, k={k}, seed {seed}: {e}") from None
             out.append({"dataset": name, "k": k, "skipped": False, "longest_prompt": worst[0],
                         "longest_seed": worst[1], "context_window": limit})
     if all(s["skipped"] for s in out):
@@ -382,17 +382,31 @@ def score_seed(model, engine, cache, dataset, split, config: RunConfig, k: int, 
     prompts, and whether they came from the cache or how long scoring took."""
     sj = seed_jobs(model.tokenizer, dataset, split, config, k)
     pieces = sj.pieces
+    keys = {tag: score_key(model.identity, config.mode, pieces, ctx, pairs, extra=tag)
+            for tag, (ctx, pairs) in sj.jobs.items()}
+    got = {tag: cache.cached(key) for tag, key in keys.items()}
+    missing = {tag: sj.jobs[tag] for tag, arr in got.items() if arr is None}
+    if label:
+        for tag in got:
+            if tag not in missing:
+                log.info("%s %s: %d prompts, from the cache", label, _stage(tag), len(sj.jobs[tag][1]))
+    if missing:
+        # Every missing job of the seed in one engine call (one trie, packed calls);
+        # each is stored as soon as its last query is scored, so an interrupted run
+        # keeps the jobs that finished.
+        t = time.perf_counter()
+
+        def done(tag, arr):
+            cache.store(keys[tag], arr)
+            got[tag] = arr
+            if label:
+                log.info("%s %s: %d prompts, scored (%.1f s into the seed's scoring)", label,
+                         _stage(tag), len(sj.jobs[tag][1]), time.perf_counter() - t)
+
+        engine.score_jobs(pieces, missing, config.mode, on_done=done)
 
     def scored(tag):
-        ctx, pairs = sj.jobs[tag]
-        key = score_key(model.identity, config.mode, pieces, ctx, pairs, extra=tag)
-        t, hits = time.perf_counter(), cache.hits
-        out = cache.get_or_compute(key, lambda: engine.score(pieces, ctx, pairs, config.mode))
-        if label:
-            how = "from the cache" if cache.hits > hits else \
-                f"scored in {time.perf_counter() - t:.1f} s"
-            log.info("%s %s: %d prompts, %s", label, _stage(tag), len(pairs), how)
-        return out
+        return got[tag]
 
     base, cc, dc = scored("base"), scored("cc"), scored("dc")
     surrogate, test = {}, {}

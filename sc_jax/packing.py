@@ -24,9 +24,9 @@ last call: with ``W`` a few times the longest item and a few dozen calls per sta
 a few percent of the unique tokens.
 
 Shapes: every call of a schedule has the same ``B``, ``W``, ``m`` and ``R`` (readouts
-per call); the cache length ``S`` is the stage's level length rounded up to a power of
-two (at least :data:`MIN_CACHE`). So one (dataset, k, seed) compiles one model
-program per distinct ``S``: four for k = 8 with demonstrations of up to 64 tokens.
+per call); the cache length ``S`` is the stage's level length rounded up on a fixed grid
+(:func:`cache_bucket`). So one (dataset, k, seed) compiles one model program per
+distinct ``S``: six for k = 8 with demonstrations of up to 64 tokens.
 ``W`` and ``m`` are chosen per schedule by a cost model in FLOPs
 (:func:`choose_shape`): dense work of the executed tokens, attention over the cached
 and packed keys, and a fixed cost per call.
@@ -57,8 +57,13 @@ def pow2_at_least(n: int) -> int:
 
 
 def cache_bucket(length: int) -> int:
-    """Padded cache length of a stage whose level holds ``length`` tokens per node."""
-    return max(MIN_CACHE, pow2_at_least(length))
+    """Padded cache length of a stage whose level holds ``length`` tokens per node:
+    the next of 32, 48, 64, 96, 128, 192, ... (powers of two and 1.5 times them).
+    A fixed grid, so that seeds with demonstrations of similar lengths share their
+    programs; its steps pad the cache by at most 1.5x (attention over cached keys is
+    a small share of a call's FLOPs, but not nothing for a small model)."""
+    p = max(MIN_CACHE, pow2_at_least(length))
+    return p * 3 // 4 if p * 3 // 4 >= max(length, MIN_CACHE) else p
 
 
 # ------------------------------------------------------------------ the trie of several jobs
@@ -245,6 +250,8 @@ def pack(length: np.ndarray, cache: np.ndarray, W: int, m: int):
     ``m`` distinct cache nodes per row. Returns (row, off, slot) per item and the
     nodes of each row's slots ``[rows, m]``."""
     n = len(length)
+    if n and int(length.max()) > W:
+        raise ValueError(f"an item of {int(length.max())} tokens does not fit a row of {W}")
     row = np.empty(n, np.int64)
     off = np.empty(n, np.int64)
     slot = np.empty(n, np.int64)
@@ -327,8 +334,13 @@ class CostModel:
 
 
 def stage_lengths(level_len) -> list[int]:
-    """Cache bucket of every stage d = 1..D+1 (stage d reads level d - 1)."""
-    return [cache_bucket(level_len[d - 1]) for d in range(1, len(level_len) + 1)]
+    """Cache bucket of every stage d = 1..D+1 (stage d reads level d - 1). The first
+    stage reads the empty root: it takes the next stage's bucket (one program fewer;
+    it runs only the k depth-1 segments)."""
+    out = [cache_bucket(level_len[d - 1]) for d in range(1, len(level_len) + 1)]
+    if len(out) > 1:
+        out[0] = out[1]
+    return out
 
 
 def choose_shape(stage_items_list, buckets, cost: CostModel, *, max_tokens: int,
@@ -403,12 +415,14 @@ def level_lengths(seg_max: int, depth: int) -> tuple[int, ...]:
 
 def build_schedule(jobs, *, nr: int, seg_len, n_bos: int, qlen, readouts, cost: CostModel,
                    max_tokens: int, max_cache_tokens: int, n_devices: int = 1,
-                   temp_ok=None) -> Schedule:
+                   temp_ok=None, prefer: PackShape | None = None) -> Schedule:
     """The packed schedule of ``jobs`` (see the module docstring).
 
     seg_len ``[k]``: tokens of each demonstration's segment (no BOS); qlen ``[Rq]``:
     tokens of each query row; readouts ``[Rq]``: positions read out per query row;
     ``max_tokens``: cap on B x W; ``max_cache_tokens``: tokens of one trie level.
+    ``prefer``: the shape of an earlier schedule, kept where its items fit (R and C
+    only grow), so that the seeds and datasets of one run share their programs.
     """
     seg_len = np.asarray(seg_len, np.int64)
     qlen = np.asarray(qlen, np.int64)
@@ -419,11 +433,17 @@ def build_schedule(jobs, *, nr: int, seg_len, n_bos: int, qlen, readouts, cost: 
     trie = build_chunks(jobs, nr, seg_len, n_bos, level_len, max_cache_tokens)
     items = [[stage_items(ch, d, seg_len, qlen, n_bos) for d in range(1, depth + 2)] for ch in trie]
     flat = [(it[2], it[3], buckets[d]) for per in items for d, it in enumerate(per) if it is not None]
-    shape, _ = choose_shape(flat, buckets, cost, max_tokens=max_tokens, n_devices=n_devices,
-                            temp_ok=temp_ok)
+    longest = max((int(f[0].max()) for f in flat if len(f[0])), default=1)
+    if prefer is not None and prefer.W >= longest and prefer.B % n_devices == 0 \
+            and prefer.B * prefer.W <= max(max_tokens, prefer.W * n_devices) \
+            and (temp_ok is None or temp_ok(prefer.B, prefer.W, prefer.m)):
+        shape = prefer
+    else:
+        shape, _ = choose_shape(flat, buckets, cost, max_tokens=max_tokens, n_devices=n_devices,
+                                temp_ok=temp_ok)
     chunks = [[pack_stage(it, d + 1, buckets[d], shape.W, shape.m)
                for d, it in enumerate(per) if it is not None] for per in items]
-    R = C = 1
+    R, C = (shape.R, shape.C) if shape is prefer else (1, 1)
     readouts = np.asarray(readouts, np.int64)
     for stages in chunks:
         for st in stages:
@@ -432,6 +452,7 @@ def build_schedule(jobs, *, nr: int, seg_len, n_bos: int, qlen, readouts, cost: 
                 q = sel & (st.kind == 1)
                 R = max(R, int(readouts[st.ref[q]].sum()))
                 C = max(C, int((sel & (st.kind == 0)).sum()))
-    shape = dataclasses.replace(shape, R=round_up(R, 8), C=round_up(C, 8))
+    # Powers of two: seeds with texts of similar lengths share the programs.
+    shape = dataclasses.replace(shape, R=max(8, pow2_at_least(R)), C=max(8, pow2_at_least(C)))
     n_out = sum(len(np.asarray(p).reshape(-1, 2)) for _, p in jobs) * nr
     return Schedule(shape, level_len, chunks, trie, n_out)

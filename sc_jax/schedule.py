@@ -460,20 +460,10 @@ def level_peak_tokens(sched) -> int:
     return best
 
 
-def plan_schedule(config, dtype, pieces: PromptPieces, jobs, mode: str, *, budget_bytes: int,
-                  n_devices: int = 1, model_shards: int = 1, platform: str = "default",
-                  max_tokens_per_batch: int | None = None, max_cache_tokens: int | None = None,
-                  enforce: bool = True) -> Planned:
-    """The engine's packed schedule of ``jobs`` (``(contexts, pairs)`` each) within
-    ``budget_bytes`` per device. Knobs left as None are derived: one trie level may
-    hold half of what the weights and one call's share (:data:`ACTIVATION_SHARE`)
-    leave, and the call shape is the cheapest whose temporaries fit that share. Raises
-    :class:`PlanError`, naming the numbers, when the weights or one context with its
-    smallest call cannot fit, or (``enforce``) when the planned peak is over budget."""
-    from .packing import CostModel, build_schedule, cache_bucket, level_lengths
-
+def weights_fit(config, dtype, budget_bytes: int, model_shards: int = 1) -> int:
+    """Bytes of the weights per device; :class:`PlanError` where they leave nothing
+    of the budget (after :data:`RESERVE`)."""
     w = weight_bytes(config, dtype, model_shards)
-    kvb = kv_bytes_per_token(config, dtype, model_shards)
     usable = int(budget_bytes * (1 - RESERVE))
     gib = 2 ** 30
     if w >= usable:
@@ -481,7 +471,26 @@ def plan_schedule(config, dtype, pieces: PromptPieces, jobs, mode: str, *, budge
                         f"{usable / gib:.2f} GiB usable of a {budget_bytes / gib:.2f} GiB budget "
                         f"(after a {RESERVE:.0%} reserve); shard them over more devices or use a "
                         "smaller dtype")
-    avail = usable - w
+    return w
+
+
+def plan_schedule(config, dtype, pieces: PromptPieces, jobs, mode: str, *, budget_bytes: int,
+                  n_devices: int = 1, model_shards: int = 1, platform: str = "default",
+                  max_tokens_per_batch: int | None = None, max_cache_tokens: int | None = None,
+                  enforce: bool = True, prefer=None) -> Planned:
+    """The engine's packed schedule of ``jobs`` (``(contexts, pairs)`` each) within
+    ``budget_bytes`` per device. Knobs left as None are derived: one trie level may
+    hold half of what the weights and one call's share (:data:`ACTIVATION_SHARE`)
+    leave, and the call shape is the cheapest whose temporaries fit that share
+    (``prefer``: an earlier schedule's shape, kept where it fits). Raises
+    :class:`PlanError`, naming the numbers, when the weights or one context with its
+    smallest call cannot fit, or (``enforce``) when the planned peak is over budget."""
+    from .packing import CostModel, build_schedule, cache_bucket, level_lengths
+
+    w = weights_fit(config, dtype, budget_bytes, model_shards)
+    kvb = kv_bytes_per_token(config, dtype, model_shards)
+    gib = 2 ** 30
+    avail = int(budget_bytes * (1 - RESERVE)) - w
     share = ACTIVATION_SHARE * avail
     inputs = schedule_inputs(pieces, mode)
     depth = max(int(np.asarray(c).shape[1]) for c, _ in jobs)
@@ -505,7 +514,7 @@ def plan_schedule(config, dtype, pieces: PromptPieces, jobs, mode: str, *, budge
     temp_ok = None if max_tokens_per_batch else (lambda B, W, m: temp(B, W, m) <= share)
     sched = build_schedule(jobs, nr=len(pieces.labels) if seq else 1, cost=CostModel.of(config),
                            max_tokens=tokens, max_cache_tokens=cache, n_devices=n_devices,
-                           temp_ok=temp_ok, **inputs)
+                           temp_ok=temp_ok, prefer=prefer, **inputs)
     sh = sched.shape
     t = temp(sh.B, sh.W, sh.m, sh.R)
     levels = level_peak_tokens(sched) * kvb

@@ -420,6 +420,9 @@ class ScoringEngine:
         self.progress = progress
         self.stats = EngineStats()
         self.budgets = None  # the last call's plan (sc_jax.schedule.Budgets), when derived
+        # The call shape of the last schedule: later calls keep it where their items
+        # fit, so the seeds and datasets of a run share their compiled programs.
+        self._shape = None
 
     def _budget(self) -> tuple[int, bool]:
         """(bytes per device, whether it is a real limit to check against)."""
@@ -439,7 +442,8 @@ class ScoringEngine:
         sched = plan_schedule(m.config, m.dtype, pieces, jobs, mode, budget_bytes=budget,
                               n_devices=m.n_devices, model_shards=m.model_shards,
                               platform=jax.default_backend(), max_tokens_per_batch=self._tokens,
-                              max_cache_tokens=self._cache, enforce=enforce)
+                              max_cache_tokens=self._cache, enforce=enforce, prefer=self._shape)
+        self._shape = sched.schedule.shape
         self.budgets = sched.budgets
         self.max_tokens_per_batch = sched.budgets.max_tokens_per_batch
         self.max_cache_tokens = sched.budgets.max_cache_tokens

@@ -128,6 +128,59 @@ def test_cache_extend_equals_plain(checkpoints, name):
     assert np.abs(np.asarray(got2)[:4, 0] - plain2).max() <= 1e-5
 
 
+@pytest.mark.parametrize("name", ["llama_bias", "mistral_window", "qwen2"])
+def test_packed_row_equals_plain(checkpoints, name):
+    """Packed rows (sc_jax.model.Packing): four segments end to end in one row, two
+    after each of two cached prefixes laid side by side (slots, the shorter one
+    padded), give at every position the logits of that prefix + segment run alone
+    (sliding windows included: mistral_window's window of 5 is shorter than the
+    prompts)."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from sc_jax.model import KVCache, Packing
+
+    path, _ = checkpoints[name]
+    model = sc_jax.load_model(path)
+    dec = nnx.merge(model._graphdef, model._state)
+    rng = np.random.default_rng(2)
+    prefixes = [list(rng.integers(3, VOCAB, n)) for n in (9, 4)]
+    items = [(0, 3), (1, 5), (0, 6), (1, 1)]  # (slot, segment length)
+    segs = [list(rng.integers(3, VOCAB, n)) for _, n in items]
+
+    def run(tokens, positions, valid, cache=None, packing=None):
+        h, kv = dec(jnp.asarray(tokens, jnp.int32)[None], jnp.asarray(positions, jnp.int32)[None],
+                    jnp.asarray(valid)[None], cache, packing)
+        return np.asarray(dec.project(h))[0], kv
+
+    S = 12  # each slot's cache padded to 12 tokens
+    parts = []
+    for p in prefixes:
+        _, kv = run(p, np.arange(len(p)), np.ones(len(p), bool))
+        pad = S - len(p)
+        parts.append(KVCache(jnp.pad(kv.k, ((0, 0), (0, 0), (0, pad), (0, 0), (0, 0))),
+                             jnp.pad(kv.v, ((0, 0), (0, 0), (0, pad), (0, 0), (0, 0))),
+                             jnp.pad(kv.pos, ((0, 0), (0, pad))), jnp.pad(kv.valid, ((0, 0), (0, pad)))))
+    cache = KVCache(*(jnp.concatenate([getattr(a, f) for a in parts], axis=2 if f in "kv" else 1)
+                      for f in ("k", "v", "pos", "valid")))
+    W = sum(n for _, n in items) + 3  # three padding tokens at the end
+    tokens, positions = np.zeros(W, int), np.zeros(W, int)
+    segment, slot, valid = np.full(W, -1), np.zeros(W, int), np.zeros(W, bool)
+    o, spans = 0, []
+    for j, ((sl, n), seg) in enumerate(zip(items, segs)):
+        tokens[o:o + n], positions[o:o + n] = seg, len(prefixes[sl]) + np.arange(n)
+        segment[o:o + n], slot[o:o + n], valid[o:o + n] = j, sl, True
+        spans.append((o, n))
+        o += n
+    packing = Packing(jnp.asarray(segment, jnp.int32)[None], jnp.asarray(slot, jnp.int32)[None],
+                      jnp.repeat(jnp.arange(2, dtype=jnp.int32), S)[None])
+    got, _ = run(tokens, positions, valid, cache, packing)
+    for (sl, n), seg, (o, _) in zip(items, segs, spans):
+        full = prefixes[sl] + seg
+        want, _ = run(full, np.arange(len(full)), np.ones(len(full), bool))
+        assert np.abs(got[o:o + n] - want[-n:]).max() <= 1e-5
+
+
 def test_sharded_over_8_devices_equals_one(checkpoints):
     assert len(jax.devices()) == 8, "conftest sets 8 simulated CPU devices"
     path, _ = checkpoints["llama"]

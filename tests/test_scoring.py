@@ -1,6 +1,6 @@
-"""The prefix-shared engine and flat batches against the plain one-prompt-at-a-time
+"""The prefix-shared packed engine and flat batches against the plain one-prompt-at-a-time
 path (float32, max |label log-prob difference| <= 1e-4), both scoring modes, several
-chunkings, both padding sides, 1 and 8 devices; compile counting; bad input."""
+chunkings and call shapes, several jobs in one call; compile counting; bad input."""
 
 import numpy as np
 import pytest
@@ -53,21 +53,20 @@ def test_engine_equals_plain(model, setup, mode, i):
     plain = score_plain(model, pieces, ctx, sub, mode)
     lookup = {(int(c), int(q)): r for r, (c, q) in enumerate(pairs)}
     rows = [lookup[(int(c), int(q))] for c, q in sub]
-    # Chunkings that cut the trie in different places, micro-batches of several sizes.
-    # Query groups of 1 (a cache copy per row), 2 (groups split a context's queries)
-    # and 64 (all queries of a context share one copy).
+    # Chunkings that cut the trie in different places (one context per chunk at
+    # 100 cached tokens), calls of one row and of many.
     # Each configuration runs in two of the four cases (every configuration compiles
     # its own shapes; CI's budget).
-    configs = [(1 << 18, 1 << 14, "right", 64), (100, 256, "left", 1), (300, 700, "right", 2)]
-    for max_cache, max_tok, side, group in [c for j, c in enumerate(configs)
-                                            if (j + i + (mode == "sequence")) % 3 != 0]:
+    configs = [(1 << 18, 1 << 14), (100, 128), (300, 700)]
+    for max_cache, max_tok in [c for j, c in enumerate(configs)
+                               if (j + i + (mode == "sequence")) % 3 != 0]:
         eng = ScoringEngine(model, max_cache_tokens=max_cache, max_tokens_per_batch=max_tok,
-                            side=side, progress=False, max_group=group)
+                            progress=False)
         got = eng.score(pieces, ctx, pairs, mode)
         assert got.shape == (len(pairs), 3)
         assert np.isfinite(got).all()
         err = np.abs(got[rows] - plain).max()
-        assert err <= TOL, (max_cache, max_tok, side, group, err)
+        assert err <= TOL, (max_cache, max_tok, err)
         np.testing.assert_allclose(np.exp(got).sum(-1), 1.0, atol=1e-5)
     flat = score_flat(model, pieces, ctx, pairs, mode, max_tokens_per_batch=512)
     assert np.abs(flat[rows] - plain).max() <= TOL
@@ -87,6 +86,48 @@ def test_test_time_contexts_all_queries(model, setup):
     assert eng.stats.nodes == 4 + len(set(ctx[:, 0]))
 
 
+def _packed_shape(monkeypatch, W, m):
+    """Force the engine's call shape (the cost model would pick one per input)."""
+    from sc_jax import packing
+
+    def choose(items, buckets, cost, *, max_tokens, n_devices=1, temp_ok=None):
+        return packing.PackShape(max(1, max_tokens // W), W, m), 0.0
+
+    monkeypatch.setattr(packing, "choose_shape", choose)
+
+
+@pytest.mark.parametrize("W,m", [(128, 4), (256, 1)])
+def test_several_jobs_in_one_call(model, setup, monkeypatch, W, m):
+    """Jobs of different context sizes through one trie in packed rows (several
+    items and several cache slots per row): each job equals the plain path, and
+    each is handed over when its last query is scored, smaller contexts first."""
+    k, pieces = setup
+    _packed_shape(monkeypatch, W, m)
+    jobs = {}
+    for i in (1, 2, 3):
+        ctx = all_contexts(k, i)
+        jobs[f"surrogate{i}"] = (ctx, surrogate_pairs(ctx, k))
+    tests = np.arange(k, len(pieces.queries))
+    full = np.arange(k)[None]
+    jobs["base"] = (full, np.stack([np.zeros(len(tests), int), tests], 1))
+    tctx = sample_contexts(k, 2, 3, seed=1)
+    jobs["test2"] = (tctx, np.array([(c, q) for c in range(3) for q in tests]))
+    order = []
+    eng = ScoringEngine(model, max_tokens_per_batch=4 * W, progress=False)
+    got = eng.score_jobs(pieces, jobs, on_done=lambda tag, arr: order.append(tag))
+    assert set(got) == set(jobs) and sorted(order) == sorted(jobs)
+    assert order.index("surrogate1") < order.index("surrogate3") < order.index("base")
+    for tag, (ctx, pairs) in jobs.items():
+        sub = _subsample(pairs, 6, seed=len(tag))
+        plain = score_plain(model, pieces, ctx, sub)
+        idx = [int(np.flatnonzero((pairs == p).all(1))[0]) for p in sub]
+        assert np.abs(got[tag][idx] - plain).max() <= TOL, tag
+    # The trie is shared: surrogate1's 5 contexts are the depth-1 nodes of all.
+    assert eng.stats.nodes == 5 + 20 + 60 + 2  # base's depths 4 and 5 are its own
+    assert eng.stats.shape.W == W and eng.stats.shape.m == m
+    assert eng.stats.padded_tokens == eng.stats.calls * eng.stats.shape.B * W
+
+
 def test_prefix_sharing_saves_tokens(model, setup):
     k, pieces = setup
     ctx = all_contexts(k, 3)
@@ -104,13 +145,15 @@ def test_prefix_sharing_saves_tokens(model, setup):
 
 def test_compiles_are_bounded(model, setup):
     """A second run with other demonstrations and queries of similar lengths
-    compiles nothing new; the first run compiles one program per depth at most
-    (plus the query program)."""
+    compiles nothing new; the first run compiles one model program per cache
+    bucket."""
     k, pieces = setup
     ctx = all_contexts(k, 3)
     pairs = surrogate_pairs(ctx, k)
     eng = ScoringEngine(model, max_tokens_per_batch=1 << 20, progress=False)
+    packed = COMPILES["packed"]
     eng.score(pieces, ctx, pairs)
+    assert COMPILES["packed"] - packed <= eng.stats.programs <= 4
     before = sum(COMPILES.values())
     rng = np.random.default_rng(99)
     demos2 = list(zip(_texts(rng, k), rng.integers(0, 3, k).tolist()))
