@@ -373,7 +373,8 @@ def _plan_setting(pl: _Planner, name: str, ds, k: int) -> dict[str, Any]:
     r = replay(sched, pl.config)
     sh = sched.shape
     setting = {
-        "dataset": name, "k": k, "jobs": len(jobs), "pairs": int(sum(len(p) for _, p in jobs)),
+        "dataset": name, "k": k, "pairs": int(sum(len(p) for _, p in jobs)),
+        "job_pairs": {tag: int(len(p)) for tag, (_, p) in sj.jobs.items()},
         "unique_tokens": r["unique_tokens"], "executed_tokens": r["executed_tokens"],
         "padding_tokens": r["padding_tokens"],
         "executed_per_unique": r["executed_tokens"] / max(r["unique_tokens"], 1),
@@ -411,9 +412,10 @@ def plan_run(run_config, *, device_memory: int | None = None, n_devices: int = 1
     with no weights read and nothing scored. Every job of the seed (base, cc, dc,
     surrogate and test-time sizes) is planned together, as one engine call scores
     them (:func:`engine_plan`). Returns a JSON-able dict with, per (dataset, k):
-    ``pairs``, ``unique_tokens`` (what the trie computes), ``executed_tokens`` (calls x
-    B x W, what the device runs), ``padding_tokens`` (their difference),
-    ``flat_tokens`` (full prompts), FLOPs, ``calls``, ``chunks``, the call ``shape``
+    ``pairs`` (``job_pairs``: per job tag), ``unique_tokens`` (what the trie
+    computes), ``executed_tokens`` (calls x B x W, what the device runs),
+    ``padding_tokens`` (their difference), ``flat_tokens`` (full prompts), FLOPs,
+    ``calls``, ``chunks``, the call ``shape``
     (B, W, m, R, C), the distinct model ``programs`` (cache buckets), the planned
     ``peak_bytes`` and its parts (``weight_bytes``, ``cache_bytes`` for the resident
     trie levels, ``temp_bytes`` for one call), per stage (:func:`stage_name`: trie

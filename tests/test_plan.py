@@ -151,6 +151,7 @@ def test_cli_plan_writes_json(data_dir, tmp_path, capsys):
         assert sum(st[key] for st in s["stages"].values()) == s[key], key
     assert s["programs"] == len(s["cache_buckets"]) == len({st["S"] for st in s["stages"].values()})
     assert s["xla_program"]["S"] == max(s["cache_buckets"])
+    assert sum(s["job_pairs"].values()) == s["pairs"] and "surrogate1" in s["job_pairs"]
     assert p["budget_bytes"] == 2 * GIB and p["seeds"] == 2 and p["programs"] == s["programs"]
     out = capsys.readouterr().out
     for column in ("| unique tokens | executed tokens | padding tokens | executed/unique |",
