@@ -374,7 +374,7 @@ def _plan_setting(pl: _Planner, name: str, ds, k: int) -> dict[str, Any]:
     sh = sched.shape
     setting = {
         "dataset": name, "k": k, "pairs": int(sum(len(p) for _, p in jobs)),
-        "job_pairs": {tag: int(len(p)) for tag, (_, p) in sj.jobs.items()},
+        "job_pairs": {tag: len(p) for tag, (_, p) in sj.jobs.items()},
         "unique_tokens": r["unique_tokens"], "executed_tokens": r["executed_tokens"],
         "padding_tokens": r["padding_tokens"],
         "executed_per_unique": r["executed_tokens"] / max(r["unique_tokens"], 1),
@@ -645,8 +645,9 @@ def plan_table(plan: dict[str, Any]) -> str:
     done = [s for s in plan["settings"] if not s.get("skipped")]
     if done:
         lines += ["", "calls and memory per device (all jobs of a seed in one schedule):"] + _memory_lines(done)
-        lines += ["", "padding (executed - unique tokens) by stage (d: segments making depth-d trie "
-                  "nodes and query rows after d - 1 demonstrations), the largest three:"] + _padding_lines(done)
+        lines += ["", ("padding (executed - unique tokens) by stage (d: segments making depth-d trie "
+                       "nodes and query rows after d - 1 demonstrations), the largest three:")]
+        lines += _padding_lines(done)
         w = max(done, key=lambda s: s["longest_prompt"])
         lines += ["", (f"longest prompt over all seeds and stages: {w['longest_prompt']:,} tokens "
                        f"({w['dataset']} k={w['k']} seed {w['longest_seed']}), context window "
