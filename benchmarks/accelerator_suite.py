@@ -88,22 +88,26 @@ def section_scoring(args) -> dict:
              engine_mfu=2 * nonembed * r["unique_tokens"] / r["c_s"] / peak,
              a_over_c=r["a_s"] / r["c_s"], b_over_c=r["b_s"] / r["c_s"],
              a_and_b_extrapolated=True, peak_bytes_in_use=_peak_in_use())
-    # The memory plan the engine used for the largest size, against what the device saw.
+    # The memory plan the engine made for the largest size (bench_case scores one size
+    # per engine call, the largest last, on these prompts), against what the device saw.
     import jax
 
     from sc_jax.enumeration import all_contexts, surrogate_pairs
-    from sc_jax.plan import _engine_calls, device_memory_bytes, host_memory_bytes, peak_bytes
+    from sc_jax.plan import device_memory_bytes, engine_plan, host_memory_bytes, replay
     from sc_jax.prompts import TEMPLATES, build_pieces
 
-    rng = np.random.default_rng(0)
-    demos = [(" ".join(rng.choice(WORDS, args.words)), j % 2) for j in range(args.k)]
+    demos = list(zip(bench_scoring.texts(np.random.default_rng(0), args.k, args.words),
+                     [j % 2 for j in range(args.k)]))
     pieces = build_pieces(model.tokenizer, TEMPLATES["rotten_tomatoes"], demos, [t for t, _ in demos])
     ctx = all_contexts(args.k, min(5, args.k - 1))
-    e = _engine_calls(c, model.dtype, pieces, ctx, surrogate_pairs(ctx, args.k), "first_token",
-                      budget_bytes=device_memory_bytes() or host_memory_bytes(),
-                      n_devices=model.n_devices, platform=jax.default_backend())
-    r.update(planned_peak_bytes=peak_bytes(c, model.dtype, e["calls"])["peak_bytes"],
-             max_tokens_per_batch=e["tokens"], max_cache_tokens=e["cache"])
+    planned = engine_plan(c, model.dtype, pieces, [(ctx, surrogate_pairs(ctx, args.k))], "first_token",
+                          budget_bytes=device_memory_bytes() or host_memory_bytes(),
+                          n_devices=model.n_devices, model_shards=model.model_shards,
+                          platform=jax.default_backend())
+    b, sh = planned.budgets, planned.schedule.shape
+    r.update(planned_peak_bytes=b.peak_bytes, max_tokens_per_batch=b.max_tokens_per_batch,
+             max_cache_tokens=b.max_cache_tokens, call_shape={"B": sh.B, "W": sh.W, "m": sh.m, "R": sh.R},
+             planned_calls=replay(planned.schedule, c)["calls"])
     return r
 
 

@@ -5,7 +5,7 @@
       results.csv, table.md and plots into DIR; resumes from DIR/cache if interrupted.
   sc-jax plan --model random:llama-2-7b --dtype bfloat16 --shots 8 --device-memory 80GiB ...
       Dry run of `run` (same options): pairs, unique, executed and flat tokens, FLOPs,
-      chunks, micro-batches, distinct programs and their compile seconds on this
+      chunks, calls and their shape, distinct programs and their compile seconds on this
       machine, planned and XLA peak memory, a forward-time estimate. No weights are
       read and nothing is scored (sc_jax.plan.plan_run).
   sc-jax report DIR
@@ -370,12 +370,12 @@ def show_log_messages() -> None:
 
 
 def _add_plan_parser(sub) -> None:
-    pl = sub.add_parser("plan", help="dry run of `run`: pairs, tokens, FLOPs, chunks, planned and "
+    pl = sub.add_parser("plan", help="dry run of `run`: pairs, tokens, FLOPs, calls, planned and "
                                      "XLA peak memory, compiles, time; no weights read, nothing scored",
                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     _add_run_options(pl)
     pl.add_argument("--json", default=None, help="also write the plan as JSON here")
-    pl.add_argument("--quiet", action="store_true", help="no per-job progress lines")
+    pl.add_argument("--quiet", action="store_true", help="no per-setting progress lines")
     pl.add_argument("--peak-tflops", type=float, default=None,
                     help="device peak for the time estimate (default: --accelerator's datasheet, "
                          "the local accelerator's, or a matmul measured on this CPU)")

@@ -2,20 +2,23 @@
 needs, with no weights read and nothing scored.
 
 :func:`plan_run` builds each seed's scoring jobs as the experiment does
-(:func:`sc_jax.experiment.seed_jobs`), replays the engine's schedule for them
-(:mod:`sc_jax.schedule`: chunks, micro-batches, compiles, the planned peak) and
-counts tokens (unique, executed with padding, per stage) and FLOPs;
-:func:`xla_call_bytes` lowers the engine's real programs with abstract shapes
-(``jax.ShapeDtypeStruct``: nothing is allocated, no weights are read) and reads XLA's
-``memory_analysis()`` for the same calls, and :func:`compile_seconds` compiles every
-distinct program that way to measure what compiling costs on this machine.
+(:func:`sc_jax.experiment.seed_jobs`) and plans them together, as ONE engine call
+(:meth:`sc_jax.scoring.ScoringEngine.score_jobs`) scores them: one prefix trie over
+every job of the seed, packed into calls of one shape (:func:`engine_plan`, the
+engine's own :func:`sc_jax.schedule.plan_schedule`). :func:`replay` walks that
+schedule call by call and counts tokens (unique, executed with padding, per stage:
+trie depth) and FLOPs; :func:`xla_call_bytes` lowers the engine's model program
+(:func:`sc_jax.scoring._packed`) with abstract shapes (``jax.ShapeDtypeStruct``:
+nothing is allocated, no weights are read) and reads XLA's ``memory_analysis()``,
+and :func:`compile_seconds` compiles every distinct model program (one per cache
+bucket) that way to measure what compiling costs on this machine.
 
 The random presets tokenize with a byte-level stand-in unless a real vocabulary of
 theirs is available (:data:`sc_jax.loading.PRESET_TOKENIZERS`); the plan says which,
 and for the stand-in measures how many more tokens it makes than the Qwen2 vocabulary
 on the same prompts.
 
-The memory model itself (:func:`plan_budgets`, :func:`peak_bytes`, :class:`PlanError`
+The memory model itself (:func:`plan_schedule`, :class:`Budgets`, :class:`PlanError`
 and the rest) lives in :mod:`sc_jax.schedule`, below the engine, and stays importable
 from here.
 """
@@ -24,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import logging
 import time
 from typing import Any
@@ -40,16 +42,87 @@ from .experiment import check_run, draw_split, load_datasets, seed_jobs
 from .loading import DTYPES, PRESET_TOKENIZERS, load_config_and_tokenizer
 from .model import Decoder, KVCache
 from .named_models import tokenizer_file
+from .packing import CostModel, PackShape, Schedule
 from .pypi import WheelFileError
 # The memory model (sc_jax.schedule), importable from here too.
 from .schedule import (  # noqa: F401
-    ACTIVATION_SHARE, MAX_TOKENS_PER_BATCH, RESERVE, Budgets, Call, PlanError, call_temp_bytes,
-    device_memory_bytes, engine_shapes, host_memory_bytes, kv_bytes_per_token, micro_batch_rows,
-    peak_bytes, plan_budgets, query_rows, schedule, weight_bytes)
-from .sharding import MODEL, axis_size, kv_sharding, make_mesh, state_shardings
+    ACTIVATION_SHARE, MAX_TOKENS_PER_BATCH, RESERVE, Budgets, PlanError, Planned,
+    device_memory_bytes, host_memory_bytes, kv_bytes_per_token, level_peak_tokens,
+    packed_temp_bytes, plan_schedule, query_rows, weight_bytes)
+from .sharding import kv_sharding, make_mesh, state_shardings
 from .tokenizer import ByteTokenizer, Tokenizer
 
 log = logging.getLogger(__name__)
+
+
+# ------------------------------------------------------------------ the engine's schedule
+def engine_plan(config, dtype, pieces, jobs, mode: str, *, budget_bytes: int, n_devices: int = 1,
+                model_shards: int = 1, platform: str = "default",
+                max_tokens_per_batch: int | None = None, max_cache_tokens: int | None = None,
+                enforce: bool = False) -> Planned:
+    """The packed schedule and budgets of ``jobs`` (a list of ``(contexts, pairs)``,
+    those with no pairs left out, as the engine leaves them), exactly as
+    :meth:`sc_jax.scoring.ScoringEngine.score_jobs` plans them with these budgets."""
+    jobs = [(np.asarray(c, np.int64), np.asarray(p, np.int64).reshape(-1, 2)) for c, p in jobs]
+    jobs = [(c, p) for c, p in jobs if len(p)]
+    return plan_schedule(config, dtype, pieces, jobs, mode, budget_bytes=budget_bytes,
+                         n_devices=n_devices, model_shards=model_shards, platform=platform,
+                         max_tokens_per_batch=max_tokens_per_batch,
+                         max_cache_tokens=max_cache_tokens, enforce=enforce)
+
+
+def stage_name(depth: int) -> str:
+    """``"d=3"``: the stage that continues the nodes of depth 2 (segments making
+    depth-3 nodes, and query rows after contexts of 2 demonstrations)."""
+    return f"d={depth}"
+
+
+def replay(sched: Schedule, config) -> dict[str, Any]:
+    """Every call of ``sched`` as the engine runs it, counted: ``calls``, ``rows``
+    (rows holding at least one item), ``unique_tokens`` (the items' real tokens: each
+    trie node's segment once per chunk, every query row), ``executed_tokens`` (calls
+    x B x W), ``padding_tokens``, ``flops`` (:meth:`CostModel.call_flops` without its
+    fixed per-call term, which models scheduling overhead, not FLOPs), ``programs``
+    (distinct cache buckets S), and per stage (:func:`stage_name`, in depth order)
+    the same with ``segment_tokens`` / ``query_tokens`` (the unique tokens of each
+    kind) and the stage's cache bucket ``S``."""
+    sh = sched.shape
+    cost = CostModel.of(config)
+    stages: dict[str, dict] = {}
+    for _, st, r0 in sched.calls():
+        a, b = np.searchsorted(st.row, [r0, r0 + sh.B])
+        lens = st.length[a:b]
+        seg = int(lens[st.kind[a:b] == 0].sum())
+        acc = stages.setdefault(stage_name(st.depth), {
+            "S": st.S, "calls": 0, "rows": 0, "unique_tokens": 0, "segment_tokens": 0,
+            "query_tokens": 0, "executed_tokens": 0, "padding_tokens": 0, "flops": 0.0})
+        acc["calls"] += 1
+        acc["rows"] += min(sh.B, st.rows - r0)
+        acc["unique_tokens"] += int(lens.sum())
+        acc["segment_tokens"] += seg
+        acc["query_tokens"] += int(lens.sum()) - seg
+        acc["executed_tokens"] += sh.B * sh.W
+        acc["flops"] += cost.call_flops(sh.B, sh.W, sh.m, st.S) - cost.call
+    for acc in stages.values():
+        acc["padding_tokens"] = acc["executed_tokens"] - acc["unique_tokens"]
+    stages = dict(sorted(stages.items(), key=lambda kv: int(kv[0][2:])))
+    total = {key: sum(s[key] for s in stages.values()) for key in (
+        "calls", "rows", "unique_tokens", "executed_tokens", "padding_tokens", "flops")}
+    return dict(total, programs=len(sched.programs), stages=stages)
+
+
+def flat_tokens(pieces, jobs, mode: str) -> int:
+    """Tokens of every prompt of ``jobs`` in full (BOS, context, query row; in
+    sequence mode each label's row after one copy of the context)."""
+    nr = len(pieces.labels) if mode == "sequence" else 1
+    rows, _, _ = query_rows(pieces, mode, range(len(pieces.queries)))
+    qlen = np.asarray([len(r) for r in rows]).reshape(len(pieces.queries), nr).sum(1)
+    seg = np.asarray([len(pieces.segment(j)) for j in range(len(pieces.demos))])
+    total = 0
+    for ctx, pairs in jobs:
+        ctx, pairs = np.asarray(ctx), np.asarray(pairs).reshape(-1, 2)
+        total += int((len(pieces.bos) + seg[ctx[pairs[:, 0]]].sum(1) + qlen[pairs[:, 1]]).sum())
+    return total
 
 
 # ------------------------------------------------------------------ XLA's figures
@@ -57,12 +130,23 @@ def _abstract_model(config, dtype):
     return nnx.split(nnx.eval_shape(lambda: Decoder(config, dtype=dtype, rngs=nnx.Rngs(0))))
 
 
-def lower_call(config, dtype, call: Call, *, mode: str = "first_token", n_labels: int = 2, mesh=None):
-    """The engine's model program of ``call`` lowered with abstract shapes
-    (``jax.ShapeDtypeStruct``: nothing allocated, no weight read), ready for
-    ``.compile()``."""
+def program_key(shape: PackShape, S: int) -> tuple[int, int, int, int, int]:
+    """What determines the shape of the engine's model program (:func:`scoring._packed`):
+    rows B, row width W, cache slots m, readouts R and the cache bucket S (the
+    model-free gathers and writes around it compile in milliseconds)."""
+    return (shape.B, shape.W, shape.m, shape.R, S)
+
+
+def lower_call(config, dtype, shape: PackShape, S: int, *, mode: str = "first_token",
+               n_labels: int = 2, mesh=None):
+    """The engine's model program for calls of ``shape`` reading a cache bucket of
+    ``S`` tokens, lowered with abstract shapes (``jax.ShapeDtypeStruct``: nothing
+    allocated, no weight read), ready for ``.compile()``: the arguments of
+    :func:`sc_jax.scoring._packed`, the gathered cache ``[L, B, m x S, K, Dh]`` and the
+    rows batch-sharded over the mesh's ``data`` axis, readouts replicated."""
     gd, st = _abstract_model(config, dtype)
     L, K, Dh = config.num_layers, config.num_kv_heads, config.head_dim
+    B, W, mS, R = shape.B, shape.W, shape.m * S, max(shape.R, 1)
     sds = jax.ShapeDtypeStruct
     if mesh is not None:
         st = jax.tree.map(lambda x, s: sds(x.shape, x.dtype, sharding=s), st, state_shardings(mesh, st))
@@ -72,29 +156,29 @@ def lower_call(config, dtype, call: Call, *, mode: str = "first_token", n_labels
             return None
         return NamedSharding(mesh, P(*spec))
 
-    def cache(rows, S):
-        shape = (L, rows, S, K, Dh)
-        kv = sds(shape, dtype, sharding=None if mesh is None else kv_sharding(mesh, shape))
-        rs = shard(("data",)) if rows > 1 else shard(())
-        return KVCache(kv, kv, sds((rows, S), jnp.int32, sharding=rs), sds((rows, S), jnp.bool_, sharding=rs))
+    kv_shape = (L, B, mS, K, Dh)
+    kv = sds(kv_shape, dtype, sharding=None if mesh is None else kv_sharding(mesh, kv_shape))
+    rs = shard(("data",)) if B > 1 else shard(())
 
-    def ints(*shape, d=jnp.int32):
-        return sds(shape, d, sharding=shard(("data",)))
+    def rows(*dims, d=jnp.int32):
+        return sds(dims, d, sharding=rs)
+
+    def flat(n, d=jnp.int32):
+        return sds((n,), d, sharding=shard(()))
 
     seq = mode == "sequence"
-    rows = cache(call.Bc, call.S)  # the gathered cache rows the model program extends
-    if call.kind == "grow":
-        return scoring._grow.lower(gd, st, rows, ints(call.B, call.T), ints(call.B, call.T, d=jnp.bool_))
-    labels = None if seq else sds((n_labels,), jnp.int32)
-    return scoring._score_cached.lower(
-        gd, st, rows, ints(call.B, call.T), ints(call.B, call.T, d=jnp.bool_), ints(call.B, 1),
-        ints(call.B, 1), ints(call.B, 1, d=jnp.bool_), labels, sequence=seq)
+    cache = KVCache(kv, kv, rows(B, mS), rows(B, mS, d=jnp.bool_))
+    labels = None if seq else flat(n_labels)
+    return scoring._packed.lower(gd, st, cache, rows(B, mS), rows(B, W), rows(B, W),
+                                 rows(B, W, d=jnp.bool_), rows(B, W), rows(B, W), flat(R), flat(R),
+                                 labels, sequence=seq)
 
 
-def xla_call_bytes(config, dtype, call: Call, *, mode: str = "first_token", n_labels: int = 2,
-                   mesh=None) -> dict[str, int]:
-    """Compile the engine program of ``call`` with abstract shapes and return XLA's
-    ``memory_analysis()``: argument, output, temp and alias bytes (per device).
+def xla_call_bytes(config, dtype, shape: PackShape, S: int, *, mode: str = "first_token",
+                   n_labels: int = 2, mesh=None) -> dict[str, int]:
+    """Compile the engine's model program (``shape``, cache bucket ``S``) with abstract
+    shapes and return XLA's ``memory_analysis()``: argument, output, temp and alias
+    bytes (per device).
 
     On CPU, XLA computes bfloat16 dots in float32 and hoists the conversion of every
     layer's stacked weights out of the layer loop (a float32 copy of all weights in
@@ -102,7 +186,7 @@ def xla_call_bytes(config, dtype, call: Call, *, mode: str = "first_token", n_la
     compiled with while-loop-invariant code motion disabled, which leaves one
     layer's float32 copy in temp (within the margin the tests state).
     """
-    lowered = lower_call(config, dtype, call, mode=mode, n_labels=n_labels, mesh=mesh)
+    lowered = lower_call(config, dtype, shape, S, mode=mode, n_labels=n_labels, mesh=mesh)
     opts = None
     if jax.default_backend() == "cpu" and jnp.dtype(dtype) == jnp.bfloat16:
         opts = {"xla_disable_hlo_passes": "while-loop-invariant-code-motion"}
@@ -112,25 +196,27 @@ def xla_call_bytes(config, dtype, call: Call, *, mode: str = "first_token", n_la
                 temp_bytes=int(m.temp_size_in_bytes), alias_bytes=int(m.alias_size_in_bytes))
 
 
-def xla_peak_bytes(config, dtype, calls: list[Call], **kw) -> dict[str, Any]:
-    """XLA's peak over the distinct model programs of ``calls``: arguments (the
-    weights and the gathered cache rows) + outputs + temps - aliased bytes, plus the
-    level buffers resident beside the program (the same figure as in
-    :func:`peak_bytes`), the largest over programs."""
-    seen, best = {}, dict(xla_peak_bytes=0)
-    ms = kw.get("mesh")
-    kvb = kv_bytes_per_token(config, dtype, axis_size(ms, MODEL))
-    for call in calls:
-        if call.key in seen:
-            continue
-        m = seen[call.key] = xla_call_bytes(config, dtype, call, **kw)
-        resident = (call.level_rows * call.out_len + call.parent_rows * call.parent_len) * kvb \
-            if call.kind == "grow" else call.level_rows * call.S * kvb
-        peak = m["argument_bytes"] + m["output_bytes"] + m["temp_bytes"] - m["alias_bytes"] + resident
-        if peak > best["xla_peak_bytes"]:
-            best = dict(xla_peak_bytes=peak, call=dataclasses.asdict(call), **m)
-    best["programs"] = len(seen)
-    return best
+def xla_peak_bytes(config, dtype, planned: Planned, *, model_shards: int = 1, **kw) -> dict[str, Any]:
+    """XLA's peak for the worst model program of a schedule (the largest cache bucket
+    S; every other dimension is shared by all its programs): arguments (the weights,
+    the gathered cache, the packed rows) + outputs + temps - aliased bytes, plus the
+    trie levels resident beside the program (``level_peak_tokens`` x KV bytes per
+    token, as in the planned peak), beside ``planned_peak_of_that_call``: the planned
+    figure for the same program (weights + levels + :func:`packed_temp_bytes`), and
+    XLA's four figures as ``xla_argument_bytes``, ``xla_output_bytes``,
+    ``xla_temp_bytes`` and ``xla_alias_bytes``."""
+    sched, b = planned.schedule, planned.budgets
+    sh, S = sched.shape, max(sched.programs)
+    m = xla_call_bytes(config, dtype, sh, S, **kw)
+    resident = b.cache_bytes
+    peak = m["argument_bytes"] + m["output_bytes"] + m["temp_bytes"] - m["alias_bytes"] + resident
+    temp = packed_temp_bytes(config, dtype, sh.B, sh.W, sh.m, S, R=sh.R,
+                             sequence=kw.get("mode") == "sequence",
+                             model_shards=model_shards)
+    return {"xla_peak_bytes": int(peak),
+            "planned_peak_of_that_call": int(b.weight_bytes + resident + temp),
+            "xla_program": {"B": sh.B, "W": sh.W, "m": sh.m, "R": sh.R, "S": S},
+            **{f"xla_{key}": v for key, v in m.items()}}
 
 
 # ------------------------------------------------------------------ compile time
@@ -162,14 +248,14 @@ def _cache_events():
         jax.monitoring.unregister_event_duration_listener(duration)
 
 
-def compile_call_seconds(config, dtype, call: Call, **kw) -> dict[str, Any]:
-    """Trace, lower and compile the model program of ``call`` (abstract shapes, the
-    default compiler options, as the engine compiles it) on this backend. Returns
-    ``seconds`` (what compiling it costs: where JAX's persistent compilation cache
-    served it, the compile time stored with the entry), ``wall_seconds`` (what this
-    call took) and ``cached`` (served from that cache)."""
+def compile_call_seconds(config, dtype, shape: PackShape, S: int, **kw) -> dict[str, Any]:
+    """Trace, lower and compile the engine's model program (``shape``, cache bucket
+    ``S``; abstract shapes, the default compiler options, as the engine compiles it)
+    on this backend. Returns ``seconds`` (what compiling it costs: where JAX's
+    persistent compilation cache served it, the compile time stored with the entry),
+    ``wall_seconds`` (what this call took) and ``cached`` (served from that cache)."""
     t0 = time.perf_counter()
-    lowered = lower_call(config, dtype, call, **kw)
+    lowered = lower_call(config, dtype, shape, S, **kw)
     t1 = time.perf_counter()
     with _cache_events() as ev:
         lowered.compile()
@@ -179,25 +265,25 @@ def compile_call_seconds(config, dtype, call: Call, **kw) -> dict[str, Any]:
     return {"seconds": (t1 - t0) + compile_s, "wall_seconds": t2 - t0, "cached": cached}
 
 
-def compile_seconds(config, dtype, calls: list[Call], *, measured: dict, mode: str, n_labels: int,
-                    mesh=None, progress: bool = False) -> dict[str, Any]:
-    """Compile seconds of the distinct model programs of ``calls`` (one per
-    :attr:`Call.key`; the model-free gathers and writes beside them compile in
-    milliseconds and are left out): ``programs``, ``compile_seconds``,
-    ``compile_wall_seconds`` and ``compile_cache_hits``. ``measured`` (program ->
-    figures) carries programs already compiled by this plan, so a program two
-    settings share is compiled once."""
-    keys = {c.key: c for c in calls}
+def compile_seconds(config, dtype, shape: PackShape, buckets, *, measured: dict, mode: str,
+                    n_labels: int, mesh=None, progress: bool = False) -> dict[str, Any]:
+    """Compile seconds of the engine's model programs for calls of ``shape`` and the
+    cache buckets ``buckets`` (one program per distinct S, :func:`program_key`; the
+    model-free gathers and writes beside them compile in milliseconds and are left
+    out): ``programs``, ``compile_seconds``, ``compile_wall_seconds`` and
+    ``compile_cache_hits``. ``measured`` (program -> figures) carries programs
+    already compiled by this plan, so a program two settings share is compiled once."""
+    keys = sorted({int(S) for S in buckets})
     out = {"programs": len(keys), "compile_seconds": 0.0, "compile_wall_seconds": 0.0,
            "compile_cache_hits": 0}
-    for key, call in keys.items():
-        program = (key, mode, n_labels)
+    for S in keys:
+        program = (program_key(shape, S), mode, n_labels)
         if program not in measured:
-            measured[program] = compile_call_seconds(config, dtype, call, mode=mode, n_labels=n_labels,
-                                                     mesh=mesh)
+            measured[program] = compile_call_seconds(config, dtype, shape, S, mode=mode,
+                                                     n_labels=n_labels, mesh=mesh)
             if progress:
                 m = measured[program]
-                log.info("  compiled %s in %.1f s%s", key, m["seconds"],
+                log.info("  compiled B=%d W=%d m=%d R=%d S=%d in %.1f s%s", *program[0], m["seconds"],
                          f" (served from the persistent cache in {m['wall_seconds']:.1f} s)"
                          if m["cached"] else "")
         m = measured[program]
@@ -251,146 +337,156 @@ def device_peak_flops(accelerator: str | None = None, dtype=jnp.float32) -> tupl
     return measured_matmul_flops(dtype), f"matmul measured on this {where}"
 
 
-def engine_calls(config, dtype, pieces, ctx, pairs, mode, *, budget_bytes, n_devices,
-                 platform, max_tokens_per_batch=None, max_cache_tokens=None, max_group=64,
-                 model_shards=1):
-    """The calls, budgets and token counts of one engine call, as
-    :meth:`sc_jax.scoring.ScoringEngine.score` would plan and run it: a dict of
-    ``tokens`` and ``cache`` (the two budgets), ``calls``, ``unique_tokens``,
-    ``flat_tokens`` and ``shapes``."""
-    n = len(pieces.labels)
-    nr = n if mode == "sequence" else 1
-    # The engine's shapes, without a model (the engine calls the same function).
-    shapes = engine_shapes(pieces, ctx.shape[1], mode)
-    per_ctx = np.bincount(pairs[:, 0], minlength=len(ctx))
-    G = int(min(max_group, per_ctx.max() * nr))
-    b = None
-    if max_tokens_per_batch is None or max_cache_tokens is None:
-        b = plan_budgets(config, dtype, shapes, budget_bytes=budget_bytes, G=G, n_devices=n_devices,
-                         platform=platform, model_shards=model_shards)
-        G = b.max_group
-    tokens = max_tokens_per_batch or b.max_tokens_per_batch
-    cache = max_cache_tokens or b.max_cache_tokens
-    rows, _, _ = query_rows(pieces, mode, range(len(pieces.queries)))
-    row_len = np.asarray([len(r) for r in rows])
-    calls = schedule(shapes, ctx, pairs, nr, G, row_len, max_tokens_per_batch=tokens,
-                     max_cache_tokens=cache, n_devices=n_devices)
-    seg = np.asarray([len(pieces.segment(j)) for j in range(len(pieces.demos))])
-    qlen = row_len.reshape(len(pieces.queries), nr).sum(1)
-    stages = _stage_tokens(shapes, calls, ctx, pairs, seg, qlen, len(pieces.bos), cache)
-    unique = sum(v["unique_tokens"] for v in stages.values())
-    flat = int((len(pieces.bos) + seg[ctx[pairs[:, 0]]].sum(1) + qlen[pairs[:, 1]]).sum())
-    return dict(tokens=tokens, cache=cache, calls=calls, unique_tokens=unique, flat_tokens=flat,
-                shapes=shapes, stages=stages)
-
-
-def stage_of(shapes, call: Call) -> str:
-    """The stage a call belongs to: ``"grow d=3"`` (growing the trie's depth 3) or
-    ``"score d=3"`` (query rows after contexts of 3 demonstrations)."""
-    d = shapes.lens.index(call.S)
-    return f"grow d={d + 1}" if call.kind == "grow" else f"score d={d}"
-
-
-def _stage_tokens(shapes, calls, ctx, pairs, seg, qlen, n_bos: int, cache: int) -> dict[str, dict]:
-    """Per stage (:func:`stage_of`): ``unique_tokens`` (what the engine computes: each
-    chunk's distinct prefixes, a prefix shared by two chunks computed in both, then
-    every query row), ``executed_tokens`` (padded rows x padded length, what the
-    device runs) and ``micro_batches``."""
-    depth = ctx.shape[1]
-    unique = {f"grow d={d}": 0 for d in range(1, depth + 1)}
-    unique[f"score d={depth}"] = int(qlen[pairs[:, 1]].sum())
-    order = np.lexsort(ctx.T[::-1])
-    per_chunk = max(1, cache // shapes.lens[-1])
-    for c0 in range(0, len(order), per_chunk):
-        part = ctx[order[c0:c0 + per_chunk]]
-        unique["grow d=1"] += n_bos * len(np.unique(part[:, 0]))
-        for d in range(1, depth + 1):
-            unique[f"grow d={d}"] += int(seg[np.unique(part[:, :d], axis=0)[:, -1]].sum())
-    out = {name: {"unique_tokens": u, "executed_tokens": 0, "micro_batches": 0} for name, u in unique.items()}
-    for c in calls:
-        st = out[stage_of(shapes, c)]
-        st["executed_tokens"] += c.count * c.B * c.T
-        st["micro_batches"] += c.count
-    return out
-
-
-# The name benchmarks/accelerator_suite.py imports.
-_engine_calls = engine_calls
-
 
 def _non_embedding_params(config) -> int:
     return config.num_params() - config.vocab_size * config.hidden_size * (
         1 if config.tie_word_embeddings else 2)
 
 
-def _call_flops(config, call: Call) -> float:
-    """Forward FLOPs of one call: 2 x non-embedding parameters per new token, plus
-    attention (q.k and p.v, 4 x L x H x Dh per visible key), label rows ignored."""
-    c = config
-    nonembed = _non_embedding_params(c)
-    per_key = 4 * c.num_layers * c.num_heads * c.head_dim
-    BT = call.B * call.T
-    return call.count * (2 * nonembed * BT + per_key * BT * (call.S + call.T / 2))
+@dataclasses.dataclass
+class _Planner:
+    """What every (dataset, k) of one plan shares."""
+
+    run: Any
+    config: Any
+    dtype: Any
+    tokenizer: Any
+    reference: Any  # the Qwen2 tokenizer where the run's is a stand-in, else None
+    budget: dict  # the keywords of engine_plan: budget_bytes, n_devices, platform, ...
+    model_shards: int
+    n_devices: int
+    mesh: Any
+    xla: bool
+    compile_time: bool
+    progress: bool
+    measured: dict = dataclasses.field(default_factory=dict)
 
 
-def _job_row(config, dtype, tag: str, ctx, pairs, e: dict, model_shards: int) -> dict[str, Any]:
-    """The plan of one scoring job (``e``: its :func:`engine_calls`)."""
-    peak = peak_bytes(config, dtype, e["calls"], model_shards)
-    flops = sum(_call_flops(config, c) for c in e["calls"])
-    executed = sum(c.count * c.B * c.T for c in e["calls"])
-    return dict(job=tag, size=int(ctx.shape[1]), contexts=int(len(ctx)),
-                pairs=int(len(pairs)), unique_tokens=e["unique_tokens"],
-                flat_tokens=e["flat_tokens"], flops=flops, executed_tokens=executed,
-                padding_tokens=executed - e["unique_tokens"],
-                model_flops=2 * _non_embedding_params(config) * e["unique_tokens"],
-                chunks=sum(1 for c in e["calls"] if c.kind == "score"),
-                micro_batches=sum(c.count for c in e["calls"]),
-                programs=len({c.key for c in e["calls"]}), stages=e["stages"],
-                max_tokens_per_batch=e["tokens"], max_cache_tokens=e["cache"], **peak)
+def _plan_setting(pl: _Planner, name: str, ds, k: int) -> dict[str, Any]:
+    """One (dataset, k) of :func:`plan_run`, its first seed: every job of the seed in
+    one schedule, as the engine scores them."""
+    split = draw_split(ds, pl.run, k, pl.run.seeds[0])
+    sj = seed_jobs(pl.tokenizer, ds, split, pl.run, k)
+    jobs = list(sj.jobs.values())
+    planned = engine_plan(pl.config, pl.dtype, sj.pieces, jobs, pl.run.mode, **pl.budget)
+    sched, b = planned.schedule, planned.budgets
+    r = replay(sched, pl.config)
+    sh = sched.shape
+    setting = {
+        "dataset": name, "k": k, "pairs": int(sum(len(p) for _, p in jobs)),
+        "job_pairs": {tag: len(p) for tag, (_, p) in sj.jobs.items()},
+        "unique_tokens": r["unique_tokens"], "executed_tokens": r["executed_tokens"],
+        "padding_tokens": r["padding_tokens"],
+        "executed_per_unique": r["executed_tokens"] / max(r["unique_tokens"], 1),
+        "flat_tokens": flat_tokens(sj.pieces, jobs, pl.run.mode), "flops": r["flops"],
+        "model_flops": 2 * _non_embedding_params(pl.config) * r["unique_tokens"],
+        "calls": r["calls"], "rows": r["rows"], "chunks": len(sched.chunks), "programs": r["programs"],
+        "cache_buckets": sorted(sched.programs), "shape": dataclasses.asdict(sh),
+        "max_tokens_per_batch": b.max_tokens_per_batch, "max_cache_tokens": b.max_cache_tokens,
+        "level_peak_tokens": level_peak_tokens(sched), "peak_bytes": b.peak_bytes,
+        "weight_bytes": b.weight_bytes, "cache_bytes": b.cache_bytes, "temp_bytes": b.temp_bytes,
+        "stages": r["stages"]}
+    if pl.progress:
+        log.info("  %s k=%d: %d jobs, %d pairs, %d calls of %d x %d tokens (m %d), %d programs",
+                 name, k, len(jobs), setting["pairs"], r["calls"], sh.B, sh.W, sh.m, r["programs"])
+    if pl.reference is not None:
+        ref = seed_jobs(pl.reference, ds, split, pl.run, k)
+        setting["prompt_tokens"] = _prompt_tokens(sj.pieces, sj.jobs, pl.run.mode)
+        setting["prompt_tokens_reference"] = _prompt_tokens(ref.pieces, ref.jobs, pl.run.mode)
+        setting["stand_in_inflation"] = setting["prompt_tokens"] / setting["prompt_tokens_reference"]
+    lowered = pl.mesh is not None or pl.model_shards * pl.n_devices == 1
+    kw = {"mode": pl.run.mode, "n_labels": ds.n_classes, "mesh": pl.mesh}
+    if pl.compile_time and lowered:
+        setting.update(compile_seconds(pl.config, pl.dtype, sh, sched.programs, measured=pl.measured,
+                                       progress=pl.progress, **kw))
+    if pl.xla and lowered:
+        setting.update(xla_peak_bytes(pl.config, pl.dtype, planned, model_shards=pl.model_shards, **kw))
+    return setting
 
 
-def _stage_totals(rows: list[dict], calls: list[Call], stage_of_call: list[str]) -> dict[str, dict]:
-    """The jobs' :func:`_stage_tokens` summed per stage, with ``padding_tokens`` and
-    the stage's distinct model ``programs``, largest padding first."""
-    out: dict[str, dict] = {}
-    for r in rows:
-        for name, st in r["stages"].items():
-            acc = out.setdefault(name, {"unique_tokens": 0, "executed_tokens": 0, "micro_batches": 0})
-            for key, v in st.items():
-                acc[key] += v
-    keys: dict[str, set] = {}
-    for c, name in zip(calls, stage_of_call):
-        keys.setdefault(name, set()).add(c.key)
-    for name, acc in out.items():
-        acc["padding_tokens"] = acc["executed_tokens"] - acc["unique_tokens"]
-        acc["programs"] = len(keys.get(name, ()))
-    return dict(sorted(out.items(), key=lambda kv: -kv[1]["padding_tokens"]))
+def plan_run(run_config, *, device_memory: int | None = None, n_devices: int = 1, model_shards: int = 1,
+             peak_flops: float | None = None, mfu: float = 0.4, xla: bool = True,
+             compile_time: bool = True, progress: bool = False,
+             accelerator: str | None = None) -> dict[str, Any]:
+    """A dry run of ``sc-jax run``: what one seed of every (dataset, k) would score,
+    with no weights read and nothing scored. Every job of the seed (base, cc, dc,
+    surrogate and test-time sizes) is planned together, as one engine call scores
+    them (:func:`engine_plan`). Returns a JSON-able dict with, per (dataset, k):
+    ``pairs`` (``job_pairs``: per job tag), ``unique_tokens`` (what the trie
+    computes), ``executed_tokens`` (calls x B x W, what the device runs),
+    ``padding_tokens`` (their difference), ``flat_tokens`` (full prompts), FLOPs,
+    ``calls``, ``chunks``, the call ``shape``
+    (B, W, m, R, C), the distinct model ``programs`` (cache buckets), the planned
+    ``peak_bytes`` and its parts (``weight_bytes``, ``cache_bytes`` for the resident
+    trie levels, ``temp_bytes`` for one call), per stage (:func:`stage_name`: trie
+    depth) the same token counts (:func:`replay`), and:
 
+    * ``xla=True``: XLA's ``xla_peak_bytes`` for the worst program (the largest
+      cache bucket) and the plan's figure for it (``planned_peak_of_that_call``);
+    * ``compile_time=True``: ``compile_seconds``, every distinct model program traced,
+      lowered and compiled with abstract shapes on this backend (:func:`compile_seconds`;
+      a CPU's figure, not a GPU's); a figure of its own, never added to the forward time;
+    * ``forward_seconds_per_seed``: FLOPs at ``mfu`` of ``peak_flops`` per device
+      (None: :func:`device_peak_flops`; ``peak_source`` says where it comes from);
+    * ``tokenizer`` (real or the byte stand-in) and, for the stand-in,
+      ``stand_in_inflation``: its prompt tokens over the Qwen2 vocabulary's on the same
+      prompts (first seed), where that vocabulary is on this machine.
 
-def _setting_totals(name: str, k: int, rows: list[dict], calls: list[Call],
-                    stage_of_call: list[str]) -> dict[str, Any]:
-    """The plan of one (dataset, k): its jobs' rows, their sums and the worst job."""
-    worst = max(rows, key=lambda r: r["peak_bytes"])
-    total = {key: sum(r[key] for r in rows) for key in (
-        "pairs", "unique_tokens", "executed_tokens", "padding_tokens", "flat_tokens", "flops",
-        "model_flops", "micro_batches")}
-    return dict(dataset=name, k=k, jobs=rows, **total,
-                executed_per_unique=total["executed_tokens"] / max(total["unique_tokens"], 1),
-                programs=len({c.key for c in calls}),
-                stages=_stage_totals(rows, calls, stage_of_call),
-                peak_bytes=worst["peak_bytes"], worst_job=worst["job"])
-
-
-def _xla_worst_call(config, dtype, calls: list[Call], model_shards: int, *, mode: str,
-                    n_labels: int, mesh) -> dict[str, int]:
-    """XLA's figure for the planned worst of ``calls`` (one compile per distinct
-    program would be too slow for 7B), beside the planned figure for that call."""
-    def planned(c):
-        return peak_bytes(config, dtype, [c], model_shards)["peak_bytes"]
-
-    worst_call = max(calls, key=planned)
-    x = xla_peak_bytes(config, dtype, [worst_call], mode=mode, n_labels=n_labels, mesh=mesh)
-    return dict(xla_peak_bytes=x["xla_peak_bytes"], planned_peak_of_that_call=planned(worst_call))
+    ``flops`` is what the device executes (every row of every call, padding and
+    masked attention keys included); ``model_flops`` is 2 x non-embedding parameters
+    x unique tokens, the usual numerator of MFU. Seeds repeat the same work with other
+    demonstrations, so totals multiply the first seed's figures by the number of seeds.
+    """
+    config, tokenizer = load_config_and_tokenizer(run_config.model)
+    dtype = DTYPES[run_config.dtype]
+    if peak_flops is None:
+        peak_flops, peak_source = device_peak_flops(accelerator, dtype)
+    else:
+        peak_source = "given"
+    platform = "cpu" if device_memory is None and jax.default_backend() == "cpu" else "default"
+    # As the engine: a budget given or reported by the device is checked; the host's is not.
+    known = device_memory or device_memory_bytes()
+    budget = known or host_memory_bytes()
+    mesh = None
+    if n_devices * model_shards > 1 and (xla or compile_time) and len(jax.devices()) >= n_devices * model_shards:
+        mesh = make_mesh(n_devices, model=model_shards)
+    reference, why = _reference_tokenizer() if isinstance(tokenizer, ByteTokenizer) else (None, "")
+    out = dict(model=run_config.model, dtype=run_config.dtype, budget_bytes=int(budget),
+               n_devices=n_devices, model_shards=model_shards,
+               weight_bytes=weight_bytes(config, dtype, model_shards),
+               kv_bytes_per_token=kv_bytes_per_token(config, dtype, model_shards),
+               peak_flops=peak_flops, peak_source=peak_source, mfu=mfu,
+               seeds=len(run_config.seeds), context_window=config.max_position_embeddings,
+               tokenizer=_tokenizer_label(run_config.model, tokenizer),
+               compile_backend=_backend_name(),
+               settings=[])
+    if why:
+        out["stand_in_inflation_missing"] = why
+    engine_budget = {"budget_bytes": budget, "n_devices": n_devices, "model_shards": model_shards,
+                     "platform": platform, "max_tokens_per_batch": run_config.max_tokens_per_batch,
+                     "enforce": bool(known)}
+    datasets = load_datasets(run_config)
+    # The run's own up-front check, every seed: a prompt too long for the context
+    # window is named (task, seed, row) before the memory plan would misread it.
+    device = {"budget_bytes": budget, "n_devices": n_devices, "model_shards": model_shards,
+              "platform": platform}
+    checked = {(c["dataset"], c["k"]): c
+               for c in check_run(run_config, config, tokenizer, datasets, device=device)}
+    pl = _Planner(run_config, config, dtype, tokenizer, reference, engine_budget, model_shards,
+                  n_devices, mesh, xla, compile_time, progress)
+    for name, ds in datasets.items():
+        for k in run_config.shots:
+            if ds.n_classes > k:
+                out["settings"].append(dict(dataset=name, k=k, skipped=True))
+                continue
+            setting = _plan_setting(pl, name, ds, k)
+            setting.update(longest_prompt=checked[name, k]["longest_prompt"],
+                           longest_seed=checked[name, k]["longest_seed"])
+            # The mesh's devices share the work: peak_flops is per device.
+            setting["forward_seconds_per_seed"] = setting["flops"] / (mfu * peak_flops * n_devices * model_shards)
+            out["settings"].append(setting)
+    out.update(_run_totals(out["settings"], len(run_config.seeds), pl.measured))
+    return out
 
 
 #: The named model whose vocabulary (Qwen2's byte-level BPE, 152k tokens) measures how
@@ -432,131 +528,6 @@ def _prompt_tokens(pieces, jobs, mode: str) -> int:
     return int(sum(pieces.prompt_lengths(ctx, pairs, mode).sum() for ctx, pairs in jobs.values()))
 
 
-@dataclasses.dataclass
-class _Planner:
-    """What every (dataset, k) of one plan shares."""
-
-    run: Any
-    config: Any
-    dtype: Any
-    tokenizer: Any
-    reference: Any  # the Qwen2 tokenizer where the run's is a stand-in, else None
-    calls_of: Any
-    model_shards: int
-    n_devices: int
-    mesh: Any
-    xla: bool
-    compile_time: bool
-    progress: bool
-    measured: dict = dataclasses.field(default_factory=dict)
-
-
-def _plan_setting(pl: _Planner, name: str, ds, k: int) -> dict[str, Any]:
-    """One (dataset, k) of :func:`plan_run`, its first seed."""
-    split = draw_split(ds, pl.run, k, pl.run.seeds[0])
-    sj = seed_jobs(pl.tokenizer, ds, split, pl.run, k)
-    rows, all_calls, stages = [], [], []
-    for tag, (ctx, pairs) in sj.jobs.items():
-        e = pl.calls_of(sj.pieces, ctx, pairs)
-        rows.append(_job_row(pl.config, pl.dtype, tag, ctx, pairs, e, pl.model_shards))
-        all_calls += e["calls"]
-        stages += [stage_of(e["shapes"], c) for c in e["calls"]]
-        if pl.progress:
-            log.info("  %s k=%d %s: %d pairs", name, k, tag, len(pairs))
-    setting = _setting_totals(name, k, rows, all_calls, stages)
-    if pl.reference is not None:
-        ref = seed_jobs(pl.reference, ds, split, pl.run, k)
-        setting["prompt_tokens"] = _prompt_tokens(sj.pieces, sj.jobs, pl.run.mode)
-        setting["prompt_tokens_reference"] = _prompt_tokens(ref.pieces, ref.jobs, pl.run.mode)
-        setting["stand_in_inflation"] = setting["prompt_tokens"] / setting["prompt_tokens_reference"]
-    lowered = pl.mesh is not None or pl.model_shards * pl.n_devices == 1
-    kw = {"mode": pl.run.mode, "n_labels": ds.n_classes, "mesh": pl.mesh}
-    if pl.compile_time and lowered:
-        setting.update(compile_seconds(pl.config, pl.dtype, all_calls, measured=pl.measured,
-                                       progress=pl.progress, **kw))
-    if pl.xla and lowered:
-        e = pl.calls_of(sj.pieces, *sj.jobs[setting["worst_job"]])
-        setting.update(_xla_worst_call(pl.config, pl.dtype, e["calls"], pl.model_shards, **kw))
-    return setting
-
-
-def plan_run(run_config, *, device_memory: int | None = None, n_devices: int = 1, model_shards: int = 1,
-             peak_flops: float | None = None, mfu: float = 0.4, xla: bool = True,
-             compile_time: bool = True, progress: bool = False,
-             accelerator: str | None = None) -> dict[str, Any]:
-    """A dry run of ``sc-jax run``: what one seed of every (dataset, k) would score,
-    with no weights read and nothing scored. Returns a JSON-able dict with, per
-    (dataset, k) and job: prompts, (context, query) pairs, ``unique_tokens`` (what the
-    trie computes), ``executed_tokens`` (padded rows x padded lengths, what the device
-    runs), ``padding_tokens`` (their difference), ``flat_tokens`` (full prompts),
-    FLOPs, chunks, micro-batches, the distinct model ``programs``, the planned
-    ``peak_bytes``, per stage (:func:`stage_of`) the same token counts, and:
-
-    * ``xla=True``: XLA's ``xla_peak_bytes`` for the worst program;
-    * ``compile_time=True``: ``compile_seconds``, every distinct model program traced,
-      lowered and compiled with abstract shapes on this backend (:func:`compile_seconds`;
-      a CPU's figure, not a GPU's); a figure of its own, never added to the forward time;
-    * ``forward_seconds_per_seed``: FLOPs at ``mfu`` of ``peak_flops`` per device
-      (None: :func:`device_peak_flops`; ``peak_source`` says where it comes from);
-    * ``tokenizer`` (real or the byte stand-in) and, for the stand-in,
-      ``stand_in_inflation``: its prompt tokens over the Qwen2 vocabulary's on the same
-      prompts (first seed), where that vocabulary is on this machine.
-
-    ``flops`` is what the device executes (padded rows and tokens, attention
-    included); ``model_flops`` is 2 x non-embedding parameters x unique tokens, the
-    usual numerator of MFU. Seeds repeat the same work with other demonstrations, so
-    totals multiply the first seed's figures by the number of seeds.
-    """
-    config, tokenizer = load_config_and_tokenizer(run_config.model)
-    dtype = DTYPES[run_config.dtype]
-    if peak_flops is None:
-        peak_flops, peak_source = device_peak_flops(accelerator, dtype)
-    else:
-        peak_source = "given"
-    platform = "cpu" if device_memory is None and jax.default_backend() == "cpu" else "default"
-    budget = device_memory or device_memory_bytes() or host_memory_bytes()
-    mesh = None
-    if n_devices * model_shards > 1 and (xla or compile_time) and len(jax.devices()) >= n_devices * model_shards:
-        mesh = make_mesh(n_devices, model=model_shards)
-    reference, why = _reference_tokenizer() if isinstance(tokenizer, ByteTokenizer) else (None, "")
-    out = dict(model=run_config.model, dtype=run_config.dtype, budget_bytes=int(budget),
-               n_devices=n_devices, model_shards=model_shards,
-               weight_bytes=weight_bytes(config, dtype, model_shards),
-               kv_bytes_per_token=kv_bytes_per_token(config, dtype, model_shards),
-               peak_flops=peak_flops, peak_source=peak_source, mfu=mfu,
-               seeds=len(run_config.seeds), context_window=config.max_position_embeddings,
-               tokenizer=_tokenizer_label(run_config.model, tokenizer),
-               compile_backend=_backend_name(),
-               settings=[])
-    if why:
-        out["stand_in_inflation_missing"] = why
-    calls_of = functools.partial(
-        engine_calls, config, dtype, mode=run_config.mode, budget_bytes=budget,
-        n_devices=n_devices, platform=platform,
-        max_tokens_per_batch=run_config.max_tokens_per_batch, model_shards=model_shards)
-    datasets = load_datasets(run_config)
-    # The run's own up-front check, every seed: a prompt too long for the context
-    # window is named (task, seed, row) before the memory plan would misread it.
-    device = {"budget_bytes": budget, "n_devices": n_devices, "model_shards": model_shards,
-              "platform": platform}
-    checked = {(c["dataset"], c["k"]): c
-               for c in check_run(run_config, config, tokenizer, datasets, device=device)}
-    pl = _Planner(run_config, config, dtype, tokenizer, reference, calls_of, model_shards, n_devices,
-                  mesh, xla, compile_time, progress)
-    for name, ds in datasets.items():
-        for k in run_config.shots:
-            if ds.n_classes > k:
-                out["settings"].append(dict(dataset=name, k=k, skipped=True))
-                continue
-            setting = _plan_setting(pl, name, ds, k)
-            setting.update(longest_prompt=checked[name, k]["longest_prompt"],
-                           longest_seed=checked[name, k]["longest_seed"])
-            # The mesh's devices share the work: peak_flops is per device.
-            setting["forward_seconds_per_seed"] = setting["flops"] / (mfu * peak_flops * n_devices * model_shards)
-            out["settings"].append(setting)
-    out.update(_run_totals(out["settings"], len(run_config.seeds), pl.measured))
-    return out
-
 
 def _run_totals(settings: list[dict], seeds: int, measured: dict) -> dict[str, Any]:
     """The plan's totals: forward time and FLOPs over every seed, the stand-in's
@@ -588,6 +559,11 @@ def _tokenizer_line(plan: dict[str, Any]) -> str:
             f"{plan.get('stand_in_inflation_missing', 'no reference')})")
 
 
+def _shape(s: dict[str, Any]) -> str:
+    sh = s["shape"]
+    return f"{sh['B']} x {sh['W']}, m {sh['m']}"
+
+
 def _setting_line(s: dict[str, Any]) -> str:
     gib = 2 ** 30
     xla = f"{s['xla_peak_bytes'] / gib:.2f}" if "xla_peak_bytes" in s else "–"
@@ -595,18 +571,43 @@ def _setting_line(s: dict[str, Any]) -> str:
     return (f"| {s['dataset']} | {s['k']} | {s['pairs']:,} | {s['unique_tokens']:,} | "
             f"{s['executed_tokens']:,} | {s['padding_tokens']:,} | {s['executed_per_unique']:.2f}x | "
             f"{s['flat_tokens'] / s['unique_tokens']:.1f}x | {s['flops'] / 1e12:.1f} | "
-            f"{s['micro_batches']:,} | {s['programs']} | {comp} | {s['peak_bytes'] / gib:.2f} | {xla} | "
-            f"{s['forward_seconds_per_seed']:.1f} |")
+            f"{s['calls']:,} | {_shape(s)} | {s['programs']} | {comp} | {s['peak_bytes'] / gib:.2f} | "
+            f"{xla} | {s['forward_seconds_per_seed']:.1f} |")
 
 
 def _padding_lines(done: list[dict]) -> list[str]:
-    """Per setting, the three stages with the most padding."""
+    """Per setting, the three stages with the most padding: their share of the
+    setting's padding, calls, and how much of it is in the unused ends of rows (the
+    rest: the empty rows of each stage's last call)."""
     lines = []
     for s in done:
-        top = list(s["stages"].items())[:3]
-        parts = [f"{name} {st['padding_tokens']:,} ({st['padding_tokens'] / max(s['padding_tokens'], 1):.0%}, "
-                 f"{st['programs']} programs)" for name, st in top]
+        W = s["shape"]["W"]
+        top = sorted(s["stages"].items(), key=lambda kv: -kv[1]["padding_tokens"])[:3]
+        parts = [f"{name} {st['padding_tokens']:,} ({st['padding_tokens'] / max(s['padding_tokens'], 1):.0%}; "
+                 f"{st['calls']} calls, {(st['rows'] * W - st['unique_tokens']) / max(st['padding_tokens'], 1):.0%}"
+                 " in row ends)" for name, st in top]
         lines.append(f"- {s['dataset']} k={s['k']}: " + "; ".join(parts))
+    return lines
+
+
+def _memory_lines(done: list[dict]) -> list[str]:
+    """Per setting, the call shape and the planned peak's parts."""
+    gib = 2 ** 30
+    lines = []
+    for s in done:
+        sh = s["shape"]
+        xla = ""
+        if "xla_peak_bytes" in s:
+            p = s["xla_program"]
+            xla = (f"; XLA {s['xla_peak_bytes'] / gib:.2f} GiB for the S = {p['S']} program "
+                   f"(planned {s['planned_peak_of_that_call'] / gib:.2f})")
+        lines.append(
+            f"- {s['dataset']} k={s['k']}: {s['calls']:,} calls of B {sh['B']} rows x W {sh['W']} "
+            f"tokens, m {sh['m']} cache slots, R {sh['R']} readouts; {s['chunks']} chunk(s); "
+            f"cache buckets S {', '.join(map(str, s['cache_buckets']))}; peak "
+            f"{s['peak_bytes'] / gib:.2f} GiB = weights {s['weight_bytes'] / gib:.2f} + KV levels "
+            f"{s['cache_bytes'] / gib:.2f} ({s['level_peak_tokens']:,} tokens) + one call "
+            f"{s['temp_bytes'] / gib:.2f}{xla}")
     return lines
 
 
@@ -632,18 +633,21 @@ def plan_table(plan: dict[str, Any]) -> str:
              f"{plan['peak_flops'] / 1e12:.3g} TFLOP/s per device "
              f"({plan.get('peak_source', 'given')})", _tokenizer_line(plan), "",
              "| dataset | k | pairs | unique tokens | executed tokens | padding tokens | executed/unique | "
-             f"flat/unique | TFLOP | micro-batches | programs | compile s ({backend}) | peak GiB | "
-             "XLA peak GiB | forward s per seed |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"flat/unique | TFLOP | calls | call shape B x W | programs | compile s ({backend}) | "
+             "peak GiB | XLA peak GiB | forward s per seed |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in plan["settings"]:
         if s.get("skipped"):
             lines.append(f"| {s['dataset']} | {s['k']} | skipped: more classes than demonstrations "
-                         "|" + " |" * 12)
+                         "|" + " |" * 13)
             continue
         lines.append(_setting_line(s))
     done = [s for s in plan["settings"] if not s.get("skipped")]
     if done:
-        lines += ["", "padding (executed - unique tokens) by stage, the largest three:"] + _padding_lines(done)
+        lines += ["", "calls and memory per device (all jobs of a seed in one schedule):"] + _memory_lines(done)
+        lines += ["", ("padding (executed - unique tokens) by stage (d: segments making depth-d trie "
+                       "nodes and query rows after d - 1 demonstrations), the largest three:")]
+        lines += _padding_lines(done)
         w = max(done, key=lambda s: s["longest_prompt"])
         lines += ["", (f"longest prompt over all seeds and stages: {w['longest_prompt']:,} tokens "
                        f"({w['dataset']} k={w['k']} seed {w['longest_seed']}), context window "

@@ -1,6 +1,8 @@
 """The memory plan (sc_jax.plan) and `sc-jax plan`.
 
-* The plan's schedule is the engine's: same forward calls, same unique tokens.
+* The plan's schedule is the engine's: one seed's jobs planned together count the
+  same forward calls, unique and executed tokens and programs as a real
+  ``ScoringEngine.score_jobs`` run.
 * An engine given a budget too small for one context fails before any compile.
 * random:llama-2-7b in bfloat16 at k = 8 (abstract shapes, nothing allocated) with
   80 GiB and 24 GiB: the planned peak is within the budget, and XLA's own figure
@@ -13,7 +15,8 @@
   tokenizes with Qwen2's vocabulary (skipped where it is not on the machine) and a
   preset's identity follows its tokenizer; a byte stand-in's plan states how many
   more tokens it makes than Qwen2's vocabulary, or that it could not measure it.
-* Compile time: one compile per distinct model program, reused across settings.
+* Compile time: one compile per distinct model program (cache bucket), reused across
+  settings.
   No test depends on a timing value.
 """
 
@@ -55,26 +58,39 @@ def data_dir(tmp_path_factory):
 
 
 def test_schedule_is_the_engines():
+    """The plan's replay of one seed's jobs (one trie, one call shape) counts what a
+    real ScoringEngine.score_jobs run with the same budgets does: calls, unique and
+    executed tokens, model programs, the call shape."""
     model = sc_jax.load_model("random:tiny-llama", seed=1)
     rng = np.random.default_rng(0)
-    k = 5
+    k = 4
     short = [" ".join(rng.choice(WORDS, int(n))) for n in rng.integers(1, 6, k + 6)]
-    demos = list(zip(short[:k], [0, 1, 0, 1, 2]))
+    demos = list(zip(short[:k], [0, 1, 0, 2]))
     pieces = build_pieces(model.tokenizer, Template("review:", "sentiment:", ("neg", "pos", "mix")),
                           demos, short)
-    # Several chunks (300 cached tokens hold few contexts) and several micro-batches.
-    for i, tokens, cache in [(3, 512, 300)]:
+    # A full-context job (base) and surrogate jobs of sizes 1 and 2, as one seed's jobs;
+    # 1000 cached tokens make two chunks.
+    jobs = {"base": (np.arange(k)[None], np.stack([np.zeros(6, np.int64), np.arange(k, k + 6)], 1))}
+    for i in (1, 2):
         ctx = all_contexts(k, i)
-        pairs = surrogate_pairs(ctx, k)
-        eng = ScoringEngine(model, max_tokens_per_batch=tokens, max_cache_tokens=cache, progress=False)
-        eng.score(pieces, ctx, pairs)
-        e = plan.engine_calls(model.config, model.dtype, pieces, ctx, pairs, "first_token",
-                              budget_bytes=GIB, n_devices=1, platform="cpu",
-                              max_tokens_per_batch=tokens, max_cache_tokens=cache)
-        assert sum(c.count for c in e["calls"]) == eng.stats.calls
-        assert e["unique_tokens"] == eng.stats.tokens
-        assert sum(1 for c in e["calls"] if c.kind == "score") > 1
-        assert sum(c.count for c in e["calls"] if c.kind == "grow") > 3
+        jobs[f"surrogate{i}"] = (ctx, surrogate_pairs(ctx, k))
+    tokens, cache = 512, 1000
+    eng = ScoringEngine(model, max_tokens_per_batch=tokens, max_cache_tokens=cache, progress=False)
+    eng.score_jobs(pieces, jobs, "first_token")
+    p = plan.engine_plan(model.config, model.dtype, pieces, list(jobs.values()), "first_token",
+                         budget_bytes=GIB, platform="cpu", max_tokens_per_batch=tokens,
+                         max_cache_tokens=cache)
+    r = plan.replay(p.schedule, model.config)
+    st = eng.stats
+    assert (r["calls"], r["unique_tokens"], r["executed_tokens"], r["programs"]) == \
+        (st.calls, st.tokens, st.padded_tokens, st.programs)
+    assert p.schedule.shape == st.shape and r["executed_tokens"] == st.calls * st.shape.B * st.shape.W
+    assert len(p.schedule.chunks) > 1 and st.programs > 2 and len(r["stages"]) == k + 1
+    # Stages add up; depth 1 holds segments only, the last stage (after the full
+    # context) query rows only.
+    for key in ("calls", "unique_tokens", "executed_tokens", "padding_tokens"):
+        assert sum(s[key] for s in r["stages"].values()) == r[key]
+    assert r["stages"]["d=1"]["query_tokens"] == 0 and r["stages"][f"d={k + 1}"]["segment_tokens"] == 0
 
 
 def test_context_that_cannot_fit_fails_before_compiling():
@@ -123,21 +139,26 @@ def test_cli_plan_writes_json(data_dir, tmp_path, capsys):
     p = json.loads(out.read_text())
     s = p["settings"][0]
     for key in ("pairs", "unique_tokens", "executed_tokens", "padding_tokens", "flat_tokens", "flops",
-                "micro_batches", "programs", "compile_seconds", "peak_bytes", "xla_peak_bytes",
-                "forward_seconds_per_seed"):
+                "calls", "chunks", "programs", "compile_seconds", "peak_bytes", "weight_bytes",
+                "cache_bytes", "temp_bytes", "xla_peak_bytes", "forward_seconds_per_seed"):
         assert s[key] > 0, key
     assert s["executed_tokens"] == s["unique_tokens"] + s["padding_tokens"]
     assert s["executed_per_unique"] == pytest.approx(s["executed_tokens"] / s["unique_tokens"])
-    # Every stage's tokens add up to the setting's; a program two stages share counts once.
-    assert sum(st["executed_tokens"] for st in s["stages"].values()) == s["executed_tokens"]
-    assert sum(st["unique_tokens"] for st in s["stages"].values()) == s["unique_tokens"]
-    assert max(st["programs"] for st in s["stages"].values()) <= s["programs"]
+    assert s["executed_tokens"] == s["calls"] * s["shape"]["B"] * s["shape"]["W"]
+    assert s["peak_bytes"] == s["weight_bytes"] + s["cache_bytes"] + s["temp_bytes"]
+    # Every stage's tokens and calls add up to the setting's; one program per cache bucket.
+    for key in ("unique_tokens", "executed_tokens", "padding_tokens", "calls"):
+        assert sum(st[key] for st in s["stages"].values()) == s[key], key
+    assert s["programs"] == len(s["cache_buckets"]) == len({st["S"] for st in s["stages"].values()})
+    assert s["xla_program"]["S"] == max(s["cache_buckets"])
+    assert sum(s["job_pairs"].values()) == s["pairs"] and "surrogate1" in s["job_pairs"]
     assert p["budget_bytes"] == 2 * GIB and p["seeds"] == 2 and p["programs"] == s["programs"]
     out = capsys.readouterr().out
     for column in ("| unique tokens | executed tokens | padding tokens | executed/unique |",
-                   "| programs | compile s (cpu) |", "| forward s per seed |"):
+                   "| calls | call shape B x W | programs | compile s (cpu) |", "| forward s per seed |"):
         assert column in out
     assert "\ntokenizer: byte stand-in" in out and "padding (executed - unique tokens) by stage" in out
+    assert "calls and memory per device" in out and " cache slots, R " in out
     assert "distinct model programs over the run" in out and "not included in the forward time" in out
 
 
@@ -275,30 +296,30 @@ def test_plan_says_when_the_inflation_is_not_measured(data_dir, monkeypatch):
 
 
 def test_compile_seconds_per_distinct_program():
-    """Every distinct model program compiled once with abstract shapes; a program
-    measured for one setting is not compiled again for another."""
+    """Every distinct model program (one per cache bucket) compiled once with abstract
+    shapes; a program measured for one setting is not compiled again for another."""
     cfg = preset("tiny-llama")
     rng = np.random.default_rng(2)
     texts = _reviews(rng, 6)
     pieces = build_pieces(ByteTokenizer(cfg.vocab_size), Template("review:", "sentiment:", ("neg", "pos")),
                           list(zip(texts[:4], [0, 1, 0, 1])), texts)
     ctx = all_contexts(4, 2)
-    e = plan.engine_calls(cfg, np.float32, pieces, ctx, surrogate_pairs(ctx, 4), "first_token",
-                          budget_bytes=GIB, n_devices=1, platform="cpu", max_tokens_per_batch=512,
-                          max_cache_tokens=1024)
-    keys = {c.key for c in e["calls"]}
+    p = plan.engine_plan(cfg, np.float32, pieces, [(ctx, surrogate_pairs(ctx, 4))], "first_token",
+                         budget_bytes=GIB, platform="cpu", max_tokens_per_batch=512,
+                         max_cache_tokens=4096)
+    sh, buckets = p.schedule.shape, sorted(p.schedule.programs)
     measured = {}
-    c = plan.compile_seconds(cfg, np.float32, e["calls"] * 2, measured=measured, mode="first_token",
+    c = plan.compile_seconds(cfg, np.float32, sh, buckets * 2, measured=measured, mode="first_token",
                              n_labels=2)
-    assert c["programs"] == len(keys) == len(measured) > 2
+    assert c["programs"] == len(buckets) == len(measured) > 2
     assert c["compile_seconds"] > 0 and all(m["seconds"] > 0 for m in measured.values())
     before = dict(measured)
-    assert plan.compile_seconds(cfg, np.float32, e["calls"][:2], measured=measured, mode="first_token",
-                                n_labels=2)["programs"] == len({x.key for x in e["calls"][:2]})
+    assert plan.compile_seconds(cfg, np.float32, sh, buckets[:2], measured=measured, mode="first_token",
+                                n_labels=2)["programs"] == 2
     assert measured == before
-    # Sequence mode's query program (no label rows) compiles too.
-    score = next(x for x in e["calls"] if x.kind == "score")
-    seq = plan.compile_seconds(cfg, np.float32, [score], measured=measured, mode="sequence", n_labels=2)
+    # Sequence mode's program (full-vocabulary readouts, no label rows) compiles too.
+    seq = plan.compile_seconds(cfg, np.float32, sh, buckets[:1], measured=measured, mode="sequence",
+                               n_labels=2)
     assert seq["programs"] == 1 and len(measured) == len(before) + 1
 
 
