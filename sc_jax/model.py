@@ -214,7 +214,7 @@ class Decoder(nnx.Module):
 
     # ------------------------------------------------------------------ forward
     def __call__(self, tokens, positions, valid, cache: KVCache | None = None,
-                 packing: "Packing | None" = None):
+                 packing: Packing | None = None):
         """Run the new tokens (optionally after a cached prefix).
 
         tokens, positions: ``[B, T]`` int32; valid: ``[B, T]`` bool (False = padding).

@@ -129,14 +129,16 @@ def chunk_bounds(sorted_ctx: np.ndarray, level_len, max_cache_tokens: int) -> li
     real = sorted_ctx >= 0
     M = len(sorted_ctx)
     out, s = [], 0
+
+    def fits(s, e):  # contexts s..e-1: the first one creates every node of its own
+        counts = cum[e] - cum[s] - new[s] + real[s]
+        return int((counts * per).max()) <= max_cache_tokens
+
     while s < M:
-        def fits(e):  # contexts s..e-1: the first one creates every node of its own
-            counts = cum[e] - cum[s] - new[s] + real[s]
-            return int((counts * per).max()) <= max_cache_tokens
-        lo, hi = s + 1, M  # the largest e with fits(e); one context always runs
+        lo, hi = s + 1, M  # the largest e with fits(s, e); one context always runs
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if fits(mid):
+            if fits(s, mid):
                 lo = mid
             else:
                 hi = mid - 1
@@ -150,7 +152,7 @@ def build_chunks(jobs, nr: int, seg_len: np.ndarray, n_bos: int, level_len,
     """The chunks of the union trie of ``jobs`` (each ``(contexts [M_j, i_j], pairs
     [N_j, 2])``). Output index of job j's pair r, label row t: ``offset_j + r * nr + t``
     with ``offset_j`` the rows of the jobs before it."""
-    ctx, sizes, ctx_off = _padded_contexts(jobs)
+    ctx, _, ctx_off = _padded_contexts(jobs)
     order = np.lexsort(ctx.T[::-1])
     sorted_ctx = ctx[order]
     rank = np.empty(len(order), np.int64)
@@ -320,7 +322,7 @@ class CostModel:
     call: float
 
     @classmethod
-    def of(cls, config) -> "CostModel":
+    def of(cls, config) -> CostModel:
         c = config
         nonembed = c.num_params() - c.vocab_size * c.hidden_size * (1 if c.tie_word_embeddings else 2)
         token = 2.0 * nonembed
@@ -361,7 +363,7 @@ def choose_shape(stage_items_list, buckets, cost: CostModel, *, max_tokens: int,
                 if best is None or total < best[1]:
                     best = (PackShape(b, W, m), total)
     if best is None:  # nothing fits the budget: the smallest shape, for the error message
-        W = [w for w in WIDTHS if w >= longest][0] if longest <= WIDTHS[-1] else pow2_at_least(longest)
+        W = next((w for w in WIDTHS if w >= longest), pow2_at_least(longest))
         return PackShape(n_devices, W, 1), float("inf")
     return best
 

@@ -23,10 +23,6 @@ trie level: half of the rest, since two levels are alive at once).
 
 The budget is ``device.memory_stats()["bytes_limit"]`` where the backend reports it
 (GPUs, TPUs); otherwise (CPU) the host's physical memory, or what the caller passes.
-
-The end of the module keeps the previous engine's budget model
-(:func:`plan_budgets`, :func:`engine_shapes` and what they use) for
-:func:`sc_jax.experiment.check_run` until that check moves to :func:`plan_schedule`.
 """
 
 from __future__ import annotations
@@ -38,7 +34,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .loading import bucket_batch
 from .prompts import PromptPieces
 
 #: Fraction of the budget left to the runtime (XLA workspace, fragmentation).
@@ -169,7 +164,7 @@ class Budgets:
 class Planned:
     """A packed schedule and the budgets it was made under."""
 
-    schedule: "Schedule"
+    schedule: "sc_jax.packing.Schedule"  # noqa: F821
     budgets: Budgets
 
 
@@ -249,157 +244,3 @@ def plan_schedule(config, dtype, pieces: PromptPieces, jobs, mode: str, *, budge
             f"{t / gib:.2f}), over the {budget_bytes / gib:.2f} GiB budget: lower "
             f"max_tokens_per_batch ({tokens}) or max_cache_tokens ({cache})")
     return Planned(sched, b)
-
-
-# ------------------------------------------------------------------ the previous engine's budgets
-# Only sc_jax.experiment's up-front check (plan_budgets, engine_shapes, EngineShapes)
-# uses these; they go when that check moves to plan_schedule.
-def micro_batch(n_rows: int, width: int, max_tokens_per_batch: int, n_devices: int = 1) -> int:
-    """Rows per forward call: the largest power of two whose rows of ``width``
-    padded tokens fit ``max_tokens_per_batch``, no more than ``n_rows`` needs,
-    rounded up to a multiple of the mesh's data axis."""
-    b = max(1, max_tokens_per_batch // max(width, 1))
-    b = 1 << (b.bit_length() - 1)  # power of two
-    b = min(b, bucket_batch(n_rows, 1))
-    return round_up(max(b, 1), n_devices)  # the batch axis is split over the mesh
-
-
-def engine_shapes(pieces: PromptPieces, i: int, mode: str) -> "EngineShapes":
-    """The padded lengths the engine uses for contexts of size ``i``: one segment
-    length and one query length per call (bounded compiles)."""
-    k = len(pieces.demos)
-    T_seg = round_up(max(len(pieces.bos) + len(pieces.segment(j)) for j in range(k)), 8)
-    rows_all, _, _ = query_rows(pieces, mode, range(len(pieces.queries)))
-    T_q = round_up(max(len(r) for r in rows_all), 8)
-    P = 1 if mode != "sequence" else max(len(l) for l in pieces.labels)
-    lens = [0]
-    for _ in range(i):
-        lens.append(round_up(lens[-1] + T_seg, 32))
-    return EngineShapes(T_seg, T_q, P, tuple(lens))
-
-
-@dataclasses.dataclass(frozen=True)
-class EngineShapes:
-    """Padded lengths of one engine call: segment ``T_seg``, query row ``T_q``,
-    gathered positions per row ``P``, cache length after each depth ``lens``."""
-
-    T_seg: int
-    T_q: int
-    P: int
-    lens: tuple[int, ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class Call:
-    """One jitted engine program and how often it runs. ``kind``: "grow" (extend
-    ``B`` cache rows of ``S`` tokens by ``T`` new tokens into a level of ``out_len``)
-    or "score" (``B`` query rows of ``T`` tokens after ``Bc`` gathered cache rows of
-    ``S``); ``rows``: rows of the resident level buffer(s) it reads and writes."""
-
-    kind: str
-    B: int
-    T: int
-    S: int
-    Bc: int
-    out_len: int
-    level_rows: int
-    parent_rows: int
-    parent_len: int
-    count: int = 1
-
-    @property
-    def key(self):
-        """What determines the shape of its model program (the gathers and in-place
-        writes around it are model-free programs that compile in milliseconds)."""
-        return (self.kind, self.B, self.T, self.S, self.Bc)
-
-
-def call_temp_bytes(config, dtype, call: Call, model_shards: int = 1) -> int:
-    """Estimated temporaries of one engine call on one device (beyond its arguments
-    and the level buffer it updates in place).
-
-    gathered cache rows ``[L, Bc, S, K, Dh] x 2`` (the model program's input); for
-    growth, the scan's stacked new keys and values ``[L, B, T, K, Dh] x 2`` (its
-    output, written in place into the level afterwards; query calls discard them and
-    XLA removes them); one layer's working set: hidden states, q/k/v with their float32 rotary
-    copies, attention scores ``[B, H, T, S + T]`` in float32 plus probabilities, the
-    MLP's gate, up and product ``[B, T, F]``.
-    """
-    c, e = config, _itemsize(dtype)
-    L, K, Dh, H, D, F = (c.num_layers, c.num_kv_heads, c.head_dim, c.num_heads, c.hidden_size,
-                         c.intermediate_size)
-    kv_row = 2 * L * K * Dh * e // model_shards  # one token's KV, all layers
-    gathered = call.Bc * call.S * kv_row
-    grow = call.kind == "grow"
-    seg = call.B * call.T * kv_row if grow else 0
-    BT = call.B * call.T
-    heads = (H + 2 * K) * Dh // model_shards
-    layer = BT * (4 * D * e + heads * (e + 4) + 3 * F * e // model_shards) \
-        + BT * (H // model_shards) * (call.S + call.T) * (4 + e)
-    return int(gathered + seg + layer + BT * D * e)
-
-
-@dataclasses.dataclass(frozen=True)
-class OldBudgets:
-    """The engine's knobs from a memory budget, and the figures behind them."""
-
-    budget_bytes: int
-    weight_bytes: int
-    kv_bytes_per_token: int
-    max_tokens_per_batch: int
-    max_cache_tokens: int
-    temp_bytes: int
-    max_group: int
-
-
-def plan_budgets(config, dtype, shapes, *, budget_bytes: int, G: int, n_devices: int = 1,
-                 model_shards: int = 1, platform: str = "default") -> OldBudgets:
-    """``max_tokens_per_batch`` and ``max_cache_tokens`` for contexts of ``shapes``
-    within ``budget_bytes`` per device. Raises :class:`PlanError`, naming the
-    numbers, when the weights or one context with its smallest call cannot fit."""
-    w = weight_bytes(config, dtype, model_shards)
-    kvb = kv_bytes_per_token(config, dtype, model_shards)
-    usable = int(budget_bytes * (1 - RESERVE))
-    gib = 2 ** 30
-    if w >= usable:
-        raise PlanError(f"the weights need {w / gib:.2f} GiB per device, more than the "
-                        f"{usable / gib:.2f} GiB usable of a {budget_bytes / gib:.2f} GiB budget "
-                        f"(after a {RESERVE:.0%} reserve); shard them over more devices or use a "
-                        "smaller dtype")
-    avail = usable - w
-    S = shapes.lens[-1]
-
-    def worst(tokens: int, G: int = G) -> int:
-        # The largest calls of a run at this token budget: the deepest growth step
-        # and a query group batch.
-        Bg = micro_batch_rows(tokens, S, n_devices)
-        Bq = micro_batch_rows(tokens, S + G * shapes.T_q, n_devices)
-        grow = Call("grow", Bg, shapes.T_seg, shapes.lens[-2] if len(shapes.lens) > 1 else 0, Bg,
-                    S, Bg, Bg, 0)
-        score = Call("score", Bq * G, shapes.T_q, S, Bq, 0, Bq, 0, 0)
-        return max(call_temp_bytes(config, dtype, grow, model_shards),
-                   call_temp_bytes(config, dtype, score, model_shards))
-
-    cap = MAX_TOKENS_PER_BATCH.get(platform, MAX_TOKENS_PER_BATCH["default"])
-    # Query rows share a gathered cache row in groups of G, so a query call has at
-    # least G rows: when even that does not leave room for one context's levels,
-    # smaller groups are used.
-    while G > 1 and worst(256, G) + 2 * S * kvb > avail:
-        G //= 2
-    tokens = cap
-    while tokens > 256 and worst(tokens, G) > ACTIVATION_SHARE * avail:
-        tokens //= 2
-    temp = worst(tokens, G)
-    cache_tokens = int((avail - temp) // (2 * kvb))
-    if cache_tokens < S:
-        raise PlanError(
-            f"one context of {S} padded tokens needs {2 * S * kvb / gib:.3f} GiB of KV cache "
-            f"(parent and child levels) plus {temp / gib:.3f} GiB for its smallest forward call, "
-            f"but only {avail / gib:.3f} GiB per device remain after the weights "
-            f"({w / gib:.2f} GiB) in a {budget_bytes / gib:.2f} GiB budget")
-    return OldBudgets(int(budget_bytes), w, kvb, int(tokens), cache_tokens, int(temp), int(G))
-
-
-def micro_batch_rows(tokens: int, width: int, n_devices: int) -> int:
-    """Rows of ``width`` tokens in a call of at most ``tokens`` (unbounded row count)."""
-    return micro_batch(1 << 30, width, tokens, n_devices)

@@ -498,7 +498,7 @@ class ScoringEngine:
         out = np.zeros((sched.n_out, n) if not seq else (sched.n_out,), np.float32)
         left = np.zeros(len(tags), np.int64)  # readouts still to come, per job
         for ch in sched.trie:
-            for d, (node, qrow, dest) in ch.queries.items():
+            for _, qrow, dest in ch.queries.values():
                 job = np.searchsorted(offsets, dest, side="right") - 1
                 np.add.at(left, job, tok.readouts[qrow])
 

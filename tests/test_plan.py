@@ -311,11 +311,11 @@ def test_compile_seconds_per_distinct_program():
     measured = {}
     c = plan.compile_seconds(cfg, np.float32, sh, buckets * 2, measured=measured, mode="first_token",
                              n_labels=2)
-    assert c["programs"] == len(buckets) == len(measured) > 2
+    assert c["programs"] == len(buckets) == len(measured) >= 2
     assert c["compile_seconds"] > 0 and all(m["seconds"] > 0 for m in measured.values())
     before = dict(measured)
-    assert plan.compile_seconds(cfg, np.float32, sh, buckets[:2], measured=measured, mode="first_token",
-                                n_labels=2)["programs"] == 2
+    assert plan.compile_seconds(cfg, np.float32, sh, buckets[:1], measured=measured, mode="first_token",
+                                n_labels=2)["programs"] == 1
     assert measured == before
     # Sequence mode's program (full-vocabulary readouts, no label rows) compiles too.
     seq = plan.compile_seconds(cfg, np.float32, sh, buckets[:1], measured=measured, mode="sequence",
