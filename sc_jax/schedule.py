@@ -128,7 +128,8 @@ def packed_temp_bytes(config, dtype, B: int, W: int, m: int, S: int, *, R: int =
     The gathered cache ``[L, B, m x S, K, Dh] x 2`` (the model program's input); the
     scan's stacked new keys and values ``[L, B, W, K, Dh] x 2`` (its output); one
     layer's working set: hidden states, q/k/v with their float32 rotary copies,
-    attention scores ``[B, H, W, m x S + W]`` in float32 plus probabilities, the MLP's
+    attention scores ``[B, H, W, m x S + W]`` in float32 twice (the cached and packed
+    keys' scores, then their concatenation) plus probabilities, the MLP's
     gate, up and product ``[B, W, F]``; in sequence mode the full-vocabulary logits of
     the ``R`` readouts in float32.
     """
@@ -139,7 +140,7 @@ def packed_temp_bytes(config, dtype, B: int, W: int, m: int, S: int, *, R: int =
     BW = B * W
     heads = (H + 2 * K) * Dh // model_shards
     layer = BW * (4 * D * e + heads * (e + 4) + 3 * F * e // model_shards) \
-        + BW * (H // model_shards) * (m * S + W) * (4 + e)
+        + BW * (H // model_shards) * (m * S + W) * (8 + e)
     vocab = 2 * R * c.vocab_size * 4 // model_shards if sequence else 0
     return int(B * m * S * kv_row + BW * kv_row + layer + BW * D * e + vocab)
 
