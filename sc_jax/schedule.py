@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .packing import CostModel, build_schedule, cache_bucket, level_lengths
 from .prompts import PromptPieces
 
 #: Fraction of the budget left to the runtime (XLA workspace, fragmentation).
@@ -204,8 +205,6 @@ def plan_schedule(config, dtype, pieces: PromptPieces, jobs, mode: str, *, budge
     (``prefer``: an earlier schedule's shape, kept where it fits). Raises
     :class:`PlanError`, naming the numbers, when the weights or one context with its
     smallest call cannot fit, or (``enforce``) when the planned peak is over budget."""
-    from .packing import CostModel, build_schedule, cache_bucket, level_lengths
-
     w = weights_fit(config, dtype, budget_bytes, model_shards)
     kvb = kv_bytes_per_token(config, dtype, model_shards)
     gib = 2 ** 30

@@ -117,18 +117,17 @@ def test_option_ranges(tmp_path, capsys, option, message):
 
 
 def test_a_context_that_cannot_fit_the_memory_budget_fails_before_the_weights_load(tmp_path, capsys):
-    # random:llama-2-7b in bfloat16: 12.55 GiB of weights leave 0.23 GiB of a 14.2 GiB
-    # budget, less than one k = 8 context's KV cache. Before, the run loaded the
-    # weights (13 GB) and failed in the engine.
+    # random:llama-2-7b in bfloat16: 12.55 GiB of weights leave 0.17 GiB of a 14.2 GiB
+    # budget after one call's share, less than one k = 8 context's KV cache. Before,
+    # the run loaded the weights (13 GB) and failed in the engine.
     path = _write(tmp_path / "rt.jsonl", _short(40), np.arange(40) % 2)
     argv = ["run", "--out", str(tmp_path / "out"), "--data-file", str(path), "--model",
             "random:llama-2-7b", "--dtype", "bfloat16", "--device-memory", "14.2GiB", "--shots",
             "8", "--seeds", "1", "--test-size", "8", "--quiet"]
     rc, errors, _ = _run(argv, capsys)
     assert rc == 2 and len(errors) == 1
-    assert errors[0].startswith("error: rotten_tomatoes, k=8, seed 0, k-shot prompt (Base, BC): "
-                                "one context of ")
-    assert "only 0.229 GiB per device remain after the weights (12.55 GiB)" in errors[0]
+    assert errors[0].startswith("error: rotten_tomatoes, k=8, seed 0: one context of ")
+    assert "only 0.172 GiB per device remain after the weights (12.55 GiB)" in errors[0]
     # The weights alone: one line naming no dataset.
     rc, errors, _ = _run([a if a != "14.2GiB" else "8GiB" for a in argv], capsys)
     assert rc == 2 and errors[0].startswith("error: the weights need 12.55 GiB per device")
