@@ -247,6 +247,21 @@ def stage_items(chunk: Chunk, d: int, seg_len, qlen, n_bos: int):
     return [c[order] for c in cols]
 
 
+def _next_fit(length: np.ndarray, cache: np.ndarray, W: int, m: int):
+    """Next fit, item by item: (starts a new row, opens a new slot, column, slot)."""
+    o, used, last = W, m, -1
+    for ln, c in zip(length.tolist(), cache.tolist()):
+        new_row = o + ln > W or (c != last and used == m)
+        if new_row:
+            o, used, last = 0, 0, -1
+        new_slot = c != last
+        if new_slot:
+            used += 1
+            last = c
+        yield new_row, new_slot, o, used - 1
+        o += ln
+
+
 def pack(length: np.ndarray, cache: np.ndarray, W: int, m: int):
     """Next-fit packing of items (in order) into rows of ``W`` tokens with at most
     ``m`` distinct cache nodes per row. Returns (row, off, slot) per item and the
@@ -258,20 +273,13 @@ def pack(length: np.ndarray, cache: np.ndarray, W: int, m: int):
     off = np.empty(n, np.int64)
     slot = np.empty(n, np.int64)
     slots: list[list[int]] = []
-    r, o, used, last = -1, W, m, -1
-    L, C = length.tolist(), cache.tolist()
-    for j in range(n):
-        ln, c = L[j], C[j]
-        if o + ln > W or (c != last and used == m):
-            r += 1
-            o, used, last = 0, 0, -1
+    C = cache.tolist()
+    for j, (new_row, new_slot, o, sl) in enumerate(_next_fit(length, cache, W, m)):
+        if new_row:
             slots.append([])
-        if c != last:
-            slots[r].append(c)
-            used += 1
-            last = c
-        row[j], off[j], slot[j] = r, o, used - 1
-        o += ln
+        if new_slot:
+            slots[-1].append(C[j])
+        row[j], off[j], slot[j] = len(slots) - 1, o, sl
     nodes = np.zeros((len(slots), m), np.int64)
     for i, s in enumerate(slots):
         nodes[i, :len(s)] = s
@@ -286,16 +294,7 @@ def pack_stage(items, d: int, S: int, W: int, m: int) -> Stage:
 
 def count_rows(length: np.ndarray, cache: np.ndarray, W: int, m: int) -> int:
     """Rows :func:`pack` makes (without building its arrays)."""
-    rows, o, used, last = 0, W, m, -1
-    for ln, c in zip(length.tolist(), cache.tolist()):
-        if o + ln > W or (c != last and used == m):
-            rows += 1
-            o, used, last = 0, 0, -1
-        if c != last:
-            used += 1
-            last = c
-        o += ln
-    return rows
+    return sum(new_row for new_row, *_ in _next_fit(length, cache, W, m))
 
 
 # ------------------------------------------------------------------ shapes and costs
