@@ -75,9 +75,13 @@ log = logging.getLogger(__name__)
 # sc_star: SC* as fit_batch(sc_star=True) fits it, with the run's trust region (at
 # tau = 0.997 and w = 1 it bounds |b| near 0.08); sc_star_free: the bias-only fit of the
 # paper's description and the reference code, with no trust region (tau = -1).
-METHODS = ("base", "cc", "dc", "bc", "bc_reference", "sc_star", "sc_star_free", "sc")
-# Per SC method of METHODS: fit SC* (w = 1) or not, and its tau (None: the run's).
-SC_FITS = {"sc": (False, None), "sc_star": (True, None), "sc_star_free": (True, -1.0)}
+# sc_paper: SC as the paper fits it (guard "none"), reported beside the run's SC so that
+# a table shows what the guard changed; with --guard none the two are the same fits.
+METHODS = ("base", "cc", "dc", "bc", "bc_reference", "sc_star", "sc_star_free", "sc",
+           "sc_paper")
+# Per SC method of METHODS: fit SC* (w = 1) or not, its tau and its guard (None: the run's).
+SC_FITS = {"sc": (False, None, None), "sc_star": (True, None, None),
+           "sc_star_free": (True, -1.0, None), "sc_paper": (False, None, "none")}
 # The run's guard (sc_jax.calibrators.fit_batch): SC* for a size whose surrogate data
 # the LLM scores below chance. A deviation from the paper, chosen on the development
 # tasks (Rotten Tomatoes, SST-2, AG News; seeds 100-104; README "Real data"), where the
@@ -581,18 +585,21 @@ def _param_record(name: str, k: int, seed: int, size: int, method: str, r) -> di
 
 def _fit_sc(scores: dict[int, SeedScores], name: str, k: int, config: RunConfig,
             lam: float) -> tuple[dict, list[dict]]:
-    """SC, SC* and SC* without trust region (those of ``config.methods``; :data:`SC_FITS`)
-    for every (seed, size) of one (dataset, k): method -> {(seed, size): fit}, and one
-    param record per fit."""
+    """SC, SC*, SC* without trust region and the paper's SC (those of ``config.methods``;
+    :data:`SC_FITS`) for every (seed, size) of one (dataset, k): method -> {(seed, size):
+    fit}, and one param record per fit."""
     # Every (seed, size) of this (dataset, k) in one batched solver call.
     keys = [(seed, i) for seed in config.seeds for i in config.sizes(k)]
     problems = [(log_odds(scores[seed].surrogate[i][0]), scores[seed].surrogate[i][1],
                  scores[seed].surrogate[i][2]) for seed, i in keys]
-    fits, params = {}, []
-    for method, (star, tau) in SC_FITS.items():
+    fits, params, solved = {}, [], {}
+    for method, (star, tau, guard) in SC_FITS.items():
         if method in config.methods:
-            res = fit_batch(problems, lambda_inv=lam, tau=config.tau if tau is None else tau,
-                            solver=config.solver, sc_star=star, guard=config.guard)
+            how = (star, config.tau if tau is None else tau, guard or config.guard)
+            if how not in solved:  # sc_paper under --guard none is sc: fitted once
+                solved[how] = fit_batch(problems, lambda_inv=lam, tau=how[1],
+                                        solver=config.solver, sc_star=star, guard=how[2])
+            res = solved[how]
             fits[method] = dict(zip(keys, res))
             params += [_param_record(name, k, seed, i, method, r) for (seed, i), r in zip(keys, res)]
     return fits, params
@@ -702,7 +709,7 @@ def run_lock(out: Path):
 
 # Methods that runs made before them lack in their run_config.json and
 # results.json: resuming such a run with the default --methods only adds them.
-ADDED_METHODS = ("bc_reference", "sc_star_free")
+ADDED_METHODS = ("bc_reference", "sc_star_free", "sc_paper")
 
 
 def _config_differences(old: dict, new: dict) -> list[str]:

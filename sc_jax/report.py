@@ -29,7 +29,8 @@ from .samples import read_samples, rows_from_samples, samples_markdown
 # "SC* (no trust region)": the bias-only fit without the trust region (tau = -1), as
 # the paper describes SC* and the reference code fits it; "SC*" keeps it.
 METHOD_NAMES = {"base": "Base", "cc": "CC", "dc": "DC", "bc": "BC", "bc_reference": "BC (code)",
-                "sc_star": "SC*", "sc_star_free": "SC* (no trust region)", "sc": "SC"}
+                "sc_star": "SC*", "sc_star_free": "SC* (no trust region)", "sc": "SC",
+                "sc_paper": "SC (paper, no guard)"}
 CSV_FIELDS = ("dataset", "model", "shots", "method", "seed", "accuracy", "macro_f1", "ece")
 
 

@@ -86,7 +86,10 @@ def test_killed_run_resumes_identically(config, tmp_path, monkeypatch, capsys):
     base = {r["seed"]: r["accuracy"] for r in reference.rows if r["method"] == "base"}
     star = {r["seed"]: r["accuracy"] for r in reference.rows if r["method"] == "sc_star"}
     free = {r["seed"]: r["accuracy"] for r in reference.rows if r["method"] == "sc_star_free"}
-    assert set(free) == {0, 1}  # a run reports SC* both ways by default
+    paper = {r["seed"]: r["accuracy"] for r in reference.rows if r["method"] == "sc_paper"}
+    assert set(free) == set(paper) == {0, 1}  # SC* both ways and the paper's SC by default
+    fitted = [p for p in reference.data["params"] if p["method"] == "sc_paper"]
+    assert fitted and not any(p["guarded"] for p in fitted)  # fitted with guard "none"
     run_lam = reference.data["lambda_inv"]
     for seed in (0, 1):
         mine = {r["setting"]: r["accuracy"] for r in rows if r["seed"] == seed}
@@ -99,7 +102,8 @@ def test_killed_run_resumes_identically(config, tmp_path, monkeypatch, capsys):
         assert mine["guard: SC* where below chance"] == sc[seed]
         assert mine["SC* at every size"] == star[seed]
         assert mine["SC* without trust region at every size"] == free[seed]
-        assert "paper (no guard)" in mine
+        # The run's sc_paper is the guard study's unguarded fit, refitted apart.
+        assert mine["paper (no guard)"] == paper[seed]
         assert "m=4" not in mine and {"SC_1", "SC_2", "m=1"} <= set(mine)
     # lambda_inv "paper" is 10 P / N per problem: 4 queries x 3 contexts of size 1.
     assert ablation.paper_lambda_inv(np.repeat(np.arange(4), 3)) == 10.0 * 12 / 12
@@ -149,7 +153,8 @@ def test_skips_when_classes_exceed_shots(config, tmp_path, caplog):
     for stage in stages:
         assert sum(line.startswith(f"{seed0} {stage}") for line in lines[3:8]) == 1, (stage, lines)
     assert lines[3].startswith(f"{seed0} surrogate prompt of size 1")
-    assert lines[-2].startswith("[rotten_tomatoes k=2] fitted 3 SC / SC* problems (1 seeds x 1 sizes)")  # SC, SC*, SC* free
+    # SC, SC*, SC* without trust region and the paper's SC: four fits of the one size.
+    assert lines[-2].startswith("[rotten_tomatoes k=2] fitted 4 SC / SC* problems (1 seeds x 1 sizes)")
     assert lines[-1] == f"writing the tables and plots into {tmp_path / 'run'}"
     assert {r["dataset"] for r in res.rows} == {"rotten_tomatoes"}
     assert any("3 classes > 2 demonstrations" in note for note in res.data["notes"])
@@ -192,7 +197,7 @@ def test_log_samples_writes_records_that_reproduce_the_rows(config, tmp_path):
     assert len(recs) == len(cfg.seeds) * cfg.test_size
     assert samples.check_samples(recs, res.rows) == []
     assert set(recs[0]["probs"]) == set(cfg.methods) == set(recs[0]["pred"])
-    assert set(recs[0]["sc_sizes"]) == {"sc", "sc_star", "sc_star_free"}
+    assert set(recs[0]["sc_sizes"]) == {"sc", "sc_star", "sc_star_free", "sc_paper"}
     assert set(recs[0]["sc_sizes"]["sc"]) == {"1", "2"}
     ds = data.load_task("rotten_tomatoes", data_file=config["data_files"][0][1])
     for r in recs:

@@ -2,13 +2,18 @@
 
 One block of rows per model: Base, CC, DC, BC, BC (code) (ours only), SC* and SC* (no
 TR) (ours only; the paper's main tables have no SC* row; SC* keeps the trust region,
-SC* (no TR) is the unconstrained bias-only fit) and SC, as mean ± s.d. over seeds in %, one
+SC* (no TR) is the unconstrained bias-only fit), SC (the run's, with its guard) and SC
+(paper) (ours only: the paper's fit, no guard), as mean ± s.d. over seeds in %, one
 column per task in the paper's order, and Avg over the columns shown. BC is the paper's
 p / mean p; BC (code) is softmax(p - mean p), what the reference code computes
 (sc_jax.baselines.batch_calibration_reference). Each block ends with SC's margin over
-both, "SC - BC" and "SC - BC (code)" (differences of the means, per task and Avg; the
-paper's blocks have only the first). The margins are not candidates for bold. A run
-whose results.json predates bc_reference gets it from its per-sample records when
+both, "SC - BC" and "SC - BC (code)": the difference of the means per task and Avg,
+and for our runs its 95% paired bootstrap interval over seeds in brackets (per task:
+the seeds' differences resampled with replacement, as `sc-jax report` does; Avg: each
+task's seeds resampled independently, then averaged over the tasks). The paper's blocks
+have only the first margin and no interval (the paper gives means and s.d. only). The
+margins are not candidates for bold. A run whose results.json predates bc_reference
+(or SC* without trust region, or SC (paper)) gets them from its per-sample records when
 they are there (`sc-jax report DIR --log-samples` writes them from its score files). The paper's blocks are recomputed from
 its cells over the same tasks, so that every Avg in the table averages the same
 columns (`paper_tables.py` lists where the paper's own Avg differs from its cells).
@@ -26,6 +31,8 @@ import statistics
 import sys
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from sc_jax.named_models import display_name  # noqa: E402
@@ -33,16 +40,35 @@ from sc_jax.report import load_results, summarize  # noqa: E402
 from sc_jax.samples import read_samples, rows_from_samples
 
 HERE = Path(__file__).resolve().parent
-OURS = ("base", "cc", "dc", "bc", "bc_reference", "sc_star", "sc_star_free", "sc")
+OURS = ("base", "cc", "dc", "bc", "bc_reference", "sc_star", "sc_star_free", "sc", "sc_paper")
 LABELS = {"base": "Base", "cc": "CC", "dc": "DC", "bc": "BC", "bc_reference": "BC (code)",
-          "sc_star": "SC*", "sc_star_free": "SC* (no TR)", "sc": "SC"}
+          "sc_star": "SC*", "sc_star_free": "SC* (no TR)", "sc": "SC", "sc_paper": "SC (paper)"}
 MARGINS = ("bc", "bc_reference")  # SC minus each, per task
+N_BOOT = 10000
 
 
 def margin(cells: dict, baseline: str, tasks) -> list:
     """SC's mean minus ``baseline``'s mean per task (None where either is missing)."""
     sc, other = cells.get("sc", {}), cells.get(baseline, {})
     return [sc[t][0] - other[t][0] if t in sc and t in other else None for t in tasks]
+
+
+def margin_intervals(seeds: dict, baseline: str, tasks, *, n_boot: int = N_BOOT,
+                     seed: int = 0) -> dict | None:
+    """95% paired bootstrap intervals of SC minus ``baseline`` over seeds, in %:
+    {task: (low, high)} and "avg": (low, high) of the mean over ``tasks``; None unless
+    every task has both methods. ``seeds``: method -> task -> {seed: value in %}."""
+    rng = np.random.default_rng(seed)
+    draws = []
+    for t in tasks:
+        a, b = seeds.get("sc", {}).get(t), seeds.get(baseline, {}).get(t)
+        if not a or not b:
+            return None
+        diff = np.array([a[x] - b[x] for x in sorted(set(a) & set(b))])
+        draws.append(diff[rng.integers(0, len(diff), (n_boot, len(diff)))].mean(axis=1))
+    out = {t: tuple(np.percentile(d, [2.5, 97.5])) for t, d in zip(tasks, draws)}
+    out["avg"] = tuple(np.percentile(np.mean(draws, axis=0), [2.5, 97.5]))
+    return out
 
 
 def blocks(run_dirs, paper: dict, shots: int, metric: str):
@@ -68,13 +94,19 @@ def blocks(run_dirs, paper: dict, shots: int, metric: str):
                 cells.setdefault(method, {})[task] = (100 * mean, 100 * sd)
         if not cells:
             raise ValueError(f"{run}: no results at k = {shots}")
+        seeds = {}  # method -> task -> {seed: value in %}, for the margins' intervals
+        for r in rows:
+            if r["shots"] == shots:
+                seeds.setdefault(r["method"], {}).setdefault(r["dataset"], {})[r["seed"]] = \
+                    100 * r[metric]
+        cells["_seeds"] = seeds
         ours.append((f"{model} ({Path(run).name})", cells))
     key = f"{metric}_k{shots}"
     if key not in paper:
         raise ValueError(f"the paper has no {metric} table at k = {shots} "
                          f"(it has {', '.join(paper)})")
     paper_order = list(next(iter(paper[key].values()))["sc"])
-    present = {t for _, cells in ours for v in cells.values() for t in v}
+    present = {t for _, cells in ours for m in OURS for t in cells.get(m, {})}
     tasks = [t for t in paper_order if t in present]
     theirs = [(f"{model} 7B (paper)",
                {m: {t: (v["mean"], v["sd"]) for t, v in per_task.items()}
@@ -107,9 +139,13 @@ def markdown(tasks, rows, metric: str, shots: int) -> str:
             diffs = margin(cells, b, tasks)
             if all(d is None for d in diffs):
                 continue
+            ci = margin_intervals(cells["_seeds"], b, tasks) if "_seeds" in cells else None
             shown = [d for d in diffs if d is not None]
             avg = f"{statistics.mean(shown):+.1f}" if len(shown) == len(tasks) else "-"
             strs = ["-" if d is None else f"{d:+.1f}" for d in diffs]
+            if ci is not None:
+                avg += " [{:+.1f}, {:+.1f}]".format(*ci["avg"])
+                strs = [f"{v} [{ci[t][0]:+.1f}, {ci[t][1]:+.1f}]" for v, t in zip(strs, tasks)]
             out.append(f"| {model} | SC - {LABELS[b]} | {avg} | {' | '.join(strs)} |")
     return "\n".join(out) + "\n"
 
