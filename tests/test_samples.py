@@ -100,20 +100,42 @@ def test_regenerated_for_a_committed_run_from_its_score_files(tmp_path, monkeypa
     assert "match results.json" in table and "| BC (code) |" in table
     assert "BC (code): computed from the per-sample records" in table
     # compare_paper.py gives SC's margin over both forms of BC, bc_reference from the records.
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "compare_paper", RUN.parents[1] / "compare_paper.py")
-    compare = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(compare)
+    compare = _compare_paper()
     tasks, blocks = compare.blocks([tmp_path], {"macro_f1_k4": json.loads(
         (RUN.parents[1] / "paper_7b_tables.json").read_text())["macro_f1_k4"]}, 4, "macro_f1")
     text = compare.markdown(tasks, blocks[:1], "macro_f1", 4)
     assert "| SC - BC |" in text and "| SC - BC (code) |" in text and "| BC (code) |" in text
+    assert "the guard fitted SC* at" in text and "SC against BC (code), win / tie / loss" in text
     # Where the run's data are at hand (the repository's shared datasets), the records
     # name the rows; elsewhere those fields are null and the rest is the same.
     if recs[0]["row"] is not None:
         assert len({r["text_sha256"] for r in recs if r["dataset"] == "sst2"}) == 128
+
+
+def _compare_paper():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "compare_paper", RUN.parents[1] / "compare_paper.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_compare_paper_margin_intervals():
+    """SC minus a baseline over seeds: a constant difference gives the point as its
+    interval; the Avg interval resamples each task on its own, so it lies within the
+    tasks' intervals averaged end to end; a task without the baseline gives none."""
+    compare = _compare_paper()
+    seeds = {"sc": {"a": {0: 60.0, 1: 70.0, 2: 80.0}, "b": {0: 50.0, 1: 50.0, 2: 50.0}},
+             "bc": {"a": {0: 50.0, 1: 50.0, 2: 50.0}, "b": {0: 55.0, 1: 45.0, 2: 50.0}}}
+    ci = compare.margin_intervals(seeds, "bc", ["a", "b"])
+    assert ci["a"] == (pytest.approx(10.0), pytest.approx(30.0))  # d = 10, 20, 30
+    assert ci["b"][0] == pytest.approx(-5.0) and ci["b"][1] == pytest.approx(5.0)
+    assert ci["a"][0] + ci["b"][0] <= 2 * ci["avg"][0] <= 2 * ci["avg"][1] <= ci["a"][1] + ci["b"][1]
+    assert compare.margin_intervals(seeds, "bc_reference", ["a"]) is None
+    same = {"sc": {"a": {0: 61.0, 1: 61.0}}, "bc": {"a": {0: 60.0, 1: 60.0}}}
+    assert compare.margin_intervals(same, "bc", ["a"])["avg"] == (pytest.approx(1.0),) * 2
 
 
 def test_reference_size_weighting_of_a_committed_seed():

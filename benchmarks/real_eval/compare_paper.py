@@ -100,6 +100,8 @@ def blocks(run_dirs, paper: dict, shots: int, metric: str):
                 seeds.setdefault(r["method"], {}).setdefault(r["dataset"], {})[r["seed"]] = \
                     100 * r[metric]
         cells["_seeds"] = seeds
+        fits = [q for q in res.get("params") or [] if q["method"] == "sc" and q["shots"] == shots]
+        cells["_guard"] = (sum(bool(q.get("guarded")) for q in fits), len(fits))
         ours.append((f"{model} ({Path(run).name})", cells))
     key = f"{metric}_k{shots}"
     if key not in paper:
@@ -147,7 +149,24 @@ def markdown(tasks, rows, metric: str, shots: int) -> str:
                 avg += " [{:+.1f}, {:+.1f}]".format(*ci["avg"])
                 strs = [f"{v} [{ci[t][0]:+.1f}, {ci[t][1]:+.1f}]" for v, t in zip(strs, tasks)]
             out.append(f"| {model} | SC - {LABELS[b]} | {avg} | {' | '.join(strs)} |")
-    return "\n".join(out) + "\n"
+    notes = [block_note(model, cells, tasks) for model, cells in rows if "_seeds" in cells]
+    return "\n".join(out + ([""] + notes if notes else [])) + "\n"
+
+
+def block_note(model: str, cells: dict, tasks) -> str:
+    """One line per run: how many of its SC fits the guard made SC*, and SC against
+    both forms of BC per task as win / tie / loss (the 95% interval over seeds above
+    0 / containing 0 / below 0)."""
+    guarded, fits = cells["_guard"]
+    parts = [f"* {model}: the guard fitted SC* at {guarded} of {fits} SC fits (task, seed, size)"]
+    for b in MARGINS:
+        ci = margin_intervals(cells["_seeds"], b, tasks)
+        if ci is None:
+            continue
+        got = ["win" if ci[t][0] > 0 else "loss" if ci[t][1] < 0 else "tie" for t in tasks]
+        parts.append(f"SC against {LABELS[b]}, win / tie / loss: {got.count('win')} / "
+                     f"{got.count('tie')} / {got.count('loss')} of {len(tasks)} tasks")
+    return "; ".join(parts) + "."
 
 
 def main(argv=None):
