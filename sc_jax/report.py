@@ -123,15 +123,23 @@ def _by_task(rows, metric: str) -> dict:
     return by
 
 
+def paired_bootstrap(a: dict, b: dict, rng, n_boot: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(d, means)``: d_s = a[s] - b[s] over the seeds both dicts have (sorted), and
+    ``[n_boot]`` means of d over resamples of those seeds with replacement (a paired
+    bootstrap; its 2.5 and 97.5 percentiles are the 95% interval)."""
+    seeds = sorted(set(a) & set(b))
+    diff = np.array([a[x] - b[x] for x in seeds])
+    return diff, diff[rng.integers(0, len(diff), (n_boot, len(diff)))].mean(axis=1)
+
+
 def _paired(a: dict, b: dict, rng, n_boot: int) -> dict:
     """Mean of d_s = a_s - b_s over the seeds both have, and its 95% paired bootstrap
     interval (see :func:`sc_against_best_baseline`)."""
-    seeds = sorted(set(a) & set(b))
-    diff = np.array([a[x] - b[x] for x in seeds])
-    means = diff[rng.integers(0, len(diff), (n_boot, len(diff)))].mean(axis=1)
+    diff, means = paired_bootstrap(a, b, rng, n_boot)
+    seeds = diff.size
     lo, hi = np.percentile(means, [2.5, 97.5])
     outcome = "win" if lo > 0 else ("loss" if hi < 0 else "tie")
-    return dict(seeds=len(seeds), diff=float(diff.mean()), ci_low=float(lo),
+    return dict(seeds=seeds, diff=float(diff.mean()), ci_low=float(lo),
                 ci_high=float(hi), outcome=outcome)
 
 

@@ -36,7 +36,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from sc_jax.named_models import display_name  # noqa: E402
-from sc_jax.report import load_results, summarize  # noqa: E402
+from sc_jax.report import load_results, paired_bootstrap, summarize  # noqa: E402
 from sc_jax.samples import read_samples, rows_from_samples
 
 HERE = Path(__file__).resolve().parent
@@ -64,16 +64,17 @@ def margin_intervals(seeds: dict, baseline: str, tasks, *, n_boot: int = N_BOOT,
         a, b = seeds.get("sc", {}).get(t), seeds.get(baseline, {}).get(t)
         if not a or not b:
             return None
-        diff = np.array([a[x] - b[x] for x in sorted(set(a) & set(b))])
-        draws.append(diff[rng.integers(0, len(diff), (n_boot, len(diff)))].mean(axis=1))
+        draws.append(paired_bootstrap(a, b, rng, n_boot)[1])
     out = {t: tuple(np.percentile(d, [2.5, 97.5])) for t, d in zip(tasks, draws)}
     out["avg"] = tuple(np.percentile(np.mean(draws, axis=0), [2.5, 97.5]))
     return out
 
 
 def blocks(run_dirs, paper: dict, shots: int, metric: str):
-    """([task], [(model, {method: {task: (mean, sd or None)}})]) for the runs, then
-    the paper's models, over the paper's tasks (in its order) that some run has."""
+    """([task], [(model, {method: {task: (mean, sd or None)}}, info)]) for the runs,
+    then the paper's models, over the paper's tasks (in its order) that some run has.
+    ``info`` (None for the paper's blocks): ``seeds`` (method -> task -> {seed: value
+    in %}, for the margins' intervals), and ``guarded`` of the run's ``fits`` SC fits."""
     ours = []
     for run in run_dirs:
         res = load_results(run)
@@ -99,20 +100,20 @@ def blocks(run_dirs, paper: dict, shots: int, metric: str):
             if r["shots"] == shots:
                 seeds.setdefault(r["method"], {}).setdefault(r["dataset"], {})[r["seed"]] = \
                     100 * r[metric]
-        cells["_seeds"] = seeds
         fits = [q for q in res.get("params") or [] if q["method"] == "sc" and q["shots"] == shots]
-        cells["_guard"] = (sum(bool(q.get("guarded")) for q in fits), len(fits))
-        ours.append((f"{model} ({Path(run).name})", cells))
+        info = {"seeds": seeds, "guarded": sum(bool(q.get("guarded")) for q in fits),
+                "fits": len(fits)}
+        ours.append((f"{model} ({Path(run).name})", cells, info))
     key = f"{metric}_k{shots}"
     if key not in paper:
         raise ValueError(f"the paper has no {metric} table at k = {shots} "
                          f"(it has {', '.join(paper)})")
     paper_order = list(next(iter(paper[key].values()))["sc"])
-    present = {t for _, cells in ours for m in OURS for t in cells.get(m, {})}
+    present = {t for _, cells, _ in ours for v in cells.values() for t in v}
     tasks = [t for t in paper_order if t in present]
     theirs = [(f"{model} 7B (paper)",
                {m: {t: (v["mean"], v["sd"]) for t, v in per_task.items()}
-                for m, per_task in methods.items()})
+                for m, per_task in methods.items()}, None)
               for model, methods in paper[key].items()]
     return tasks, ours + theirs
 
@@ -121,7 +122,8 @@ def markdown(tasks, rows, metric: str, shots: int) -> str:
     head = f"| Model | Method | Avg | {' | '.join(tasks)} |"
     out = [f"{metric.replace('_', '-')} (%), k = {shots}", "", head,
            "|" + "---|" * (len(tasks) + 3)]
-    for model, cells in rows:
+    notes = []
+    for model, cells, info in rows:
         methods = [m for m in OURS if m in cells]
         best = {t: max((cells[m][t][0] for m in methods if t in cells[m]), default=None)
                 for t in tasks}
@@ -137,32 +139,32 @@ def markdown(tasks, rows, metric: str, shots: int) -> str:
                 s = f"{v[0]:.1f}" + ("" if v[1] is None else f" ± {v[1]:.1f}")
                 strs.append(f"**{s}**" if v[0] == best[t] else s)
             out.append(f"| {model} | {LABELS[m]} | {avg} | {' | '.join(strs)} |")
+        intervals = {}
         for b in MARGINS:
             diffs = margin(cells, b, tasks)
             if all(d is None for d in diffs):
                 continue
-            ci = margin_intervals(cells["_seeds"], b, tasks) if "_seeds" in cells else None
+            ci = None if info is None else margin_intervals(info["seeds"], b, tasks)
             shown = [d for d in diffs if d is not None]
             avg = f"{statistics.mean(shown):+.1f}" if len(shown) == len(tasks) else "-"
             strs = ["-" if d is None else f"{d:+.1f}" for d in diffs]
             if ci is not None:
                 avg += " [{:+.1f}, {:+.1f}]".format(*ci["avg"])
                 strs = [f"{v} [{ci[t][0]:+.1f}, {ci[t][1]:+.1f}]" for v, t in zip(strs, tasks)]
+                intervals[b] = ci
             out.append(f"| {model} | SC - {LABELS[b]} | {avg} | {' | '.join(strs)} |")
-    notes = [block_note(model, cells, tasks) for model, cells in rows if "_seeds" in cells]
+        if info is not None:
+            notes.append(block_note(model, info, intervals, tasks))
     return "\n".join(out + ([""] + notes if notes else [])) + "\n"
 
 
-def block_note(model: str, cells: dict, tasks) -> str:
+def block_note(model: str, info: dict, intervals: dict, tasks) -> str:
     """One line per run: how many of its SC fits the guard made SC*, and SC against
-    both forms of BC per task as win / tie / loss (the 95% interval over seeds above
-    0 / containing 0 / below 0)."""
-    guarded, fits = cells["_guard"]
-    parts = [f"* {model}: the guard fitted SC* at {guarded} of {fits} SC fits (task, seed, size)"]
-    for b in MARGINS:
-        ci = margin_intervals(cells["_seeds"], b, tasks)
-        if ci is None:
-            continue
+    each baseline of ``intervals`` (baseline -> :func:`margin_intervals`) per task as
+    win / tie / loss (the 95% interval over seeds above 0 / containing 0 / below 0)."""
+    parts = [(f"* {model}: the guard fitted SC* at {info['guarded']} of {info['fits']} SC fits "
+              "(task, seed, size)")]
+    for b, ci in intervals.items():
         got = ["win" if ci[t][0] > 0 else "loss" if ci[t][1] < 0 else "tie" for t in tasks]
         parts.append(f"SC against {LABELS[b]}, win / tie / loss: {got.count('win')} / "
                      f"{got.count('tie')} / {got.count('loss')} of {len(tasks)} tasks")
