@@ -1,19 +1,32 @@
 """One command for the day a GPU (or TPU) is available: scoring, solvers and one
-end-to-end SC seed, JSON plus tables, designed to finish within 9 minutes on one H100.
+end-to-end SC seed, JSON plus tables, sized for a lease of 15 minutes of device time.
 
-1. Scoring (``bench_scoring.bench_case``): k = 8, every surrogate pair of sizes 1..5
+1. Scoring (``bench_scoring.bench_case``): k = 8, every surrogate pair of sizes 1..4
    (full enumeration), ``random:llama-2-7b`` in bfloat16, through the engine (every
-   prompt), flat batches and batch 1 (uniform samples of the prompts, extrapolated per
-   prompt: the table says so); unique tokens; MFU of the engine = 2 x non-embedding
-   parameters x unique tokens / engine time / the measured bf16 matmul peak; the
-   memory plan's peak against the device's ``peak_bytes_in_use``.
-2. Solvers (``bench_solver.bench_timing``): 5 sizes x 5 seeds per n = 2..6 in one
+   prompt; one compiling run, one timed), flat batches and batch 1 (uniform samples of
+   the prompts, extrapolated per prompt: the table says so); unique tokens; MFU of the
+   engine = 2 x non-embedding parameters x unique tokens / engine time / the measured
+   bf16 matmul peak; the memory plan's peak against the device's ``peak_bytes_in_use``.
+2. Solvers (``bench_solver.bench_timing``): 5 sizes x 5 seeds per n = 2..4 in one
    compiled call per n with whole-bucket vmap on the device, float32, augmented
    Lagrangian and projected, against the SciPy trust-constr loop on the host (one
    seed timed, extrapolated to five: said so in the JSON).
-3. One SC seed end to end with random weights (``run_experiment``): k = 8, 256 test
-   queries, m_i cap 24 (the paper's), surrogate budget 5000 pairs per size (the
-   run's default), synthetic review texts; stage times.
+3. One SC seed end to end with random weights (``run_experiment``): k = 8, 128 test
+   queries, m_i cap 24 (the paper's), sizes 1..4, surrogate budget 2000 pairs per
+   size; stage times.
+
+``--full`` is the first design (sizes 1..5 with two timed engine runs, n = 2..6, 256
+test queries, budget 5000). On an NVIDIA H200 it did not fit a lease: its scoring
+section was still in the engine after 300 s, its solver section had finished n = 2
+only after 110 s, its SC seed had not finished after 150 s (benchmarks/RESULTS.md).
+By the memory plan, sizes 1..5 are 2.3 M unique tokens and 3.8e16 FLOP per engine
+pass (sizes 1..4: 0.63 M and 1.0e16).
+
+Each section prints its progress on stderr and keeps what it finished in the JSON as
+it goes (scoring: each phase, marked ``unfinished`` until the last; solvers: each
+row), so a section stopped by a timeout still reports. On a lease, run the sections as
+three processes with a ``timeout`` each (``--skip`` the other two, ``--out`` a folder
+each): one that overruns then costs only itself.
 
 ``--smoke`` runs the same code paths on CPU with a tiny preset in under a minute; it
 is part of the test suite (tests/test_accelerator_suite.py), so the suite cannot rot.
@@ -69,18 +82,31 @@ def _peak_in_use() -> int | None:
     return int(stats["peak_bytes_in_use"]) if stats and "peak_bytes_in_use" in stats else None
 
 
-def section_scoring(args) -> dict:
+def _say(msg: str) -> None:
+    print(f"[suite] {msg}", file=sys.stderr, flush=True)
+
+
+def section_scoring(args, keep) -> dict:
     import jax.numpy as jnp
 
     import bench_scoring
     import sc_jax
     dtype = jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32
+    t0 = time.perf_counter()
     peak = bench_scoring.matmul_peak(dtype)
     t = time.perf_counter()
     model = sc_jax.load_model(args.model, dtype=args.dtype)
     load_s = time.perf_counter() - t
+    _say(f"scoring: matmul peak {peak / 1e12:.0f} TFLOP/s, {args.model} loaded in {load_s:.1f}s")
+
+    def phase(name, res):
+        _say(f"scoring: {name} done at {time.perf_counter() - t0:.1f}s")
+        keep(dict(res, model=args.model, dtype=args.dtype, load_s=load_s, matmul_peak_flops=peak,
+                  unfinished=True))
+
     r = bench_scoring.bench_case(model, args.k, args.words, args.sample_a, args.sample_b,
-                                 args.repeats, 0, False)
+                                 args.score_repeats, 0, False, max_size=args.score_max_size,
+                                 on_phase=phase)
     c = model.config
     nonembed = c.num_params() - c.vocab_size * c.hidden_size * (1 if c.tie_word_embeddings else 2)
     r.update(model=args.model, dtype=args.dtype, load_s=load_s, matmul_peak_flops=peak,
@@ -99,7 +125,7 @@ def section_scoring(args) -> dict:
     demos = list(zip(bench_scoring.texts(np.random.default_rng(0), args.k, args.words),
                      [j % 2 for j in range(args.k)]))
     pieces = build_pieces(model.tokenizer, TEMPLATES["rotten_tomatoes"], demos, [t for t, _ in demos])
-    ctx = all_contexts(args.k, min(5, args.k - 1))
+    ctx = all_contexts(args.k, min(args.score_max_size, args.k - 1))
     planned = engine_plan(c, model.dtype, pieces, [(ctx, surrogate_pairs(ctx, args.k))], "first_token",
                           budget_bytes=device_memory_bytes() or host_memory_bytes(),
                           n_devices=model.n_devices, model_shards=model.model_shards,
@@ -111,21 +137,22 @@ def section_scoring(args) -> dict:
     return r
 
 
-def section_solvers(args) -> list[dict]:
+def section_solvers(args, keep) -> list[dict]:
     import bench_solver
 
     if args.smoke:  # one size (one row bucket, two compiles) keeps the smoke run short
         bench_solver.SIZES = (1,)
+    # Every finished row is kept at once: a lease that ends mid-section keeps them.
     rows = bench_solver.bench_timing(args.classes, args.solver_seeds, args.repeats, args.scipy_seeds,
                                      ("float32",), ("bucketed",), (None,),
                                      (bench_solver.solvers.resolve_threads(None),),
-                                     lambda rows: None)
+                                     lambda rows: keep([dict(r) for r in rows]))
     for r in rows:
         r["scipy_extrapolated_from_seeds"] = min(args.scipy_seeds, args.solver_seeds)
     return rows
 
 
-def section_end_to_end(args) -> dict:
+def section_end_to_end(args, keep) -> dict:
     from sc_jax.experiment import RunConfig, run_experiment
 
     rng = np.random.default_rng(1)
@@ -156,10 +183,10 @@ def tables(out: dict) -> str:
     s = out.get("scoring")
     if s:
         gib = 2 ** 30
-        lines += ["| model | k | prompts | unique tokens | engine s | compile s | flat s* | batch-1 s* | "
+        lines += ["| model | k (sizes) | prompts | unique tokens | engine s | compile s | flat s* | batch-1 s* | "
                   "batch-1/engine | flat/engine | MFU | peak GiB plan / used |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|",
-                  f"| {s['model']} {s['dtype']} | {s['k']} | {s['prompts']:,} | {s['unique_tokens']:,} | "
+                  f"| {s['model']} {s['dtype']} | {s['k']} (1..{max(s['sizes'])}) | {s['prompts']:,} | {s['unique_tokens']:,} | "
                   f"{s['c_s']:.2f} | {s['engine_compile_s']:.1f} | {s['b_s']:.2f} | {s['a_s']:.2f} | "
                   f"{s['a_over_c']:.1f}x | {s['b_over_c']:.1f}x | {100 * s['engine_mfu']:.1f}% | "
                   f"{s.get('planned_peak_bytes', 0) / gib:.2f} / "
@@ -177,9 +204,9 @@ def tables(out: dict) -> str:
                   "extrapolated per problem.", ""]
     e = out.get("end_to_end")
     if e:
-        lines += ["| SC seed | k | test queries | m_i cap | budget | scoring s | fitting s | total s |",
+        lines += ["| SC seed | k (sizes) | test queries | m_i cap | budget | scoring s | fitting s | total s |",
                   "|---|---|---|---|---|---|---|---|",
-                  f"| {e['model']} {e['dtype']} | {e['k']} | {e['test_size']} | {e['m_cap']} | "
+                  f"| {e['model']} {e['dtype']} | {e['k']} (1..{e['max_size']}) | {e['test_size']} | {e['m_cap']} | "
                   f"{e['budget']} | {e['scoring_s']:.1f} | {e['fitting_s']:.1f} | {e['total_s']:.1f} |"]
     return "\n".join(lines)
 
@@ -191,17 +218,25 @@ def main(argv=None) -> int:
                     help="directory for suite.json and suite.md (default: "
                          "benchmarks/results/accelerator_suite/<machine>.json and .md)")
     ap.add_argument("--skip", nargs="*", default=[], choices=["scoring", "solvers", "end_to_end"])
+    ap.add_argument("--full", action="store_true",
+                    help="the first design's sizes (sizes 1..5, n = 2..6, 256 test queries, budget "
+                         "5000): more than one 10-minute command on an H200")
     args = ap.parse_args(argv)
     if args.smoke:
         args.__dict__.update(model="random:tiny-llama", dtype="float32", k=3, words=4, sample_a=0.2,
-                             sample_b=0.5, repeats=1, classes=[2], solver_seeds=1, scipy_seeds=1,
-                             e2e_tests=16, m_cap=2, budget=40, max_size=2,
-                             methods=("base", "bc", "sc"))
+                             sample_b=0.5, repeats=1, score_repeats=1, score_max_size=5,
+                             classes=[2], solver_seeds=1, scipy_seeds=1, e2e_tests=16, m_cap=2,
+                             budget=40, max_size=2, methods=("base", "bc", "sc"))
     else:
+        # Sized for a 15-minute lease (module docstring); --full is the first design.
+        full = args.full
         args.__dict__.update(model="random:llama-2-7b", dtype="bfloat16", k=8, words=10,
-                             sample_a=0.002, sample_b=0.02, repeats=2, classes=[2, 3, 4, 5, 6],
-                             solver_seeds=5, scipy_seeds=1, e2e_tests=256, m_cap=24, budget=5000,
-                             max_size=5, methods=("base", "cc", "dc", "bc", "sc_star", "sc"))
+                             sample_a=0.002, sample_b=0.02, repeats=2,
+                             score_repeats=2 if full else 1, score_max_size=5 if full else 4,
+                             classes=[2, 3, 4, 5, 6] if full else [2, 3, 4],
+                             solver_seeds=5, scipy_seeds=1, e2e_tests=256 if full else 128,
+                             m_cap=24, budget=5000 if full else 2000, max_size=5 if full else 4,
+                             methods=("base", "cc", "dc", "bc", "sc_star", "sc"))
     machine = _results.jax_machine()
     if args.out or args.smoke:
         outdir = Path(args.out or "bench_out/accelerator_suite_smoke")
@@ -225,10 +260,17 @@ def main(argv=None) -> int:
         if name in args.skip:
             continue
         t = time.perf_counter()
-        print(f"[suite] {name} ...", file=sys.stderr, flush=True)
-        out[name] = fn(args)
-        out[f"{name}_wall_s"] = time.perf_counter() - t
-        save()  # an interrupted suite keeps every finished section
+        _say(f"{name} ...")
+
+        def keep(partial, name=name, t=t):
+            out[name] = partial
+            out[f"{name}_wall_s"] = time.perf_counter() - t
+            save()
+
+        # An interrupted suite keeps every finished section, and each section keeps
+        # its finished phases (scoring) or rows (solvers) as it goes.
+        keep(fn(args, keep))
+        _say(f"{name} done in {out[f'{name}_wall_s']:.1f}s")
     save()
     text = tables(out)
     md_path.write_text(text + "\n")

@@ -68,7 +68,13 @@ def timed(fn, repeats):
     return statistics.median(ts), out
 
 
-def bench_case(model, k, words, sample_a, sample_b, repeats, seed, use_torch, hf=None):
+def bench_case(model, k, words, sample_a, sample_b, repeats, seed, use_torch, hf=None, *,
+               max_size=5, on_phase=None):
+    """Scoring of every surrogate pair of context sizes 1..min(max_size, k - 1) at k:
+    (c) the engine, (b) flat batches, (a) batch 1 ((a) and (b) on samples of the
+    prompts, extrapolated per prompt). ``on_phase(name, res)``, if given, is called
+    after each phase with the numbers so far, so a caller can report progress and keep
+    them if a later phase does not finish."""
     from sc_jax.enumeration import all_contexts, surrogate_pairs
     from sc_jax.prompts import TEMPLATES, build_pieces
     from sc_jax.scoring import ScoringEngine, score_flat, score_plain
@@ -76,7 +82,7 @@ def bench_case(model, k, words, sample_a, sample_b, repeats, seed, use_torch, hf
     rng = np.random.default_rng(seed)
     demos = list(zip(texts(rng, k, words), [j % 2 for j in range(k)]))
     pieces = build_pieces(model.tokenizer, TEMPLATES["rotten_tomatoes"], demos, [t for t, _ in demos])
-    sizes = list(range(1, min(5, k - 1) + 1))
+    sizes = list(range(1, min(max_size, k - 1) + 1))
     jobs = []
     for i in sizes:
         ctx = all_contexts(k, i)
@@ -100,6 +106,8 @@ def bench_case(model, k, words, sample_a, sample_b, repeats, seed, use_torch, hf
     for i, ctx, pairs in jobs:
         eng.score(pieces, ctx, pairs)
     res["c_first_run_s"] = time.perf_counter() - t
+    phase = on_phase or (lambda name, res: None)
+    phase("engine, first run (compiles)", res)
     unique = [0]
 
     def run_engine():
@@ -112,6 +120,7 @@ def bench_case(model, k, words, sample_a, sample_b, repeats, seed, use_torch, hf
 
     res["c_s"], engine_out = timed(run_engine, repeats)
     res["unique_tokens"] = unique[0]
+    phase("engine, timed", res)
 
     # (b) flat batches (sampled).
     sb = sample(sample_b)
@@ -121,6 +130,7 @@ def bench_case(model, k, words, sample_a, sample_b, repeats, seed, use_torch, hf
     tb, flat_out = timed(lambda: [score_flat(model, pieces, c, p) for _, c, p in sb], repeats)
     res["b_s"] = tb * n_prompts / nb
     res["b_sampled_prompts"] = nb
+    phase("flat batches", res)
 
     # (a) plain, batch 1 (sampled); warm the length buckets first.
     sa = sample(sample_a)
@@ -130,6 +140,7 @@ def bench_case(model, k, words, sample_a, sample_b, repeats, seed, use_torch, hf
     ta, plain_out = timed(lambda: [score_plain(model, pieces, c, p) for _, c, p in sa], 1)
     res["a_s"] = ta * n_prompts / na
     res["a_sampled_prompts"] = na
+    phase("batch 1", res)
 
     # Exactness on the sampled pairs, as a guard on the numbers.
     err = 0.0

@@ -26,7 +26,7 @@ def test_smoke(tmp_path, capsys):
     assert s["max_abs_diff_engine_vs_plain"] <= 1e-4
     assert s["prompts"] == 6 + 6  # k = 3: P(3,1) x 2 + P(3,2) x 1 surrogate pairs
     assert s["unique_tokens"] < s["prompt_tokens"] and 0 < s["engine_mfu"] < 1
-    assert s["planned_peak_bytes"] > 0
+    assert s["planned_peak_bytes"] > 0 and "unfinished" not in s
     for r in out["solvers"]:
         assert r["jax_not_converged"] == 0 and r["max_rel_gap"] <= 1e-4, r
     e = out["end_to_end"]
@@ -34,3 +34,22 @@ def test_smoke(tmp_path, capsys):
     table = (tmp_path / "suite.md").read_text()
     assert "batch-1/engine" in table and "SC seed" in table
     assert "wrote" in capsys.readouterr().out
+
+
+def test_interrupted_section_keeps_its_finished_phases(tmp_path, monkeypatch):
+    # A lease can end inside a section: the phases it finished must be in the JSON.
+    import pytest
+
+    import sc_jax.scoring
+
+    suite = _suite()
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt("lease over")
+
+    monkeypatch.setattr(sc_jax.scoring, "score_plain", stopped)  # the last phase, batch 1
+    with pytest.raises(KeyboardInterrupt):
+        suite.main(["--smoke", "--skip", "solvers", "end_to_end", "--out", str(tmp_path)])
+    s = json.loads((tmp_path / "suite.json").read_text())["scoring"]
+    assert s["unfinished"] and s["c_s"] > 0 and s["b_s"] > 0 and s["unique_tokens"] > 0
+    assert "a_s" not in s and "engine_mfu" not in s
