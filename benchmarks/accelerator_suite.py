@@ -220,7 +220,7 @@ def main(argv=None) -> int:
     ap.add_argument("--skip", nargs="*", default=[], choices=["scoring", "solvers", "end_to_end"])
     ap.add_argument("--full", action="store_true",
                     help="the first design's sizes (sizes 1..5, n = 2..6, 256 test queries, budget "
-                         "5000): more than one 10-minute command on an H200")
+                         "5000); on an H200 it did not fit a lease (benchmarks/RESULTS.md)")
     args = ap.parse_args(argv)
     if args.smoke:
         args.__dict__.update(model="random:tiny-llama", dtype="float32", k=3, words=4, sample_a=0.2,

@@ -6,6 +6,7 @@ The parity reference the JAX solvers are held to; it solves either constraint fo
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 
@@ -111,17 +112,23 @@ def _constraints(tau: float, sc_star: bool, per_class: bool) -> list:
                                                         sc_star, per_class)))]
 
 
-def _host_device():
-    """The CPU device, or None where no CPU backend is loaded (``JAX_PLATFORMS=cuda``).
+def _on_host():
+    """A context that puts :func:`scipy`'s JAX work on the CPU device where the default
+    backend is an accelerator; where it is the CPU already, no context at all.
 
     trust-constr iterates on the host and asks for a few derivatives of small arrays
     per iteration; on an accelerator each of those is a dispatch and a transfer back,
-    which made the loop about 1.7 times slower on an H200 machine than on a 2-core CPU VM.
-    Evaluated on the CPU device, the loop is the host loop it is reported as."""
+    which made the loop about 1.7 times slower on an H200 machine than on a 2-core CPU
+    VM. Evaluated on the CPU device, the loop is the host loop it is reported as. On a
+    CPU backend a ``default_device`` context would only change the trace context (a
+    second compilation of the same programs; on jaxlib 0.12.0.1 that brought back the
+    crash that tests/test_solvers.py's cache fixture describes), so none is entered."""
+    if jax.default_backend() == "cpu":
+        return contextlib.nullcontext()
     try:
-        return jax.devices("cpu")[0]
-    except RuntimeError:
-        return None
+        return jax.default_device(jax.devices("cpu")[0])
+    except RuntimeError:  # no CPU backend loaded (JAX_PLATFORMS=cuda)
+        return contextlib.nullcontext()
 
 
 def scipy(problem: Problem, lambda_inv: float, tau: float, *, sc_star: bool = False,
@@ -138,7 +145,7 @@ def scipy(problem: Problem, lambda_inv: float, tau: float, *, sc_star: bool = Fa
     status from the same ladder as the JAX solvers (gtol or xtol reached: CONVERGED).
     Its derivatives are evaluated on the CPU device, whatever the default device.
     """
-    with jax.enable_x64(True), jax.default_device(_host_device()):
+    with jax.enable_x64(True), _on_host():
         prob = _float64(problem)
         n1 = prob.num_classes - 1
         lam = jnp.asarray(lambda_inv, jnp.float64)
