@@ -7,6 +7,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -38,8 +40,6 @@ def test_smoke(tmp_path, capsys):
 
 def test_interrupted_section_keeps_its_finished_phases(tmp_path, monkeypatch):
     # A lease can end inside a section: the phases it finished must be in the JSON.
-    import pytest
-
     import sc_jax.scoring
 
     suite = _suite()
