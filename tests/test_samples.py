@@ -157,3 +157,23 @@ def test_reference_size_weighting_of_a_committed_seed():
     got = experiment.method_probs("sc", s, fits, sizes, size_weighting="reference", shots=8)
     want = sum(w * per[i] for w, i in zip(weights, sizes)) / weights.sum()
     np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+COMMITTED_RUNS = sorted(p.parent for p in (RUN.parents[1]).glob("*/*/results.json"))
+
+
+@pytest.mark.parametrize("run", COMMITTED_RUNS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_committed_run_has_sample_records_that_reproduce_it(run):
+    """Each run under benchmarks/real_eval keeps per-sample records, and accuracy,
+    macro-F1 and ECE recomputed from them are results.json's (exact for the first two,
+    ECE to the records' rounding of the probabilities: check_samples' tolerances)."""
+    records = read_samples(run)
+    assert records, f"{run} has no samples.jsonl(.gz)"
+    rows = json.loads((run / "results.json").read_text())["rows"]
+    assert check_samples(records, rows) == []
+
+
+def test_the_committed_runs_are_found():
+    # The glob above must see every reported run, or the test above checks nothing.
+    names = {f"{p.parent.name}/{p.name}" for p in COMMITTED_RUNS}
+    assert {"smollm2-135m/k4", "smollm2-135m/k8", "qwen2.5-0.5b/k4", "qwen2.5-0.5b/k8"} <= names
