@@ -45,6 +45,7 @@ and ``.md`` beside it (``--smoke``: ``bench_out/accelerator_suite_smoke/``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import sys
@@ -117,23 +118,20 @@ def section_scoring(args, keep) -> dict:
              a_and_b_extrapolated=True, peak_bytes_in_use=_peak_in_use())
     # The memory plan the engine made for the largest size (bench_case scores one size
     # per engine call, the largest last, on these prompts), against what the device saw.
-    import jax
-
     from sc_jax.enumeration import all_contexts, surrogate_pairs
-    from sc_jax.plan import device_memory_bytes, engine_plan, host_memory_bytes, replay
+    from sc_jax.plan import MemoryPolicy, engine_plan, replay
     from sc_jax.prompts import TEMPLATES, build_pieces
 
     demos = list(zip(bench_scoring.texts(np.random.default_rng(0), args.k, args.words),
                      [j % 2 for j in range(args.k)]))
     pieces = build_pieces(model.tokenizer, TEMPLATES["rotten_tomatoes"], demos, [t for t, _ in demos])
     ctx = all_contexts(args.k, min(args.score_max_size, args.k - 1))
+    policy = MemoryPolicy.resolve(n_devices=model.n_devices, model_shards=model.model_shards)
     planned = engine_plan(c, model.dtype, pieces, [(ctx, surrogate_pairs(ctx, args.k))], "first_token",
-                          budget_bytes=device_memory_bytes() or host_memory_bytes(),
-                          n_devices=model.n_devices, model_shards=model.model_shards,
-                          platform=jax.default_backend())
+                          policy=policy)
     b, sh = planned.budgets, planned.schedule.shape
     r.update(planned_peak_bytes=b.peak_bytes, max_tokens_per_batch=b.max_tokens_per_batch,
-             max_cache_tokens=b.max_cache_tokens, call_shape={"B": sh.B, "W": sh.W, "m": sh.m, "R": sh.R},
+             max_cache_tokens=b.max_cache_tokens, call_shape=dataclasses.asdict(sh),
              planned_calls=replay(planned.schedule, c)["calls"])
     return r
 

@@ -159,23 +159,25 @@ def _mesh(text: str):
 
 
 def _bytes(text: str) -> int:
-    """'80GiB', '24GB', '512MiB', '1e9' -> bytes (GB and GiB both mean 2**30 here:
-    device memory is quoted in binary units)."""
+    """'80GiB', '24GB', '512MiB', '60' -> bytes: a bare number is GiB (device memory is
+    quoted in GiB; GB and GiB both mean 2**30 here), 'B' names bytes."""
     m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([KMGT]?)(i?B)?\s*", text)
     if not m:
-        raise argparse.ArgumentTypeError(f"not a memory size: {text!r} (e.g. 80GiB)")
-    scale = {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}[m.group(2).upper()]
-    value = int(float(m.group(1)) * scale)
+        raise argparse.ArgumentTypeError(f"not a memory size: {text!r} (e.g. 80GiB, or 80 for GiB)")
+    unit = m.group(2).upper() if (m.group(2) or m.group(3)) else "G"
+    scale = {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}[unit]
+    try:
+        value = int(float(m.group(1)) * scale)
+    except (ValueError, OverflowError):
+        raise argparse.ArgumentTypeError(f"not a memory size: {text!r} (e.g. 80GiB)") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"memory size must be positive, got {text!r}")
     return value
 
 
 def _plan(args) -> int:
-    config = _run_config(args)
-    data, model = args.mesh or (1, 1)
-    plan = plan_run(config, device_memory=args.device_memory, n_devices=data or 1, model_shards=model,
-                    peak_flops=None if args.peak_tflops is None else args.peak_tflops * 1e12,
+    config = _run_config(args)  # its device memory and mesh are the plan's memory policy
+    plan = plan_run(config, peak_flops=None if args.peak_tflops is None else args.peak_tflops * 1e12,
                     accelerator=args.accelerator, mfu=args.mfu, xla=not args.no_xla,
                     compile_time=not args.no_compile_time,
                     progress=not args.quiet and is_writer())
@@ -327,8 +329,8 @@ def _add_run_options(r) -> None:
     r.add_argument("--max-tokens-per-batch", type=int, default=None,
                    help="padded tokens per forward call (default: planned from the device's memory)")
     r.add_argument("--device-memory", type=_bytes, default=None,
-                   help="memory per device, e.g. 80GiB or 24GB (default: the device's own "
-                        "figure; on CPU the host's memory)")
+                   help="memory per device, e.g. 80GiB, 24GB or 512MiB; a bare number is GiB "
+                        "(default: the device's own figure; on CPU the host's memory)")
 
 
 def version_line() -> str:
@@ -468,8 +470,10 @@ def enable_compilation_cache() -> str | None:
     path = compilation_cache_dir()
     if path:
         jax.config.update("jax_compilation_cache_dir", path)
-        # Cache every program that took a noticeable time to compile.
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+        # Cache every program: a run compiles dozens of small gathers and writes beside
+        # the model program, each tens of milliseconds on a CPU and more on a GPU; read
+        # back, they cost a second process next to nothing.
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     return path
 

@@ -56,15 +56,10 @@ from .hub import HubModelNotCachedError
 from .objective import log_odds
 from .prompts import build_pieces
 from .report import write_report
-from .schedule import (
-    PlanError,
-    device_memory_bytes,
-    host_memory_bytes,
-    plan_schedule,
-    weights_fit,
-)
-from .scoring import ScoringEngine, check_mode
-from .multihost import is_multiprocess, is_writer, on_writer, smallest
+from .schedule import MemoryPolicy, PlanError, weights_fit
+from .scoring import EngineStats, ScoringEngine, check_mode
+from .timing import CompileMeter, Parts
+from .multihost import is_multiprocess, is_writer, on_writer
 from .sharding import make_mesh
 
 log = logging.getLogger(__name__)
@@ -297,44 +292,47 @@ def _too_long(name, dataset, split, sj: SeedJobs, tag: str, r: int, n: int, limi
     return f"{head}; its longest text is the {what}, {m} tokens: {fix}"
 
 
-def _memory_check(config: RunConfig, model_config, device: dict | None = None):
+def run_policy(config: RunConfig, *, n_devices: int | None = None,
+               model_shards: int | None = None, agree: bool = True) -> MemoryPolicy:
+    """The run's memory policy (:class:`sc_jax.schedule.MemoryPolicy`): its
+    ``device_memory`` (else the device's figure, else the host's, not enforced), its
+    mesh (``n_devices`` / ``model_shards``: the loaded model's, where known) and its
+    ``max_tokens_per_batch``. The engine, the up-front check and ``sc-jax plan`` all
+    take this one object (``agree``: see :meth:`MemoryPolicy.resolve`)."""
+    return MemoryPolicy.resolve(
+        config.device_memory, n_devices=n_devices or config.mesh_devices or 1,
+        model_shards=model_shards or config.mesh_model,
+        max_tokens_per_batch=config.max_tokens_per_batch, agree=agree)
+
+
+def _memory_check(config: RunConfig, model_config, policy: MemoryPolicy | None = None):
     """A function ``(pieces, jobs)`` that raises :class:`PlanError` where the
-    engine's packed schedule of one seed's jobs (:func:`sc_jax.schedule.plan_schedule`,
-    as :class:`ScoringEngine` makes it) cannot fit the budget; None where the run
+    engine's packed schedule of one seed's jobs (``policy.plan``, as
+    :class:`ScoringEngine` makes it) cannot fit the budget; None where the run
     gives ``max_tokens_per_batch`` (the engine then derives nothing). The weights alone
-    not fitting raise here, once. ``device``: the keywords ``budget_bytes``,
-    ``n_devices``, ``model_shards``, ``platform`` of ``plan_schedule`` (default: this
-    run's devices, as the engine sees them)."""
+    not fitting raise here, once. ``policy``: default :func:`run_policy`."""
     if config.max_tokens_per_batch is not None:
         return None
     dtype = loading.DTYPES[config.dtype]
-    kw = device or {"budget_bytes": config.device_memory or smallest(device_memory_bytes()
-                                                                      or host_memory_bytes()),
-                    "n_devices": config.mesh_devices or 1,
-                    "model_shards": config.mesh_model, "platform": jax.default_backend()}
-    # A real limit is one the device reports or the user gives (the host's memory
-    # on a CPU is not checked, as in the engine).
-    enforce = bool(device) or config.device_memory is not None or device_memory_bytes() is not None
+    policy = policy or run_policy(config)
 
     def check(pieces, jobs):
-        plan_schedule(model_config, dtype, pieces, list(jobs.values()), config.mode,
-                      enforce=enforce, **kw)
+        policy.plan(model_config, dtype, pieces, list(jobs.values()), config.mode)
 
     # The weights are the same for every job: their error names no dataset or seed.
-    weights_fit(model_config, dtype, kw["budget_bytes"], kw.get("model_shards", 1))
+    weights_fit(model_config, dtype, policy.budget_bytes, policy.model_shards)
     return check
 
 
 def check_run(config: RunConfig, model_config, tokenizer, datasets: dict, *,
-              device: dict | None = None) -> list[dict]:
+              policy: MemoryPolicy | None = None) -> list[dict]:
     """The whole run checked up front, with no weights and no forward pass: for every
     (dataset, k, seed) the run will score, the split it draws (:func:`draw_split`: a
     class short of rows fails here, not after earlier seeds were scored), the label
     tokens of the scoring mode, and every stage's longest prompt (:func:`seed_jobs`:
     surrogate, baselines, test-time) against ``model_config.max_position_embeddings``,
-    and each job's memory plan against the budget (``device_memory``, the device's,
-    or the host's; ``device`` overrides them as in :func:`_memory_check`, for
-    ``sc-jax plan``'s devices), as the engine would make it.
+    and each job's memory plan under the run's memory ``policy`` (default
+    :func:`run_policy`), as the engine would make it.
 
     ``datasets``: name -> :class:`sc_jax.data.Dataset`. Returns one dict per (dataset,
     k): ``dataset``, ``k``, ``skipped`` (more classes than k) and, when run,
@@ -344,7 +342,7 @@ def check_run(config: RunConfig, model_config, tokenizer, datasets: dict, *,
     which every (dataset, k) would be skipped.
     """
     limit = model_config.max_position_embeddings
-    memory = _memory_check(config, model_config, device)
+    memory = _memory_check(config, model_config, policy)
     out = []
     for name, ds in datasets.items():
         for k in config.shots:
@@ -556,23 +554,50 @@ def _split_record(name: str, k: int, seed: int, split) -> dict:
 
 
 def _score_seeds(model, engine, cache, ds, name: str, k: int, config: RunConfig, out: Path,
-                 progress: bool) -> tuple[dict[int, SeedScores], list[dict], dict]:
+                 progress: bool) -> tuple[dict[int, SeedScores], list[dict], dict, list[dict]]:
     """Every seed's scores of one (dataset, k), each saved under ``out/scores``, each
-    seed's split record, and seed -> its :class:`sc_jax.data.Split`."""
+    seed's split record, seed -> its :class:`sc_jax.data.Split`, and each seed's
+    timing record (:func:`_seed_timing`)."""
     scores: dict[int, SeedScores] = {}
-    splits, drawn = [], {}
+    splits, drawn, timings = [], {}, []
     for seed in config.seeds:
         label = f"[{name} k={k} seed={seed}]"
         if progress:
             log.info("%s scoring (seed %d of %d)", label, config.seeds.index(seed) + 1,
                      len(config.seeds))
+        t = time.perf_counter()
+        engine.stats = EngineStats()  # a seed served from the cache runs no engine call
         split = drawn[seed] = draw_split(ds, config, k, seed)
         splits.append(_split_record(name, k, seed, split))
         scores[seed] = score_seed(model, engine, cache, ds, split, config, k,
                                   label=label if progress else None)
         if is_writer():
             save_scores(scores_path(out, name, k, seed), scores[seed])
-    return scores, splits, drawn
+        timings.append(_seed_timing(name, k, seed, time.perf_counter() - t, engine.stats))
+        if progress:
+            log.info("%s %s", label, _seed_line(timings[-1]))
+    return scores, splits, drawn, timings
+
+
+def _seed_timing(name: str, k: int, seed: int, wall: float, st: EngineStats) -> dict:
+    """Where one seed's scoring time went: ``compile_s`` (JAX compiles; ``programs``
+    compiled, of them ``model_programs``, and ``cache_hits`` from the persistent
+    compilation cache), ``forward_s`` (the forward calls on the device), ``host_s``
+    (everything else: prompts, the schedule, each call's arrays, the score cache and
+    files), adding up to ``wall_s``."""
+    return dict(dataset=name, shots=k, seed=seed, wall_s=wall, compile_s=st.compile_s,
+                programs=st.compiled, model_programs=st.model_compiled, cache_hits=st.cache_hits,
+                forward_s=st.forward_s, host_s=max(0.0, wall - st.compile_s - st.forward_s),
+                engine_host_s=st.plan_s + st.host_s, calls=st.calls, tokens=st.tokens,
+                executed_tokens=st.padded_tokens,
+                shape=None if st.shape is None else dataclasses.asdict(st.shape))
+
+
+def _seed_line(t: dict) -> str:
+    return (f"{t['wall_s']:.1f} s: compile {t['compile_s']:.1f} s ({t['programs']} programs, "
+            f"{t['model_programs']} of the model; {t['cache_hits']} from the persistent cache), "
+            f"forward {t['forward_s']:.1f} s, host {t['host_s']:.1f} s ({t['calls']} calls, "
+            f"{t['tokens']} tokens)")
 
 
 def _param_record(name: str, k: int, seed: int, size: int, method: str, r) -> dict:
@@ -829,24 +854,26 @@ def _load_checked(config: RunConfig, datasets: dict, preview, progress: bool):
 def _run_locked(config: RunConfig, out: Path, progress: bool, log_samples: bool) -> Results:
     """:func:`run_experiment` once ``out`` is created, locked and checked."""
     t_start = time.perf_counter()
-    # The model's configuration and tokenizer (no weights), then the data, then the
-    # weights: a model missing from the hub cache, or a bad dataset name or file, fails
-    # before the weights load.
-    preview = _config_and_tokenizer(config)
-    datasets = load_datasets(config)
-    model = _load_checked(config, datasets, preview, progress)
-    # What this directory now holds: a later run with another configuration is refused.
-    if is_writer():
-        _write_json(out / RUN_CONFIG_FILE, config.to_json())
-    engine = ScoringEngine(model, max_tokens_per_batch=config.max_tokens_per_batch,
-                           device_memory=config.device_memory, progress=progress)
-    cache = ScoreCache(out / "cache")
+    parts = Parts()
+    with parts("load"):
+        # The model's configuration and tokenizer (no weights), then the data, then the
+        # weights: a model missing from the hub cache, or a bad dataset name or file,
+        # fails before the weights load.
+        preview = _config_and_tokenizer(config)
+        datasets = load_datasets(config)
+        model = _load_checked(config, datasets, preview, progress)
+        # What this directory now holds: a later run with another configuration is refused.
+        if is_writer():
+            _write_json(out / RUN_CONFIG_FILE, config.to_json())
+        policy = run_policy(config, n_devices=model.n_devices, model_shards=model.model_shards)
+        engine = ScoringEngine(model, policy=policy, progress=progress)
+        cache = ScoreCache(out / "cache")
     lam = DEFAULT_LAMBDA_INV if config.lambda_inv is None else config.lambda_inv
     rows, params, notes, splits, skipped, records = [], [], [], [], [], []
     notes += [f"{name}: {ds.duplicate_rows} of {len(ds)} rows repeat an earlier text; each "
               "text is drawn once, so no test query is also a demonstration"
               for name, ds in datasets.items() if ds.duplicate_rows]
-    timing = {"scoring_s": 0.0, "fitting_s": 0.0}
+    seed_times, fit_times = [], []
     for name, ds in datasets.items():
         n = ds.n_classes
         for k in config.shots:
@@ -854,40 +881,94 @@ def _run_locked(config: RunConfig, out: Path, progress: bool, log_samples: bool)
                 skipped.append(dict(dataset=name, shots=k))
                 notes.append(_skip_note(name, n, k))
                 continue
-            t = time.perf_counter()
-            scores, seed_splits, drawn = _score_seeds(model, engine, cache, ds, name, k, config,
-                                                      out, progress)
+            with parts("scoring"):
+                scores, seed_splits, drawn, times = _score_seeds(model, engine, cache, ds, name, k,
+                                                                 config, out, progress)
             splits += seed_splits
-            timing["scoring_s"] += time.perf_counter() - t
-            t = time.perf_counter()
-            fits, fit_params = _fit_sc(scores, name, k, config, lam)
+            seed_times += times
+            with parts("fitting"), CompileMeter() as meter:
+                t = time.perf_counter()
+                fits, fit_params = _fit_sc(scores, name, k, config, lam)
+                wall = time.perf_counter() - t
             params += fit_params
-            timing["fitting_s"] += time.perf_counter() - t
+            # The solvers compile in threads beside each other: their compile seconds can
+            # exceed the wall time; the part of the wall they took is at most all of it.
+            fit_times.append(dict(dataset=name, shots=k, seeds=list(config.seeds), wall_s=wall,
+                                  compile_s=min(meter.seconds, wall),
+                                  solve_s=wall - min(meter.seconds, wall),
+                                  programs=meter.count()[0], cache_hits=meter.count()[1],
+                                  problems=len(fit_params)))
             if progress and fit_params:
-                log.info("[%s k=%d] fitted %d SC / SC* problems (%d seeds x %d sizes) in %.1f s",
-                         name, k, len(fit_params), len(config.seeds), len(config.sizes(k)),
-                         time.perf_counter() - t)
-            seed_rows, seed_records = _metric_rows(scores, fits, name, k, n, config,
-                                                   drawn if log_samples else None, ds)
+                f = fit_times[-1]
+                log.info("[%s k=%d] fitted %d SC / SC* problems (%d seeds x %d sizes) in %.1f s "
+                         "(compile %.1f s, %d programs; solve %.1f s)", name, k, len(fit_params),
+                         len(config.seeds), len(config.sizes(k)), wall, f["compile_s"],
+                         f["programs"], f["solve_s"])
+            with parts("metrics"):
+                seed_rows, seed_records = _metric_rows(scores, fits, name, k, n, config,
+                                                       drawn if log_samples else None, ds)
             rows += seed_rows
             records += seed_records
-    timing["total_s"] = time.perf_counter() - t_start
-    notes += _fit_notes(params)
-    data = {"config": config.to_json(), "lambda_inv": lam, "model_identity": model.identity,
-            "versions": _versions(), "rows": rows, "params": params, "splits": splits,
-            "skipped": skipped, "notes": notes,
-            "timing": timing, "cache": {"hits": cache.hits, "misses": cache.misses,
-                                        "corrupt": cache.corrupt},
-            "runtime": {"processes": jax.process_count(), "devices": jax.device_count(),
-                        "mesh": {"data": model.n_devices, "model": model.model_shards}}}
+    with parts("report"):
+        notes += _fit_notes(params)
+        data = {"config": config.to_json(), "lambda_inv": lam, "model_identity": model.identity,
+                "versions": _versions(), "rows": rows, "params": params, "splits": splits,
+                "skipped": skipped, "notes": notes, "timing": {},
+                "cache": {"hits": cache.hits, "misses": cache.misses, "corrupt": cache.corrupt},
+                "runtime": {"processes": jax.process_count(), "devices": jax.device_count(),
+                            "mesh": {"data": model.n_devices, "model": model.model_shards}},
+                "memory_policy": dataclasses.asdict(policy)}
     if not is_writer():
+        data["timing"] = run_timing(parts, seed_times, fit_times, time.perf_counter() - t_start)
         return Results(out, data, {})  # the same results; process 0 writes them
+    t = time.perf_counter()
+    # results.json first (an error in the plots loses no result), again at the end with
+    # the report's time (up to that last write).
+    data["timing"] = run_timing(parts, seed_times, fit_times, time.perf_counter() - t_start)
     _write_json(out / "results.json", data)
     sample_file = samples.write_samples(out, records) if log_samples else None
     if progress:
         log.info("writing the tables and plots into %s", out)
     written = write_report(data, out)
+    parts.add("report", time.perf_counter() - t)
+    data["timing"] = run_timing(parts, seed_times, fit_times, time.perf_counter() - t_start)
+    _write_json(out / "results.json", data)
     written["json"] = out / "results.json"
     if sample_file is not None:
         written["samples"] = sample_file
+    if progress:
+        log.info("%s", timing_line(data["timing"]))
     return Results(out, data, written)
+
+
+def run_timing(parts: Parts, seeds: list[dict], fits: list[dict], total: float) -> dict:
+    """results.json's ``timing``: the run's wall time ``total_s`` and its parts
+    (``load_s``: data, the up-front check and the model; ``scoring_s``: every seed,
+    split in ``compile_s``, ``forward_s`` and ``host_s``; ``fitting_s``: split in
+    ``fit_compile_s`` and ``fit_solve_s``; ``metrics_s``; ``report_s``: tables,
+    plots, records and results.json up to this point), with ``unaccounted_s`` the
+    wall time outside them, and the records of every seed and every fit."""
+    p = parts.seconds
+    out = {"total_s": total, "load_s": p.get("load", 0.0), "scoring_s": p.get("scoring", 0.0),
+           "compile_s": sum(t["compile_s"] for t in seeds),
+           "forward_s": sum(t["forward_s"] for t in seeds),
+           "host_s": sum(t["host_s"] for t in seeds), "fitting_s": p.get("fitting", 0.0),
+           "fit_compile_s": sum(f["compile_s"] for f in fits),
+           "fit_solve_s": sum(f["solve_s"] for f in fits), "metrics_s": p.get("metrics", 0.0),
+           "report_s": p.get("report", 0.0)}
+    out["unaccounted_s"] = total - sum(out[key] for key in (
+        "load_s", "scoring_s", "fitting_s", "metrics_s", "report_s"))
+    out.update(model_programs=sum(t["model_programs"] for t in seeds),
+               programs=sum(t["programs"] for t in seeds),
+               cache_hits=sum(t["cache_hits"] for t in seeds), seeds=seeds, fits=fits)
+    return out
+
+
+def timing_line(t: dict) -> str:
+    """One line of where a run's time went (:func:`run_timing`)."""
+    return (f"time: {t['total_s']:.1f} s = load {t['load_s']:.1f} + scoring {t['scoring_s']:.1f} "
+            f"(compile {t['compile_s']:.1f}, {t['model_programs']} model programs compiled, "
+            f"{t['cache_hits']} from the persistent cache; forward {t['forward_s']:.1f}; host "
+            f"{t['host_s']:.1f}) + fitting {t['fitting_s']:.1f} (compile {t['fit_compile_s']:.1f}, "
+            f"solve {t['fit_solve_s']:.1f}) + metrics {t['metrics_s']:.1f} + report "
+            f"{t['report_s']:.1f} + other {t['unaccounted_s']:.1f}")

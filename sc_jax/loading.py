@@ -133,6 +133,25 @@ class LoadedModel:
         rows = np.asarray(rows, np.int32)
         return jnp.asarray(rows) if self.mesh is None else put_global(rows, replicated(self.mesh))
 
+    # The scoring engine's handles on the model (public: the engine is a caller).
+    @property
+    def graphdef(self):
+        """The module's static structure (:func:`flax.nnx.split`)."""
+        return self._graphdef
+
+    @property
+    def state(self):
+        """The module's weights (:func:`flax.nnx.split`), placed as loaded."""
+        return self._state
+
+    def put(self, x):
+        """Host array with a leading batch axis -> device (split over the ``data`` axis)."""
+        return self._put(x)
+
+    def replicate(self, x):
+        """Host array -> device, the same on every device of the mesh."""
+        return self._rows(x)
+
     # ------------------------------------------------------------------ forward modes
     def logits_at(self, tokens, valid, gather, rows=None) -> jax.Array:
         """tokens, valid: ``[B, T]``; gather: ``[B, P]`` positions (indices into T);

@@ -23,13 +23,16 @@ make one call. The padding left is the end of each row and the rows of each stag
 last call: with ``W`` a few times the longest item and a few dozen calls per stage,
 a few percent of the unique tokens.
 
-Shapes: every call of a schedule has the same ``B``, ``W``, ``m`` and ``R`` (readouts
-per call); the cache length ``S`` is the stage's level length rounded up on a fixed grid
-(:func:`cache_bucket`). So one (dataset, k, seed) compiles one model program per
-distinct ``S``: six for k = 8 with demonstrations of up to 64 tokens.
-``W`` and ``m`` are chosen per schedule by a cost model in FLOPs
-(:func:`choose_shape`): dense work of the executed tokens, attention over the cached
-and packed keys, and a fixed cost per call.
+Shapes: every call of every schedule made under one memory policy has the same ``B``,
+``W``, ``R`` and ``cache`` (cached keys per row): the shape depends on the model, its
+dtype, the memory budget and the mesh (:func:`sc_jax.schedule.call_shape`), not on the
+seed or the dataset, so a run compiles ONE model program, and a second run on the
+same machine finds it in the persistent compilation cache. What varies per stage is
+how a row's ``cache`` keys are cut into slots: stage d reads level d - 1, whose nodes
+hold ``S`` tokens each, so a row holds ``m = cache // S`` slots (many small nodes per
+row early in the trie, few long ones late). The model program sees only ``m x S``
+padded to ``cache``; the model-free gathers and writes around it take the level
+shapes and compile in milliseconds.
 """
 
 from __future__ import annotations
@@ -40,9 +43,6 @@ import numpy as np
 
 #: Smallest cache length bucket (the root's stage reads an empty cache of this length).
 MIN_CACHE = 32
-#: Row widths and slot counts the cost model considers.
-WIDTHS = (128, 256, 512, 1024, 2048, 4096)
-SLOTS = (1, 2, 4, 8, 16)
 #: Fixed cost of one call, in executed-token equivalents (launch, weight reads): it
 #: keeps the cost model from choosing many tiny calls.
 CALL_OVERHEAD_TOKENS = 128
@@ -54,16 +54,6 @@ def round_up(x: int, m: int) -> int:
 
 def pow2_at_least(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
-
-
-def cache_bucket(length: int) -> int:
-    """Padded cache length of a stage whose level holds ``length`` tokens per node:
-    the next of 32, 48, 64, 96, 128, 192, ... (powers of two and 1.5 times them).
-    A fixed grid, so that seeds with demonstrations of similar lengths share their
-    programs; its steps pad the cache by at most 1.5x (attention over cached keys is
-    a small share of a call's FLOPs, but not nothing for a small model)."""
-    p = max(MIN_CACHE, pow2_at_least(length))
-    return p * 3 // 4 if p * 3 // 4 >= max(length, MIN_CACHE) else p
 
 
 # ------------------------------------------------------------------ the trie of several jobs
@@ -197,7 +187,8 @@ def build_chunks(jobs, nr: int, seg_len: np.ndarray, n_bos: int, level_len,
 # ------------------------------------------------------------------ packing
 @dataclasses.dataclass
 class Stage:
-    """The items of one stage (continuing the nodes of depth ``depth - 1``), packed.
+    """The items of one stage (continuing the nodes of depth ``depth - 1``), packed
+    with ``m`` cache slots of ``S`` tokens per row.
 
     Per item, in packed order: ``kind`` (0 segment, 1 query row), ``ref`` (the demo,
     or the query row), ``length``, ``row``, ``off`` (first column), ``slot``,
@@ -209,6 +200,7 @@ class Stage:
 
     depth: int
     S: int
+    m: int
     kind: np.ndarray
     ref: np.ndarray
     length: np.ndarray
@@ -289,7 +281,7 @@ def pack(length: np.ndarray, cache: np.ndarray, W: int, m: int):
 def pack_stage(items, d: int, S: int, W: int, m: int) -> Stage:
     kind, ref, length, cache, start, node, dest = items
     row, off, slot, nodes = pack(length, cache, W, m)
-    return Stage(d, S, kind, ref, length, row, off, slot, start, node, dest, cache, nodes)
+    return Stage(d, S, m, kind, ref, length, row, off, slot, start, node, dest, cache, nodes)
 
 
 def count_rows(length: np.ndarray, cache: np.ndarray, W: int, m: int) -> int:
@@ -300,14 +292,24 @@ def count_rows(length: np.ndarray, cache: np.ndarray, W: int, m: int) -> int:
 # ------------------------------------------------------------------ shapes and costs
 @dataclasses.dataclass(frozen=True)
 class PackShape:
-    """The shape every call of a schedule shares: ``B`` rows of ``W`` tokens, ``m``
-    cache slots per row, ``R`` readouts, ``C`` children written per call."""
+    """The shape every call of a schedule shares: ``B`` rows of ``W`` tokens, each
+    row after ``cache`` cached keys (its slots side by side, padded), ``R`` readouts,
+    ``C`` children written per call, and ``labels`` label rows of the output
+    embedding (the classes, padded; 0 in sequence mode, which reads the full
+    vocabulary). Everything the model program's shapes depend on."""
 
     B: int
     W: int
-    m: int
-    R: int = 0
-    C: int = 0
+    cache: int
+    R: int = 8
+    C: int = 8
+    labels: int = 0
+
+    @property
+    def program(self) -> tuple[int, int, int, int, int]:
+        """What tells one model program from another (:func:`sc_jax.scoring._packed`;
+        C only shapes the model-free writes)."""
+        return (self.B, self.W, self.cache, self.R, self.labels)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -328,54 +330,26 @@ class CostModel:
         return cls(token, 4.0 * c.num_layers * c.num_heads * c.head_dim,
                    CALL_OVERHEAD_TOKENS * token)
 
-    def call_flops(self, B: int, W: int, m: int, S: int) -> float:
-        """One packed call: dense work of B x W tokens, attention over m x S cached
+    def call_flops(self, B: int, W: int, keys: int) -> float:
+        """One packed call: dense work of B x W tokens, attention over ``keys`` cached
         and W packed keys per token (masked keys are computed too)."""
-        return B * W * (self.token + self.key * (m * S + W)) + self.call
+        return B * W * (self.token + self.key * (keys + W)) + self.call
 
 
-def stage_lengths(level_len) -> list[int]:
-    """Cache bucket of every stage d = 1..D+1 (stage d reads level d - 1). The first
-    stage reads the empty root: it takes the next stage's bucket (one program fewer;
-    it runs only the k depth-1 segments)."""
-    out = [cache_bucket(level_len[d - 1]) for d in range(1, len(level_len) + 1)]
-    if len(out) > 1:
-        out[0] = out[1]
-    return out
+def slot_lengths(level_len) -> list[int]:
+    """Tokens per cache slot of every stage d = 1..D+1: stage d reads level d - 1,
+    whose nodes hold ``level_len[d - 1]`` tokens (at least :data:`MIN_CACHE`, the
+    empty root's stage included)."""
+    return [max(MIN_CACHE, int(level_len[d - 1])) for d in range(1, len(level_len) + 1)]
 
 
-def choose_shape(stage_items_list, buckets, cost: CostModel, *, max_tokens: int,
-                 n_devices: int = 1, temp_ok=None) -> tuple[PackShape, float]:
-    """The (B, W, m) of least modelled FLOPs for these stages (``stage_items_list``:
-    per stage its items' (length, cache node, stage index)). ``max_tokens`` caps B x W
-    (at least one row); ``temp_ok(B, W, m)``: whether a call of that shape fits the
-    memory budget. Returns the shape and its cost."""
-    longest = max((int(it[0].max()) for it in stage_items_list if len(it[0])), default=1)
-    best = None
-    for W in [w for w in WIDTHS if w >= longest] or [pow2_at_least(longest)]:
-        for m in SLOTS:
-            rows = [(count_rows(ln, c, W, m), bucket) for ln, c, bucket in stage_items_list]
-            for b in _batch_choices(max(max_tokens // W, 1), n_devices):
-                if temp_ok is not None and not temp_ok(b, W, m):
-                    break
-                total = sum(-(-r // b) * cost.call_flops(b, W, m, S) for r, S in rows if r)
-                if best is None or total < best[1]:
-                    best = (PackShape(b, W, m), total)
-    if best is None:  # nothing fits the budget: the smallest shape, for the error message
-        W = next((w for w in WIDTHS if w >= longest), pow2_at_least(longest))
-        return PackShape(n_devices, W, 1), float("inf")
-    return best
-
-
-def _batch_choices(max_rows: int, n_devices: int):
-    """Rows per call: n_devices x powers of two, up to ``max_rows`` (at least one
-    row per device)."""
-    b = n_devices
-    while True:
-        yield b
-        b *= 2
-        if b > max_rows:
-            return
+def schedule_geometry(jobs, *, seg_len, n_bos: int, qlen) -> tuple[int, int]:
+    """(longest item, tokens per node of the deepest level) of ``jobs``: what the
+    call shape must hold (a row of ``W`` tokens takes any item, a row's cache a node
+    of the deepest level)."""
+    depth = max(int(np.asarray(c).shape[1]) for c, _ in jobs)
+    seg_max = int(np.max(seg_len)) + n_bos
+    return max(seg_max, int(np.max(qlen, initial=1))), level_lengths(seg_max, depth)[-1]
 
 
 # ------------------------------------------------------------------ the whole schedule
@@ -400,9 +374,9 @@ class Schedule:
                     yield ci, st, r0
 
     @property
-    def programs(self) -> set[int]:
-        """Distinct model programs: one per cache bucket used."""
-        return {st.S for stages in self.chunks for st in stages}
+    def programs(self) -> set[tuple[int, ...]]:
+        """Distinct model programs (:attr:`PackShape.program`): one per schedule."""
+        return {self.shape.program}
 
 
 def level_lengths(seg_max: int, depth: int) -> tuple[int, ...]:
@@ -414,37 +388,36 @@ def level_lengths(seg_max: int, depth: int) -> tuple[int, ...]:
     return tuple(lens)
 
 
-def build_schedule(jobs, *, nr: int, seg_len, n_bos: int, qlen, readouts, cost: CostModel,
-                   max_tokens: int, max_cache_tokens: int, n_devices: int = 1,
-                   temp_ok=None, prefer: PackShape | None = None) -> Schedule:
-    """The packed schedule of ``jobs`` (see the module docstring).
+def build_schedule(jobs, *, shape: PackShape, nr: int, seg_len, n_bos: int, qlen, readouts,
+                   max_cache_tokens: int) -> Schedule:
+    """The packed schedule of ``jobs`` in calls of ``shape`` (see the module docstring).
 
     seg_len ``[k]``: tokens of each demonstration's segment (no BOS); qlen ``[Rq]``:
     tokens of each query row; readouts ``[Rq]``: positions read out per query row;
-    ``max_tokens``: cap on B x W; ``max_cache_tokens``: tokens of one trie level.
-    ``prefer``: the shape of an earlier schedule, kept where its items fit (R and C
-    only grow), so that the seeds and datasets of one run share their programs.
+    ``max_cache_tokens``: tokens of one trie level. ``shape`` must hold the longest
+    item (``W``) and the deepest level (``cache``): :func:`schedule_geometry`. Its
+    ``R`` and ``C`` grow (powers of two) where a call needs more.
     """
     seg_len = np.asarray(seg_len, np.int64)
     qlen = np.asarray(qlen, np.int64)
     depth = max(int(np.asarray(c).shape[1]) for c, _ in jobs)
-    seg_max = int(seg_len.max()) + n_bos
-    level_len = level_lengths(seg_max, depth)
-    buckets = stage_lengths(level_len)
+    level_len = level_lengths(int(seg_len.max()) + n_bos, depth)
+    longest, deepest = schedule_geometry(jobs, seg_len=seg_len, n_bos=n_bos, qlen=qlen)
+    if longest > shape.W or deepest > shape.cache:
+        raise ValueError(f"a call of {shape} cannot hold an item of {longest} tokens and a "
+                         f"cached context of {deepest}")
+    slots = slot_lengths(level_len)
     trie = build_chunks(jobs, nr, seg_len, n_bos, level_len, max_cache_tokens)
-    items = [[stage_items(ch, d, seg_len, qlen, n_bos) for d in range(1, depth + 2)] for ch in trie]
-    flat = [(it[2], it[3], buckets[d]) for per in items for d, it in enumerate(per) if it is not None]
-    longest = max((int(f[0].max()) for f in flat if len(f[0])), default=1)
-    if prefer is not None and prefer.W >= longest and prefer.B % n_devices == 0 \
-            and prefer.B * prefer.W <= max(max_tokens, prefer.W * n_devices) \
-            and (temp_ok is None or temp_ok(prefer.B, prefer.W, prefer.m)):
-        shape = prefer
-    else:
-        shape, _ = choose_shape(flat, buckets, cost, max_tokens=max_tokens, n_devices=n_devices,
-                                temp_ok=temp_ok)
-    chunks = [[pack_stage(it, d + 1, buckets[d], shape.W, shape.m)
-               for d, it in enumerate(per) if it is not None] for per in items]
-    R, C = (shape.R, shape.C) if shape is prefer else (1, 1)
+    chunks = []
+    for ch in trie:
+        stages = []
+        for d in range(1, depth + 2):
+            it = stage_items(ch, d, seg_len, qlen, n_bos)
+            if it is not None:
+                S = slots[d - 1]
+                stages.append(pack_stage(it, d, S, shape.W, max(1, shape.cache // S)))
+        chunks.append(stages)
+    R, C = shape.R, shape.C
     readouts = np.asarray(readouts, np.int64)
     for stages in chunks:
         for st in stages:
@@ -453,7 +426,6 @@ def build_schedule(jobs, *, nr: int, seg_len, n_bos: int, qlen, readouts, cost: 
                 q = sel & (st.kind == 1)
                 R = max(R, int(readouts[st.ref[q]].sum()))
                 C = max(C, int((sel & (st.kind == 0)).sum()))
-    # Powers of two: seeds with texts of similar lengths share the programs.
-    shape = dataclasses.replace(shape, R=max(8, pow2_at_least(R)), C=max(8, pow2_at_least(C)))
+    shape = dataclasses.replace(shape, R=pow2_at_least(R), C=pow2_at_least(C))
     n_out = sum(len(np.asarray(p).reshape(-1, 2)) for _, p in jobs) * nr
     return Schedule(shape, level_len, chunks, trie, n_out)

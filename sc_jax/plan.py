@@ -38,7 +38,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from . import scoring
-from .experiment import check_run, draw_split, load_datasets, seed_jobs
+from .experiment import check_run, draw_split, load_datasets, run_policy, seed_jobs
 from .loading import DTYPES, PRESET_TOKENIZERS, load_config_and_tokenizer
 from .model import Decoder, KVCache
 from .named_models import tokenizer_file
@@ -46,7 +46,7 @@ from .packing import CostModel, PackShape, Schedule
 from .pypi import WheelFileError
 # The memory model (sc_jax.schedule), importable from here too.
 from .schedule import (  # noqa: F401
-    ACTIVATION_SHARE, MAX_TOKENS_PER_BATCH, RESERVE, Budgets, PlanError, Planned,
+    ACTIVATION_SHARE, MAX_TOKENS_PER_BATCH, RESERVE, Budgets, MemoryPolicy, PlanError, Planned,
     device_memory_bytes, host_memory_bytes, kv_bytes_per_token, level_peak_tokens,
     packed_temp_bytes, plan_schedule, query_rows, weight_bytes)
 from .sharding import kv_sharding, make_mesh, state_shardings
@@ -56,19 +56,17 @@ log = logging.getLogger(__name__)
 
 
 # ------------------------------------------------------------------ the engine's schedule
-def engine_plan(config, dtype, pieces, jobs, mode: str, *, budget_bytes: int, n_devices: int = 1,
-                model_shards: int = 1, platform: str = "default",
-                max_tokens_per_batch: int | None = None, max_cache_tokens: int | None = None,
-                enforce: bool = False) -> Planned:
+def engine_plan(config, dtype, pieces, jobs, mode: str, *, policy: MemoryPolicy | None = None,
+                **budget) -> Planned:
     """The packed schedule and budgets of ``jobs`` (a list of ``(contexts, pairs)``,
     those with no pairs left out, as the engine leaves them), exactly as
-    :meth:`sc_jax.scoring.ScoringEngine.score_jobs` plans them with these budgets."""
+    :meth:`sc_jax.scoring.ScoringEngine.score_jobs` plans them under ``policy`` (or
+    :func:`plan_schedule`'s keywords ``budget``: ``budget_bytes``, ``n_devices``, ...)."""
     jobs = [(np.asarray(c, np.int64), np.asarray(p, np.int64).reshape(-1, 2)) for c, p in jobs]
     jobs = [(c, p) for c, p in jobs if len(p)]
-    return plan_schedule(config, dtype, pieces, jobs, mode, budget_bytes=budget_bytes,
-                         n_devices=n_devices, model_shards=model_shards, platform=platform,
-                         max_tokens_per_batch=max_tokens_per_batch,
-                         max_cache_tokens=max_cache_tokens, enforce=enforce)
+    if policy is not None:
+        return policy.plan(config, dtype, pieces, jobs, mode)
+    return plan_schedule(config, dtype, pieces, jobs, mode, **{"enforce": False, **budget})
 
 
 def stage_name(depth: int) -> str:
@@ -83,9 +81,9 @@ def replay(sched: Schedule, config) -> dict[str, Any]:
     trie node's segment once per chunk, every query row), ``executed_tokens`` (calls
     x B x W), ``padding_tokens``, ``flops`` (:meth:`CostModel.call_flops` without its
     fixed per-call term, which models scheduling overhead, not FLOPs), ``programs``
-    (distinct cache buckets S), and per stage (:func:`stage_name`, in depth order)
+    (distinct model programs: one), and per stage (:func:`stage_name`, in depth order)
     the same with ``segment_tokens`` / ``query_tokens`` (the unique tokens of each
-    kind) and the stage's cache bucket ``S``."""
+    kind), the stage's slot length ``S`` and slots per row ``m``."""
     sh = sched.shape
     cost = CostModel.of(config)
     stages: dict[str, dict] = {}
@@ -94,7 +92,7 @@ def replay(sched: Schedule, config) -> dict[str, Any]:
         lens = st.length[a:b]
         seg = int(lens[st.kind[a:b] == 0].sum())
         acc = stages.setdefault(stage_name(st.depth), {
-            "S": st.S, "calls": 0, "rows": 0, "unique_tokens": 0, "segment_tokens": 0,
+            "S": st.S, "m": st.m, "calls": 0, "rows": 0, "unique_tokens": 0, "segment_tokens": 0,
             "query_tokens": 0, "executed_tokens": 0, "padding_tokens": 0, "flops": 0.0})
         acc["calls"] += 1
         acc["rows"] += min(sh.B, st.rows - r0)
@@ -102,7 +100,7 @@ def replay(sched: Schedule, config) -> dict[str, Any]:
         acc["segment_tokens"] += seg
         acc["query_tokens"] += int(lens.sum()) - seg
         acc["executed_tokens"] += sh.B * sh.W
-        acc["flops"] += cost.call_flops(sh.B, sh.W, sh.m, st.S) - cost.call
+        acc["flops"] += cost.call_flops(sh.B, sh.W, sh.cache) - cost.call
     for acc in stages.values():
         acc["padding_tokens"] = acc["executed_tokens"] - acc["unique_tokens"]
     stages = dict(sorted(stages.items(), key=lambda kv: int(kv[0][2:])))
@@ -130,23 +128,15 @@ def _abstract_model(config, dtype):
     return nnx.split(nnx.eval_shape(lambda: Decoder(config, dtype=dtype, rngs=nnx.Rngs(0))))
 
 
-def program_key(shape: PackShape, S: int) -> tuple[int, int, int, int, int]:
-    """What determines the shape of the engine's model program (:func:`scoring._packed`):
-    rows B, row width W, cache slots m, readouts R and the cache bucket S (the
-    model-free gathers and writes around it compile in milliseconds)."""
-    return (shape.B, shape.W, shape.m, shape.R, S)
-
-
-def lower_call(config, dtype, shape: PackShape, S: int, *, mode: str = "first_token",
-               n_labels: int = 2, mesh=None):
-    """The engine's model program for calls of ``shape`` reading a cache bucket of
-    ``S`` tokens, lowered with abstract shapes (``jax.ShapeDtypeStruct``: nothing
-    allocated, no weight read), ready for ``.compile()``: the arguments of
-    :func:`sc_jax.scoring._packed`, the gathered cache ``[L, B, m x S, K, Dh]`` and the
-    rows batch-sharded over the mesh's ``data`` axis, readouts replicated."""
+def lower_call(config, dtype, shape: PackShape, *, mode: str = "first_token", mesh=None):
+    """The engine's model program for calls of ``shape``, lowered with abstract shapes
+    (``jax.ShapeDtypeStruct``: nothing allocated, no weight read), ready for
+    ``.compile()``: the arguments of :func:`sc_jax.scoring._packed`, the gathered cache
+    ``[L, B, cache, K, Dh]`` and the rows batch-sharded over the mesh's ``data``
+    axis, readouts and label rows replicated."""
     gd, st = _abstract_model(config, dtype)
     L, K, Dh = config.num_layers, config.num_kv_heads, config.head_dim
-    B, W, mS, R = shape.B, shape.W, shape.m * S, max(shape.R, 1)
+    B, W, keys, R = shape.B, shape.W, shape.cache, max(shape.R, 1)
     sds = jax.ShapeDtypeStruct
     if mesh is not None:
         st = jax.tree.map(lambda x, s: sds(x.shape, x.dtype, sharding=s), st, state_shardings(mesh, st))
@@ -156,7 +146,7 @@ def lower_call(config, dtype, shape: PackShape, S: int, *, mode: str = "first_to
             return None
         return NamedSharding(mesh, P(*spec))
 
-    kv_shape = (L, B, mS, K, Dh)
+    kv_shape = (L, B, keys, K, Dh)
     kv = sds(kv_shape, dtype, sharding=None if mesh is None else kv_sharding(mesh, kv_shape))
     rs = shard(("data",)) if B > 1 else shard(())
 
@@ -167,17 +157,16 @@ def lower_call(config, dtype, shape: PackShape, S: int, *, mode: str = "first_to
         return sds((n,), d, sharding=shard(()))
 
     seq = mode == "sequence"
-    cache = KVCache(kv, kv, rows(B, mS), rows(B, mS, d=jnp.bool_))
-    labels = None if seq else flat(n_labels)
-    return scoring._packed.lower(gd, st, cache, rows(B, mS), rows(B, W), rows(B, W),
+    cache = KVCache(kv, kv, rows(B, keys), rows(B, keys, d=jnp.bool_))
+    labels = None if seq else flat(max(shape.labels, 1))
+    return scoring._packed.lower(gd, st, cache, rows(B, keys), rows(B, W), rows(B, W),
                                  rows(B, W, d=jnp.bool_), rows(B, W), rows(B, W), flat(R), flat(R),
                                  labels, sequence=seq)
 
 
-def xla_call_bytes(config, dtype, shape: PackShape, S: int, *, mode: str = "first_token",
-                   n_labels: int = 2, mesh=None) -> dict[str, int]:
-    """Compile the engine's model program (``shape``, cache bucket ``S``) with abstract
-    shapes and return XLA's ``memory_analysis()``: argument, output, temp and alias
+def xla_call_bytes(config, dtype, shape: PackShape, *, mode: str = "first_token",
+                   mesh=None) -> dict[str, int]:
+    """Compile the engine's model program (calls of ``shape``) with abstract shapes and return XLA's ``memory_analysis()``: argument, output, temp and alias
     bytes (per device).
 
     On CPU, XLA computes bfloat16 dots in float32 and hoists the conversion of every
@@ -186,7 +175,7 @@ def xla_call_bytes(config, dtype, shape: PackShape, S: int, *, mode: str = "firs
     compiled with while-loop-invariant code motion disabled, which leaves one
     layer's float32 copy in temp (within the margin the tests state).
     """
-    lowered = lower_call(config, dtype, shape, S, mode=mode, n_labels=n_labels, mesh=mesh)
+    lowered = lower_call(config, dtype, shape, mode=mode, mesh=mesh)
     opts = None
     if jax.default_backend() == "cpu" and jnp.dtype(dtype) == jnp.bfloat16:
         opts = {"xla_disable_hlo_passes": "while-loop-invariant-code-motion"}
@@ -197,8 +186,7 @@ def xla_call_bytes(config, dtype, shape: PackShape, S: int, *, mode: str = "firs
 
 
 def xla_peak_bytes(config, dtype, planned: Planned, *, model_shards: int = 1, **kw) -> dict[str, Any]:
-    """XLA's peak for the worst model program of a schedule (the largest cache bucket
-    S; every other dimension is shared by all its programs): arguments (the weights,
+    """XLA's peak for the model program of a schedule: arguments (the weights,
     the gathered cache, the packed rows) + outputs + temps - aliased bytes, plus the
     trie levels resident beside the program (``level_peak_tokens`` x KV bytes per
     token, as in the planned peak), beside ``planned_peak_of_that_call``: the planned
@@ -206,16 +194,16 @@ def xla_peak_bytes(config, dtype, planned: Planned, *, model_shards: int = 1, **
     XLA's four figures as ``xla_argument_bytes``, ``xla_output_bytes``,
     ``xla_temp_bytes`` and ``xla_alias_bytes``."""
     sched, b = planned.schedule, planned.budgets
-    sh, S = sched.shape, max(sched.programs)
-    m = xla_call_bytes(config, dtype, sh, S, **kw)
+    sh = sched.shape
+    m = xla_call_bytes(config, dtype, sh, **kw)
     resident = b.cache_bytes
     peak = m["argument_bytes"] + m["output_bytes"] + m["temp_bytes"] - m["alias_bytes"] + resident
-    temp = packed_temp_bytes(config, dtype, sh.B, sh.W, sh.m, S, R=sh.R,
+    temp = packed_temp_bytes(config, dtype, sh.B, sh.W, sh.cache, R=sh.R,
                              sequence=kw.get("mode") == "sequence",
                              model_shards=model_shards)
     return {"xla_peak_bytes": int(peak),
             "planned_peak_of_that_call": int(b.weight_bytes + resident + temp),
-            "xla_program": {"B": sh.B, "W": sh.W, "m": sh.m, "R": sh.R, "S": S},
+            "xla_program": {"B": sh.B, "W": sh.W, "cache": sh.cache, "R": sh.R, "labels": sh.labels},
             **{f"xla_{key}": v for key, v in m.items()}}
 
 
@@ -248,14 +236,14 @@ def _cache_events():
         jax.monitoring.unregister_event_duration_listener(duration)
 
 
-def compile_call_seconds(config, dtype, shape: PackShape, S: int, **kw) -> dict[str, Any]:
-    """Trace, lower and compile the engine's model program (``shape``, cache bucket
-    ``S``; abstract shapes, the default compiler options, as the engine compiles it)
-    on this backend. Returns ``seconds`` (what compiling it costs: where JAX's
-    persistent compilation cache served it, the compile time stored with the entry),
+def compile_call_seconds(config, dtype, shape: PackShape, **kw) -> dict[str, Any]:
+    """Trace, lower and compile the engine's model program (calls of ``shape``;
+    abstract shapes, the default compiler options, as the engine compiles it) on this
+    backend. Returns ``seconds`` (what compiling it costs: where JAX's persistent
+    compilation cache served it, the compile time stored with the entry),
     ``wall_seconds`` (what this call took) and ``cached`` (served from that cache)."""
     t0 = time.perf_counter()
-    lowered = lower_call(config, dtype, shape, S, **kw)
+    lowered = lower_call(config, dtype, shape, **kw)
     t1 = time.perf_counter()
     with _cache_events() as ev:
         lowered.compile()
@@ -265,32 +253,26 @@ def compile_call_seconds(config, dtype, shape: PackShape, S: int, **kw) -> dict[
     return {"seconds": (t1 - t0) + compile_s, "wall_seconds": t2 - t0, "cached": cached}
 
 
-def compile_seconds(config, dtype, shape: PackShape, buckets, *, measured: dict, mode: str,
-                    n_labels: int, mesh=None, progress: bool = False) -> dict[str, Any]:
-    """Compile seconds of the engine's model programs for calls of ``shape`` and the
-    cache buckets ``buckets`` (one program per distinct S, :func:`program_key`; the
-    model-free gathers and writes beside them compile in milliseconds and are left
+def compile_seconds(config, dtype, shape: PackShape, *, measured: dict, mode: str, mesh=None,
+                    progress: bool = False) -> dict[str, Any]:
+    """Compile seconds of the engine's model program for calls of ``shape`` (the
+    model-free gathers and writes beside it compile in milliseconds and are left
     out): ``programs``, ``compile_seconds``, ``compile_wall_seconds`` and
     ``compile_cache_hits``. ``measured`` (program -> figures) carries programs
-    already compiled by this plan, so a program two settings share is compiled once."""
-    keys = sorted({int(S) for S in buckets})
-    out = {"programs": len(keys), "compile_seconds": 0.0, "compile_wall_seconds": 0.0,
+    already compiled by this plan, so a program two settings share is compiled once
+    and counted once (``programs`` 0 where it was)."""
+    program = (shape.program, mode)
+    out = {"programs": 0, "compile_seconds": 0.0, "compile_wall_seconds": 0.0,
            "compile_cache_hits": 0}
-    for S in keys:
-        program = (program_key(shape, S), mode, n_labels)
-        if program not in measured:
-            measured[program] = compile_call_seconds(config, dtype, shape, S, mode=mode,
-                                                     n_labels=n_labels, mesh=mesh)
-            if progress:
-                m = measured[program]
-                log.info("  compiled B=%d W=%d m=%d R=%d S=%d in %.1f s%s", *program[0], m["seconds"],
-                         f" (served from the persistent cache in {m['wall_seconds']:.1f} s)"
-                         if m["cached"] else "")
-        m = measured[program]
-        out["compile_seconds"] += m["seconds"]
-        out["compile_wall_seconds"] += m["wall_seconds"]
-        out["compile_cache_hits"] += int(m["cached"])
-    return out
+    if program in measured:
+        return out
+    m = measured[program] = compile_call_seconds(config, dtype, shape, mode=mode, mesh=mesh)
+    if progress:
+        log.info("  compiled B=%d W=%d cache=%d R=%d labels=%d in %.1f s%s", *program[0], m["seconds"],
+                 f" (served from the persistent cache in {m['wall_seconds']:.1f} s)"
+                 if m["cached"] else "")
+    return {"programs": 1, "compile_seconds": m["seconds"], "compile_wall_seconds": m["wall_seconds"],
+            "compile_cache_hits": int(m["cached"])}
 
 
 # ------------------------------------------------------------------ a whole run
@@ -366,7 +348,7 @@ class _Planner:
     dtype: Any
     tokenizer: Any
     reference: Any  # the Qwen2 tokenizer where the run's is a stand-in, else None
-    budget: dict  # the keywords of engine_plan: budget_bytes, n_devices, platform, ...
+    policy: MemoryPolicy
     model_shards: int
     n_devices: int
     mesh: Any
@@ -382,7 +364,7 @@ def _plan_setting(pl: _Planner, name: str, ds, k: int) -> dict[str, Any]:
     split = draw_split(ds, pl.run, k, pl.run.seeds[0])
     sj = seed_jobs(pl.tokenizer, ds, split, pl.run, k)
     jobs = list(sj.jobs.values())
-    planned = engine_plan(pl.config, pl.dtype, sj.pieces, jobs, pl.run.mode, **pl.budget)
+    planned = engine_plan(pl.config, pl.dtype, sj.pieces, jobs, pl.run.mode, policy=pl.policy)
     sched, b = planned.schedule, planned.budgets
     r = replay(sched, pl.config)
     sh = sched.shape
@@ -395,31 +377,32 @@ def _plan_setting(pl: _Planner, name: str, ds, k: int) -> dict[str, Any]:
         "flat_tokens": flat_tokens(sj.pieces, jobs, pl.run.mode), "flops": r["flops"],
         "model_flops": 2 * _non_embedding_params(pl.config) * r["unique_tokens"],
         "calls": r["calls"], "rows": r["rows"], "chunks": len(sched.chunks), "programs": r["programs"],
-        "cache_buckets": sorted(sched.programs), "shape": dataclasses.asdict(sh),
+        "shape": dataclasses.asdict(sh),
         "max_tokens_per_batch": b.max_tokens_per_batch, "max_cache_tokens": b.max_cache_tokens,
         "level_peak_tokens": level_peak_tokens(sched), "peak_bytes": b.peak_bytes,
         "weight_bytes": b.weight_bytes, "cache_bytes": b.cache_bytes, "temp_bytes": b.temp_bytes,
         "stages": r["stages"]}
     if pl.progress:
-        log.info("  %s k=%d: %d jobs, %d pairs, %d calls of %d x %d tokens (m %d), %d programs",
-                 name, k, len(jobs), setting["pairs"], r["calls"], sh.B, sh.W, sh.m, r["programs"])
+        log.info("  %s k=%d: %d jobs, %d pairs, %d calls of %d x %d tokens (%d cached keys per row), "
+                 "%d programs", name, k, len(jobs), setting["pairs"], r["calls"], sh.B, sh.W, sh.cache,
+                 r["programs"])
     if pl.reference is not None:
         ref = seed_jobs(pl.reference, ds, split, pl.run, k)
         setting["prompt_tokens"] = _prompt_tokens(sj.pieces, sj.jobs, pl.run.mode)
         setting["prompt_tokens_reference"] = _prompt_tokens(ref.pieces, ref.jobs, pl.run.mode)
         setting["stand_in_inflation"] = setting["prompt_tokens"] / setting["prompt_tokens_reference"]
     lowered = pl.mesh is not None or pl.model_shards * pl.n_devices == 1
-    kw = {"mode": pl.run.mode, "n_labels": ds.n_classes, "mesh": pl.mesh}
+    kw = {"mode": pl.run.mode, "mesh": pl.mesh}
     if pl.compile_time and lowered:
-        setting.update(compile_seconds(pl.config, pl.dtype, sh, sched.programs, measured=pl.measured,
+        setting.update(compile_seconds(pl.config, pl.dtype, sh, measured=pl.measured,
                                        progress=pl.progress, **kw))
     if pl.xla and lowered:
         setting.update(xla_peak_bytes(pl.config, pl.dtype, planned, model_shards=pl.model_shards, **kw))
     return setting
 
 
-def plan_run(run_config, *, device_memory: int | None = None, n_devices: int = 1, model_shards: int = 1,
-             peak_flops: float | None = None, mfu: float = 0.4, xla: bool = True,
+def plan_run(run_config, *, device_memory: int | None = None, n_devices: int | None = None,
+             model_shards: int | None = None, peak_flops: float | None = None, mfu: float = 0.4, xla: bool = True,
              compile_time: bool = True, progress: bool = False,
              accelerator: str | None = None) -> dict[str, Any]:
     """A dry run of ``sc-jax run``: what one seed of every (dataset, k) would score,
@@ -430,14 +413,14 @@ def plan_run(run_config, *, device_memory: int | None = None, n_devices: int = 1
     computes), ``executed_tokens`` (calls x B x W, what the device runs),
     ``padding_tokens`` (their difference), ``flat_tokens`` (full prompts), FLOPs,
     ``calls``, ``chunks``, the call ``shape``
-    (B, W, m, R, C), the distinct model ``programs`` (cache buckets), the planned
+    (B, W, cache, R, C, labels), the distinct model ``programs`` (one), the planned
     ``peak_bytes`` and its parts (``weight_bytes``, ``cache_bytes`` for the resident
     trie levels, ``temp_bytes`` for one call), per stage (:func:`stage_name`: trie
     depth) the same token counts (:func:`replay`), and:
 
-    * ``xla=True``: XLA's ``xla_peak_bytes`` for the worst program (the largest
-      cache bucket) and the plan's figure for it (``planned_peak_of_that_call``);
-    * ``compile_time=True``: ``compile_seconds``, every distinct model program traced,
+    * ``xla=True``: XLA's ``xla_peak_bytes`` for the model program and the plan's
+      figure for it (``planned_peak_of_that_call``);
+    * ``compile_time=True``: ``compile_seconds``, the model program traced,
       lowered and compiled with abstract shapes on this backend (:func:`compile_seconds`;
       a CPU's figure, not a GPU's); a figure of its own, never added to the forward time;
     * ``forward_seconds_per_seed``: FLOPs at ``mfu`` of ``peak_flops`` per device
@@ -450,6 +433,8 @@ def plan_run(run_config, *, device_memory: int | None = None, n_devices: int = 1
     masked attention keys included); ``model_flops`` is 2 x non-embedding parameters
     x unique tokens, the usual numerator of MFU. Seeds repeat the same work with other
     demonstrations, so totals multiply the first seed's figures by the number of seeds.
+    ``device_memory``, ``n_devices``, ``model_shards``: in place of the run's own
+    ``device_memory``, ``mesh_devices`` and ``mesh_model``.
     """
     config, tokenizer = load_config_and_tokenizer(run_config.model)
     dtype = DTYPES[run_config.dtype]
@@ -457,10 +442,15 @@ def plan_run(run_config, *, device_memory: int | None = None, n_devices: int = 1
         peak_flops, peak_source = device_peak_flops(accelerator, dtype)
     else:
         peak_source = "given"
-    platform = "cpu" if device_memory is None and jax.default_backend() == "cpu" else "default"
-    # As the engine: a budget given or reported by the device is checked; the host's is not.
-    known = device_memory or device_memory_bytes()
-    budget = known or host_memory_bytes()
+    # The run's own memory policy: its device memory (or the device's figure) and mesh;
+    # the keywords stand in for the run's own fields.
+    over = {key: v for key, v in (("device_memory", device_memory), ("mesh_devices", n_devices),
+                                  ("mesh_model", model_shards)) if v is not None}
+    run_config = dataclasses.replace(run_config, **over) if over else run_config
+    # A dry run: every process computes the same plan and process 0 reports it, so no
+    # collective over the processes' memory figures.
+    policy = run_policy(run_config, agree=False)
+    n_devices, model_shards, budget = policy.n_devices, policy.model_shards, policy.budget_bytes
     mesh = None
     if n_devices * model_shards > 1 and (xla or compile_time) and len(jax.devices()) >= n_devices * model_shards:
         mesh = make_mesh(n_devices, model=model_shards)
@@ -476,17 +466,12 @@ def plan_run(run_config, *, device_memory: int | None = None, n_devices: int = 1
                settings=[])
     if why:
         out["stand_in_inflation_missing"] = why
-    engine_budget = {"budget_bytes": budget, "n_devices": n_devices, "model_shards": model_shards,
-                     "platform": platform, "max_tokens_per_batch": run_config.max_tokens_per_batch,
-                     "enforce": bool(known)}
     datasets = load_datasets(run_config)
     # The run's own up-front check, every seed: a prompt too long for the context
     # window is named (task, seed, row) before the memory plan would misread it.
-    device = {"budget_bytes": budget, "n_devices": n_devices, "model_shards": model_shards,
-              "platform": platform}
     checked = {(c["dataset"], c["k"]): c
-               for c in check_run(run_config, config, tokenizer, datasets, device=device)}
-    pl = _Planner(run_config, config, dtype, tokenizer, reference, engine_budget, model_shards,
+               for c in check_run(run_config, config, tokenizer, datasets, policy=policy)}
+    pl = _Planner(run_config, config, dtype, tokenizer, reference, policy, model_shards,
                   n_devices, mesh, xla, compile_time, progress)
     for name, ds in datasets.items():
         for k in run_config.shots:
@@ -575,7 +560,7 @@ def _tokenizer_line(plan: dict[str, Any]) -> str:
 
 def _shape(s: dict[str, Any]) -> str:
     sh = s["shape"]
-    return f"{sh['B']} x {sh['W']}, m {sh['m']}"
+    return f"{sh['B']} x {sh['W']}, {sh['cache']} keys"
 
 
 def _setting_line(s: dict[str, Any]) -> str:
@@ -613,12 +598,13 @@ def _memory_lines(done: list[dict]) -> list[str]:
         xla = ""
         if "xla_peak_bytes" in s:
             p = s["xla_program"]
-            xla = (f"; XLA {s['xla_peak_bytes'] / gib:.2f} GiB for the S = {p['S']} program "
+            xla = (f"; XLA {s['xla_peak_bytes'] / gib:.2f} GiB for the model program "
                    f"(planned {s['planned_peak_of_that_call'] / gib:.2f})")
+        slots = ", ".join(f"{name} {st['m']} x {st['S']}" for name, st in s["stages"].items())
         lines.append(
             f"- {s['dataset']} k={s['k']}: {s['calls']:,} calls of B {sh['B']} rows x W {sh['W']} "
-            f"tokens, m {sh['m']} cache slots, R {sh['R']} readouts; {s['chunks']} chunk(s); "
-            f"cache buckets S {', '.join(map(str, s['cache_buckets']))}; peak "
+            f"tokens after {sh['cache']} cached keys per row, R {sh['R']} readouts; "
+            f"{s['chunks']} chunk(s); cache slots per row by stage (m x S tokens): {slots}; peak "
             f"{s['peak_bytes'] / gib:.2f} GiB = weights {s['weight_bytes'] / gib:.2f} + KV levels "
             f"{s['cache_bytes'] / gib:.2f} ({s['level_peak_tokens']:,} tokens) + one call "
             f"{s['temp_bytes'] / gib:.2f}{xla}")
@@ -666,7 +652,11 @@ def plan_table(plan: dict[str, Any]) -> str:
         lines += ["", (f"longest prompt over all seeds and stages: {w['longest_prompt']:,} tokens "
                        f"({w['dataset']} k={w['k']} seed {w['longest_seed']}), context window "
                        f"{plan.get('context_window', 0):,}")]
+    expect = ""
+    if "compile_seconds" in plan:
+        expect = (f", plus {plan['programs']} model program(s) to compile once per machine "
+                  f"({plan['compile_seconds']:.1f} s on this {backend})")
     lines += ["", f"total over {plan['seeds']} seed(s): {plan['total_flops'] / 1e12:.1f} TFLOP, "
-              f"about {plan['total_forward_seconds'] / 60:.1f} min of forward passes at the stated MFU",
-              _compile_line(plan)]
+              f"about {plan['total_forward_seconds'] / 60:.1f} min of forward passes at the stated MFU"
+              + expect, _compile_line(plan)]
     return "\n".join(lines)

@@ -34,7 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .packing import CostModel, build_schedule, cache_bucket, level_lengths
+from .multihost import smallest
+from .packing import PackShape, build_schedule, pow2_at_least, schedule_geometry
 from .prompts import PromptPieces
 
 #: Fraction of the budget left to the runtime (XLA workspace, fragmentation).
@@ -42,7 +43,21 @@ RESERVE = 0.10
 #: Fraction of what the weights leave that one forward call's temporaries may use.
 ACTIVATION_SHARE = 0.25
 #: Largest token budget per call considered (CPU: batching beyond gains nothing).
-MAX_TOKENS_PER_BATCH = {"cpu": 1 << 14, "default": 1 << 16}
+MAX_TOKENS_PER_BATCH = {"cpu": 1 << 10, "default": 1 << 16}
+#: Row width W of a call: long enough for any demonstration or query of the usual
+#: datasets (wider where one is longer), short enough that a row's packed keys stay a
+#: small part of its attention. A CPU runs small models, whose attention weighs more.
+ROW_WIDTH = {"cpu": 128, "default": 512}
+#: Cached keys per row in units of W: early stages put many small nodes in one row, and
+#: a deep stage still a few (on Qwen2-7B's Rotten Tomatoes plan, 2 x W left 22% of the
+#: executed tokens empty, 4 x W 10%, for 6% more attention FLOPs); a node of k = 8
+#: demonstrations of up to 64 tokens (CPU, W = 128) or 256 (accelerators, W = 512)
+#: fits, so seeds whose demonstrations differ in length share the program.
+CACHE_ROWS = 4
+#: Readouts (query rows' label positions) per call allowed for in units of B x W: one
+#: per 8 tokens (a query row holds the template's prefixes and a text; SST-2's short
+#: sentences needed one per 10); a schedule needing more grows R.
+READOUT_SPACING = 8
 
 
 # ------------------------------------------------------------------ query rows
@@ -122,14 +137,14 @@ def schedule_inputs(pieces: PromptPieces, mode: str) -> dict:
                 readouts=np.asarray([len(g) for g in gathers], np.int64))
 
 
-def packed_temp_bytes(config, dtype, B: int, W: int, m: int, S: int, *, R: int = 0,
+def packed_temp_bytes(config, dtype, B: int, W: int, keys: int, *, R: int = 0,
                       sequence: bool = False, model_shards: int = 1) -> int:
     """Estimated temporaries of one packed call on one device.
 
-    The gathered cache ``[L, B, m x S, K, Dh] x 2`` (the model program's input); the
+    The gathered cache ``[L, B, keys, K, Dh] x 2`` (the model program's input); the
     scan's stacked new keys and values ``[L, B, W, K, Dh] x 2`` (its output); one
     layer's working set: hidden states, q/k/v with their float32 rotary copies,
-    attention scores ``[B, H, W, m x S + W]`` in float32 twice (the cached and packed
+    attention scores ``[B, H, W, keys + W]`` in float32 twice (the cached and packed
     keys' scores, then their concatenation) plus probabilities, the MLP's
     gate, up and product ``[B, W, F]``; in sequence mode the full-vocabulary logits of
     the ``R`` readouts in float32.
@@ -141,9 +156,9 @@ def packed_temp_bytes(config, dtype, B: int, W: int, m: int, S: int, *, R: int =
     BW = B * W
     heads = (H + 2 * K) * Dh // model_shards
     layer = BW * (4 * D * e + heads * (e + 4) + 3 * F * e // model_shards) \
-        + BW * (H // model_shards) * (m * S + W) * (8 + e)
+        + BW * (H // model_shards) * (keys + W) * (8 + e)
     vocab = 2 * R * c.vocab_size * 4 // model_shards if sequence else 0
-    return int(B * m * S * kv_row + BW * kv_row + layer + BW * D * e + vocab)
+    return int(B * keys * kv_row + BW * kv_row + layer + BW * D * e + vocab)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,15 +209,103 @@ def weights_fit(config, dtype, budget_bytes: int, model_shards: int = 1) -> int:
     return w
 
 
+def call_shape(config, dtype, *, longest: int, deepest: int, mode: str, n_labels: int,
+               max_tokens: int, n_devices: int = 1, platform: str = "default",
+               fits=None) -> PackShape:
+    """The engine's call shape: a function of the model, its dtype, the memory budget
+    (``max_tokens``, ``fits``) and the mesh, not of the seed or the dataset, so that
+    every seed and dataset of a run, and the next run on the machine, use one model
+    program (:attr:`PackShape.program`).
+
+    ``W``: :data:`ROW_WIDTH` (a power of two at least ``longest``, the longest item,
+    where that is longer); ``cache``: :data:`CACHE_ROWS` x W cached keys per row (a
+    power of two at least ``deepest``, the deepest level's tokens per node, where
+    that is longer); ``B``: the most rows, ``n_devices`` times a power of two, with
+    B x W <= ``max_tokens`` and ``fits(B, W, cache, R)`` (the temporaries within the
+    budget's share); ``R``: one readout per :data:`READOUT_SPACING` tokens; ``labels``:
+    the classes padded to a power of two, at least 8 (first-token mode)."""
+    W = max(ROW_WIDTH.get(platform, ROW_WIDTH["default"]), pow2_at_least(longest))
+    cache = max(CACHE_ROWS * W, pow2_at_least(deepest))
+    labels = 0 if mode == "sequence" else max(8, pow2_at_least(n_labels))
+
+    def shape(B):
+        R = max(8, pow2_at_least(B * W // READOUT_SPACING))
+        return PackShape(B, W, cache, R, R, labels)
+
+    best = shape(n_devices)
+    B = n_devices * 2
+    while B * W <= max_tokens and (fits is None or fits(shape(B))):
+        best = shape(B)
+        B *= 2
+    return best
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPolicy:
+    """Where the memory budget and the call shape are decided, once, and handed to the
+    engine (:class:`sc_jax.scoring.ScoringEngine`), to the run's up-front check and to
+    ``sc-jax plan``.
+
+    ``budget_bytes`` per device, and whether it is ``enforced`` (a budget given or
+    reported by the device is; the host's memory standing in for a CPU's is not);
+    the mesh (``n_devices`` on the data axis, ``model_shards``); the backend
+    ``platform`` ("cpu" or "default"); the knobs a user may fix
+    (``max_tokens_per_batch``, ``max_cache_tokens``; None: derived from the budget).
+    """
+
+    budget_bytes: int
+    enforced: bool
+    n_devices: int = 1
+    model_shards: int = 1
+    platform: str = "default"
+    max_tokens_per_batch: int | None = None
+    max_cache_tokens: int | None = None
+
+    @classmethod
+    def resolve(cls, device_memory: int | None = None, *, n_devices: int = 1, model_shards: int = 1,
+                max_tokens_per_batch: int | None = None, max_cache_tokens: int | None = None,
+                platform: str | None = None, agree: bool = True) -> MemoryPolicy:
+        """The policy of this process's devices: ``device_memory`` bytes per device if
+        given, else the device's ``bytes_limit`` (the smallest over the processes of a
+        multi-process run, which all plan the same calls), else the host's memory,
+        not enforced. ``platform``: default from the backend (a given budget on a
+        CPU plans as an accelerator would, for ``sc-jax plan``'s figures). ``agree``:
+        take the smallest figure over the processes (a collective every process must
+        reach; a dry run that only reports may leave it)."""
+        dev = device_memory_bytes()
+        least = smallest if agree else int
+        if device_memory is not None:
+            budget, enforced = int(device_memory), True
+        elif dev is not None:
+            budget, enforced = least(dev), True
+        else:
+            budget, enforced = least(host_memory_bytes()), False
+        if platform is None:
+            platform = "cpu" if jax.default_backend() == "cpu" and device_memory is None else "default"
+        return cls(budget, enforced, int(n_devices), int(model_shards), platform,
+                   None if max_tokens_per_batch is None else int(max_tokens_per_batch),
+                   None if max_cache_tokens is None else int(max_cache_tokens))
+
+    def plan(self, config, dtype, pieces: PromptPieces, jobs, mode: str, *, prefer=None) -> Planned:
+        """The packed schedule of ``jobs`` (``(contexts, pairs)`` each) under this
+        policy: :func:`plan_schedule`."""
+        return plan_schedule(config, dtype, pieces, jobs, mode, budget_bytes=self.budget_bytes,
+                             n_devices=self.n_devices, model_shards=self.model_shards,
+                             platform=self.platform, max_tokens_per_batch=self.max_tokens_per_batch,
+                             max_cache_tokens=self.max_cache_tokens, enforce=self.enforced,
+                             prefer=prefer)
+
+
 def plan_schedule(config, dtype, pieces: PromptPieces, jobs, mode: str, *, budget_bytes: int,
                   n_devices: int = 1, model_shards: int = 1, platform: str = "default",
                   max_tokens_per_batch: int | None = None, max_cache_tokens: int | None = None,
-                  enforce: bool = True, prefer=None) -> Planned:
+                  enforce: bool = True, prefer: PackShape | None = None) -> Planned:
     """The engine's packed schedule of ``jobs`` (``(contexts, pairs)`` each) within
-    ``budget_bytes`` per device. Knobs left as None are derived: one trie level may
-    hold half of what the weights and one call's share (:data:`ACTIVATION_SHARE`)
-    leave, and the call shape is the cheapest whose temporaries fit that share
-    (``prefer``: an earlier schedule's shape, kept where it fits). Raises
+    ``budget_bytes`` per device. Knobs left as None are derived: the call shape
+    (:func:`call_shape`) is the largest whose temporaries fit a share
+    (:data:`ACTIVATION_SHARE`) of what the weights leave, and one trie level may hold
+    half of the rest. ``prefer``: an earlier schedule's shape, kept where it holds
+    these jobs (so a process that met a longer item keeps its wider program). Raises
     :class:`PlanError`, naming the numbers, when the weights or one context with its
     smallest call cannot fit, or (``enforce``) when the planned peak is over budget."""
     w = weights_fit(config, dtype, budget_bytes, model_shards)
@@ -211,30 +314,34 @@ def plan_schedule(config, dtype, pieces: PromptPieces, jobs, mode: str, *, budge
     avail = int(budget_bytes * (1 - RESERVE)) - w
     share = ACTIVATION_SHARE * avail
     inputs = schedule_inputs(pieces, mode)
-    depth = max(int(np.asarray(c).shape[1]) for c, _ in jobs)
-    level_len = level_lengths(int(inputs["seg_len"].max()) + inputs["n_bos"], depth)
-    S_max = cache_bucket(level_len[-1])
     seq = mode == "sequence"
-    R_est = max(8, 4 * int(inputs["readouts"].max()))
+    longest, deepest = schedule_geometry(jobs, seg_len=inputs["seg_len"], n_bos=inputs["n_bos"],
+                                         qlen=inputs["qlen"])
 
-    def temp(B, W, m, R=R_est):
-        return packed_temp_bytes(config, dtype, B, W, m, S_max, R=R, sequence=seq,
+    def temp(sh: PackShape) -> int:
+        return packed_temp_bytes(config, dtype, sh.B, sh.W, sh.cache, R=sh.R, sequence=seq,
                                  model_shards=model_shards)
 
     cache = max_cache_tokens or int((avail - share) // (2 * kvb))
-    if max_cache_tokens is None and cache < level_len[-1]:
+    if max_cache_tokens is None and cache < deepest:
         raise PlanError(
-            f"one context of {level_len[-1]} padded tokens needs "
-            f"{2 * level_len[-1] * kvb / gib:.3f} GiB of KV cache (parent and child levels), "
+            f"one context of {deepest} padded tokens needs "
+            f"{2 * deepest * kvb / gib:.3f} GiB of KV cache (parent and child levels), "
             f"but only {(avail - share) / gib:.3f} GiB per device remain after the weights "
             f"({w / gib:.2f} GiB) and one call's share in a {budget_bytes / gib:.2f} GiB budget")
     tokens = max_tokens_per_batch or MAX_TOKENS_PER_BATCH.get(platform, MAX_TOKENS_PER_BATCH["default"])
-    temp_ok = None if max_tokens_per_batch else (lambda B, W, m: temp(B, W, m) <= share)
-    sched = build_schedule(jobs, nr=len(pieces.labels) if seq else 1, cost=CostModel.of(config),
-                           max_tokens=tokens, max_cache_tokens=cache, n_devices=n_devices,
-                           temp_ok=temp_ok, prefer=prefer, **inputs)
-    sh = sched.shape
-    t = temp(sh.B, sh.W, sh.m, sh.R)
+    fits = None if max_tokens_per_batch else (lambda sh: temp(sh) <= share)
+    shape = call_shape(config, dtype, longest=longest, deepest=deepest, mode=mode,
+                       n_labels=len(pieces.labels), max_tokens=tokens, n_devices=n_devices,
+                       platform=platform, fits=fits)
+    if prefer is not None and prefer.W >= longest and prefer.cache >= deepest \
+            and prefer.labels == shape.labels and prefer.B % n_devices == 0 \
+            and prefer.B * prefer.W <= max(tokens, prefer.W * n_devices) \
+            and (fits is None or fits(prefer)):
+        shape = prefer
+    sched = build_schedule(jobs, shape=shape, nr=len(pieces.labels) if seq else 1,
+                           max_cache_tokens=cache, **inputs)
+    t = temp(sched.shape)
     levels = level_peak_tokens(sched) * kvb
     b = Budgets(int(budget_bytes), w, kvb, int(tokens), int(cache), t, w + levels + t, levels)
     if enforce and b.peak_bytes > budget_bytes:

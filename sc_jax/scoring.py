@@ -19,10 +19,11 @@ The engine (:class:`ScoringEngine`) computes every distinct ordered sub-context 
 contexts are sorted so that shared prefixes sit together, cut into chunks that fit
 ``max_cache_tokens``, and within a chunk the trie is grown depth by depth, each node
 extending its parent's KV cache by one demonstration. Every query of a context is then
-scored against the context's cache in one batch. Shapes are padded to fixed buckets
-(one segment length per run, cache lengths in multiples of 32, query rows in
-power-of-two length buckets, power-of-two batches) so the number of compilations
-stays small; :data:`COMPILES` counts them.
+scored against the context's cache in one batch. Every call has the one
+shape of the engine's memory policy (:func:`sc_jax.schedule.call_shape`: B rows of W
+tokens after a fixed number of cached keys per row, padded readouts and label rows),
+so a run compiles one model program, and compiles it before the first call
+(:meth:`ScoringEngine.compile`); :data:`COMPILES` counts the traces.
 
 Device pipeline: each trie level is one preallocated buffer that growth steps write
 in place (donated), so a level is never held twice; the model programs take only the
@@ -55,8 +56,10 @@ from .objective import log_odds  # noqa: F401
 from .packing import PackShape, Schedule, Stage
 from .prompts import PromptPieces
 from .schedule import (  # noqa: F401
-    PlanError, device_memory_bytes, host_memory_bytes, plan_schedule, query_rows, round_up)
-from .multihost import smallest, to_host
+    MemoryPolicy, PlanError, device_memory_bytes, host_memory_bytes, plan_schedule, query_rows,
+    round_up)
+from .multihost import to_host
+from .timing import CompileMeter
 from .sharding import batch_sharded, kv_sharding
 
 MODES = ("first_token", "sequence")
@@ -198,31 +201,36 @@ def _score_flat(graphdef, state, tokens, valid, gather, targets, tmask, rows, se
     return _label_scores(model, hidden, gather, targets, tmask, rows, sequence)
 
 
-# The engine's programs. The model program (`_packed`) has the same shapes for every
-# call of a schedule except the cache length S (a power of two per stage), so one
-# (dataset, k, seed) compiles one model program per cache bucket. The gathers and
-# in-place writes around it are model-free programs that compile in milliseconds.
-@functools.partial(jax.jit, static_argnames=("S",))
-def _gather_slots(level: KVCache, idx, S: int):
+# The engine's programs. The model program (`_packed`) has one shape for every call of
+# a run (its rows, width, cached keys, readouts and label rows: PackShape.program). The
+# gathers and in-place writes around it take the level shapes; they are model-free
+# and compile in milliseconds.
+@functools.partial(jax.jit, static_argnames=("S", "keys"))
+def _gather_slots(level: KVCache, idx, S: int, keys: int):
     """The cache of a call: rows ``idx [B, m]`` of a level buffer, each padded to
-    ``S`` tokens and laid side by side: ``[L, B, m * S, K, Dh]``, and the slot of
-    every cached key ``[B, m * S]``."""
+    ``S`` tokens and laid side by side, then padded to ``keys`` (never visible):
+    ``[L, B, keys, K, Dh]``, and the slot of every cached key ``[B, keys]`` (-1 in
+    the padding)."""
     COMPILES["gather"] += 1
     B, m = idx.shape
     flat = idx.reshape(-1)
     pad = S - level.length
+    tail = keys - m * S
 
     def rows(x, lead):
         x = x[:, flat] if lead else x[flat]
         widths = [(0, 0)] * x.ndim
         widths[2 if lead else 1] = (0, pad)
         x = jnp.pad(x, widths)
-        return x.reshape(x.shape[:1] + (B, m * S) + x.shape[3:]) if lead else x.reshape(B, m * S)
+        x = x.reshape(x.shape[:1] + (B, m * S) + x.shape[3:]) if lead else x.reshape(B, m * S)
+        widths = [(0, 0)] * x.ndim
+        widths[2 if lead else 1] = (0, tail)
+        return jnp.pad(x, widths)
 
     cache = KVCache(rows(level.k, True), rows(level.v, True), rows(level.pos, False),
                     rows(level.valid, False))
-    slot = jnp.broadcast_to(jnp.repeat(jnp.arange(m, dtype=jnp.int32), S), (B, m * S))
-    return cache, slot
+    slot = jnp.pad(jnp.repeat(jnp.arange(m, dtype=jnp.int32), S), (0, tail), constant_values=-1)
+    return cache, jnp.broadcast_to(slot, (B, keys))
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "sequence"))
@@ -230,7 +238,7 @@ def _packed(graphdef, state, cache: KVCache, cache_slot, tokens, positions, vali
             readout, targets, rows, sequence):
     """One packed call: ``B`` rows of ``W`` tokens, several items per row, each after
     its own slot of ``cache`` (:class:`sc_jax.model.Packing`). Returns the label
-    scores at the ``R`` flat positions ``readout`` (``[R, n]`` label-row logits, or
+    scores at the ``R`` flat positions ``readout`` (``[R, labels]`` label-row logits, or
     ``[R]`` log-probabilities of ``targets`` in sequence mode) and the new tokens'
     keys and values ``[L, B, W, K, Dh]``."""
     COMPILES["packed"] += 1
@@ -288,8 +296,13 @@ def _empty_level(config, rows: int, length: int, dtype, sharding=None):
 class EngineStats:
     """What one :meth:`ScoringEngine.score_jobs` call did: forward calls, real tokens
     computed (the trie's unique tokens plus query tokens), executed tokens (calls x
-    B x W, padding included), trie nodes, query rows, distinct model ``programs``
-    (cache buckets), the call shape and seconds."""
+    B x W, padding included), trie nodes, query rows, distinct model ``programs``,
+    the call shape, and where its ``seconds`` went: ``plan_s`` (the schedule, on the
+    host), ``compile_s`` (JAX compiles: the model program before the first call,
+    the model-free gathers and writes as they come; ``compiled`` programs, of them
+    ``model_compiled`` model programs, and ``cache_hits`` served by the persistent
+    compilation cache), ``host_s`` (building each call's arrays and filing its
+    results) and ``forward_s`` (dispatching the calls and waiting for the device)."""
 
     calls: int = 0
     tokens: int = 0
@@ -299,6 +312,13 @@ class EngineStats:
     programs: int = 0
     shape: PackShape | None = None
     seconds: float = 0.0
+    plan_s: float = 0.0
+    compile_s: float = 0.0
+    host_s: float = 0.0
+    forward_s: float = 0.0
+    compiled: int = 0
+    model_compiled: int = 0
+    cache_hits: int = 0
 
 
 class _Tokens:
@@ -359,7 +379,7 @@ def call_arrays(tok: _Tokens, shape: PackShape, st: Stage, r0: int) -> dict[str,
     segment[dst] = item
     slot = np.zeros(B * W, np.int32)
     slot[dst] = st.slot[it][item]
-    idx = np.zeros((B, shape.m), np.int32)
+    idx = np.zeros((B, st.m), np.int32)
     nodes = st.slot_nodes[r0:r0 + B]
     idx[:len(nodes)] = nodes
     # Readouts of the query rows.
@@ -398,56 +418,46 @@ class ScoringEngine:
     every distinct ordered sub-context is computed once, and the segments and query
     rows of each depth are packed end to end into rows of ``W`` tokens.
 
-    ``max_tokens_per_batch``: cap on the tokens of one call (B x W; at least one row
-    per device). ``max_cache_tokens``: tokens of one trie level held at once (the
-    trie is cut into chunks that fit). Either left as None is derived from the
-    memory budget: ``device_memory`` bytes per device if given, else the device's
-    ``bytes_limit``, else (CPU) the host's memory. When a budget is known (given or
-    reported by the device), the schedule's peak is checked against it before
-    anything compiles, and a :class:`sc_jax.schedule.PlanError` names the numbers if
-    it cannot fit. ``progress``: a tqdm bar of query rows.
+    ``policy``: the :class:`sc_jax.schedule.MemoryPolicy` that decides the memory
+    budget and the call shape (default: :meth:`MemoryPolicy.resolve` of the other
+    arguments and this model's mesh). ``max_tokens_per_batch``: cap on the tokens of
+    one call (B x W; at least one row per device). ``max_cache_tokens``: tokens of
+    one trie level held at once (the trie is cut into chunks that fit). Either left
+    as None is derived from the memory budget: ``device_memory`` bytes per device if
+    given, else the device's ``bytes_limit``, else (CPU) the host's memory. When a
+    budget is known (given or reported by the device), the schedule's peak is
+    checked against it before anything compiles, and a
+    :class:`sc_jax.schedule.PlanError` names the numbers if it cannot fit.
+    ``progress``: a tqdm bar of query rows.
     """
 
     def __init__(self, model: LoadedModel, *, max_tokens_per_batch: int | None = None,
                  max_cache_tokens: int | None = None, device_memory: int | None = None,
-                 progress: bool = True):
+                 policy: MemoryPolicy | None = None, progress: bool = True):
         self.model = model
-        self._tokens = None if max_tokens_per_batch is None else int(max_tokens_per_batch)
-        self._cache = None if max_cache_tokens is None else int(max_cache_tokens)
-        self.device_memory = None if device_memory is None else int(device_memory)
-        self.max_tokens_per_batch = self._tokens
-        self.max_cache_tokens = self._cache
+        self.policy = policy or MemoryPolicy.resolve(
+            device_memory, n_devices=model.n_devices, model_shards=model.model_shards,
+            max_tokens_per_batch=max_tokens_per_batch, max_cache_tokens=max_cache_tokens)
+        self.device_memory = self.policy.budget_bytes if self.policy.enforced else None
+        self.max_tokens_per_batch = self.policy.max_tokens_per_batch
+        self.max_cache_tokens = self.policy.max_cache_tokens
         self.progress = progress
         self.stats = EngineStats()
-        self.budgets = None  # the last call's plan (sc_jax.schedule.Budgets), when derived
+        self.budgets = None  # the last call's plan (sc_jax.schedule.Budgets)
         # The call shape of the last schedule: later calls keep it where their items
-        # fit, so the seeds and datasets of a run share their compiled programs.
+        # fit (a process that met a longer item keeps its wider program).
         self._shape = None
-
-    def _budget(self) -> tuple[int, bool]:
-        """(bytes per device, whether it is a real limit to check against)."""
-        if self.device_memory is not None:
-            return self.device_memory, True
-        # The smallest over the processes of a multi-process run: each plans the same
-        # batches, so each runs the same programs.
-        dev = device_memory_bytes()
-        if dev is not None:
-            return smallest(dev), True
-        return smallest(host_memory_bytes()), False
+        self._warm: set = set()  # model programs this engine has compiled
 
     def plan(self, pieces: PromptPieces, jobs, mode: str) -> Schedule:
-        """The packed schedule of ``jobs`` (checked inputs) within this engine's budgets."""
-        budget, enforce = self._budget()
+        """The packed schedule of ``jobs`` (checked inputs) under this engine's policy."""
         m = self.model
-        sched = plan_schedule(m.config, m.dtype, pieces, jobs, mode, budget_bytes=budget,
-                              n_devices=m.n_devices, model_shards=m.model_shards,
-                              platform=jax.default_backend(), max_tokens_per_batch=self._tokens,
-                              max_cache_tokens=self._cache, enforce=enforce, prefer=self._shape)
-        self._shape = sched.schedule.shape
-        self.budgets = sched.budgets
-        self.max_tokens_per_batch = sched.budgets.max_tokens_per_batch
-        self.max_cache_tokens = sched.budgets.max_cache_tokens
-        return sched.schedule
+        planned = self.policy.plan(m.config, m.dtype, pieces, jobs, mode, prefer=self._shape)
+        self._shape = planned.schedule.shape
+        self.budgets = planned.budgets
+        self.max_tokens_per_batch = planned.budgets.max_tokens_per_batch
+        self.max_cache_tokens = planned.budgets.max_cache_tokens
+        return planned.schedule
 
     def _level(self, rows: int, length: int) -> KVCache:
         m = self.model
@@ -457,6 +467,34 @@ class ScoringEngine:
             kv = kv_sharding(m.mesh, (c.num_layers, rows, length, c.num_kv_heads, c.head_dim))
             sharding = KVCache(kv, kv, batch_sharded(m.mesh), batch_sharded(m.mesh))
         return _empty_level(m.config, round_up(rows, m.n_devices), length, m.dtype, sharding)
+
+    def _args(self, parent: KVCache, shape: PackShape, a: dict, S: int, rows_arg):
+        """The model program's arguments for one call (the cache gathered on the device)."""
+        m = self.model
+        put, rep = m.put, m.replicate
+        cache, cslot = _gather_slots(parent, put(a["idx"]), S=S, keys=shape.cache)
+        return (m.graphdef, m.state, cache, cslot, put(a["tokens"]), put(a["positions"]),
+                put(a["valid"]), put(a["segment"]), put(a["slot"]), rep(a["readout"]),
+                rep(a["targets"]), rows_arg)
+
+    def compile(self, shape: PackShape, mode: str = "first_token") -> None:
+        """Compile the model program of calls of ``shape`` now, ahead of time (once per
+        engine and shape; nothing runs), so that the first call of a stage times the
+        forward pass only. The arguments are those of a call of padding, so the
+        program is the one the calls then find in JAX's cache."""
+        seq = mode == "sequence"
+        if (shape.program, seq) in self._warm:
+            return
+        m = self.model
+        B, W = shape.B, shape.W
+        a = dict(idx=np.zeros((B, 1), np.int32), tokens=np.zeros((B, W), np.int32),
+                 positions=np.zeros((B, W), np.int32), valid=np.zeros((B, W), bool),
+                 segment=np.full((B, W), -1, np.int32), slot=np.zeros((B, W), np.int32),
+                 readout=np.zeros(shape.R, np.int32), targets=np.zeros(shape.R, np.int32))
+        rows_arg = None if seq else m.replicate(np.zeros(shape.labels, np.int32))
+        args = self._args(empty_cache(m.config, 1, m.dtype), shape, a, MIN_SLOT, rows_arg)
+        _packed.lower(*args, sequence=seq).compile()
+        self._warm.add((shape.program, seq))
 
     # -------------------------------------------------------------- main entry
     def score(self, pieces: PromptPieces, contexts, pairs, mode: str = "first_token") -> np.ndarray:
@@ -477,7 +515,7 @@ class ScoringEngine:
 
         Host work is table lookups, and each call's result is fetched after the next
         call has been dispatched, so the host never waits on the call it has just
-        sent.
+        sent. :attr:`stats` says where the time went.
         """
         checked = {t: _check_inputs(self.model, pieces, c, p, mode) for t, (c, p) in jobs.items()}
         t0 = time.perf_counter()
@@ -492,70 +530,55 @@ class ScoringEngine:
         sched = self.plan(pieces, [checked[t] for t in tags], mode)
         st.shape, st.programs = sched.shape, len(sched.programs)
         tok = _Tokens(pieces, mode)
-        rows_arg = None if seq else self.model._rows([l[0] for l in pieces.labels])
+        rows_arg = None
+        if not seq:  # label rows padded to the shape's count: one program for every dataset
+            first = [l[0] for l in pieces.labels]
+            rows_arg = self.model.replicate(np.asarray(first + first[:1] * (sched.shape.labels - n),
+                                                       np.int32))
         sizes = np.asarray([len(checked[t][1]) * nr for t in tags])
-        offsets = np.r_[0, np.cumsum(sizes)]
-        out = np.zeros((sched.n_out, n) if not seq else (sched.n_out,), np.float32)
-        left = np.zeros(len(tags), np.int64)  # readouts still to come, per job
-        for ch in sched.trie:
-            for _, qrow, dest in ch.queries.values():
-                job = np.searchsorted(offsets, dest, side="right") - 1
-                np.add.at(left, job, tok.readouts[qrow])
-
-        def finished(job):
-            t = tags[job]
-            res = out[offsets[job]:offsets[job + 1]]
-            results[t] = _label_logprobs(res.reshape(-1, n) if not seq else res, mode, n)
-            if on_done is not None:
-                on_done(t, results[t])
-
+        run = _Run(sched, tok, seq, n, np.r_[0, np.cumsum(sizes)], on_done, tags, results)
+        st.plan_s = time.perf_counter() - t0
         bar = None
         if self.progress:
             bar = tqdm(total=int(sizes.sum()), unit="query", desc="scoring", leave=False)
         try:
-            self._run(sched, tok, rows_arg, seq, out, bar, offsets, left, finished)
+            with CompileMeter() as meter:
+                t = time.perf_counter()
+                self.compile(sched.shape, mode)
+                warm = time.perf_counter() - t
+                loop = self._run(run, rows_arg, bar)
         finally:
             if bar is not None:
                 bar.close()
+        st.compiled, st.cache_hits = meter.count()
+        st.model_compiled = meter.count("_packed")[0]
+        # Compiles happen inside dispatches: what the meter saw in the loop is compile
+        # time, not forward time.
+        in_loop = max(0.0, meter.seconds - warm)
+        st.compile_s = warm + in_loop
+        st.forward_s = max(0.0, loop - st.host_s - in_loop)
         st.seconds = time.perf_counter() - t0
         return {t: results[t] for t in jobs}
 
-    def _run(self, sched: Schedule, tok: _Tokens, rows_arg, seq: bool, out, bar, offsets, left,
-             finished):
-        """Every call of ``sched``, chunk by chunk and depth by depth."""
-        m, st = self.model, self.stats
+    def _run(self, run: _Run, rows_arg, bar) -> float:
+        """Every call of the schedule, chunk by chunk and depth by depth; returns the
+        loop's seconds (host work in ``stats.host_s``)."""
+        m, st, sched = self.model, self.stats, run.sched
+        t_loop = time.perf_counter()
         pending = None
-
-        def collect(p):
-            res, dest = p
-            res = to_host(res)[:len(dest)]  # blocks only on an earlier call
-            if seq:
-                np.add.at(out, dest, res)
-            else:
-                out[dest] = res
-            job = np.searchsorted(offsets, dest, side="right") - 1
-            np.subtract.at(left, job, 1)
-            for j in np.unique(job):
-                if left[j] == 0:
-                    finished(int(j))
-            if bar is not None:
-                bar.update(len(np.unique(dest)))
-
         for ci, ch in enumerate(sched.trie):
             parent = empty_cache(m.config, 1, m.dtype)
             for stage in sched.chunks[ci]:
                 d = stage.depth
                 level = self._level(ch.nodes(d), sched.level_len[d]) if d <= ch.depth else None
                 for r0 in range(0, stage.rows, sched.shape.B):
-                    a = call_arrays(tok, sched.shape, stage, r0)
-                    put, rep = m._put, m._rows
-                    cache, cslot = _gather_slots(parent, put(a["idx"]), S=stage.S)
-                    res, kv = _packed(m._graphdef, m._state, cache, cslot, put(a["tokens"]),
-                                      put(a["positions"]), put(a["valid"]), put(a["segment"]),
-                                      put(a["slot"]), rep(a["readout"]), rep(a["targets"]),
-                                      rows_arg, sequence=seq)
-                    del cache
+                    t = time.perf_counter()
+                    a = call_arrays(run.tok, sched.shape, stage, r0)
+                    st.host_s += time.perf_counter() - t
+                    res, kv = _packed(*self._args(parent, sched.shape, a, stage.S, rows_arg),
+                                      sequence=run.seq)
                     if a["n_children"]:
+                        rep = m.replicate
                         level = _write_children(level, parent, kv, rep(a["child"]), rep(a["parent_row"]),
                                                 rep(a["start"]), rep(a["length"]))
                     del kv
@@ -564,13 +587,67 @@ class ScoringEngine:
                     st.padded_tokens += a["tokens"].size
                     st.query_rows += a["query_rows"]
                     if pending is not None:
-                        collect(pending)
+                        self._collect(run, *pending, bar)
                     pending = (res, a["dest"]) if len(a["dest"]) else None
                 if level is not None:
                     st.nodes += ch.nodes(d)
                     parent = level
         if pending is not None:
-            collect(pending)
+            self._collect(run, *pending, bar)
+        return time.perf_counter() - t_loop
+
+    def _collect(self, run: _Run, res, dest, bar) -> None:
+        """File one call's results (fetching them waits on the device: forward time)."""
+        res = to_host(res)[:len(dest)]  # blocks only on an earlier call
+        t = time.perf_counter()
+        run.file(res, dest)
+        if bar is not None:
+            bar.update(len(np.unique(dest)))
+        self.stats.host_s += time.perf_counter() - t
+
+
+#: Tokens per cache slot of the call :meth:`ScoringEngine.compile` lowers (any slot
+#: length gives the same program).
+MIN_SLOT = 32
+
+
+class _Run:
+    """One :meth:`ScoringEngine.score_jobs` call's results as they come: the output
+    rows of every job (``offsets``), the readouts each job still waits for, and the
+    hand-over of a finished job (``on_done``)."""
+
+    def __init__(self, sched: Schedule, tok: _Tokens, seq: bool, n: int, offsets, on_done, tags,
+                 results):
+        self.sched, self.tok, self.seq, self.n = sched, tok, seq, n
+        self.offsets, self.on_done, self.tags, self.results = offsets, on_done, tags, results
+        self.out = np.zeros((sched.n_out, n) if not seq else (sched.n_out,), np.float32)
+        self.left = np.zeros(len(tags), np.int64)  # readouts still to come, per job
+        for ch in sched.trie:
+            for _, qrow, dest in ch.queries.values():
+                job = np.searchsorted(offsets, dest, side="right") - 1
+                np.add.at(self.left, job, tok.readouts[qrow])
+
+    def file(self, res: np.ndarray, dest: np.ndarray) -> None:
+        if self.seq:
+            np.add.at(self.out, dest, res)
+        else:
+            self.out[dest] = res[:, :self.n]  # label rows past n are padding
+        job = np.searchsorted(self.offsets, dest, side="right") - 1
+        np.subtract.at(self.left, job, 1)
+        for j in np.unique(job):
+            if self.left[j] == 0:
+                self._finished(int(j))
+
+    def _finished(self, job: int) -> None:
+        t, n = self.tags[job], self.n
+        res = self.out[self.offsets[job]:self.offsets[job + 1]]
+        self.results[t] = _label_logprobs(res.reshape(-1, n) if not self.seq else res, self.mode, n)
+        if self.on_done is not None:
+            self.on_done(t, self.results[t])
+
+    @property
+    def mode(self) -> str:
+        return "sequence" if self.seq else "first_token"
 
 
 def flat_length(n: int) -> int:

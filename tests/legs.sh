@@ -11,7 +11,7 @@
 #                                 sc_jax NOT installed but imported from the checkout
 #                                 (PYTHONPATH=.), running benchmarks/accelerator_suite.py
 #                                 --smoke exactly as benchmarks/RESULTS.md says to run the
-#                                 suite there.
+#                                 suite there, and benchmarks/bench_seed.py --smoke.
 #
 # Usage: tests/legs.sh [oldest|newest|gpu-image ...]   (no argument: all three, in that order)
 # Python 3.12 and 3.13 are found on PATH or under pyenv ($PYENV_ROOT, ~/.pyenv); set
@@ -73,6 +73,10 @@ for r in out["solvers"]:
 assert len(out["end_to_end"]["sc_macro_f1"]) == 1
 print("gpu-image: accelerator suite smoke checks passed on jax", out["device"]["jax"])
 EOF
+    # One seed end to end, cold and in a second process, as on a GPU machine: the script
+    # checks that the timing adds up and that the second process compiles no model program.
+    PYTHONPATH=. JAX_PLATFORMS=cpu .venv-gpu-image/bin/python benchmarks/bench_seed.py \
+        --smoke --out "$out/seed.json"
     rm -rf "$out"
     leg_end gpu-image
 }

@@ -149,7 +149,12 @@ def test_killed_process_stops_the_other_and_the_rerun_resumes(reference, rt_csv,
     assert rc == 0, text[-3000:]
     res = json.loads((out / "results.json").read_text())
     assert res["cache"]["hits"] >= len(kept)
-    assert _rows(out) == _rows(reference)  # bitwise: each device scores whole rows
+    # The rerun scores only the jobs the killed run left, packed into other rows than
+    # the reference's: float32 rounding of the label scores may differ (~1e-7), so the
+    # metrics agree to that, not bitwise.
+    got, want = _rows(out), _rows(reference)
+    assert [r[:2] for r in got] == [r[:2] for r in want]
+    assert np.allclose([r[2:] for r in got], [r[2:] for r in want], rtol=0, atol=1e-6)
     assert res["runtime"] == {"processes": 2, "devices": 8, "mesh": {"data": 8, "model": 1}}
     assert _entries(out) == _entries(reference)
     assert text.count("| SC |") >= 1 and "[p1] | SC |" not in text  # process 0 alone prints

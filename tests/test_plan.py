@@ -85,7 +85,7 @@ def test_schedule_is_the_engines():
     assert (r["calls"], r["unique_tokens"], r["executed_tokens"], r["programs"]) == \
         (st.calls, st.tokens, st.padded_tokens, st.programs)
     assert p.schedule.shape == st.shape and r["executed_tokens"] == st.calls * st.shape.B * st.shape.W
-    assert len(p.schedule.chunks) > 1 and st.programs > 2 and len(r["stages"]) == k + 1
+    assert len(p.schedule.chunks) > 1 and st.programs == 1 and len(r["stages"]) == k + 1
     # Stages add up; depth 1 holds segments only, the last stage (after the full
     # context) query rows only.
     for key in ("calls", "unique_tokens", "executed_tokens", "padding_tokens"):
@@ -146,11 +146,12 @@ def test_cli_plan_writes_json(data_dir, tmp_path, capsys):
     assert s["executed_per_unique"] == pytest.approx(s["executed_tokens"] / s["unique_tokens"])
     assert s["executed_tokens"] == s["calls"] * s["shape"]["B"] * s["shape"]["W"]
     assert s["peak_bytes"] == s["weight_bytes"] + s["cache_bytes"] + s["temp_bytes"]
-    # Every stage's tokens and calls add up to the setting's; one program per cache bucket.
+    # Every stage's tokens and calls add up to the setting's; one model program, whose
+    # cached keys hold every stage's slots.
     for key in ("unique_tokens", "executed_tokens", "padding_tokens", "calls"):
         assert sum(st[key] for st in s["stages"].values()) == s[key], key
-    assert s["programs"] == len(s["cache_buckets"]) == len({st["S"] for st in s["stages"].values()})
-    assert s["xla_program"]["S"] == max(s["cache_buckets"])
+    assert s["programs"] == 1 and s["xla_program"]["cache"] == s["shape"]["cache"]
+    assert all(st["m"] * st["S"] <= s["shape"]["cache"] for st in s["stages"].values())
     assert sum(s["job_pairs"].values()) == s["pairs"] and "surrogate1" in s["job_pairs"]
     assert p["budget_bytes"] == 2 * GIB and p["seeds"] == 2 and p["programs"] == s["programs"]
     out = capsys.readouterr().out
@@ -158,7 +159,8 @@ def test_cli_plan_writes_json(data_dir, tmp_path, capsys):
                    "| calls | call shape B x W | programs | compile s (cpu) |", "| forward s per seed |"):
         assert column in out
     assert "\ntokenizer: byte stand-in" in out and "padding (executed - unique tokens) by stage" in out
-    assert "calls and memory per device" in out and " cache slots, R " in out
+    assert "calls and memory per device" in out and " cached keys per row, R " in out
+    assert "model program(s) to compile once per machine" in out
     assert "distinct model programs over the run" in out and "not included in the forward time" in out
 
 
@@ -295,32 +297,33 @@ def test_plan_says_when_the_inflation_is_not_measured(data_dir, monkeypatch):
     assert "compile time not measured" in plan.plan_table(p)
 
 
-def test_compile_seconds_per_distinct_program():
-    """Every distinct model program (one per cache bucket) compiled once with abstract
-    shapes; a program measured for one setting is not compiled again for another."""
+def test_compile_seconds_of_the_one_model_program():
+    """The schedule's one model program compiled once with abstract shapes; a program
+    measured for one setting is not compiled again for another (another dataset's
+    schedule under the same policy has the same program); sequence mode's program
+    (full-vocabulary readouts, no label rows) is another."""
     cfg = preset("tiny-llama")
     rng = np.random.default_rng(2)
-    texts = _reviews(rng, 6)
-    pieces = build_pieces(ByteTokenizer(cfg.vocab_size), Template("review:", "sentiment:", ("neg", "pos")),
-                          list(zip(texts[:4], [0, 1, 0, 1])), texts)
-    ctx = all_contexts(4, 2)
-    p = plan.engine_plan(cfg, np.float32, pieces, [(ctx, surrogate_pairs(ctx, 4))], "first_token",
-                         budget_bytes=GIB, platform="cpu", max_tokens_per_batch=512,
-                         max_cache_tokens=4096)
-    sh, buckets = p.schedule.shape, sorted(p.schedule.programs)
+    texts = _reviews(rng, 10)
+    budget = dict(budget_bytes=GIB, platform="cpu", max_tokens_per_batch=512, max_cache_tokens=4096)
+
+    def schedule(texts, labels):
+        pieces = build_pieces(ByteTokenizer(cfg.vocab_size), Template("review:", "sentiment:", labels),
+                              list(zip(texts[:4], [0, 1, 0, 1])), texts)
+        ctx = all_contexts(4, 2)
+        return plan.engine_plan(cfg, np.float32, pieces, [(ctx, surrogate_pairs(ctx, 4))],
+                                "first_token", **budget).schedule
+
+    sh = schedule(texts[:6], ("neg", "pos")).shape
     measured = {}
-    c = plan.compile_seconds(cfg, np.float32, sh, buckets * 2, measured=measured, mode="first_token",
-                             n_labels=2)
-    assert c["programs"] == len(buckets) == len(measured) >= 2
-    assert c["compile_seconds"] > 0 and all(m["seconds"] > 0 for m in measured.values())
-    before = dict(measured)
-    assert plan.compile_seconds(cfg, np.float32, sh, buckets[:1], measured=measured, mode="first_token",
-                                n_labels=2)["programs"] == 1
-    assert measured == before
-    # Sequence mode's program (full-vocabulary readouts, no label rows) compiles too.
-    seq = plan.compile_seconds(cfg, np.float32, sh, buckets[:1], measured=measured, mode="sequence",
-                               n_labels=2)
-    assert seq["programs"] == 1 and len(measured) == len(before) + 1
+    c = plan.compile_seconds(cfg, np.float32, sh, measured=measured, mode="first_token")
+    assert c["programs"] == len(measured) == 1 and c["compile_seconds"] > 0
+    other = schedule(texts[4:], ("bad", "good", "so-so"))
+    assert other.programs == {sh.program}
+    again = plan.compile_seconds(cfg, np.float32, other.shape, measured=measured, mode="first_token")
+    assert again["programs"] == 0 and len(measured) == 1
+    seq = plan.compile_seconds(cfg, np.float32, sh, measured=measured, mode="sequence")
+    assert seq["programs"] == 1 and len(measured) == 2
 
 
 def test_tokenizer_from_the_gguf_without_converting(tmp_path):

@@ -39,6 +39,15 @@ def _numbers(res):
     return [(r["seed"], r["method"], r["accuracy"], r["macro_f1"], r["ece"]) for r in res["rows"]]
 
 
+def _same_numbers(got, want):
+    """The rows of two runs agree: the same seeds and methods, the metrics to 1e-6. A
+    resumed seed scores only the jobs the killed run left, packed into other rows of
+    the engine's calls, so its float32 label scores may round differently (~1e-7)."""
+    got, want = _numbers(got), _numbers(want)
+    assert [r[:2] for r in got] == [r[:2] for r in want]
+    assert np.allclose([r[2:] for r in got], [r[2:] for r in want], rtol=0, atol=1e-6)
+
+
 def test_killed_run_resumes_identically(config, tmp_path, monkeypatch, capsys):
     reference = run_experiment(RunConfig(**config), tmp_path / "ref", progress=False)
     assert reference.data["cache"]["misses"] > 0 and reference.data["cache"]["hits"] == 0
@@ -62,9 +71,9 @@ def test_killed_run_resumes_identically(config, tmp_path, monkeypatch, capsys):
 
     resumed = run_experiment(RunConfig(**config), out, progress=False)
     assert resumed.data["cache"]["hits"] >= done  # nothing already scored is recomputed
-    assert _numbers(resumed.data) == _numbers(reference.data)  # bitwise on CPU
+    _same_numbers(resumed.data, reference.data)
     saved = json.loads((out / "results.json").read_text())
-    assert _numbers(saved) == _numbers(reference.data)
+    _same_numbers(saved, reference.data)
     # The paper's protocol: one test set for both seeds, recorded with the demos.
     splits = saved["splits"]
     assert [s["seed"] for s in splits] == [0, 1] and splits[0]["test_size"] == 6
@@ -153,9 +162,12 @@ def test_skips_when_classes_exceed_shots(config, tmp_path, caplog):
     for stage in stages:
         assert sum(line.startswith(f"{seed0} {stage}") for line in lines[3:8]) == 1, (stage, lines)
     assert lines[3].startswith(f"{seed0} surrogate prompt of size 1")
-    # SC, SC*, SC* without trust region and the paper's SC: four fits of the one size.
-    assert lines[-2].startswith("[rotten_tomatoes k=2] fitted 4 SC / SC* problems (1 seeds x 1 sizes)")
-    assert lines[-1] == f"writing the tables and plots into {tmp_path / 'run'}"
+    # Where the seed's time went, then the fits: SC, SC*, SC* without trust region and
+    # the paper's SC, four fits of the one size; then the report and the run's time.
+    assert lines[-4].startswith(f"{seed0} ") and "compile" in lines[-4] and "forward" in lines[-4]
+    assert lines[-3].startswith("[rotten_tomatoes k=2] fitted 4 SC / SC* problems (1 seeds x 1 sizes)")
+    assert lines[-2] == f"writing the tables and plots into {tmp_path / 'run'}"
+    assert lines[-1].startswith("time: ") and "+ fitting " in lines[-1]
     assert {r["dataset"] for r in res.rows} == {"rotten_tomatoes"}
     assert any("3 classes > 2 demonstrations" in note for note in res.data["notes"])
     # A run in which every (dataset, k) would be skipped is refused, not an empty table.

@@ -1,5 +1,6 @@
 """Batches of problems: ``jit(vmap(.))`` on accelerators, one instance after another
-on CPU, parts of a batch on host threads, and the XLA options of the solver program.
+on CPU, parts of a batch on host threads, the XLA options of the solver program, and
+the device a batch is solved on (:func:`fit_device`: small batches on the host CPU).
 
 :func:`solve_batch` runs a JAX solver over a batch padded to one N, or over buckets
 each padded to its own N, in one compiled call. On CPU by default ``jit(lax.map(.))``,
@@ -10,7 +11,9 @@ Lagrangian then holds one copy of its loop for all buckets (:func:`solve_slots`)
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence
@@ -34,19 +37,19 @@ _JAX_METHODS: dict[str, Callable[..., Solution]] = {
 trace_counts: dict[str, int] = {name: 0 for name in _JAX_METHODS}
 
 
-def resolve_batch_size(batch_size: int | None) -> int | None:
+def resolve_batch_size(batch_size: int | None, backend: str | None = None) -> int | None:
     """The number of instances solved in lockstep by one ``vmap``.
 
-    ``None`` picks by backend: 1 on CPU, where a vmapped solve does the instances'
-    arithmetic one after another anyway but makes every instance wait, at each loop
-    step, for the batch's slowest (the nested while_loops run to the largest
-    iteration count of the batch; 11x (AL) and 3.7x (PG) slower on the k = 8, n = 4
-    float32 benchmark batch); the whole bucket (returned
-    as None) on GPU and TPU, where the lockstep is what fills the device. An int
-    >= 1 is used as given.
+    ``None`` picks by ``backend``, the platform the solve runs on (None: JAX's default
+    backend): 1 on CPU, where a vmapped solve does the instances' arithmetic one
+    after another anyway but makes every instance wait, at each loop step, for the
+    batch's slowest (the nested while_loops run to the largest iteration count of
+    the batch; 11x (AL) and 3.7x (PG) slower on the k = 8, n = 4 float32 benchmark
+    batch); the whole bucket (returned as None) on GPU and TPU, where the lockstep
+    is what fills the device. An int >= 1 is used as given.
     """
     if batch_size is None:
-        return 1 if jax.default_backend() == "cpu" else None
+        return 1 if (backend or jax.default_backend()) == "cpu" else None
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
             or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
@@ -56,7 +59,7 @@ def resolve_batch_size(batch_size: int | None) -> int | None:
 THREADS_ENV = "SC_JAX_SOLVER_THREADS"
 
 
-def resolve_threads(threads: int | None) -> int:
+def resolve_threads(threads: int | None, backend: str | None = None) -> int:
     """Host threads that solve parts of a batch at once in :func:`solve_batch`.
 
     XLA's CPU backend runs one compiled solver call on one core (the n = 3 float64
@@ -67,13 +70,14 @@ def resolve_threads(threads: int | None) -> int:
     double throughput (two processes solving the batch side by side took 122 ms
     each against 82 ms alone).
 
-    ``None``: on CPU, the number of cores this process may run on
+    ``None``: where ``backend``, the platform the solve runs on (None: JAX's default
+    backend), is the CPU, the number of cores this process may run on
     (``os.sched_getaffinity``), or the environment variable ``SC_JAX_SOLVER_THREADS``
     where it is set; 1 on GPU and TPU, where one vmapped call is what fills the
     device. An int >= 1 is used as given.
     """
     if threads is None:
-        if jax.default_backend() != "cpu":
+        if (backend or jax.default_backend()) != "cpu":
             return 1
         env = os.environ.get(THREADS_ENV)
         if env is None:
@@ -89,6 +93,69 @@ def resolve_threads(threads: int | None) -> int:
     if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
         raise ValueError(f"{where} must be a positive int or None, got {threads!r}")
     return int(threads)
+
+
+# Where a solve may run (:func:`fit_device`): the policy, the host, the default device.
+DEVICES = ("auto", "cpu", "default")
+
+# "auto" solves a batch on the host CPU below this many cells (padded rows x (n - 1)
+# in all buckets, times the starts the augmented Lagrangian vmaps). A solve is a
+# chain of dependent while-loop steps, each a few kernel launches on an accelerator,
+# so the accelerator's time hardly grows with the rows while the CPU's grows in
+# proportion. On an NVIDIA H200 the 25-problem benchmark batches (150,720 padded
+# rows; 1.5e5 cells at n = 2 to 4.5e5 at n = 4, benchmarks/RESULTS.md) took the AL
+# 3-10x and PG about 1.2x the time of a 2-core CPU; extrapolated in proportion to
+# the cells, the 2-core CPU breaks even near 5e5 cells for PG and 4e6 for the AL
+# (the default), and a host with more cores moves both up. 1e6 keeps a seed's
+# problems (1e4 to 1e5 cells) and such batches on the host, and leaves the
+# accelerator larger batches and the 96-start multi-start, whose vmapped starts
+# multiply the CPU's work per step but hardly the accelerator's.
+HOST_CELLS = 1_000_000
+
+
+def fit_device(device="auto", problems: Problem | Sequence[Problem] = (),
+               num_starts: int = 1) -> jax.Device | None:
+    """The device a batch of problems is solved on, or None for the default device
+    (no context entered, no transfer: the solve runs as it would without this).
+
+    device: "auto": where JAX's default backend is the CPU, None; on an accelerator,
+        the first CPU device for a batch of fewer than :data:`HOST_CELLS` cells
+        (``problems``' padded rows x (n - 1), summed, times ``num_starts``), else
+        None; with no CPU backend loaded (``JAX_PLATFORMS=cuda``) None. "cpu": the
+        first CPU device. "default": None. A ``jax.Device``: that device.
+        Where the default backend is the CPU, its first device is the default one,
+        and None is returned for it: a ``jax.default_device`` context there only
+        compiles the same programs again under another trace context (see
+        ``sc_jax.solvers.reference``).
+    problems: batched :class:`Problem` buckets (only their shapes are read).
+    Raises ValueError for any other ``device``.
+    """
+    if isinstance(device, jax.Device):
+        chosen = device
+    elif isinstance(device, str) and device in DEVICES:
+        on_cpu = jax.default_backend() == "cpu"
+        if device == "default" or (device == "auto" and on_cpu):
+            return None
+        if device == "auto":
+            buckets = (problems,) if isinstance(problems, Problem) else tuple(problems)
+            cells = sum(math.prod(p.features.shape) for p in buckets) * num_starts
+            if cells >= HOST_CELLS:
+                return None
+            try:
+                return jax.local_devices(backend="cpu")[0]
+            except RuntimeError:  # no CPU backend loaded
+                return None
+        chosen = jax.local_devices(backend="cpu")[0]
+    else:
+        raise ValueError(f"device must be one of {DEVICES} or a jax.Device, got {device!r}")
+    if jax.default_backend() == "cpu" and chosen == jax.local_devices(backend="cpu")[0]:
+        return None
+    return chosen
+
+
+def _on(device: jax.Device | None):
+    """``jax.default_device(device)``, or no context for None."""
+    return contextlib.nullcontext() if device is None else jax.default_device(device)
 
 
 def split_parts(counts: Sequence[int], rows: Sequence[int], parts: int):
@@ -127,7 +194,8 @@ def _thread_pool(threads: int) -> ThreadPoolExecutor:
     return _POOL[0]
 
 
-def run_parts(fn, problems: tuple, lambda_invs: tuple, taus: tuple, threads: int):
+def run_parts(fn, problems: tuple, lambda_invs: tuple, taus: tuple, threads: int,
+              device: jax.Device | None = None):
     """``fn(problems, lambda_invs, taus)`` computed on one part of every bucket per
     thread (:func:`split_parts`; no more parts than the largest bucket has
     instances), the parts at the same time, and reassembled in the input order. A
@@ -143,22 +211,24 @@ def run_parts(fn, problems: tuple, lambda_invs: tuple, taus: tuple, threads: int
     gathers cost more than the whole solve. More, smaller parts taken by threads as
     they free up would balance unequal instances, but each call has its own cost:
     on the 2-core CPU, 5 parts of one instance per bucket over 2 threads took the
-    n = 3 float64 benchmark batch 70 ms, 2 parts 62-72 ms, one call 84 ms."""
+    n = 3 float64 benchmark batch 70 ms, 2 parts 62-72 ms, one call 84 ms.
+    ``device``: where the batch is put and solved (None: the default device)."""
     counts = [int(np.shape(lam)[0]) for lam in lambda_invs]
     rows = [int(p.features.shape[1]) for p in problems]
     parts = max(min(max(counts), threads), 1)
     slots, assign = split_parts(counts, rows, parts)
     order = [[assign[t][j] + [counts[j]] * (slots[j] - len(assign[t][j]))
               for j in range(len(counts))] for t in range(parts)]
-    # jax.enable_x64 is per thread: the workers take the caller's setting.
+    # jax.enable_x64 and jax.default_device are per thread: the workers take the
+    # caller's x64 setting and ``device``.
     x64 = bool(jax.config.jax_enable_x64)
     # On the device once, so that the threads share the buffers (NumPy inputs would
     # be copied into every call).
-    problems, lambda_invs, taus = jax.device_put((problems, lambda_invs, taus))
+    problems, lambda_invs, taus = jax.device_put((problems, lambda_invs, taus), device)
 
     def call(t):
         take = tuple(np.asarray(order[t][j], np.int32) for j in range(len(counts)))
-        with jax.enable_x64(x64):
+        with jax.enable_x64(x64), _on(device):
             return jax.device_get(fn(problems, lambda_invs, taus, take))
 
     outs = list(_thread_pool(parts).map(call, range(parts)))
@@ -168,7 +238,7 @@ def run_parts(fn, problems: tuple, lambda_invs: tuple, taus: tuple, threads: int
         where = np.argsort(flat, kind="stable")[:count]  # fillers (index count) last
         merged.append(jax.tree.map(lambda *a, w=where: np.concatenate(a)[w],
                                    *[out[j] for out in outs]))
-    return jax.device_put(tuple(merged))
+    return jax.device_put(tuple(merged), device)
 
 
 # XLA options wanted for the augmented Lagrangian's batched program, per backend.
@@ -330,7 +400,7 @@ def solve_slots(problems: tuple, lambda_invs: tuple, taus: tuple, take, *,
 def solve_batch(problem: Problem | Sequence[Problem], lambda_inv, tau, *,
                 method: str = "augmented_lagrangian", sc_star: bool = False,
                 options: SolverOptions | None = None, batch_size: int | None = None,
-                threads: int | None = None):
+                threads: int | None = None, device: jax.Device | None = None):
     """``jit(vmap(method))`` over a batch: every array of ``problem`` has a leading
     ``[B]`` axis, ``lambda_inv`` and ``tau`` are ``[B]``. One compilation per (shapes,
     dtype, num_queries, method, sc_star, options, batch_size); data, lambda_inv and tau
@@ -357,13 +427,19 @@ def solve_batch(problem: Problem | Sequence[Problem], lambda_inv, tau, *,
     with ``threads=1`` (a test compares them). Under ``jit`` (traced arguments) the
     batch is one call, and so is a multi-start batch (``options.num_starts`` > 1),
     whose concurrent calls can deadlock in XLA's CPU thread pool.
+
+    device: where the batch is solved (:func:`fit_device` chooses one); None: JAX's
+    default device, as the inputs are. Otherwise the inputs are put on ``device``
+    and the solver compiled for and run there, under ``jax.default_device``; the
+    batch size, the threads and the compiler options are those of its platform.
+    Only for concrete inputs (not under ``jit``).
     """
     if method not in _JAX_METHODS:
         raise ValueError(f"unknown JAX solver {method!r}; choose one of "
                          f"{tuple(_JAX_METHODS)} (or 'scipy' through sc_jax.calibrators.fit)")
-    fn = batched(method, sc_star, options, resolve_batch_size(batch_size),
-                 jax.default_backend())
-    threads = resolve_threads(threads)
+    backend = jax.default_backend() if device is None else device.platform
+    fn = batched(method, sc_star, options, resolve_batch_size(batch_size, backend), backend)
+    threads = resolve_threads(threads, backend)
     if options is not None and options.num_starts > 1:
         # The multi-start vmaps its starts, so its matrix products are batched and
         # large enough for XLA's CPU backend to split over its Eigen thread pool,
@@ -383,10 +459,16 @@ def solve_batch(problem: Problem | Sequence[Problem], lambda_inv, tau, *,
         raise ValueError(f"{len(problem)} buckets but {len(lambda_inv)} lambda_inv and "
                          f"{len(tau)} tau arrays")
     leaves = jax.tree.leaves((problem, lambda_inv, tau))
+    traced = any(isinstance(a, jax.core.Tracer) for a in leaves)
+    if device is not None and traced:
+        raise ValueError("device is for concrete inputs; under jit the caller places them")
     many = max(int(np.shape(lam)[0]) for lam in lambda_inv) > 1
-    if threads > 1 and many and not any(isinstance(a, jax.core.Tracer) for a in leaves):
-        out = run_parts(fn, problem, tuple(jnp.asarray(a) for a in lambda_inv),
-                         tuple(jnp.asarray(a) for a in tau), threads)
-    else:
-        out = fn(problem, lambda_inv, tau)
+    with _on(device):
+        if threads > 1 and many and not traced:
+            out = run_parts(fn, problem, tuple(jnp.asarray(a) for a in lambda_inv),
+                            tuple(jnp.asarray(a) for a in tau), threads, device)
+        else:
+            if device is not None:
+                problem, lambda_inv, tau = jax.device_put((problem, lambda_inv, tau), device)
+            out = fn(problem, lambda_inv, tau)
     return out[0] if single else out

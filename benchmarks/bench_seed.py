@@ -1,0 +1,197 @@
+"""One seed of the paper's protocol, end to end, cold and again in a second process:
+where the time goes (the breakdown ``sc-jax run`` records in results.json).
+
+Each phase is a fresh Python process running ``sc-jax run`` for one seed into a fresh
+``--out``; both share one persistent compilation cache (``$SC_JAX_XLA_CACHE``), empty
+before the first:
+
+  cold    seed ``--seeds[0]``: imports, model, data, every compile, scoring, fits, report;
+  second  seed ``--seeds[1]``: what a later run on the same machine pays (the model
+          program comes from the persistent cache: ``model_programs`` should be 0).
+
+Default workload (the 7B-seed issue's): ``random:qwen2-7b`` in bfloat16 with Qwen2's real
+tokenizer, Rotten Tomatoes from ``--data-dir``, k = 8, 256 test queries, m_i cap 24,
+budget 5000, methods base,cc,dc,bc,sc. It needs an accelerator (an H100 takes a few
+minutes; a CPU, hours). ``--smoke`` runs a tiny random model on a synthetic CSV on CPU in
+about a minute and checks that the second process compiled no model program (CI runs it).
+
+On a bare GPU machine (the device tool's image: jax with CUDA, flax, optax, transformers)
+it needs three things the image lacks; ``--prepare DIR`` gathers them here (with
+network) into an ignored folder of the checkout to carry:
+  * the jaxopt and gguf wheels for Python 3.12 (``DIR/wheels``);
+  * Qwen2's tokenizer.json (11 MB; ``sc_jax.named_models.tokenizer_file("qwen2.5-0.5b")``),
+    laid out as the cache folder the preset looks in (``DIR/sc_jax_cache``);
+  * ``rotten_tomatoes.jsonl`` from ``--data-dir`` (``DIR/datasets``).
+Then, there, one device command runs both phases (an H100 about a few minutes):
+  pip install -q --no-index --no-deps --target /tmp/site DIR/wheels/*.whl
+  PYTHONPATH=/tmp/site:. SC_JAX_CACHE=DIR/sc_jax_cache \
+      python benchmarks/bench_seed.py --data-dir DIR/datasets --out $OUT/seed.json
+
+Writes ``benchmarks/results/bench_seed/<machine>.json`` (``<machine>_smoke.json`` for
+``--smoke``; ``--out``) and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import _results
+
+ROOT = Path(__file__).resolve().parents[1]
+MARK = "BENCH_SEED "
+
+#: The 7B-seed protocol (sc-jax run arguments besides the seed, data and --out).
+PROTOCOL = ["--model", "random:qwen2-7b", "--dtype", "bfloat16", "--dataset", "rotten_tomatoes",
+            "--shots", "8", "--test-size", "256", "--m-cap", "24", "--budget", "5000",
+            "--methods", "base,cc,dc,bc,sc"]
+SMOKE = ["--model", "random:tiny-llama", "--dtype", "float32", "--dataset", "rotten_tomatoes",
+         "--shots", "4", "--test-size", "8", "--m-cap", "2", "--budget", "30", "--max-size", "2",
+         "--methods", "base,cc,dc,bc,sc"]
+#: What each phase reports, from results.json's timing (seconds unless named).
+PARTS = ("load_s", "compile_s", "forward_s", "host_s", "fitting_s", "fit_compile_s", "fit_solve_s",
+         "metrics_s", "report_s", "unaccounted_s")
+
+CHILD = """
+import json, sys, time
+sys.path[:0] = [{root!r}, {bench!r}]
+from sc_jax.cli import main
+rc = main({argv!r})
+import _results
+print({mark!r} + json.dumps({{"rc": rc, "machine": _results.jax_machine()}}), flush=True)
+"""
+
+
+def smoke_csv(path: Path) -> Path:
+    """60 short reviews with alternating labels (Rotten Tomatoes' columns)."""
+    import random
+
+    rng = random.Random(0)
+    words = "good bad fine dull fun great poor plot cast".split()
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["text", "label"])
+        for j in range(60):
+            w.writerow([" ".join(rng.choice(words) for _ in range(rng.randint(3, 9))), j % 2])
+    return path
+
+
+def prepare(folder: Path, data_dir: str) -> None:
+    """Gather what a bare GPU machine lacks into ``folder`` (see the module docstring)."""
+    import shutil
+
+    sys.path.insert(0, str(ROOT))
+    from sc_jax.named_models import tokenizer_file  # noqa: PLC0415
+
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                    "--python-version", "3.12", "--implementation", "cp", "--platform",
+                    "manylinux2014_x86_64", "-d", str(folder / "wheels"), "jaxopt==0.8.5",
+                    "gguf==0.19.0"], check=True)
+    tok = tokenizer_file("qwen2.5-0.5b")
+    # The folder it is in, by name, is where the preset looks under $SC_JAX_CACHE.
+    dest = folder / "sc_jax_cache" / tok.parent.name
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copy(tok, dest / "tokenizer.json")
+    (folder / "datasets").mkdir(parents=True, exist_ok=True)
+    shutil.copy(Path(data_dir) / "rotten_tomatoes.jsonl", folder / "datasets")
+    print(f"bench_seed: {folder} holds the wheels, the tokenizer and the data to carry")
+
+
+def phase(name: str, seed: int, run_args: list[str], out: Path, xla_cache: Path, timeout: float,
+          xla_flags: str | None = None) -> dict:
+    """One ``sc-jax run`` of one seed in a fresh process: its wall time and results.json's
+    timing, tokens and compile counts. ``xla_flags``: added to the child's XLA_FLAGS."""
+    argv = ["run", *run_args, "--seed-list", str(seed), "--out", str(out), "--quiet"]
+    env = dict(os.environ, SC_JAX_XLA_CACHE=str(xla_cache),
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    if xla_flags:
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {xla_flags}".strip()
+    code = CHILD.format(root=str(ROOT), bench=str(ROOT / "benchmarks"), argv=argv, mark=MARK)
+    t = time.perf_counter()
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=timeout)
+    wall = time.perf_counter() - t
+    line = next((x for x in p.stdout.splitlines() if x.startswith(MARK)), None)
+    if p.returncode or line is None:
+        raise SystemExit(f"bench_seed: the {name} phase failed (exit {p.returncode}):\n"
+                         f"{p.stderr[-3000:]}")
+    child = json.loads(line[len(MARK):])
+    t = json.loads((out / "results.json").read_text())["timing"]
+    seeds = t["seeds"]
+    return {"phase": name, "seed": seed, "process_wall_s": wall, "run_total_s": t["total_s"],
+            "startup_s": wall - t["total_s"], **{key: t[key] for key in PARTS},
+            "model_programs": t["model_programs"], "programs": t["programs"],
+            "cache_hits": t["cache_hits"], "calls": sum(s["calls"] for s in seeds),
+            "unique_tokens": sum(s["tokens"] for s in seeds),
+            "executed_tokens": sum(s["executed_tokens"] for s in seeds),
+            "shape": seeds[0]["shape"] if seeds else None, "machine": child["machine"]}
+
+
+def table(rows: list[dict]) -> str:
+    cols = ["phase", "seed", "process_wall_s", "startup_s", *PARTS, "model_programs", "cache_hits",
+            "calls", "unique_tokens", "executed_tokens"]
+    out = ["| " + " | ".join(c.replace("_s", " s").replace("_", " ") for c in cols) + " |",
+           "|" + "---|" * len(cols)]
+    for r in rows:
+        out.append("| " + " | ".join(f"{r[c]:.1f}" if isinstance(r[c], float) else f"{r[c]:,}"
+                                     if isinstance(r[c], int) else str(r[c]) for c in cols) + " |")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true", help="a tiny random model on a synthetic CSV (CPU)")
+    ap.add_argument("--data-dir", default="/work/shared/datasets",
+                    help="folder holding rotten_tomatoes.jsonl (not used by --smoke)")
+    ap.add_argument("--seeds", type=int, nargs=2, default=[0, 1], help="the cold and the second seed")
+    ap.add_argument("--xla-cache", default=None,
+                    help="persistent compilation cache to use (default: a new empty folder)")
+    ap.add_argument("--timeout", type=float, default=540, help="seconds per phase")
+    ap.add_argument("--xla-flags", default=None,
+                    help="XLA flags for both phases, to compare compiler settings, e.g. "
+                         "'--xla_gpu_autotune_level=1' (recorded in the result)")
+    ap.add_argument("--out", default=None, help="JSON result (default: results/bench_seed/<machine>.json)")
+    ap.add_argument("--prepare", default=None, metavar="DIR",
+                    help="gather the wheels, tokenizer and data a bare GPU machine lacks, and stop")
+    args = ap.parse_args(argv)
+    if args.prepare:
+        prepare(Path(args.prepare), args.data_dir)
+        return 0
+    with tempfile.TemporaryDirectory(prefix="bench_seed_") as tmp:
+        tmp = Path(tmp)
+        if args.smoke:
+            run_args = SMOKE + ["--data-file", f"rotten_tomatoes={smoke_csv(tmp / 'rt.csv')}"]
+        else:
+            run_args = PROTOCOL + ["--data-dir", args.data_dir]
+        xla = Path(args.xla_cache) if args.xla_cache else tmp / "xla"
+        rows = []
+        for name, seed in zip(("cold", "second"), args.seeds):
+            rows.append(phase(name, seed, run_args, tmp / name, xla, args.timeout, args.xla_flags))
+            print(f"bench_seed: {name} (seed {seed}): {rows[-1]['process_wall_s']:.1f} s", flush=True)
+    machine = rows[0].pop("machine")
+    rows[1].pop("machine")
+    print(table(rows))
+    data = {"header": _results.header(machine, command=_results.command(__file__, argv),
+                                      dtype="float32" if args.smoke else "bfloat16",
+                                      note="each phase a fresh process; one persistent compilation "
+                                           "cache, empty before the cold phase"),
+            "smoke": args.smoke, "run_args": run_args, "xla_flags": args.xla_flags, "phases": rows}
+    path = args.out or _results.default_path("bench_seed", machine["id"] + ("_smoke" if args.smoke else ""))
+    print(f"wrote {_results.write_json(path, data)}")
+    if args.smoke:  # the checks CI makes
+        for r in rows:
+            assert abs(r["unaccounted_s"]) <= 0.05 * r["run_total_s"], r
+        assert rows[1]["model_programs"] == 0, rows[1]
+        print("bench_seed smoke: timing adds up; the second process compiled no model program")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
