@@ -284,11 +284,6 @@ def pack_stage(items, d: int, S: int, W: int, m: int) -> Stage:
     return Stage(d, S, m, kind, ref, length, row, off, slot, start, node, dest, cache, nodes)
 
 
-def count_rows(length: np.ndarray, cache: np.ndarray, W: int, m: int) -> int:
-    """Rows :func:`pack` makes (without building its arrays)."""
-    return sum(new_row for new_row, *_ in _next_fit(length, cache, W, m))
-
-
 # ------------------------------------------------------------------ shapes and costs
 @dataclasses.dataclass(frozen=True)
 class PackShape:

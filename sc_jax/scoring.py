@@ -53,11 +53,9 @@ from .model import KVCache, Packing, empty_cache, positions_from_valid
 # log_odds and query_rows are importable from here too (the scoring stage's features
 # and the engine's query rows).
 from .objective import log_odds  # noqa: F401
-from .packing import PackShape, Schedule, Stage
+from .packing import MIN_CACHE, PackShape, Schedule, Stage
 from .prompts import PromptPieces
-from .schedule import (  # noqa: F401
-    MemoryPolicy, PlanError, device_memory_bytes, host_memory_bytes, plan_schedule, query_rows,
-    round_up)
+from .schedule import MemoryPolicy, query_rows, round_up
 from .multihost import to_host
 from .timing import CompileMeter
 from .sharding import batch_sharded, kv_sharding
@@ -492,7 +490,7 @@ class ScoringEngine:
                  segment=np.full((B, W), -1, np.int32), slot=np.zeros((B, W), np.int32),
                  readout=np.zeros(shape.R, np.int32), targets=np.zeros(shape.R, np.int32))
         rows_arg = None if seq else m.replicate(np.zeros(shape.labels, np.int32))
-        args = self._args(empty_cache(m.config, 1, m.dtype), shape, a, MIN_SLOT, rows_arg)
+        args = self._args(empty_cache(m.config, 1, m.dtype), shape, a, MIN_CACHE, rows_arg)
         _packed.lower(*args, sequence=seq).compile()
         self._warm.add((shape.program, seq))
 
@@ -604,11 +602,6 @@ class ScoringEngine:
         if bar is not None:
             bar.update(len(np.unique(dest)))
         self.stats.host_s += time.perf_counter() - t
-
-
-#: Tokens per cache slot of the call :meth:`ScoringEngine.compile` lowers (any slot
-#: length gives the same program).
-MIN_SLOT = 32
 
 
 class _Run:

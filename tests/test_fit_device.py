@@ -16,23 +16,8 @@ from sc_jax.solvers import batching
 from sc_jax.solvers.batching import DEVICES, HOST_CELLS, fit_device
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _no_persistent_cache_writes_on_jaxlib_0_11_and_later():
-    # These tests enter jax.default_device on a CPU backend, which compiles the same
-    # programs again under another trace context; jaxlib 0.12.0.1 has aborted in the
-    # persistent cache's write after that (sc_jax/solvers/reference.py, and the
-    # fixture of the same name in tests/test_solvers.py). Results are the same.
-    import jaxlib
-
-    if tuple(int(p) for p in jaxlib.__version__.split(".")[:2]) < (0, 11):
-        yield
-        return
-    old = jax.config.jax_persistent_cache_min_compile_time_secs
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1e9)
-    try:
-        yield
-    finally:
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", old)
+# jaxlib 0.12's crash in the persistent cache's write (conftest.no_persistent_cache_writes).
+pytestmark = pytest.mark.usefixtures("no_persistent_cache_writes")
 
 
 @pytest.fixture

@@ -45,26 +45,8 @@ from sc_jax.solvers import (
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _no_persistent_cache_writes_on_jaxlib_0_11_and_later():
-    # jaxlib 0.12.0.1 (Python 3.13, the newest leg) segfaults inside
-    # Executable.serialize, the persistent compilation cache's write, when this file
-    # runs whole in one process: at the 61st test, deterministically, on a one-start
-    # n = 3 solve; each half of the file passes alone, and the whole file passes with
-    # the writes off (conftest turns the cache on for the whole suite). The compiled
-    # programs and every result are the same either way; only the cache entries of
-    # this file's programs are not written. jaxlib 0.10 keeps its writes.
-    import jaxlib
-
-    if tuple(int(p) for p in jaxlib.__version__.split(".")[:2]) < (0, 11):
-        yield
-        return
-    old = jax.config.jax_persistent_cache_min_compile_time_secs
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1e9)
-    try:
-        yield
-    finally:
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", old)
+# jaxlib 0.12's crash in the persistent cache's write (conftest.no_persistent_cache_writes).
+pytestmark = pytest.mark.usefixtures("no_persistent_cache_writes")
 
 
 @pytest.fixture
