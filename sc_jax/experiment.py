@@ -60,7 +60,7 @@ from .schedule import MemoryPolicy, PlanError, weights_fit
 from .scoring import EngineStats, ScoringEngine, check_mode
 from .timing import CompileMeter, Parts
 from .multihost import is_multiprocess, is_writer, on_writer
-from .sharding import make_mesh
+from .sharding import MODEL, axis_size, make_mesh, mesh_size
 
 log = logging.getLogger(__name__)
 
@@ -826,29 +826,32 @@ def _config_and_tokenizer(config: RunConfig):
         return None
 
 
-def _load_checked(config: RunConfig, datasets: dict, preview, progress: bool):
-    """The run's model, loaded after :func:`check_run` passed on every (dataset, k,
-    seed) (before the weights load where ``preview``, the model's configuration and
+def _load_checked(config: RunConfig, datasets: dict, preview,
+                  progress: bool) -> tuple[loading.LoadedModel, MemoryPolicy]:
+    """The run's model and memory policy (:func:`run_policy` on the run's mesh), the
+    model loaded after :func:`check_run` passed on every (dataset, k, seed) under that
+    policy (before the weights load where ``preview``, the model's configuration and
     tokenizer, could be had without them)."""
-    # Every seed's prompts against the context window before the weights load (a
-    # late failure would come after minutes of scoring).
-    checked = None if preview is None else check_run(config, *preview, datasets)
-    if progress:
-        log.info("loading the model %s", config.model)
     # Several processes and no --mesh: every process's devices on the data axis (a
     # model that one device holds; with no mesh each process would score alone).
     mesh = (make_mesh(config.mesh_devices, model=config.mesh_model)
             if config.mesh_devices or config.mesh_model > 1 or is_multiprocess() else None)
+    policy = run_policy(config, n_devices=mesh_size(mesh), model_shards=axis_size(mesh, MODEL))
+    # Every seed's prompts against the context window before the weights load (a
+    # late failure would come after minutes of scoring).
+    checked = None if preview is None else check_run(config, *preview, datasets, policy=policy)
+    if progress:
+        log.info("loading the model %s", config.model)
     model = loading.load_model(config.model, dtype=config.dtype, mesh=mesh)
     if checked is None:
-        checked = check_run(config, model.config, model.tokenizer, datasets)
+        checked = check_run(config, model.config, model.tokenizer, datasets, policy=policy)
     if progress:
         ran = [c for c in checked if not c["skipped"]]
         w = max(ran, key=lambda c: c["longest_prompt"])
         log.info("checked %d (dataset, k) x %d seeds: the longest prompt has %d tokens (%s k=%d "
                  "seed %d), the context window %d", len(ran), len(config.seeds),
                  w["longest_prompt"], w["dataset"], w["k"], w["longest_seed"], w["context_window"])
-    return model
+    return model, policy
 
 
 def _run_locked(config: RunConfig, out: Path, progress: bool, log_samples: bool) -> Results:
@@ -861,11 +864,10 @@ def _run_locked(config: RunConfig, out: Path, progress: bool, log_samples: bool)
         # fails before the weights load.
         preview = _config_and_tokenizer(config)
         datasets = load_datasets(config)
-        model = _load_checked(config, datasets, preview, progress)
+        model, policy = _load_checked(config, datasets, preview, progress)
         # What this directory now holds: a later run with another configuration is refused.
         if is_writer():
             _write_json(out / RUN_CONFIG_FILE, config.to_json())
-        policy = run_policy(config, n_devices=model.n_devices, model_shards=model.model_shards)
         engine = ScoringEngine(model, policy=policy, progress=progress)
         cache = ScoreCache(out / "cache")
     lam = DEFAULT_LAMBDA_INV if config.lambda_inv is None else config.lambda_inv

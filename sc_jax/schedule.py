@@ -51,9 +51,11 @@ ROW_WIDTH = {"cpu": 128, "default": 512}
 #: Cached keys per row in units of W: early stages put many small nodes in one row, and
 #: a deep stage still a few (on Qwen2-7B's Rotten Tomatoes plan, 2 x W left 22% of the
 #: executed tokens empty, 4 x W 10%, for 6% more attention FLOPs); a node of k = 8
-#: demonstrations of up to 64 tokens (CPU, W = 128) or 256 (accelerators, W = 512)
-#: fits, so seeds whose demonstrations differ in length share the program.
-CACHE_ROWS = 4
+#: demonstrations of up to 256 tokens fits (W = 512), so seeds whose demonstrations
+#: differ in length share the program. A CPU runs small models, whose attention weighs
+#: more against their dense work: 2 x W there (a node of k = 4 demonstrations of up to
+#: 64 tokens; k = 8 takes 512 keys, the next power of two).
+CACHE_ROWS = {"cpu": 2, "default": 4}
 #: Readouts (query rows' label positions) per call allowed for in units of B x W: one
 #: per 8 tokens (a query row holds the template's prefixes and a text; SST-2's short
 #: sentences needed one per 10); a schedule needing more grows R.
@@ -225,7 +227,7 @@ def call_shape(config, dtype, *, longest: int, deepest: int, mode: str, n_labels
     budget's share); ``R``: one readout per :data:`READOUT_SPACING` tokens; ``labels``:
     the classes padded to a power of two, at least 8 (first-token mode)."""
     W = max(ROW_WIDTH.get(platform, ROW_WIDTH["default"]), pow2_at_least(longest))
-    cache = max(CACHE_ROWS * W, pow2_at_least(deepest))
+    cache = max(CACHE_ROWS.get(platform, CACHE_ROWS["default"]) * W, pow2_at_least(deepest))
     labels = 0 if mode == "sequence" else max(8, pow2_at_least(n_labels))
 
     def shape(B):
