@@ -211,11 +211,11 @@ def weights_fit(config, dtype, budget_bytes: int, model_shards: int = 1) -> int:
     return w
 
 
-def call_shape(config, dtype, *, longest: int, deepest: int, mode: str, n_labels: int,
-               max_tokens: int, n_devices: int = 1, platform: str = "default",
-               fits=None) -> PackShape:
-    """The engine's call shape: a function of the model, its dtype, the memory budget
-    (``max_tokens``, ``fits``) and the mesh, not of the seed or the dataset, so that
+def call_shape(*, longest: int, deepest: int, mode: str, n_labels: int, max_tokens: int,
+               n_devices: int = 1, platform: str = "default", fits=None) -> PackShape:
+    """The engine's call shape: a function of the model, its dtype and the memory budget
+    (through ``max_tokens`` and ``fits``) and of the mesh (``n_devices``), not of the
+    seed or the dataset (``longest`` and ``deepest`` only widen it), so that
     every seed and dataset of a run, and the next run on the machine, use one model
     program (:attr:`PackShape.program`).
 
@@ -223,7 +223,7 @@ def call_shape(config, dtype, *, longest: int, deepest: int, mode: str, n_labels
     where that is longer); ``cache``: :data:`CACHE_ROWS` x W cached keys per row (a
     power of two at least ``deepest``, the deepest level's tokens per node, where
     that is longer); ``B``: the most rows, ``n_devices`` times a power of two, with
-    B x W <= ``max_tokens`` and ``fits(B, W, cache, R)`` (the temporaries within the
+    B x W <= ``max_tokens`` and ``fits(shape)`` (the call's temporaries within the
     budget's share); ``R``: one readout per :data:`READOUT_SPACING` tokens; ``labels``:
     the classes padded to a power of two, at least 8 (first-token mode)."""
     W = max(ROW_WIDTH.get(platform, ROW_WIDTH["default"]), pow2_at_least(longest))
@@ -333,7 +333,7 @@ def plan_schedule(config, dtype, pieces: PromptPieces, jobs, mode: str, *, budge
             f"({w / gib:.2f} GiB) and one call's share in a {budget_bytes / gib:.2f} GiB budget")
     tokens = max_tokens_per_batch or MAX_TOKENS_PER_BATCH.get(platform, MAX_TOKENS_PER_BATCH["default"])
     fits = None if max_tokens_per_batch else (lambda sh: temp(sh) <= share)
-    shape = call_shape(config, dtype, longest=longest, deepest=deepest, mode=mode,
+    shape = call_shape(longest=longest, deepest=deepest, mode=mode,
                        n_labels=len(pieces.labels), max_tokens=tokens, n_devices=n_devices,
                        platform=platform, fits=fits)
     if prefer is not None and prefer.W >= longest and prefer.cache >= deepest \

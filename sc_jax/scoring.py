@@ -477,8 +477,8 @@ class ScoringEngine:
 
     def compile(self, shape: PackShape, mode: str = "first_token") -> None:
         """Compile the model program of calls of ``shape`` now, ahead of time (once per
-        engine and shape; nothing runs), so that the first call of a stage times the
-        forward pass only. The arguments are those of a call of padding, so the
+        engine and shape; the program does not run), so that the first call of a stage
+        times the forward pass only. The arguments are those of a call of padding, so the
         program is the one the calls then find in JAX's cache."""
         seq = mode == "sequence"
         if (shape.program, seq) in self._warm:

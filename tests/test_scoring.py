@@ -91,8 +91,8 @@ def _packed_shape(monkeypatch, W, keys):
     (at least the deepest level's length)."""
     from sc_jax import packing, schedule
 
-    def shape(config, dtype, *, longest, deepest, mode, n_labels, max_tokens, n_devices=1,
-              platform="default", fits=None):
+    def shape(*, longest, deepest, mode, n_labels, max_tokens, n_devices=1, platform="default",
+              fits=None):
         return packing.PackShape(max(1, max_tokens // W), W, max(keys, packing.pow2_at_least(deepest)),
                                  labels=0 if mode == "sequence" else 8)
 
