@@ -87,6 +87,11 @@ def prepare(folder: Path, data_dir: str) -> None:
     """Gather what a bare GPU machine lacks into ``folder`` (see the module docstring)."""
     import shutil
 
+    data = Path(data_dir) / "rotten_tomatoes.jsonl"
+    if not data.is_file():  # before any download
+        print(f"bench_seed: no {data}; give --data-dir the folder that holds it", file=sys.stderr)
+        raise SystemExit(2)
+
     sys.path.insert(0, str(ROOT))
     from sc_jax.named_models import tokenizer_file  # noqa: PLC0415
 
@@ -100,7 +105,7 @@ def prepare(folder: Path, data_dir: str) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copy(tok, dest / "tokenizer.json")
     (folder / "datasets").mkdir(parents=True, exist_ok=True)
-    shutil.copy(Path(data_dir) / "rotten_tomatoes.jsonl", folder / "datasets")
+    shutil.copy(data, folder / "datasets")
     print(f"bench_seed: {folder} holds the wheels, the tokenizer and the data to carry")
 
 
