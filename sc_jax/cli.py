@@ -179,7 +179,8 @@ def _plan(args) -> int:
     config = _run_config(args)  # its device memory and mesh are the plan's memory policy
     plan = plan_run(config, peak_flops=None if args.peak_tflops is None else args.peak_tflops * 1e12,
                     accelerator=args.accelerator, mfu=args.mfu, xla=not args.no_xla,
-                    compile_time=not args.no_compile_time,
+                    compile_time=not args.no_compile_time, attention=args.attention,
+                    bandwidth=None if args.bandwidth_gbs is None else args.bandwidth_gbs * 1e9,
                     progress=not args.quiet and is_writer())
     if not is_writer():  # one of several processes: the same plan; process 0 reports it
         return 0
@@ -384,6 +385,12 @@ def _add_plan_parser(sub) -> None:
     pl.add_argument("--accelerator", default=None, choices=sorted(ACCELERATOR_PEAK_FLOPS),
                     help="estimate the time for this accelerator's dense bf16 peak (datasheet)")
     pl.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation assumed")
+    pl.add_argument("--bandwidth-gbs", type=float, default=None,
+                    help="device memory bandwidth in GB/s for the memory-bound parts (default: "
+                         "--accelerator's datasheet, the local accelerator's, or measured here)")
+    pl.add_argument("--attention", default="auto", choices=("auto", "dense", "blocked", "cudnn"),
+                    help="the engine's attention to plan for (auto: what the engine picks on the "
+                         "device: cuDNN on a GPU in bfloat16, block-sparse elsewhere)")
     pl.add_argument("--no-xla", action="store_true",
                     help="skip compiling the worst program for XLA's memory figure")
     pl.add_argument("--no-compile-time", action="store_true",

@@ -13,7 +13,11 @@ bucket).
 Masking is by *position*, not index: a query at position p_i sees a key at position
 p_j iff the key is a real token, ``p_j <= p_i`` and (for a sliding-window layer)
 ``p_i - p_j < window``. That single rule covers right padding, left padding and keys
-held in a KV cache, so every forward mode below shares one attention function.
+held in a KV cache, so every unpacked forward mode below shares one attention
+function. Packed rows (:class:`Packing`: several segments per row, each after its own
+slot of the cache) add "same slot, same segment" to the rule and go through
+:mod:`sc_jax.attention`, whose block-sparse path scores only the key blocks a token's
+slot and segment occupy, with the masks built once per call rather than per layer.
 
 Shapes: B batch, T new tokens, S cached tokens, D hidden, H query heads, K key/value
 heads, G = H / K, Dh head dim, F MLP width, V vocabulary, L layers.
@@ -29,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from .attention import packed_attention, packed_masks
 from .config import ModelConfig, rope_inv_freq
 
 # Finite, so a row with no visible key (a padded query) gives a uniform softmax
@@ -157,14 +162,13 @@ class Decoder(nnx.Module):
         out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
         return out.astype(x.dtype)
 
-    def _attend(self, q, k_new, v_new, q_pos, new_valid, window, ck, cv, c_pos, c_valid,
-                packing=None):
-        """Grouped-query attention of the new queries over [cached keys, new keys].
+    def _attend(self, q, k_new, v_new, q_pos, new_valid, window, ck, cv, c_pos, c_valid):
+        """Grouped-query attention of the new queries over [cached keys, new keys] (one
+        sequence per row; packed rows go through :mod:`sc_jax.attention`).
 
         q: ``[B, T, H, Dh]``; k_new, v_new: ``[B, T, K, Dh]``; q_pos, new_valid: ``[B, T]``;
         ck, cv: ``[Bc, S, K, Dh]`` or None; c_pos, c_valid: ``[Bc, S]``.
-        ``packing``: None, or :class:`Packing` (several segments per row, each after
-        its own slot of the cache). Returns ``[B, T, H, Dh]``.
+        Returns ``[B, T, H, Dh]``.
         """
         c = self.config
         B, T, H, Dh = q.shape
@@ -172,18 +176,15 @@ class Decoder(nnx.Module):
         qg = q.reshape(B, T, K, H // K, Dh)
         scale = 1.0 / np.sqrt(Dh)
 
-        def visible(k_pos, k_valid, q_ids=None, k_ids=None):  # [b, S] -> [B, 1, 1, T, S]
+        def visible(k_pos, k_valid):  # [b, S] -> [B, 1, 1, T, S]
             d = q_pos[:, :, None] - k_pos[:, None, :]
             ok = k_valid[:, None, :] & (d >= 0)
             ok = ok & ((window <= 0) | (d < window))
-            if q_ids is not None:  # packed rows: a key is seen only from its own segment/slot
-                ok = ok & (q_ids[:, :, None] == k_ids[:, None, :])
             return ok[:, None, None, :, :]
 
         s_new = jnp.einsum("btkgd,bskd->bkgts", qg, k_new,
                            preferred_element_type=jnp.float32) * scale
-        seg = None if packing is None else packing.segment
-        s_new = jnp.where(visible(q_pos, new_valid, seg, seg), s_new, _MASK_VALUE)
+        s_new = jnp.where(visible(q_pos, new_valid), s_new, _MASK_VALUE)
         if ck is None:
             p = jax.nn.softmax(s_new, axis=-1).astype(v_new.dtype)
             out = jnp.einsum("bkgts,bskd->btkgd", p, v_new, preferred_element_type=jnp.float32)
@@ -201,9 +202,7 @@ class Decoder(nnx.Module):
         s_old = s_old.reshape(B, K, Gh, T, S)
         c_pos = jnp.repeat(c_pos, G, axis=0)  # [Bc, S] -> [B, S]: small int/bool
         c_valid = jnp.repeat(c_valid, G, axis=0)
-        slots = (None, None) if packing is None else (
-            packing.slot, jnp.repeat(packing.cache_slot, G, axis=0))
-        s_old = jnp.where(visible(c_pos, c_valid, *slots), s_old * scale, _MASK_VALUE)
+        s_old = jnp.where(visible(c_pos, c_valid), s_old * scale, _MASK_VALUE)
         p = jax.nn.softmax(jnp.concatenate([s_old, s_new], axis=-1), axis=-1).astype(v_new.dtype)
         p_old, p_new = p[..., :S], p[..., S:]
         out = jnp.einsum("cgkhts,cskd->cgtkhd", p_old.reshape(Bc, G, K, Gh, T, S), cv,
@@ -214,18 +213,25 @@ class Decoder(nnx.Module):
 
     # ------------------------------------------------------------------ forward
     def __call__(self, tokens, positions, valid, cache: KVCache | None = None,
-                 packing: Packing | None = None):
+                 packing: Packing | None = None, attention: str = "dense"):
         """Run the new tokens (optionally after a cached prefix).
 
         tokens, positions: ``[B, T]`` int32; valid: ``[B, T]`` bool (False = padding).
         ``packing`` (with a cache of B rows): several segments per row, see
-        :class:`Packing`.
+        :class:`Packing`; its attention is ``attention``, one of
+        :data:`sc_jax.attention.IMPLEMENTATIONS` (each token sees its slot's cached
+        keys and its segment's new keys; the masks are built once for all layers).
         Returns ``(hidden [B, T, D] after the final norm, KVCache of the new tokens
         [L, B, T, K, Dh])``; concatenate it to ``cache`` to extend.
         """
         c = self.config
         x = self.embed[...][tokens].astype(self.dtype)  # [B, T, D]
         lp = {n: getattr(self.layers, n)[...] for n in LAYER_PARAMS if hasattr(self.layers, n)}
+        masks = None
+        if packing is not None:
+            masks = packed_masks(positions, valid, packing.segment, packing.slot, cache.pos,
+                                 cache.valid, packing.cache_slot, implementation=attention,
+                                 windows=any(w > 0 for w in c.windows), platform=jax.default_backend())
 
         def block(x, xs):
             w = xs["w"]
@@ -236,11 +242,14 @@ class Decoder(nnx.Module):
             if c.qkv_bias:
                 q, k, v = q + w["bq"], k + w["bk"], v + w["bv"]
             q, k = self._rope(q, positions), self._rope(k, positions)
-            if cache is None:
+            if masks is not None:
+                a = packed_attention(q, k, v, xs["ck"], xs["cv"], masks, xs["window"],
+                                     implementation=attention)
+            elif cache is None:
                 a = self._attend(q, k, v, positions, valid, xs["window"], None, None, None, None)
             else:
                 a = self._attend(q, k, v, positions, valid, xs["window"], xs["ck"], xs["cv"],
-                                 cache.pos, cache.valid, packing)
+                                 cache.pos, cache.valid)
             o = jnp.einsum("bthk,hkd->btd", a, w["wo"])
             if c.o_bias:
                 o = o + w["bo"]

@@ -309,26 +309,112 @@ class PackShape:
 
 @dataclasses.dataclass(frozen=True)
 class CostModel:
-    """FLOPs of a call: ``token`` per executed token (2 x non-embedding parameters),
-    ``key`` per (token, attended key) (4 x L x H x Dh: q.k and p.v), and a fixed
-    ``call`` cost."""
+    """FLOPs and memory traffic of a packed call, per part.
+
+    FLOPs: ``token`` per executed token (2 x non-embedding parameters), ``key`` per
+    (token, scored key) (4 x L x H x Dh: q.k and p.v), and a fixed ``call`` cost.
+    Bytes: the dense work reads the weights once per call (``weights``) and moves
+    ``act`` bytes of activations per executed token (each layer's hidden states, q, k,
+    v, attention output and MLP gate, up and product, written and read once); the
+    attention reads every scored key's K and V once per query block (``kv`` bytes per
+    key and layer) and moves :data:`SCORE_BYTES` per (token, head, scored key) of
+    scores and probabilities: XLA's paths write the float32 scores, read them for the
+    maximum and again for the exponentials, and write and read the probabilities in the
+    value dtype (12 + 2 x itemsize bytes); cuDNN's fused kernel keeps them on chip and
+    reads only the mask's bias (itemsize bytes). Times follow from a :class:`Roofline`.
+    """
 
     token: float
     key: float
     call: float
+    weights: float = 0.0
+    act: float = 0.0
+    kv: float = 0.0
+    itemsize: int = 4
+    layers: int = 1
+    heads: int = 1
 
     @classmethod
-    def of(cls, config) -> CostModel:
-        c = config
-        nonembed = c.num_params() - c.vocab_size * c.hidden_size * (1 if c.tie_word_embeddings else 2)
-        token = 2.0 * nonembed
-        return cls(token, 4.0 * c.num_layers * c.num_heads * c.head_dim,
-                   CALL_OVERHEAD_TOKENS * token)
+    def of(cls, config, itemsize: int = 4) -> CostModel:
+        """The costs of ``config`` with weights and activations of ``itemsize`` bytes."""
+        c, e = config, int(itemsize)
+        embed = c.vocab_size * c.hidden_size * (1 if c.tie_word_embeddings else 2)
+        token = 2.0 * (c.num_params() - embed)
+        act = c.num_layers * e * (6 * c.hidden_size + 3 * c.intermediate_size
+                                  + 2 * (c.num_heads + 2 * c.num_kv_heads) * c.head_dim)
+        return cls(token, 4.0 * c.num_layers * c.num_heads * c.head_dim, CALL_OVERHEAD_TOKENS * token,
+                   weights=float((c.num_params() - embed) * e), act=float(act),
+                   kv=2.0 * c.num_kv_heads * c.head_dim * e, itemsize=e, layers=c.num_layers,
+                   heads=c.num_heads)
 
     def call_flops(self, B: int, W: int, keys: int) -> float:
         """One packed call: dense work of B x W tokens, attention over ``keys`` cached
         and W packed keys per token (masked keys are computed too)."""
         return B * W * (self.token + self.key * (keys + W)) + self.call
+
+    def dense(self, B: int, W: int) -> tuple[float, float]:
+        """(FLOPs, bytes) of a call's dense work: projections, MLP, norms."""
+        return B * W * self.token, self.weights + B * W * self.act
+
+    def attention(self, B: int, W: int, scored: float, reads: float, implementation: str) -> tuple[float, float]:
+        """(FLOPs, bytes) of a call's attention: ``scored`` keys per token, ``reads`` key
+        reads per row (K and V of each key, once per query block that scores it)."""
+        score_bytes = self.itemsize if implementation == "cudnn" else 12 + 2 * self.itemsize
+        traffic = self.layers * (B * W * scored * self.heads * score_bytes + B * reads * self.kv)
+        return B * W * scored * self.key, traffic
+
+
+@dataclasses.dataclass(frozen=True)
+class Roofline:
+    """A device's pace: ``flops`` (FLOP/s at the stated utilisation) and ``bytes``
+    (memory bytes/s), and where they come from. A part of a call takes
+    max(FLOPs / flops, bytes / bytes): compute-bound or memory-bound."""
+
+    flops: float
+    bytes: float
+    source: str = ""
+
+    def seconds(self, flops: float, nbytes: float) -> float:
+        return max(flops / self.flops, nbytes / self.bytes)
+
+
+def attention_reads(implementation: str, *, W: int, C: int, scored: float, bq: int = 0) -> tuple[float, float]:
+    """(scored keys per token, key reads per row) of one call: the dense paths score
+    all ``C + W`` keys and read them once per row (cuDNN: once per 128-query tile);
+    the block-sparse path scores ``scored`` keys per query block of ``bq`` and reads
+    them once per block."""
+    if implementation == "blocked":
+        return scored, (W // bq) * scored
+    tiles = -(-W // 128) if implementation == "cudnn" else 1
+    return float(C + W), float(tiles * (C + W))
+
+
+def call_trips(st: Stage, r0: int, B: int, W: int, C: int, bq: int, bk: int) -> int:
+    """Keys the block-sparse attention scores per token in the call of rows ``r0 ..
+    r0 + B`` of ``st``: its loop trips over cached blocks of ``bk`` and packed blocks
+    of ``bq``, the largest over the call's query blocks (as
+    :func:`sc_jax.attention.block_ranges` finds them on the device)."""
+    a, b = np.searchsorted(st.row, [r0, r0 + B])
+    if a == b:
+        return bk + bq
+    row, off, ln, slot = st.row[a:b] - r0, st.off[a:b], st.length[a:b], st.slot[a:b]
+    first, last = off // bq, (off + ln - 1) // bq
+    n = last - first + 1
+    item = np.repeat(np.arange(len(off)), n)
+    qb = first[item] + np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+    key = row[item] * (W // bq) + qb
+    nb = B * (W // bq)
+    lo = np.full(nb, C, np.int64)
+    hi = np.zeros(nb, np.int64)
+    start = np.full(nb, W, np.int64)
+    np.minimum.at(lo, key, slot[item] * st.S)
+    np.maximum.at(hi, key, (slot[item] + 1) * st.S)
+    np.minimum.at(start, key, off[item])
+    used = hi > 0
+    c_lo = np.minimum(lo[used] // bk, C // bk - 1)
+    c_n = int((-(-np.minimum(hi[used], C) // bk) - c_lo).max())
+    n_n = int((np.arange(nb)[used] % (W // bq) - start[used] // bq + 1).max())
+    return c_n * bk + n_n * bq
 
 
 def slot_lengths(level_len) -> list[int]:

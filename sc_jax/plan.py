@@ -42,7 +42,8 @@ from .experiment import check_run, draw_split, load_datasets, run_policy, seed_j
 from .loading import DTYPES, PRESET_TOKENIZERS, load_config_and_tokenizer
 from .model import Decoder, KVCache
 from .named_models import tokenizer_file
-from .packing import CostModel, PackShape, Schedule
+from . import attention as attn
+from .packing import CostModel, PackShape, Roofline, Schedule, attention_reads, call_trips
 from .pypi import WheelFileError
 # The memory model (sc_jax.schedule), importable from here too.
 from .schedule import (  # noqa: F401
@@ -75,17 +76,24 @@ def stage_name(depth: int) -> str:
     return f"d={depth}"
 
 
-def replay(sched: Schedule, config) -> dict[str, Any]:
+def replay(sched: Schedule, config, *, attention: str = "dense", platform: str = "default",
+           itemsize: int = 4) -> dict[str, Any]:
     """Every call of ``sched`` as the engine runs it, counted: ``calls``, ``rows``
     (rows holding at least one item), ``unique_tokens`` (the items' real tokens: each
     trie node's segment once per chunk, every query row), ``executed_tokens`` (calls
-    x B x W), ``padding_tokens``, ``flops`` (:meth:`CostModel.call_flops` without its
-    fixed per-call term, which models scheduling overhead, not FLOPs), ``programs``
-    (distinct model programs: one), and per stage (:func:`stage_name`, in depth order)
-    the same with ``segment_tokens`` / ``query_tokens`` (the unique tokens of each
-    kind), the stage's slot length ``S`` and slots per row ``m``."""
+    x B x W), ``padding_tokens``, ``programs`` (distinct model programs: one), and
+    what the calls cost (:class:`CostModel`, activations of ``itemsize`` bytes, the
+    packed calls' ``attention`` with ``platform``'s blocks): ``dense_flops``,
+    ``dense_bytes``, ``attention_flops``, ``attention_bytes``, ``scored_keys`` (keys
+    scored per executed token, on average) and ``flops`` (their sum, without the
+    fixed per-call term, which models scheduling overhead, not FLOPs); per stage
+    (:func:`stage_name`, in depth order) the same with ``segment_tokens`` /
+    ``query_tokens`` (the unique tokens of each kind), the stage's slot length ``S``
+    and slots per row ``m``."""
     sh = sched.shape
-    cost = CostModel.of(config)
+    cost = CostModel.of(config, itemsize)
+    bq, bk = attn.BLOCKS.get(platform, attn.BLOCKS["default"])
+    bq, bk = (bq if sh.W % bq == 0 else sh.W), (bk if sh.cache % bk == 0 else sh.cache)
     stages: dict[str, dict] = {}
     for _, st, r0 in sched.calls():
         a, b = np.searchsorted(st.row, [r0, r0 + sh.B])
@@ -93,20 +101,35 @@ def replay(sched: Schedule, config) -> dict[str, Any]:
         seg = int(lens[st.kind[a:b] == 0].sum())
         acc = stages.setdefault(stage_name(st.depth), {
             "S": st.S, "m": st.m, "calls": 0, "rows": 0, "unique_tokens": 0, "segment_tokens": 0,
-            "query_tokens": 0, "executed_tokens": 0, "padding_tokens": 0, "flops": 0.0})
+            "query_tokens": 0, "executed_tokens": 0, "padding_tokens": 0, "flops": 0.0,
+            "dense_flops": 0.0, "dense_bytes": 0.0, "attention_flops": 0.0, "attention_bytes": 0.0,
+            "scored_keys": 0.0})
+        trips = call_trips(st, r0, sh.B, sh.W, sh.cache, bq, bk) if attention == "blocked" else 0
+        scored, reads = attention_reads(attention, W=sh.W, C=sh.cache, scored=trips, bq=bq)
+        d_flops, d_bytes = cost.dense(sh.B, sh.W)
+        a_flops, a_bytes = cost.attention(sh.B, sh.W, scored, reads, attention)
         acc["calls"] += 1
         acc["rows"] += min(sh.B, st.rows - r0)
         acc["unique_tokens"] += int(lens.sum())
         acc["segment_tokens"] += seg
         acc["query_tokens"] += int(lens.sum()) - seg
         acc["executed_tokens"] += sh.B * sh.W
-        acc["flops"] += cost.call_flops(sh.B, sh.W, sh.cache) - cost.call
+        acc["dense_flops"] += d_flops
+        acc["dense_bytes"] += d_bytes
+        acc["attention_flops"] += a_flops
+        acc["attention_bytes"] += a_bytes
+        acc["scored_keys"] += scored * sh.B * sh.W
+        acc["flops"] += d_flops + a_flops
     for acc in stages.values():
         acc["padding_tokens"] = acc["executed_tokens"] - acc["unique_tokens"]
+        acc["scored_keys"] /= max(acc["executed_tokens"], 1)
     stages = dict(sorted(stages.items(), key=lambda kv: int(kv[0][2:])))
     total = {key: sum(s[key] for s in stages.values()) for key in (
-        "calls", "rows", "unique_tokens", "executed_tokens", "padding_tokens", "flops")}
-    return dict(total, programs=len(sched.programs), stages=stages)
+        "calls", "rows", "unique_tokens", "executed_tokens", "padding_tokens", "flops", "dense_flops",
+        "dense_bytes", "attention_flops", "attention_bytes")}
+    total["scored_keys"] = sum(s["scored_keys"] * s["executed_tokens"] for s in stages.values()) \
+        / max(total["executed_tokens"], 1)
+    return dict(total, programs=len(sched.programs), attention=attention, stages=stages)
 
 
 def flat_tokens(pieces, jobs, mode: str) -> int:
@@ -312,23 +335,104 @@ def measured_matmul_flops(dtype=jnp.float32, n: int | None = None, repeats: int 
     return best
 
 
+#: Memory bandwidths (datasheets, bytes/s) of the accelerators of
+#: :data:`ACCELERATOR_PEAK_FLOPS`, for the memory-bound parts of `plan`'s time estimate.
+ACCELERATOR_BANDWIDTH = {"h100": 3.35e12, "h200": 4.8e12, "a100": 2.0e12, "l4": 0.3e12,
+                         "v100": 0.9e12}
+
+
+def measured_bandwidth(mib: int = 256, repeats: int = 5) -> float:
+    """Memory bytes/s of the default device: ``x + 1`` over a float32 array of ``mib``
+    MiB (read once, written once), the median of ``repeats`` timings after a compile."""
+    n = mib * 2 ** 20 // 4
+    f = jax.jit(lambda x: x + 1.0)
+    x = jnp.zeros((n,), jnp.float32)
+    f(x).block_until_ready()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        f(x).block_until_ready()
+        times.append(time.perf_counter() - t)
+    return 2 * n * 4 / float(np.median(times))
+
+
+def _datasheet(table: dict, accelerator: str | None) -> tuple[float, str] | None:
+    """(figure, accelerator) from a datasheet ``table`` (by lower-case name): for
+    ``accelerator``, else for the local accelerator when its kind names one; None on a
+    CPU or an accelerator the table does not know."""
+    if accelerator is not None:
+        key = accelerator.lower()
+        if key not in table:
+            raise ValueError(f"unknown accelerator {accelerator!r}; known: {', '.join(table)} "
+                             "(or give --peak-tflops and --bandwidth-gbs)")
+        return table[key], key.upper()
+    dev = jax.local_devices()[0]
+    kind = str(getattr(dev, "device_kind", dev.platform))
+    if dev.platform != "cpu":
+        for key, figure in table.items():
+            if key in kind.lower():
+                return figure, kind
+    return None
+
+
+def device_bandwidth(accelerator: str | None = None) -> tuple[float, str]:
+    """(memory bytes/s per device, where it comes from), as :func:`device_peak_flops`:
+    the datasheet of ``accelerator`` or of the local accelerator, else measured here."""
+    hit = _datasheet(ACCELERATOR_BANDWIDTH, accelerator)
+    if hit is not None:
+        return hit[0], f"{hit[1]} datasheet"
+    return measured_bandwidth(), f"measured on this {jax.default_backend()}"
+
+
+def measured_attention(config, dtype, shape: PackShape, attention: str, *, platform: str = "default",
+                       rows: int = 4, repeats: int = 5) -> float:
+    """Seconds per scored (token, query head, key) of one layer's packed attention
+    (:func:`sc_jax.attention.packed_attention`) on the default device, measured: a call
+    of ``min(rows, B)`` rows of the ``shape``'s W tokens after its ``cache`` keys, cut
+    into four slots three quarters full, items of 32 tokens; the median of ``repeats``
+    timings after a compile. What calibrates `plan`'s attention time to this backend
+    (the dense path's float32 scores cost more than their bytes on a CPU)."""
+    c = config
+    B, W, C = min(rows, shape.B), shape.W, shape.cache
+    S = C // 4
+    col = np.arange(W)
+    slot = np.minimum(col * 4 // W, 3)
+    seg = col // 32
+    fill = (3 * S) // 4
+    pos = fill + col - np.searchsorted(slot, slot)  # each slot's items continue its prefix
+    cs = np.repeat(np.arange(4), S)
+    cpos = np.tile(np.arange(S), 4)
+    rep = lambda x, dt: jnp.asarray(np.broadcast_to(x, (B,) + x.shape), dt)  # noqa: E731
+    masks = attn.packed_masks(rep(pos, jnp.int32), jnp.ones((B, W), bool), rep(seg, jnp.int32),
+                         rep(slot, jnp.int32), rep(cpos, jnp.int32), rep(cpos < fill, bool),
+                         rep(cs, jnp.int32), windows=False, implementation=attention,
+                         platform=platform)
+    key = jax.random.PRNGKey(0)
+    q = jax.random.normal(key, (B, W, c.num_heads, c.head_dim), dtype)
+    k = jax.random.normal(key, (B, W, c.num_kv_heads, c.head_dim), dtype)
+    ck = jax.random.normal(key, (B, C, c.num_kv_heads, c.head_dim), dtype)
+    f = jax.jit(lambda *a: attn.packed_attention(*a, implementation=attention))
+    f(q, k, k, ck, ck, masks, 0).block_until_ready()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        f(q, k, k, ck, ck, masks, 0).block_until_ready()
+        times.append(time.perf_counter() - t)
+    trips = masks.trips
+    scored = float(trips[0] * masks.bk + trips[1] * masks.bq) if trips is not None else float(C + W)
+    return float(np.median(times)) / (B * W * c.num_heads * scored)
+
+
 def device_peak_flops(accelerator: str | None = None, dtype=jnp.float32) -> tuple[float, str]:
     """(peak FLOP/s per device, where it comes from) for `plan`'s time estimate: the
     datasheet figure of ``accelerator`` (a key of :data:`ACCELERATOR_PEAK_FLOPS`), or
     of the local accelerator when its kind names one, else a matmul measured here
     (a CPU: an H100's figure would promise a CPU run hundreds of times too fast)."""
-    if accelerator is not None:
-        key = accelerator.lower()
-        if key not in ACCELERATOR_PEAK_FLOPS:
-            raise ValueError(f"unknown accelerator {accelerator!r}; known: "
-                             f"{', '.join(ACCELERATOR_PEAK_FLOPS)} (or give --peak-tflops)")
-        return ACCELERATOR_PEAK_FLOPS[key], f"{key.upper()} datasheet, dense bf16"
+    hit = _datasheet(ACCELERATOR_PEAK_FLOPS, accelerator)
+    if hit is not None:
+        return hit[0], f"{hit[1]} datasheet, dense bf16"
     dev = jax.local_devices()[0]
     kind = str(getattr(dev, "device_kind", dev.platform))
-    if dev.platform != "cpu":
-        for key, peak in ACCELERATOR_PEAK_FLOPS.items():
-            if key in kind.lower():
-                return peak, f"{kind} datasheet, dense bf16"
     where = dev.platform if kind.lower() == dev.platform else f"{dev.platform} ({kind})"
     return measured_matmul_flops(dtype), f"matmul measured on this {where}"
 
@@ -355,6 +459,8 @@ class _Planner:
     xla: bool
     compile_time: bool
     progress: bool
+    attention: str = "dense"
+    score_seconds: float | None = None  # measured per scored key (see measured_attention)
     measured: dict = dataclasses.field(default_factory=dict)
 
 
@@ -366,9 +472,11 @@ def _plan_setting(pl: _Planner, name: str, ds, k: int) -> dict[str, Any]:
     jobs = list(sj.jobs.values())
     planned = engine_plan(pl.config, pl.dtype, sj.pieces, jobs, pl.run.mode, policy=pl.policy)
     sched, b = planned.schedule, planned.budgets
-    r = replay(sched, pl.config)
+    r = replay(sched, pl.config, attention=pl.attention, platform=pl.policy.platform,
+               itemsize=jnp.dtype(pl.dtype).itemsize)
     sh = sched.shape
-    setting = {
+    setting = {"attention": r["attention"], "scored_keys": r["scored_keys"],
+        **{key: r[key] for key in ("dense_flops", "dense_bytes", "attention_flops", "attention_bytes")},
         "dataset": name, "k": k, "pairs": int(sum(len(p) for _, p in jobs)),
         "job_pairs": {tag: len(p) for tag, (_, p) in sj.jobs.items()},
         "unique_tokens": r["unique_tokens"], "executed_tokens": r["executed_tokens"],
@@ -404,7 +512,8 @@ def _plan_setting(pl: _Planner, name: str, ds, k: int) -> dict[str, Any]:
 def plan_run(run_config, *, device_memory: int | None = None, n_devices: int | None = None,
              model_shards: int | None = None, peak_flops: float | None = None, mfu: float = 0.4, xla: bool = True,
              compile_time: bool = True, progress: bool = False,
-             accelerator: str | None = None) -> dict[str, Any]:
+             accelerator: str | None = None, bandwidth: float | None = None,
+             attention: str = "auto") -> dict[str, Any]:
     """A dry run of ``sc-jax run``: what one seed of every (dataset, k) would score,
     with no weights read and nothing scored. Every job of the seed (base, cc, dc,
     surrogate and test-time sizes) is planned together, as one engine call scores
@@ -423,8 +532,14 @@ def plan_run(run_config, *, device_memory: int | None = None, n_devices: int | N
     * ``compile_time=True``: ``compile_seconds``, the model program traced,
       lowered and compiled with abstract shapes on this backend (:func:`compile_seconds`;
       a CPU's figure, not a GPU's); a figure of its own, never added to the forward time;
-    * ``forward_seconds_per_seed``: FLOPs at ``mfu`` of ``peak_flops`` per device
-      (None: :func:`device_peak_flops`; ``peak_source`` says where it comes from);
+    * ``forward_seconds_per_seed`` = ``dense_seconds_per_seed`` +
+      ``attention_seconds_per_seed``: each part of every call on a roofline
+      (:class:`sc_jax.packing.Roofline`), FLOPs at ``mfu`` of ``peak_flops`` per device
+      (None: :func:`device_peak_flops`; ``peak_source`` says where it comes from), bytes
+      at ``bandwidth`` (None: :func:`device_bandwidth`; ``bandwidth_source``), the
+      attention that of the engine on that device (``attention``; "auto":
+      :func:`sc_jax.attention.choose`), its scored keys and memory traffic counted per
+      call (:class:`sc_jax.packing.CostModel`);
     * ``tokenizer`` (real or the byte stand-in) and, for the stand-in,
       ``stand_in_inflation``: its prompt tokens over the Qwen2 vocabulary's on the same
       prompts (first seed), where that vocabulary is on this machine.
@@ -438,10 +553,20 @@ def plan_run(run_config, *, device_memory: int | None = None, n_devices: int | N
     """
     config, tokenizer = load_config_and_tokenizer(run_config.model)
     dtype = DTYPES[run_config.dtype]
+    peak_flops_given, bandwidth_given = peak_flops, bandwidth
     if peak_flops is None:
         peak_flops, peak_source = device_peak_flops(accelerator, dtype)
     else:
         peak_source = "given"
+    if bandwidth is None:
+        bandwidth, bandwidth_source = device_bandwidth(accelerator)
+    else:
+        bandwidth_source = "given"
+    if attention == "auto":
+        attention = attn.choose("gpu" if accelerator else jax.default_backend(), dtype)
+    # The attention's time is measured on this backend when the plan is for it (no
+    # named accelerator, no given peak); else it is the roofline's.
+    calibrate = accelerator is None and peak_flops_given is None and bandwidth_given is None
     # The run's own memory policy: its device memory (or the device's figure) and mesh;
     # the keywords stand in for the run's own fields.
     over = {key: v for key, v in (("device_memory", device_memory), ("mesh_devices", n_devices),
@@ -456,10 +581,13 @@ def plan_run(run_config, *, device_memory: int | None = None, n_devices: int | N
         mesh = make_mesh(n_devices, model=model_shards)
     reference, why = _reference_tokenizer() if isinstance(tokenizer, ByteTokenizer) else (None, "")
     out = dict(model=run_config.model, dtype=run_config.dtype, budget_bytes=int(budget),
+               attention_source=f"{attention} attention on the roofline (scores' memory traffic "
+                                "counted, not measured)",
                n_devices=n_devices, model_shards=model_shards,
                weight_bytes=weight_bytes(config, dtype, model_shards),
                kv_bytes_per_token=kv_bytes_per_token(config, dtype, model_shards),
-               peak_flops=peak_flops, peak_source=peak_source, mfu=mfu,
+               peak_flops=peak_flops, peak_source=peak_source, mfu=mfu, attention=attention,
+               bandwidth=bandwidth, bandwidth_source=bandwidth_source,
                seeds=len(run_config.seeds), context_window=config.max_position_embeddings,
                tokenizer=_tokenizer_label(run_config.model, tokenizer),
                compile_backend=_backend_name(),
@@ -472,17 +600,36 @@ def plan_run(run_config, *, device_memory: int | None = None, n_devices: int | N
     checked = {(c["dataset"], c["k"]): c
                for c in check_run(run_config, config, tokenizer, datasets, policy=policy)}
     pl = _Planner(run_config, config, dtype, tokenizer, reference, policy, model_shards,
-                  n_devices, mesh, xla, compile_time, progress)
+                  n_devices, mesh, xla, compile_time, progress, attention)
     for name, ds in datasets.items():
         for k in run_config.shots:
             if ds.n_classes > k:
                 out["settings"].append(dict(dataset=name, k=k, skipped=True))
                 continue
             setting = _plan_setting(pl, name, ds, k)
+            if calibrate and pl.score_seconds is None:
+                # The attention's pace measured here, at the run's call shape: a plan for
+                # this machine's own backend (a named accelerator's is the roofline's).
+                pl.score_seconds = measured_attention(
+                    config, dtype, PackShape(**setting["shape"]), attention, platform=policy.platform)
+                out["attention_source"] = (f"{attention} attention measured on this "
+                                           f"{jax.default_backend()}: {pl.score_seconds * 1e12:.2f} "
+                                           "ps per scored key and head")
             setting.update(longest_prompt=checked[name, k]["longest_prompt"],
                            longest_seed=checked[name, k]["longest_seed"])
-            # The mesh's devices share the work: peak_flops is per device.
-            setting["forward_seconds_per_seed"] = setting["flops"] / (mfu * peak_flops * n_devices * model_shards)
+            # The mesh's devices share the work: the peaks are per device.
+            roof = Roofline(mfu * peak_flops * n_devices * model_shards,
+                            bandwidth * n_devices * model_shards)
+            setting["dense_seconds_per_seed"] = roof.seconds(setting["dense_flops"], setting["dense_bytes"])
+            if pl.score_seconds:  # measured on this backend: per scored (token, head, key)
+                setting["attention_seconds_per_seed"] = (
+                    setting["scored_keys"] * setting["executed_tokens"] * config.num_heads
+                    * config.num_layers * pl.score_seconds / (n_devices * model_shards))
+            else:
+                setting["attention_seconds_per_seed"] = roof.seconds(setting["attention_flops"],
+                                                                     setting["attention_bytes"])
+            setting["forward_seconds_per_seed"] = (setting["dense_seconds_per_seed"]
+                                                   + setting["attention_seconds_per_seed"])
             out["settings"].append(setting)
     out.update(_run_totals(out["settings"], len(run_config.seeds), pl.measured))
     return out
@@ -534,6 +681,7 @@ def _run_totals(settings: list[dict], seeds: int, measured: dict) -> dict[str, A
     settings share compiles once) with their compile seconds."""
     done = [s for s in settings if not s.get("skipped")]
     out = {"total_forward_seconds": sum(s["forward_seconds_per_seed"] for s in done) * seeds,
+           "total_attention_seconds": sum(s["attention_seconds_per_seed"] for s in done) * seeds,
            "total_flops": sum(s["flops"] for s in done) * seeds}
     ref = sum(s.get("prompt_tokens_reference", 0) for s in done)
     if ref:
@@ -571,7 +719,8 @@ def _setting_line(s: dict[str, Any]) -> str:
             f"{s['executed_tokens']:,} | {s['padding_tokens']:,} | {s['executed_per_unique']:.2f}x | "
             f"{s['flat_tokens'] / s['unique_tokens']:.1f}x | {s['flops'] / 1e12:.1f} | "
             f"{s['calls']:,} | {_shape(s)} | {s['programs']} | {comp} | {s['peak_bytes'] / gib:.2f} | "
-            f"{xla} | {s['forward_seconds_per_seed']:.1f} |")
+            f"{xla} | {s['scored_keys']:,.0f} | {s['dense_seconds_per_seed']:.1f} | "
+            f"{s['attention_seconds_per_seed']:.1f} | {s['forward_seconds_per_seed']:.1f} |")
 
 
 def _padding_lines(done: list[dict]) -> list[str]:
@@ -629,17 +778,21 @@ def plan_table(plan: dict[str, Any]) -> str:
     lines = [f"model {plan['model']} ({plan['dtype']}): weights {plan['weight_bytes'] / gib:.2f} GiB, "
              f"KV {plan['kv_bytes_per_token'] / 2 ** 20:.3f} MiB per token; budget "
              f"{plan['budget_bytes'] / gib:.1f} GiB per device; mesh data {plan['n_devices']} x model "
-             f"{plan['model_shards']}; forward time at {plan['mfu']:.0%} MFU of "
+             f"{plan['model_shards']}; forward time on a roofline: {plan['mfu']:.0%} MFU of "
              f"{plan['peak_flops'] / 1e12:.3g} TFLOP/s per device "
-             f"({plan.get('peak_source', 'given')})", _tokenizer_line(plan), "",
+             f"({plan.get('peak_source', 'given')}), memory {plan['bandwidth'] / 1e9:,.0f} GB/s "
+             f"({plan['bandwidth_source']}); {plan['attention_source']} "
+             "(dense s: projections and MLP; attention s: scores, softmax, values)",
+             _tokenizer_line(plan), "",
              "| dataset | k | pairs | unique tokens | executed tokens | padding tokens | executed/unique | "
              f"flat/unique | TFLOP | calls | call shape B x W | programs | compile s ({backend}) | "
-             "peak GiB | XLA peak GiB | forward s per seed |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "peak GiB | XLA peak GiB | keys scored per token | dense s per seed | attention s per seed | "
+             "forward s per seed |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in plan["settings"]:
         if s.get("skipped"):
             lines.append(f"| {s['dataset']} | {s['k']} | skipped: more classes than demonstrations "
-                         "|" + " |" * 13)
+                         "|" + " |" * 16)
             continue
         lines.append(_setting_line(s))
     done = [s for s in plan["settings"] if not s.get("skipped")]
@@ -657,6 +810,7 @@ def plan_table(plan: dict[str, Any]) -> str:
         expect = (f", plus {plan['programs']} model program(s) to compile once per machine "
                   f"({plan['compile_seconds']:.1f} s on this {backend})")
     lines += ["", f"total over {plan['seeds']} seed(s): {plan['total_flops'] / 1e12:.1f} TFLOP, "
-              f"about {plan['total_forward_seconds'] / 60:.1f} min of forward passes at the stated MFU"
+              f"about {plan['total_forward_seconds'] / 60:.1f} min of forward passes on the stated "
+              f"roofline ({plan['total_attention_seconds'] / 60:.1f} min of it attention)"
               + expect, _compile_line(plan)]
     return "\n".join(lines)

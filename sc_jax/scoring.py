@@ -40,6 +40,7 @@ import dataclasses
 import functools
 import itertools
 import time
+import warnings
 from collections import Counter
 
 import jax
@@ -48,6 +49,7 @@ import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
 
+from . import attention as attn
 from .loading import LoadedModel, bucket_batch
 from .model import KVCache, Packing, empty_cache, positions_from_valid
 # log_odds and query_rows are importable from here too (the scoring stage's features
@@ -231,17 +233,18 @@ def _gather_slots(level: KVCache, idx, S: int, keys: int):
     return cache, jnp.broadcast_to(slot, (B, keys))
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "sequence"))
+@functools.partial(jax.jit, static_argnames=("graphdef", "sequence", "attention"))
 def _packed(graphdef, state, cache: KVCache, cache_slot, tokens, positions, valid, segment, slot,
-            readout, targets, rows, sequence):
+            readout, targets, rows, sequence, attention="dense"):
     """One packed call: ``B`` rows of ``W`` tokens, several items per row, each after
-    its own slot of ``cache`` (:class:`sc_jax.model.Packing`). Returns the label
+    its own slot of ``cache`` (:class:`sc_jax.model.Packing`), its attention by
+    ``attention`` (:mod:`sc_jax.attention`). Returns the label
     scores at the ``R`` flat positions ``readout`` (``[R, labels]`` label-row logits, or
     ``[R]`` log-probabilities of ``targets`` in sequence mode) and the new tokens'
     keys and values ``[L, B, W, K, Dh]``."""
     COMPILES["packed"] += 1
     model = nnx.merge(graphdef, state)
-    hidden, kv = model(tokens, positions, valid, cache, Packing(segment, slot, cache_slot))
+    hidden, kv = model(tokens, positions, valid, cache, Packing(segment, slot, cache_slot), attention)
     B, W, D = hidden.shape
     sel = hidden.reshape(B * W, D)[readout]  # [R, D]
     if not sequence:
@@ -300,7 +303,8 @@ class EngineStats:
     the model-free gathers and writes as they come; ``compiled`` programs, of them
     ``model_compiled`` model programs, and ``cache_hits`` served by the persistent
     compilation cache), ``host_s`` (building each call's arrays and filing its
-    results) and ``forward_s`` (dispatching the calls and waiting for the device)."""
+    results) and ``forward_s`` (dispatching the calls and waiting for the device);
+    ``attention``: the packed calls' attention (:mod:`sc_jax.attention`)."""
 
     calls: int = 0
     tokens: int = 0
@@ -317,6 +321,7 @@ class EngineStats:
     compiled: int = 0
     model_compiled: int = 0
     cache_hits: int = 0
+    attention: str = ""
 
 
 class _Tokens:
@@ -426,13 +431,25 @@ class ScoringEngine:
     budget is known (given or reported by the device), the schedule's peak is
     checked against it before anything compiles, and a
     :class:`sc_jax.schedule.PlanError` names the numbers if it cannot fit.
+    ``attention``: the packed calls' attention, one of
+    :data:`sc_jax.attention.IMPLEMENTATIONS`, or ``"auto"``
+    (:func:`sc_jax.attention.choose`: cuDNN's fused kernel on a GPU in 16-bit floats,
+    the block-sparse XLA path on other accelerators, the dense one on a CPU). Where
+    the chosen kernel does not compile here (a cuDNN too old for the mask, say), the
+    engine says so in one warning and uses ``"blocked"``, then ``"dense"``.
     ``progress``: a tqdm bar of query rows.
     """
 
     def __init__(self, model: LoadedModel, *, max_tokens_per_batch: int | None = None,
                  max_cache_tokens: int | None = None, device_memory: int | None = None,
-                 policy: MemoryPolicy | None = None, progress: bool = True):
+                 policy: MemoryPolicy | None = None, attention: str = "auto",
+                 progress: bool = True):
+        if attention != "auto" and attention not in attn.IMPLEMENTATIONS:
+            raise ValueError(f"attention must be 'auto' or one of {attn.IMPLEMENTATIONS}, "
+                             f"got {attention!r}")
         self.model = model
+        self.attention = attn.choose(jax.default_backend(), model.dtype) if attention == "auto" \
+            else attention
         self.policy = policy or MemoryPolicy.resolve(
             device_memory, n_devices=model.n_devices, model_shards=model.model_shards,
             max_tokens_per_batch=max_tokens_per_batch, max_cache_tokens=max_cache_tokens)
@@ -481,7 +498,7 @@ class ScoringEngine:
         times the forward pass only. The arguments are those of a call of padding, so the
         program is the one the calls then find in JAX's cache."""
         seq = mode == "sequence"
-        if (shape.program, seq) in self._warm:
+        if (shape.program, seq, self.attention) in self._warm:
             return
         m = self.model
         B, W = shape.B, shape.W
@@ -491,8 +508,19 @@ class ScoringEngine:
                  readout=np.zeros(shape.R, np.int32), targets=np.zeros(shape.R, np.int32))
         rows_arg = None if seq else m.replicate(np.zeros(shape.labels, np.int32))
         args = self._args(empty_cache(m.config, 1, m.dtype), shape, a, MIN_CACHE, rows_arg)
-        _packed.lower(*args, sequence=seq).compile()
-        self._warm.add((shape.program, seq))
+        while True:
+            try:
+                _packed.lower(*args, sequence=seq, attention=self.attention).compile()
+                break
+            except Exception as e:  # a fused kernel this backend cannot build: the next one
+                fallback = {"cudnn": "blocked", "blocked": "dense"}.get(self.attention)
+                if fallback is None:
+                    raise
+                warnings.warn(f"attention {self.attention!r} does not compile here "
+                              f"({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+                              f"using {fallback!r}", RuntimeWarning, stacklevel=2)
+                self.attention = fallback
+        self._warm.add((shape.program, seq, self.attention))
 
     # -------------------------------------------------------------- main entry
     def score(self, pieces: PromptPieces, contexts, pairs, mode: str = "first_token") -> np.ndarray:
@@ -548,6 +576,7 @@ class ScoringEngine:
         finally:
             if bar is not None:
                 bar.close()
+        st.attention = self.attention
         st.compiled, st.cache_hits = meter.count()
         st.model_compiled = meter.count("_packed")[0]
         # Compiles happen inside dispatches: what the meter saw in the loop is compile
@@ -574,7 +603,7 @@ class ScoringEngine:
                     a = call_arrays(run.tok, sched.shape, stage, r0)
                     st.host_s += time.perf_counter() - t
                     res, kv = _packed(*self._args(parent, sched.shape, a, stage.S, rows_arg),
-                                      sequence=run.seq)
+                                      sequence=run.seq, attention=self.attention)
                     if a["n_children"]:
                         rep = m.replicate
                         level = _write_children(level, parent, kv, rep(a["child"]), rep(a["parent_row"]),

@@ -3,7 +3,9 @@
 # (the README's test command). Each leg makes its own virtual environment:
 #
 #   oldest     .venv              Python 3.11, jax 0.10.2 and the rest of constraints.txt,
-#                                 torch 2.13.0 (CPU): the whole suite, parity tests included.
+#                                 torch 2.13.0 (CPU): the whole suite, parity tests included,
+#                                 and benchmarks/bench_peer.py --smoke (the engine against
+#                                 HF transformers).
 #   newest     .venv-newest       Python 3.13, the newest jax and flax (constraints-newest.txt),
 #                                 no torch: the whole suite; the torch parity tests skip.
 #   gpu-image  .venv-gpu-image    the GPU machines' stack on CPU (constraints-gpu-image.txt):
@@ -39,6 +41,12 @@ oldest() {
     leg_start oldest
     python3 -m venv .venv && .venv/bin/pip install -q -c constraints.txt -e ".[test]"
     .venv/bin/python -m pytest -q ${PYTEST_ARGS:-}
+    # The engine against HF transformers (PyTorch), which only this leg has: the script
+    # fails where their label log-probs differ by more than 1e-3 (float32).
+    local out
+    out=$(mktemp -d)
+    .venv/bin/python benchmarks/bench_peer.py --smoke --out "$out/peer.json"
+    rm -rf "$out"
     leg_end oldest
 }
 

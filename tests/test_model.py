@@ -128,13 +128,15 @@ def test_cache_extend_equals_plain(checkpoints, name):
     assert np.abs(np.asarray(got2)[:4, 0] - plain2).max() <= 1e-5
 
 
-@pytest.mark.parametrize("name", ["llama_bias", "mistral_window", "qwen2"])
-def test_packed_row_equals_plain(checkpoints, name):
+@pytest.mark.parametrize("name,attention", [("llama_bias", "dense"), ("llama_bias", "blocked"),
+                                            ("mistral_window", "dense"),
+                                            ("mistral_window", "blocked"), ("qwen2", "blocked")])
+def test_packed_row_equals_plain(checkpoints, name, attention):
     """Packed rows (sc_jax.model.Packing): four segments end to end in one row, two
     after each of two cached prefixes laid side by side (slots, the shorter one
     padded), give at every position the logits of that prefix + segment run alone
     (sliding windows included: mistral_window's window of 5 is shorter than the
-    prompts)."""
+    prompts), through the dense and the block-sparse attention (sc_jax.attention)."""
     import jax.numpy as jnp
     from flax import nnx
 
@@ -150,7 +152,7 @@ def test_packed_row_equals_plain(checkpoints, name):
 
     def run(tokens, positions, valid, cache=None, packing=None):
         h, kv = dec(jnp.asarray(tokens, jnp.int32)[None], jnp.asarray(positions, jnp.int32)[None],
-                    jnp.asarray(valid)[None], cache, packing)
+                    jnp.asarray(valid)[None], cache, packing, attention)
         return np.asarray(dec.project(h))[0], kv
 
     S = 12  # each slot's cache padded to 12 tokens

@@ -93,6 +93,49 @@ def test_schedule_is_the_engines():
     assert r["stages"]["d=1"]["query_tokens"] == 0 and r["stages"][f"d={k + 1}"]["segment_tokens"] == 0
 
 
+@pytest.mark.parametrize("platform", ["cpu", "default"])
+def test_cost_model_counts_the_keys_the_device_scores(platform):
+    """The plan's count of keys the block-sparse attention scores per call
+    (sc_jax.packing.call_trips, on the host) is the device's (the loop trips that
+    sc_jax.attention.block_ranges finds in the call's arrays), call by call; it is
+    below the dense path's C + W; and the plan's attention and dense parts add up."""
+    import jax.numpy as jnp
+
+    from sc_jax.attention import BLOCKS, packed_masks
+    from sc_jax.packing import call_trips
+    from sc_jax.scoring import _Tokens, call_arrays
+
+    model = sc_jax.load_model("random:tiny-llama", seed=1)
+    rng = np.random.default_rng(3)
+    k = 4
+    texts = [" ".join(rng.choice(WORDS, int(n))) for n in rng.integers(1, 9, k + 4)]
+    pieces = build_pieces(model.tokenizer, Template("review:", "sentiment:", ("neg", "pos", "mix")),
+                          list(zip(texts[:k], [0, 1, 0, 2])), texts)
+    jobs = [(all_contexts(k, i), surrogate_pairs(all_contexts(k, i), k)) for i in (1, 2, 3)]
+    p = plan.engine_plan(model.config, model.dtype, pieces, jobs, "first_token", budget_bytes=GIB,
+                         platform=platform)
+    sched, sh = p.schedule, p.schedule.shape
+    tok = _Tokens(pieces, "first_token")
+    bq, bk = BLOCKS[platform]
+    for _, st, r0 in sched.calls():
+        a = call_arrays(tok, sh, st, r0)
+        slot_of_key = np.full(sh.cache, -1)
+        slot_of_key[:st.m * st.S] = np.repeat(np.arange(st.m), st.S)
+        masks = packed_masks(*(jnp.asarray(a[n]) for n in ("positions", "valid", "segment", "slot")),
+                             jnp.zeros((sh.B, sh.cache), jnp.int32), jnp.ones((sh.B, sh.cache), bool),
+                             jnp.asarray(np.broadcast_to(slot_of_key, (sh.B, sh.cache)), jnp.int32),
+                             windows=False, implementation="blocked", platform=platform)
+        trips = np.asarray(masks.trips)
+        assert trips[0] * masks.bk + trips[1] * masks.bq == \
+            call_trips(st, r0, sh.B, sh.W, sh.cache, bq, bk), (st.depth, r0)
+    dense = plan.replay(sched, model.config, attention="dense", platform=platform)
+    blocked = plan.replay(sched, model.config, attention="blocked", platform=platform)
+    assert dense["scored_keys"] == sh.cache + sh.W and blocked["scored_keys"] < dense["scored_keys"]
+    assert blocked["dense_flops"] == dense["dense_flops"]
+    assert blocked["flops"] == pytest.approx(blocked["dense_flops"] + blocked["attention_flops"])
+    assert blocked["attention_bytes"] < dense["attention_bytes"]
+
+
 def test_context_that_cannot_fit_fails_before_compiling():
     model = sc_jax.load_model("random:tiny-llama", seed=1)
     rng = np.random.default_rng(1)
@@ -140,8 +183,13 @@ def test_cli_plan_writes_json(data_dir, tmp_path, capsys):
     s = p["settings"][0]
     for key in ("pairs", "unique_tokens", "executed_tokens", "padding_tokens", "flat_tokens", "flops",
                 "calls", "chunks", "programs", "compile_seconds", "peak_bytes", "weight_bytes",
-                "cache_bytes", "temp_bytes", "xla_peak_bytes", "forward_seconds_per_seed"):
+                "cache_bytes", "temp_bytes", "xla_peak_bytes", "forward_seconds_per_seed",
+                "dense_seconds_per_seed", "attention_seconds_per_seed", "scored_keys"):
         assert s[key] > 0, key
+    assert s["forward_seconds_per_seed"] == pytest.approx(
+        s["dense_seconds_per_seed"] + s["attention_seconds_per_seed"])
+    # Planned for this CPU: the engine's block-sparse attention, its pace measured here.
+    assert p["attention"] == "blocked" and "measured on this cpu" in p["attention_source"]
     assert s["executed_tokens"] == s["unique_tokens"] + s["padding_tokens"]
     assert s["executed_per_unique"] == pytest.approx(s["executed_tokens"] / s["unique_tokens"])
     assert s["executed_tokens"] == s["calls"] * s["shape"]["B"] * s["shape"]["W"]

@@ -72,6 +72,26 @@ def test_engine_equals_plain(model, setup, mode, i):
     assert np.abs(flat[rows] - plain).max() <= TOL
 
 
+def test_attention_paths_agree_and_cudnn_falls_back(model, setup):
+    """The engine's packed calls through each attention path (sc_jax.attention) give the
+    same scores; on a backend without cuDNN (this CPU) asking for it costs one warning and
+    the block-sparse path, not a failed run."""
+    k, pieces = setup
+    ctx = all_contexts(k, 2)
+    pairs = surrogate_pairs(ctx, k)
+    dense = ScoringEngine(model, attention="dense", progress=False)
+    blocked = ScoringEngine(model, attention="blocked", progress=False)
+    a, b = dense.score(pieces, ctx, pairs), blocked.score(pieces, ctx, pairs)
+    assert (dense.stats.attention, blocked.stats.attention) == ("dense", "blocked")
+    assert np.abs(a - b).max() <= 1e-5
+    cudnn = ScoringEngine(model, attention="cudnn", progress=False)
+    with pytest.warns(RuntimeWarning, match="'cudnn' does not compile here"):
+        c = cudnn.score(pieces, ctx, pairs)
+    assert cudnn.stats.attention == "blocked" and np.abs(c - b).max() <= 1e-5
+    with pytest.raises(ValueError, match="attention must be"):
+        ScoringEngine(model, attention="flash")
+
+
 def test_test_time_contexts_all_queries(model, setup):
     """Test time: sampled sub-contexts, every test query under each of them."""
     k, pieces = setup
