@@ -151,12 +151,13 @@ def _abstract_model(config, dtype):
     return nnx.split(nnx.eval_shape(lambda: Decoder(config, dtype=dtype, rngs=nnx.Rngs(0))))
 
 
-def lower_call(config, dtype, shape: PackShape, *, mode: str = "first_token", mesh=None):
+def lower_call(config, dtype, shape: PackShape, *, mode: str = "first_token", mesh=None,
+               attention: str = "dense"):
     """The engine's model program for calls of ``shape``, lowered with abstract shapes
     (``jax.ShapeDtypeStruct``: nothing allocated, no weight read), ready for
     ``.compile()``: the arguments of :func:`sc_jax.scoring._packed`, the gathered cache
     ``[L, B, cache, K, Dh]`` and the rows batch-sharded over the mesh's ``data``
-    axis, readouts and label rows replicated."""
+    axis, readouts and label rows replicated; its packed attention ``attention``."""
     gd, st = _abstract_model(config, dtype)
     L, K, Dh = config.num_layers, config.num_kv_heads, config.head_dim
     B, W, keys, R = shape.B, shape.W, shape.cache, max(shape.R, 1)
@@ -184,11 +185,11 @@ def lower_call(config, dtype, shape: PackShape, *, mode: str = "first_token", me
     labels = None if seq else flat(max(shape.labels, 1))
     return scoring._packed.lower(gd, st, cache, rows(B, keys), rows(B, W), rows(B, W),
                                  rows(B, W, d=jnp.bool_), rows(B, W), rows(B, W), flat(R), flat(R),
-                                 labels, sequence=seq)
+                                 labels, sequence=seq, attention=attention)
 
 
 def xla_call_bytes(config, dtype, shape: PackShape, *, mode: str = "first_token",
-                   mesh=None) -> dict[str, int]:
+                   mesh=None, attention: str = "dense") -> dict[str, int]:
     """Compile the engine's model program (calls of ``shape``) with abstract shapes and return XLA's ``memory_analysis()``: argument, output, temp and alias
     bytes (per device).
 
@@ -198,7 +199,7 @@ def xla_call_bytes(config, dtype, shape: PackShape, *, mode: str = "first_token"
     compiled with while-loop-invariant code motion disabled, which leaves one
     layer's float32 copy in temp (within the margin the tests state).
     """
-    lowered = lower_call(config, dtype, shape, mode=mode, mesh=mesh)
+    lowered = lower_call(config, dtype, shape, mode=mode, mesh=mesh, attention=attention)
     opts = None
     if jax.default_backend() == "cpu" and jnp.dtype(dtype) == jnp.bfloat16:
         opts = {"xla_disable_hlo_passes": "while-loop-invariant-code-motion"}
@@ -277,7 +278,7 @@ def compile_call_seconds(config, dtype, shape: PackShape, **kw) -> dict[str, Any
 
 
 def compile_seconds(config, dtype, shape: PackShape, *, measured: dict, mode: str, mesh=None,
-                    progress: bool = False) -> dict[str, Any]:
+                    progress: bool = False, attention: str = "dense") -> dict[str, Any]:
     """Compile seconds of the engine's model program for calls of ``shape`` (the
     model-free gathers and writes beside it compile in milliseconds and are left
     out): ``programs``, ``compile_seconds``, ``compile_wall_seconds`` and
@@ -289,7 +290,8 @@ def compile_seconds(config, dtype, shape: PackShape, *, measured: dict, mode: st
            "compile_cache_hits": 0}
     if program in measured:
         return out
-    m = measured[program] = compile_call_seconds(config, dtype, shape, mode=mode, mesh=mesh)
+    m = measured[program] = compile_call_seconds(config, dtype, shape, mode=mode, mesh=mesh,
+                                                 attention=attention)
     if progress:
         log.info("  compiled B=%d W=%d cache=%d R=%d labels=%d in %.1f s%s", *program[0], m["seconds"],
                  f" (served from the persistent cache in {m['wall_seconds']:.1f} s)"
@@ -500,7 +502,12 @@ def _plan_setting(pl: _Planner, name: str, ds, k: int) -> dict[str, Any]:
         setting["prompt_tokens_reference"] = _prompt_tokens(ref.pieces, ref.jobs, pl.run.mode)
         setting["stand_in_inflation"] = setting["prompt_tokens"] / setting["prompt_tokens_reference"]
     lowered = pl.mesh is not None or pl.model_shards * pl.n_devices == 1
-    kw = {"mode": pl.run.mode, "mesh": pl.mesh}
+    # The program as the engine compiles it; cuDNN's kernel compiles on a GPU only, so
+    # elsewhere its XLA figures are the dense path's (more temporaries, not fewer).
+    lowered_attention = pl.attention if pl.attention != "cudnn" or jax.default_backend() == "gpu" \
+        else "dense"
+    kw = {"mode": pl.run.mode, "mesh": pl.mesh, "attention": lowered_attention}
+    setting["xla_attention"] = lowered_attention
     if pl.compile_time and lowered:
         setting.update(compile_seconds(pl.config, pl.dtype, sh, measured=pl.measured,
                                        progress=pl.progress, **kw))
@@ -748,6 +755,7 @@ def _memory_lines(done: list[dict]) -> list[str]:
         if "xla_peak_bytes" in s:
             p = s["xla_program"]
             xla = (f"; XLA {s['xla_peak_bytes'] / gib:.2f} GiB for the model program "
+                   f"({s.get('xla_attention', 'dense')} attention) "
                    f"(planned {s['planned_peak_of_that_call'] / gib:.2f})")
         slots = ", ".join(f"{name} {st['m']} x {st['S']}" for name, st in s["stages"].items())
         lines.append(
