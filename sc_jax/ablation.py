@@ -39,6 +39,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import logging
+import math
 from collections import defaultdict
 from pathlib import Path
 
@@ -57,6 +58,7 @@ from .experiment import (
     METHODS,
     SC_FITS,
     RunConfig,
+    config_tag,
     draw_split,
     load_datasets,
     load_scores,
@@ -110,6 +112,7 @@ def _load_run(run_dir: Path):
     config = results["config"]
     skipped = {(x["dataset"], x["shots"]) for x in results.get("skipped", [])}
     runs, missing = {}, []
+    tag = config_tag(config)
     for name in config["datasets"]:
         for k in config["shots"]:
             if (name, k) in skipped:
@@ -117,7 +120,7 @@ def _load_run(run_dir: Path):
             for seed in config["seeds"]:
                 path = scores_path(run_dir, name, k, seed)
                 if path.exists():
-                    runs.setdefault((name, k), {})[seed] = load_scores(path)
+                    runs.setdefault((name, k), {})[seed] = load_scores(path, tag)
                 else:
                     missing.append(path.name)
     if missing:
@@ -285,6 +288,14 @@ def ablate(run_dir, *, lambda_invs=(0.0, None, 1.0, "paper"), m_values=M_VALUES,
         :func:`sc_jax.calibrators.fit_batch`); None uses the run's.
     No model is loaded and no LLM forward pass is made.
     """
+    bad = [m for m in m_values if int(m) != m or m < 1]
+    if bad:
+        raise ValueError(f"m_values (--m-values) are test-time sub-contexts per size and must be "
+                         f"whole numbers of at least 1, got {bad}")
+    bad = [v for v in lambda_invs if v is not None and v != "paper" and not 0 <= v < math.inf]
+    if bad:
+        raise ValueError(f"lambda_invs (--lambda-inv) must be finite numbers >= 0, 'run' or "
+                         f"'paper', got {bad}")
     run_dir = Path(run_dir)
     results, runs = _load_run(run_dir)
     config = results["config"]

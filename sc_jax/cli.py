@@ -34,7 +34,9 @@ import os
 import platform
 import re
 import shlex
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -46,7 +48,7 @@ from sc_jax.ablation import ablate, diagnose, regenerate_samples, write_ablation
 from sc_jax.calibrators import GUARDS
 from sc_jax.data import DEFAULT_TEST_SEED, TASKS, DataUnavailableError
 from sc_jax.enumeration import all_contexts, surrogate_pairs
-from sc_jax.experiment import METHODS, RunConfig, run_experiment
+from sc_jax.experiment import METHODS, RunConfig, check_output_file, run_experiment
 from sc_jax.hub import cached_models_lines
 from sc_jax.loading import load_model
 from sc_jax.named_models import MODELS
@@ -177,6 +179,8 @@ def _bytes(text: str) -> int:
 
 def _plan(args) -> int:
     config = _run_config(args)  # its device memory and mesh are the plan's memory policy
+    if args.json:  # checked now, not after the whole plan is computed
+        check_output_file(args.json, "--json")
     plan = plan_run(config, peak_flops=None if args.peak_tflops is None else args.peak_tflops * 1e12,
                     accelerator=args.accelerator, mfu=args.mfu, xla=not args.no_xla,
                     compile_time=not args.no_compile_time, attention=args.attention,
@@ -230,7 +234,7 @@ def _lambda_grid(values):
         try:
             out.append(float(v))
         except ValueError:
-            raise SystemExit(f"error: --lambda-inv takes numbers, 'run' or 'paper', got {v!r}") from None
+            raise ValueError(f"--lambda-inv takes numbers, 'run' or 'paper', got {v!r}") from None
     return tuple(out)
 
 
@@ -485,13 +489,41 @@ def enable_compilation_cache() -> str | None:
     return path
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's stop, ``kill``), handled as Ctrl-C is: locks released,
+    one line, what was kept and how to resume."""
+
+
+_SIGNALS: list = []  # SIGINT and SIGTERM received while a command ran
+
+
+def _on_signal(signum, frame):
+    # Recorded as well as raised: raised inside a garbage-collection callback (JAX
+    # registers one), the exception is printed as "Exception ignored" and lost.
+    _SIGNALS.append(signum)
+    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+def _unraisable(info):
+    """sys.unraisablehook: an interrupt lost in a callback is reported by its signal's
+    line at the end (``_SIGNALS``), not as a traceback; anything else as Python would."""
+    if isinstance(info.exc_value, KeyboardInterrupt):
+        return
+    sys.__unraisablehook__(info)
+
+
+def _kept(args, argv, what: str) -> str:
+    """``what``, then what is kept and, for `run`, how to resume."""
+    if args.command != "run":
+        return f"{what}: nothing of `sc-jax {args.command}` was kept"
+    command = shlex.join(["sc-jax", *(sys.argv[1:] if argv is None else argv)])
+    return (f"{what}: the scores computed so far are saved in {Path(args.out) / 'cache'}; "
+            f"run the same command to resume from them: {command}")
+
+
 def _interrupted(args, argv) -> str:
     """The one line for Ctrl-C: what is kept and, for `run`, how to resume."""
-    if args.command != "run":
-        return f"interrupted: nothing of `sc-jax {args.command}` was kept"
-    command = shlex.join(["sc-jax", *(sys.argv[1:] if argv is None else argv)])
-    return (f"interrupted: the scores computed so far are saved in {Path(args.out) / 'cache'}; "
-            f"run the same command to resume from them: {command}")
+    return _kept(args, argv, "interrupted")
 
 
 #: Commands that run on several processes when launched so (:mod:`sc_jax.multihost`).
@@ -502,7 +534,19 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     show_log_messages()
     enable_compilation_cache()
-    rc = _dispatch(args, argv)
+    main_thread = threading.current_thread() is threading.main_thread()
+    handled = (signal.SIGINT, signal.SIGTERM)
+    previous = {n: signal.signal(n, _on_signal) for n in handled} if main_thread else {}
+    hook, sys.unraisablehook = sys.unraisablehook, _unraisable
+    _SIGNALS.clear()
+    try:
+        rc = _dispatch(args, argv)
+        if _SIGNALS and rc == 0:  # the interrupt was lost where it was raised
+            rc = _report_signal(args, argv, _SIGNALS[-1])
+    finally:
+        sys.unraisablehook = hook
+        for n, h in previous.items():
+            signal.signal(n, h)
     if rc and jax.distributed.is_initialized():
         # JAX's exit handler would wait at a shutdown barrier for processes still
         # working; leaving now lets them see this one gone (heartbeat) and stop.
@@ -510,6 +554,17 @@ def main(argv=None) -> int:
         sys.stderr.flush()
         os._exit(rc)
     return rc
+
+
+def _report_signal(args, argv, signum) -> int:
+    """The one line for Ctrl-C (exit 130) or SIGTERM (exit 143): what is kept and, for
+    `run`, how to resume (every score written so far is complete: the cache writes
+    atomically)."""
+    if signum == signal.SIGTERM:
+        print(f"error: {_kept(args, argv, 'terminated (SIGTERM)')}", file=sys.stderr)
+        return 143
+    print(f"error: {_interrupted(args, argv)}", file=sys.stderr)
+    return 130
 
 
 def _dispatch(args, argv) -> int:
@@ -522,11 +577,9 @@ def _dispatch(args, argv) -> int:
         # of stdout at exit as a second error.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except KeyboardInterrupt:
-        # Ctrl-C: one line, not JAX's 65-line traceback; every score written so far is
-        # complete (the cache writes atomically), so rerunning resumes from them.
-        print(f"error: {_interrupted(args, argv)}", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        # Ctrl-C or SIGTERM: one line, not JAX's 65-line traceback.
+        return _report_signal(args, argv, signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT)
     except (ValueError, FileNotFoundError, WheelFileError, DataUnavailableError) as e:
         # PlanError (memory) and DistributedError are ValueErrors: their messages name
         # the numbers.
@@ -535,6 +588,12 @@ def _dispatch(args, argv) -> int:
     except ImportError as e:
         # A missing optional extra: its message names the pip install to run.
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        # A full disk (ENOSPC) or a directory made unwritable while a command writes:
+        # one line naming the file; the run's lock is released on the way out.
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"error: {_kept(args, argv, where + (e.strerror or str(e)))}", file=sys.stderr)
         return 2
 
 

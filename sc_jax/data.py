@@ -291,12 +291,18 @@ def find_task_file(data_dir: str | os.PathLike, name: str) -> Path:
         (the message lists the names looked for).
     """
     root = Path(data_dir).expanduser()
+    if root.is_file():
+        raise ValueError(f"--data-dir {root} is a file, not a directory: give the directory "
+                         f"holding <task>.jsonl files, or the file itself with --data-file")
     if not root.is_dir():
         raise ValueError(f"data directory {root} does not exist")
-    for suffix in DATA_SUFFIXES:
-        path = root / f"{name}{suffix}"
-        if path.is_file():
-            return path
+    found = [root / f"{name}{suffix}" for suffix in DATA_SUFFIXES if (root / f"{name}{suffix}").is_file()]
+    if len(found) > 1:  # which one is meant is not ours to guess
+        raise ValueError(f"{root} holds {len(found)} files for task {name!r} "
+                         f"({', '.join(p.name for p in found)}): keep one, or name it with "
+                         f"--data-file {name}=FILE")
+    if found:
+        return found[0]
     raise ValueError(f"no data file for task {name!r} in {root}: looked for "
                      + ", ".join(f"{name}{x}" for x in DATA_SUFFIXES))
 
@@ -409,6 +415,9 @@ def _default_column(columns: Mapping[str, list], preferred: str, fallback: str) 
 
 
 def _read_file(path: Path, spec: TaskSpec) -> dict[str, list]:
+    if path.is_dir():
+        raise ValueError(f"data file {path} is a directory: give a file with --data-file, or the "
+                         "directory with --data-dir")
     if not path.is_file():
         raise ValueError(f"data file {path} does not exist")
     suffix = path.suffix.lower()
@@ -450,6 +459,9 @@ def _read_csv(path: Path, delimiter: str = ",") -> dict[str, list]:
             rows = list(reader)
         except csv.Error as exc:
             raise ValueError(f"{path}: not a readable CSV file ({exc})") from exc
+    twice = sorted({h for h in header if header.count(h) > 1})
+    if twice:  # the second column would extend the first: "400 texts but 800 labels"
+        raise ValueError(f"{path}: the header names column(s) {twice} more than once; rename them")
     columns: dict[str, list] = {h: [] for h in header}
     for r, row in enumerate(rows, start=2):
         if not row:
@@ -522,8 +534,16 @@ def _to_dataset(columns: Mapping[str, Sequence], spec: TaskSpec, text_column: st
     if bad_text:
         raise ValueError(f"{where}: {len(bad_text)} rows have no text in column {text_column!r} "
                          f"(rows {[i + 1 for i in bad_text[:5]]})")
+    # A JSON object, list or number in the text column would reach the prompts as its
+    # str(); the texts of a task are strings.
+    not_text = [i for i, t in enumerate(texts_raw) if not isinstance(t, str)]
+    if not_text:
+        i = not_text[0]
+        raise ValueError(f"{where}: {len(not_text)} rows hold something other than text in column "
+                         f"{text_column!r} (row {i + 1}: a {type(texts_raw[i]).__name__}, "
+                         f"{str(texts_raw[i])[:40]!r}); the texts must be strings")
     labels = _encode_labels(labels_raw, spec, where, label_column)
-    return Dataset(tuple(str(t) for t in texts_raw), labels, spec, source)
+    return Dataset(tuple(texts_raw), labels, spec, source)
 
 
 _INT = re.compile(r"[+-]?\d+")

@@ -31,12 +31,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import importlib.metadata as md
 import json
 import logging
+import math
 import os
 import platform
-import socket
 import sys
 import time
 import zipfile
@@ -56,6 +57,7 @@ from .hub import HubModelNotCachedError
 from .objective import log_odds
 from .prompts import build_pieces
 from .report import write_report
+from .runlock import run_lock
 from .schedule import MemoryPolicy, PlanError, weights_fit
 from .scoring import EngineStats, ScoringEngine, check_mode
 from .timing import CompileMeter, Parts
@@ -139,6 +141,16 @@ class RunConfig:
                              f"SC's sub-contexts grow with k), got {max(self.shots)}")
         if not self.seeds:
             raise ValueError("at least one seed is needed")
+        # A value given twice would be run (or reported) twice and counted as two:
+        # means and intervals "over 4 seeds" from 2.
+        for name, option, values in (("seeds", "--seed-list", self.seeds), ("methods", "--methods", self.methods),
+                                     ("shots", "--shots", self.shots), ("datasets", "--dataset", self.datasets)):
+            twice = sorted({v for v in values if list(values).count(v) > 1}, key=str)
+            if twice:
+                raise ValueError(f"{name} ({option}) list {', '.join(map(str, twice))} more than once "
+                                 f"in {list(values)}; give each once")
+        if min(self.seeds) < 0:
+            raise ValueError(f"seeds (--seed-list) must be 0 or more, got {min(self.seeds)}")
         # Each of these would run without a word and record a value it did not use
         # (m_cap 0 still draws one sub-context) or fail only after the scoring.
         for name, value in (("m_cap", self.m_cap), ("max_size", self.max_size),
@@ -149,10 +161,16 @@ class RunConfig:
                 raise ValueError(f"{name} (--{name.replace('_', '-')}) must be at least 1, got {value}")
         if self.test_size < 1:
             raise ValueError(f"test_size must be positive, got {self.test_size}")
-        if self.tau is not None and not -1.0 <= self.tau <= 1.0:
-            raise ValueError(f"tau must lie in [-1, 1], got {self.tau}")
-        if self.lambda_inv is not None and self.lambda_inv < 0:
-            raise ValueError(f"lambda_inv must be >= 0, got {self.lambda_inv}")
+        if self.tau is not None and not -1.0 <= self.tau < 1.0:
+            # tau = 1 admits b = 0 alone, which the smoothed cosine of the constraint
+            # (sc_jax.objective.COSINE_EPS) only approaches: every fit ended INFEASIBLE.
+            raise ValueError(f"tau (--tau) must lie in [-1, 1): at 1 the trust region admits "
+                             f"only b = 0, which its smoothed cosine never reaches (every fit "
+                             f"would end INFEASIBLE); use e.g. 0.9999, got {self.tau}")
+        # NaN passes any comparison that refuses by "<": it would be scored with, written
+        # into run_config.json and only then fail.
+        if self.lambda_inv is not None and not 0 <= self.lambda_inv < math.inf:
+            raise ValueError(f"lambda_inv (--lambda-inv) must be a finite number >= 0, got {self.lambda_inv}")
         if self.guard not in GUARDS:
             raise ValueError(f"guard must be one of {GUARDS}, got {self.guard!r}")
         if self.size_weighting not in ("uniform", "reference"):
@@ -160,6 +178,11 @@ class RunConfig:
         if not self.datasets:
             raise ValueError("at least one dataset is needed")
         known = set(self.datasets)
+        names = [name for name, _ in self.data_files]
+        for name in sorted({n for n in names if names.count(n) > 1}):
+            files = [f for n, f in self.data_files if n == name]
+            raise ValueError(f"--data-file gives {len(files)} files for {name!r} ({', '.join(files)}); "
+                             "give one per dataset")
         for name, _ in self.data_files:
             if name not in known:
                 raise ValueError(f"--data-file given for {name!r}, which is not among the datasets")
@@ -324,6 +347,18 @@ def _memory_check(config: RunConfig, model_config, policy: MemoryPolicy | None =
     return check
 
 
+def _warn_missing_test_classes(name: str, ds, split, seed: int) -> None:
+    """A test set without some class: macro-F1 averages every class's F1, and an absent
+    class's is 0, so no method can score above present / n. Said once, up front."""
+    present = np.unique(ds.labels[split.test_indices])
+    if len(present) < ds.n_classes:
+        missing = sorted(set(range(ds.n_classes)) - set(present.tolist()))
+        log.warning("%s: the test set (seed %d) holds no query of class(es) %s of %d, so "
+                    "macro-F1 is at most %.0f%% for every method; draw a larger --test-size "
+                    "or check the labels", name, seed, missing, ds.n_classes,
+                    100 * len(present) / ds.n_classes)
+
+
 def check_run(config: RunConfig, model_config, tokenizer, datasets: dict, *,
               policy: MemoryPolicy | None = None) -> list[dict]:
     """The whole run checked up front, with no weights and no forward pass: for every
@@ -355,6 +390,7 @@ def check_run(config: RunConfig, model_config, tokenizer, datasets: dict, *,
                 sj = seed_jobs(tokenizer, ds, split, config, k)
                 if seed == config.seeds[0]:
                     check_mode(config.mode, sj.pieces)
+                    _warn_missing_test_classes(name, ds, split, seed)
                 for tag, (ctx, pairs) in sj.jobs.items():
                     lengths = sj.pieces.prompt_lengths(ctx, pairs, config.mode)
                     r = int(lengths.argmax())
@@ -425,10 +461,20 @@ def scores_path(out_dir, dataset: str, k: int, seed: int) -> Path:
     return Path(out_dir) / "scores" / f"{dataset}-k{k}-seed{seed}.npz"
 
 
-def save_scores(path: Path, s: SeedScores) -> None:
+def config_tag(config_json: dict) -> str:
+    """A short hash of a run configuration as results.json holds it
+    (``RunConfig.to_json()`` through JSON): each score file carries its run's, so
+    refits never mix the scores of two configurations."""
+    return hashlib.sha256(json.dumps(config_json, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def save_scores(path: Path, s: SeedScores, tag: str | None = None) -> None:
     """Write one seed's :class:`SeedScores` (a few hundred KB) atomically: refits
-    (``sc-jax ablate``) read these, with no model and no forward pass."""
+    (``sc-jax ablate``) read these, with no model and no forward pass. ``tag``: the
+    run's :func:`config_tag`, stored beside the scores."""
     arrays = {"base": s.base, "cc": s.cc, "dc": s.dc, "y_test": s.y_test}
+    if tag is not None:
+        arrays["config"] = np.asarray(tag)
     for i, (lp, y, q) in s.surrogate.items():
         arrays.update({f"surrogate{i}_logp": lp, f"surrogate{i}_labels": y,
                        f"surrogate{i}_queries": q})
@@ -441,39 +487,62 @@ def save_scores(path: Path, s: SeedScores) -> None:
     tmp.replace(path)
 
 
-def load_scores(path: Path) -> SeedScores:
+def load_scores(path: Path, tag: str | None = None) -> SeedScores:
     """The :class:`SeedScores` written by :func:`save_scores`.
 
     Raises ValueError naming ``path`` for a truncated or foreign file (the score cache
-    still holds the scores: rerunning the run's command rewrites it)."""
-    try:
+    still holds the scores: rerunning the run's command rewrites it), or, given the
+    ``tag`` of the configuration expected, for a file saved by a run of another
+    configuration (files saved before tags existed carry none and are read as they are)."""
+    try:  # a damaged file: zipfile.BadZipFile (not an OSError), EOFError, ValueError, OSError
         with np.load(path) as z:
             a = {name: z[name] for name in z.files}
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError) as e:
+        raise ValueError(f"{path}: unreadable score file ({type(e).__name__}: {e}); rerun the "
+                         "same `sc-jax run` command to rewrite it from the score cache") from e
+    saved = str(a.pop("config")) if "config" in a else None
+    if tag is not None and saved is not None and saved != tag:
+        raise ValueError(f"{path} holds the scores of another configuration than the run's "
+                         f"results.json (a rerun with other settings stopped before it ended?): "
+                         "rerun the command of results.json with the same --out to rewrite them, "
+                         "or finish the other one")
+    try:
         sizes = sorted(int(name[len("test"):]) for name in a if name.startswith("test"))
         return SeedScores(
             base=a["base"], cc=a["cc"], dc=a["dc"], y_test=a["y_test"],
             surrogate={i: (a[f"surrogate{i}_logp"], a[f"surrogate{i}_labels"],
                            a[f"surrogate{i}_queries"]) for i in sizes},
             test={i: a[f"test{i}"] for i in sizes})
-    # A damaged file makes np.load raise zipfile.BadZipFile (not an OSError), EOFError,
-    # ValueError or OSError; a foreign archive lacks a key.
-    except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError) as e:
+    except (KeyError, ValueError) as e:  # a foreign archive: a key missing or misnamed
         raise ValueError(f"{path}: unreadable score file ({type(e).__name__}: {e}); rerun the "
                          "same `sc-jax run` command to rewrite it from the score cache") from e
 
 
-def make_out_dir(path) -> Path:
+def check_output_file(path, option: str) -> Path:
+    """A file a command will write at its end (``option`` names it in the message):
+    refused now, as a ValueError, when it is a directory, lies under a file, or its
+    directory cannot be created or written, so no work is lost to a bad path."""
+    out = Path(path)
+    if str(path) == "" or out.is_dir():
+        raise ValueError(f"{option} {str(path)!r} is a directory (or empty), not a file: name a file")
+    make_out_dir(out.parent, option)
+    return out
+
+
+def make_out_dir(path, option: str = "--out") -> Path:
     """Create the output directory ``path`` (and its parents) and return it; a
     ValueError naming ``path`` (``--out``) when it is a file, lies under a file, or
     cannot be created or written."""
+    if str(path) == "":  # Path("") is the current directory: a typo, not a choice
+        raise ValueError(f"{option} is empty: name a directory (e.g. {option} runs/default)")
     out = Path(path)
     if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is an existing file, not a directory: choose a directory")
+        raise ValueError(f"{option} {out} is an existing file, not a directory: choose a directory")
     parent = out
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
     if not parent.is_dir():
-        raise ValueError(f"--out {out} lies under {parent}, which is a file, not a directory")
+        raise ValueError(f"{option} {out} lies under {parent}, which is a file, not a directory")
     try:
         out.mkdir(parents=True, exist_ok=True)
         # A directory can exist and still refuse files (read-only mounts, permissions).
@@ -482,7 +551,7 @@ def make_out_dir(path) -> Path:
         probe.unlink()
     except OSError as e:
         where = f"{parent} does not accept new files" if parent != out else f"{out} is not writable"
-        raise ValueError(f"--out {out}: {where} ({e.strerror or e}); choose a writable "
+        raise ValueError(f"{option} {out}: {where} ({e.strerror or e}); choose a writable "
                          "directory") from e
     return out
 
@@ -572,7 +641,8 @@ def _score_seeds(model, engine, cache, ds, name: str, k: int, config: RunConfig,
         scores[seed] = score_seed(model, engine, cache, ds, split, config, k,
                                   label=label if progress else None)
         if is_writer():
-            save_scores(scores_path(out, name, k, seed), scores[seed])
+            save_scores(scores_path(out, name, k, seed), scores[seed],
+                        config_tag(json.loads(json.dumps(config.to_json()))))
         timings.append(_seed_timing(name, k, seed, time.perf_counter() - t, engine.stats))
         if progress:
             log.info("%s %s", label, _seed_line(timings[-1]))
@@ -680,56 +750,12 @@ def _fit_notes(params: list[dict]) -> list[str]:
     return notes
 
 
-LOCK_FILE = ".lock"
+#: What a run writes into --out besides run_config.json and results.json (and cache/).
+RUN_OUTPUTS = ("results.csv", "table.md", "f1_bars.png", "sc_params.png", "samples.jsonl",
+               "samples.jsonl.gz", "scores")
 RUN_CONFIG_FILE = "run_config.json"
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        return True
-    return True
-
-
-@contextlib.contextmanager
-def run_lock(out: Path):
-    """Hold ``out/.lock`` (created with O_EXCL, holding this process's pid and host)
-    while a run writes into ``out``; removed on exit, whatever the exit. A lock whose
-    process is gone (a run killed with SIGKILL) is stale and taken over. Raises
-    ValueError naming the pid when another live run holds ``out``."""
-    path = out / LOCK_FILE
-    me = f"{os.getpid()} {socket.gethostname()}"
-    for _ in range(3):
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            try:
-                pid_text, _, host = path.read_text().strip().partition(" ")
-                pid = int(pid_text)
-            except (OSError, ValueError):
-                pid, host = None, ""  # removed meanwhile, or half written: look again
-            # Another host's pid cannot be checked from here: treat it as alive.
-            if pid is not None and (host not in ("", socket.gethostname()) or _pid_alive(pid)):
-                raise ValueError(f"--out {out} is in use by another sc-jax run (pid {pid}"
-                                 f"{' on ' + host if host else ''}; lock file {path}): wait for "
-                                 "it to finish, or choose another --out") from None
-            if pid is not None:
-                log.info("%s: taking over the lock of pid %d, which no longer runs", out, pid)
-                path.unlink(missing_ok=True)
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(me + "\n")
-        break
-    else:
-        raise ValueError(f"--out {out}: could not take the lock file {path}; remove it if no "
-                         "sc-jax run is writing there")
-    try:
-        yield
-    finally:
-        path.unlink(missing_ok=True)
 
 
 # Methods that runs made before them lack in their run_config.json and
@@ -759,6 +785,14 @@ def _refuse_other_config(out: Path, config: RunConfig) -> None:
     """A ValueError when ``out`` holds (or was last started with) another run
     configuration: the tables, plots and scores/ would be replaced without a word."""
     new = json.loads(json.dumps(config.to_json()))  # tuples as JSON lists
+    if not any((out / name).exists() for name in (RUN_CONFIG_FILE, "results.json")):
+        # No run of ours was here: files by the names a run writes are someone else's.
+        theirs = sorted(name for name in RUN_OUTPUTS if (out / name).exists())
+        if theirs:
+            raise ValueError(f"--out {out} holds {', '.join(theirs)}, which this run would "
+                             "replace, and no sc-jax run wrote them (no run_config.json): rerun "
+                             "with --overwrite to replace them, or choose another --out")
+        return
     for name in (RUN_CONFIG_FILE, "results.json"):
         path = out / name
         if not path.exists():
@@ -797,7 +831,7 @@ def run_experiment(config: RunConfig, out_dir, *, progress: bool = True,
     out = Path(out_dir)
     with contextlib.ExitStack() as held:
         def prepare():
-            made = make_out_dir(out)
+            made = make_out_dir(out_dir)  # as given: Path("") would read as "."
             held.enter_context(run_lock(made))
             if not overwrite:
                 _refuse_other_config(made, config)

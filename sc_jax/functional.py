@@ -32,7 +32,7 @@ from sc_jax.objective import (Params, Problem, class_cosines, design_arrays, fla
                               params_from_flat, value)
 from sc_jax.objective import calibrated_log_probs as _log_probs
 from sc_jax.solvers import SolverOptions, Status
-from sc_jax.validation import check_lambda, check_problem, check_tau, valid_problem
+from sc_jax.validation import check_lambda, check_problem, check_setting_shape, check_tau, valid_problem
 
 Array = jax.Array
 
@@ -218,7 +218,9 @@ def _host_checks(features, labels, query_ids, mask, num_queries, lambda_inv, tau
     elif num_queries is None:
         raise ValueError("query_ids are traced: pass num_queries= (a static bound on the "
                          "query ids)")
-    for setting, check in ((lambda_inv, check_lambda), (tau, check_tau)):
+    for name, setting, check in (("lambda_inv", lambda_inv, check_lambda), ("tau", tau, check_tau)):
+        if setting is not None:
+            check_setting_shape(name, setting, tuple(np.shape(features))[:-2])
         concrete = _concrete(setting)
         if concrete is not None:
             check(concrete[0])

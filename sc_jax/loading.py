@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import logging
+import os
 from pathlib import Path
 
 import jax
@@ -29,10 +31,10 @@ from .config import ModelConfig, preset, PRESETS
 from .hub import hub_snapshot, parse_hub_id
 from .model import Decoder, KVCache, positions_from_valid
 from .named_models import MODELS, model_dir, resolve, tokenizer_file
-from .pypi import WheelFileError
+from .pypi import WheelFileError, cache_root, sha256_of
 from .multihost import put_global, to_host, writer_first
-from .sharding import (MODEL, axis_size, batch_sharded, kv_sharding, mesh_size, param_sharding, replicated,
-                       state_shardings)
+from .sharding import (MODEL, axis_size, batch_sharded, kv_sharding, make_mesh, mesh_size, param_sharding,
+                       parse_mesh, replicated, state_shardings)
 from .tokenizer import ByteTokenizer, Tokenizer
 
 log = logging.getLogger(__name__)
@@ -266,13 +268,20 @@ def load_model(source: str, *, dtype: str = "float32", mesh=None, seed: int = 0,
     cache entries.
 
     ``dtype``: "float32" or "bfloat16" (weights and activations; norms, softmax and
-    logits are float32). ``mesh``: a :func:`sc_jax.sharding.make_mesh` mesh; batches
-    are split over its ``data`` axis and weights over its ``model`` axis by the rules
-    of :mod:`sc_jax.sharding` (replicated when ``model`` is 1).
+    logits are float32). ``mesh``: a :func:`sc_jax.sharding.make_mesh` mesh, or its
+    text as ``sc-jax --mesh`` takes it (``"data=2,model=4"``, ``"8"``); batches are
+    split over its ``data`` axis and weights over its ``model`` axis by the rules of
+    :mod:`sc_jax.sharding` (replicated when ``model`` is 1).
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     jdtype = DTYPES[dtype]
+    if isinstance(mesh, (str, int)) and not isinstance(mesh, bool):
+        data, model = parse_mesh(mesh)
+        mesh = make_mesh(data, model=model)
+    elif mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
+        raise TypeError(f"mesh must be a jax.sharding.Mesh (sc_jax.sharding.make_mesh) or text "
+                        f"such as 'data=2,model=4', got {type(mesh).__name__}")
     sharding = (lambda name, shape: param_sharding(mesh, name, shape)) if mesh is not None else None
     if not isinstance(source, (str, Path)):
         raise TypeError(f"source must be a path or a string, got {type(source).__name__}")
@@ -416,20 +425,47 @@ def _hash(s: str) -> str:
     return hashlib.sha256(s.encode()).hexdigest()[:16]
 
 
+#: Where :func:`file_sha256` remembers each file's hash (under :func:`sc_jax.pypi.cache_root`).
+HASHES_FILE = "file_hashes.json"
+
+
+def file_sha256(path) -> str:
+    """The sha256 of the whole file at ``path``, remembered per file (absolute path,
+    size, modification time, inode) in ``cache_root()/file_hashes.json``, so a second
+    load of the same 15 GB checkpoint does not read it again, while a file rewritten
+    in place (same size, new content) is hashed anew."""
+    path = Path(path).resolve()
+    st = path.stat()
+    stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
+    store = cache_root() / HASHES_FILE
+    try:
+        known = json.loads(store.read_text())
+    except (OSError, ValueError):
+        known = {}
+    hit = known.get(str(path)) if isinstance(known, dict) else None
+    if isinstance(hit, dict) and hit.get("stamp") == stamp:
+        return hit["sha256"]
+    digest = sha256_of(path)
+    try:  # best effort: a read-only cache costs the next load a re-read, nothing else
+        known = known if isinstance(known, dict) else {}
+        known[str(path)] = {"stamp": stamp, "sha256": digest}
+        store.parent.mkdir(parents=True, exist_ok=True)
+        tmp = store.with_name(f"{HASHES_FILE}.{os.getpid()}")
+        tmp.write_text(json.dumps(known))
+        os.replace(tmp, store)
+    except OSError:
+        pass
+    return digest
+
+
 def _hash_file_identity(files, dtype) -> str:
-    """Cheap identity of a checkpoint: names, sizes and the first and last MiB of
-    every file, plus the dtype. Changing any weight file changes it (with
-    overwhelming probability) without hashing gigabytes."""
+    """Identity of a checkpoint (the score cache's key): the dtype and every file's
+    name and full-content sha256 (:func:`file_sha256`). Weights edited in place
+    (fine-tuned and re-saved, re-quantised, a sign flipped) change it even when the
+    sizes and the file ends do not."""
     h = hashlib.sha256(dtype.encode())
     for f in files:
-        f = Path(f)
-        size = f.stat().st_size
-        h.update(f"{f.name}:{size}".encode())
-        with open(f, "rb") as fh:
-            h.update(fh.read(1 << 20))
-            if size > 1 << 20:
-                fh.seek(max(size - (1 << 20), 0))
-                h.update(fh.read())
+        h.update(f"{Path(f).name}:{file_sha256(f)}".encode())
     return h.hexdigest()[:16]
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import time
 from typing import Any
 
@@ -558,6 +559,15 @@ def plan_run(run_config, *, device_memory: int | None = None, n_devices: int | N
     ``device_memory``, ``n_devices``, ``model_shards``: in place of the run's own
     ``device_memory``, ``mesh_devices`` and ``mesh_model``.
     """
+    # NaN, 0 or a negative here would print "about nan min" or divide by zero after the
+    # whole plan: refused first.
+    if not 0 < mfu <= 1:
+        raise ValueError(f"mfu (--mfu) is the fraction of the peak reached, in (0, 1], got {mfu}")
+    for option, value, unit in (("peak_flops (--peak-tflops)", peak_flops, 1e12),
+                                ("bandwidth (--bandwidth-gbs)", bandwidth, 1e9)):
+        if value is not None and not 0 < value < math.inf:
+            raise ValueError(f"{option} must be a positive number, got {value / unit:g}")
+    datasets = load_datasets(run_config)  # bad data files fail before the model is read
     config, tokenizer = load_config_and_tokenizer(run_config.model)
     dtype = DTYPES[run_config.dtype]
     peak_flops_given, bandwidth_given = peak_flops, bandwidth
@@ -601,7 +611,6 @@ def plan_run(run_config, *, device_memory: int | None = None, n_devices: int | N
                settings=[])
     if why:
         out["stand_in_inflation_missing"] = why
-    datasets = load_datasets(run_config)
     # The run's own up-front check, every seed: a prompt too long for the context
     # window is named (task, seed, row) before the memory plan would misread it.
     checked = {(c["dataset"], c["k"]): c

@@ -94,6 +94,12 @@ def results_problem(res) -> str | None:
                     return f"{what}[{j}][{key!r}] holds a value that is not a number"
             if what == "rows" and item["method"] not in METHOD_NAMES:
                 return f"rows[{j}] has an unknown method {item['method']!r}"
+            if what == "rows":
+                for key in ("accuracy", "macro_f1", "ece"):  # fractions, each in [0, 1]
+                    if not 0.0 <= item[key] <= 1.0:
+                        return f"rows[{j}][{key!r}] is {item[key]!r}, not a fraction in [0, 1]"
+    if not res["rows"]:
+        return "'rows' is empty: the run recorded no result"
     return None
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["check_lambda", "check_problem", "check_tau", "valid_problem"]
+__all__ = ["check_lambda", "check_problem", "check_setting_shape", "check_tau", "valid_problem"]
 
 
 def _at(where: str, index: tuple = ()) -> str:
@@ -46,6 +46,11 @@ def _check_shapes(features, labels, query_ids, at: str, batch_axes: bool) -> Non
             f"features{at} must be [N, n-1] log-odds against class 0 with n >= 2 classes"
             f"{' (leading batch axes allowed)' if batch_axes else ''}, got shape "
             f"{features.shape}")
+    if str(features.dtype) in ("float16", "bfloat16"):
+        # Half precision passed as numbers and then failed in LAPACK (float16), or read
+        # as "not real numbers" (bfloat16): the solvers work in float32 or float64.
+        raise ValueError(f"features{at} are {features.dtype}: cast them to float32 first "
+                         "(np.asarray(features, np.float32)); the solvers work in float32 or float64")
     if not np.issubdtype(features.dtype, np.number) or np.iscomplexobj(features):
         raise ValueError(f"features{at} must be real numbers, got dtype {features.dtype}")
     rows = features.shape[:-1]
@@ -141,11 +146,27 @@ def check_tau(tau) -> None:
                          f"got {tau}")
 
 
+#: Largest lambda_inv accepted: beyond it the penalty's weight overflows float32 in
+#: the solver (1e39 did, giving INVALID_INPUT and overflow warnings); the objective is
+#: long flat in lambda_inv well before it.
+LAMBDA_MAX = 1e30
+
+
+def check_setting_shape(name: str, value, batch: tuple) -> None:
+    """A setting (``lambda_inv``, ``tau``) of a batch of problems with leading axes
+    ``batch``: one number, or one per problem (shape ``batch``); its shape is static,
+    so this holds for traced values too."""
+    shape = tuple(np.shape(value))
+    if shape not in ((), tuple(batch)):
+        each = f" or one per problem (shape {list(batch)})" if batch else ""
+        raise ValueError(f"{name} must be one number{each}, got shape {list(shape)}")
+
+
 def check_lambda(lambda_inv) -> None:
-    """``lambda_inv`` (a scalar or an array): finite and >= 0."""
+    """``lambda_inv`` (a scalar or an array): finite, >= 0 and at most :data:`LAMBDA_MAX`."""
     lam = np.asarray(lambda_inv, float)
-    if not np.all(np.isfinite(lam) & (lam >= 0)):
-        raise ValueError(f"lambda_inv must be finite and >= 0, got {lambda_inv}")
+    if not np.all(np.isfinite(lam) & (lam >= 0) & (lam <= LAMBDA_MAX)):
+        raise ValueError(f"lambda_inv must be finite, >= 0 and at most {LAMBDA_MAX:g}, got {lambda_inv}")
 
 
 def valid_problem(features, labels, query_ids, mask, num_queries: int, lambda_inv, tau):
@@ -160,5 +181,5 @@ def valid_problem(features, labels, query_ids, mask, num_queries: int, lambda_in
     ok &= jnp.all(~real | ((query_ids >= 0) & (query_ids < num_queries)), axis=-1)
     for c in range(n):
         ok &= jnp.any(real & (labels == c), axis=-1)
-    ok &= jnp.isfinite(lambda_inv) & (lambda_inv >= 0)
+    ok &= jnp.isfinite(lambda_inv) & (lambda_inv >= 0) & (lambda_inv <= LAMBDA_MAX)
     return ok & jnp.isfinite(tau) & (tau >= -1) & (tau <= 1)

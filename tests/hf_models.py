@@ -81,17 +81,18 @@ def read_config(path: Path) -> dict:
     return json.loads((path / "config.json").read_text())
 
 
-def write_numpy_checkpoint(out: Path, *, seed: int = 0) -> Path:
+def write_numpy_checkpoint(out: Path, *, seed: int = 0, vocab_size: int | None = None) -> Path:
     """A random tiny llama Hugging Face directory written with NumPy and safetensors
     alone (no torch, so on every Python): config.json, model.safetensors and a
-    byte-level tokenizer.json. Returns ``out``."""
+    byte-level tokenizer.json. ``vocab_size``: rows of the embeddings (default the
+    tokenizer's; more makes a larger file). Returns ``out``."""
     import numpy as np
     from safetensors.numpy import save_file
 
     from sc_jax.checkpoint import key_map
     from sc_jax.config import ModelConfig
 
-    cfg = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": VOCAB,
+    cfg = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": vocab_size or VOCAB,
            "hidden_size": 60, "intermediate_size": 37, "num_hidden_layers": 2,
            "num_attention_heads": 6, "num_key_value_heads": 2, "max_position_embeddings": 256,
            "rms_norm_eps": 1e-5, "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False}

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -128,12 +132,56 @@ def test_an_unusable_out_is_one_line(tmp_path, capsys, monkeypatch, where, messa
     assert _one_error(capsys).startswith(message.format(out=out, file=file))
 
 
+@pytest.mark.parametrize("argv, message", [
+    # issue 55, case 3: duplicates counted twice ("over 4 seeds" from 2, duplicate rows)
+    (["run", "--seed-list", "2", "2", "2", "0"],
+     "seeds (--seed-list) list 2 more than once in [2, 2, 2, 0]; give each once"),
+    (["run", "--methods", "sc,sc"], "methods (--methods) list sc more than once in ['sc', 'sc']"),
+    # case 15: a negative seed named by its option
+    (["run", "--seed-list", "-1"], "seeds (--seed-list) must be 0 or more, got -1"),
+    # case 14: NaN and infinity passed the check, were scored and written, then failed
+    (["run", "--lambda-inv", "nan"], "lambda_inv (--lambda-inv) must be a finite number >= 0, got nan"),
+    (["run", "--lambda-inv", "inf"], "lambda_inv (--lambda-inv) must be a finite number >= 0, got inf"),
+    # case 6: every fit ended INFEASIBLE, though w = 1, b = 0 was meant
+    (["run", "--tau", "1"], "tau (--tau) must lie in [-1, 1): at 1 the trust region admits only b = 0"),
+    # case 7: an empty --out wrote into the current directory
+    (["run", "--out", ""], "--out is empty: name a directory"),
+    # cases 6 and 12: "about nan min", "-0.0 min", ZeroDivisionError
+    (["plan", "--mfu", "0"], "mfu (--mfu) is the fraction of the peak reached, in (0, 1], got 0.0"),
+    (["plan", "--mfu", "5"], "mfu (--mfu) is the fraction of the peak reached, in (0, 1], got 5.0"),
+    (["plan", "--mfu", "nan"], "mfu (--mfu) is the fraction of the peak reached, in (0, 1], got nan"),
+    (["plan", "--peak-tflops", "0"], "peak_flops (--peak-tflops) must be a positive number, got 0"),
+    (["plan", "--peak-tflops", "-1"], "peak_flops (--peak-tflops) must be a positive number, got -1"),
+    # case 12: IsADirectoryError after the whole plan
+    (["plan", "--json", "{tmp}"], "--json '{tmp}' is a directory (or empty), not a file"),
+    # case 4: "m=0" and "m=-1" rows
+    (["ablate", "{tmp}", "--m-values", "0"], "m_values (--m-values) are test-time sub-contexts"),
+    (["ablate", "{tmp}", "--m-values=-1"], "m_values (--m-values) are test-time sub-contexts"),
+    # case 15: exit 1, not 2
+    (["ablate", "{tmp}", "--lambda-inv", "foo"], "--lambda-inv takes numbers, 'run' or 'paper', got 'foo'"),
+])
+def test_bad_options_are_one_line_before_any_work(tmp_path, capsys, monkeypatch, argv, message):
+    """Each of these ran, or wrote, or computed a whole plan before failing or giving a
+    wrong answer (issue 55); now: exit 2, one line naming the option, no model loaded."""
+    monkeypatch.setattr("sc_jax.loading.load_model", lambda *a, **k: pytest.fail("loaded"))
+    monkeypatch.setattr("sc_jax.plan.load_config_and_tokenizer", lambda *a, **k: pytest.fail("planned"))
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    if argv[0] in ("run", "plan") and "--out" not in argv:
+        argv += ["--data-file", str(_data(tmp_path))] + TINY[:-1]
+        argv += ["--out", str(tmp_path / "run")] if argv[0] == "run" else []
+    assert cli.main(argv) == 2
+    assert _one_error(capsys).startswith("error: " + message.format(tmp=tmp_path))
+    assert not (tmp_path / "run" / "run_config.json").exists()
+
+
+_ROW = {"dataset": "rotten_tomatoes", "model": "random:tiny-llama", "shots": 4, "method": "base",
+        "seed": 0, "accuracy": 0.5, "macro_f1": 0.5, "ece": 0.1}
+
+
 def _results(tmp_path, **change):
     config = {"model": "random:tiny-llama", "datasets": ["rotten_tomatoes"], "shots": [4],
               "seeds": [0], "test_size": 8, "mode": "first_token", "solver": "augmented_lagrangian"}
-    row = {"dataset": "rotten_tomatoes", "model": "random:tiny-llama", "shots": 4, "method": "base",
-           "seed": 0, "accuracy": 0.5, "macro_f1": 0.5, "ece": 0.1}
-    data = {"config": config, "rows": [row], "params": [], **change}
+    data = {"config": config, "rows": [_ROW], "params": [], **change}
     (tmp_path / "results.json").write_text(json.dumps(data))
     return tmp_path
 
@@ -145,12 +193,43 @@ def _results(tmp_path, **change):
                 "accuracy": "0.5", "macro_f1": 0.5, "ece": 0.1}]},
      "rows[0]['accuracy'] is '0.5', not a number"),
     ({"rows": {"a": 1}}, "no 'config' object or no 'rows' list"),
+    # Values no run can record (issue 55, case 5): tabulated before without a word.
+    ({"rows": [_ROW | {"macro_f1": 5.0}]}, "rows[0]['macro_f1'] is 5.0, not a fraction in [0, 1]"),
+    ({"rows": [_ROW | {"accuracy": -3}]}, "rows[0]['accuracy'] is -3, not a fraction in [0, 1]"),
+    ({"rows": [_ROW | {"ece": float("nan")}]}, "rows[0]['ece'] is nan, not a fraction in [0, 1]"),
+    ({"rows": []}, "'rows' is empty: the run recorded no result"),
 ])
 def test_report_on_a_results_file_of_the_wrong_shape_is_one_line(tmp_path, capsys, change, problem):
     run = _results(tmp_path, **change)
     assert cli.main(["report", str(run)]) == 2
     assert _one_error(capsys) == (f"error: {run / 'results.json'} is not an sc_jax results file: "
                                   f"{problem}")
+
+
+def test_scores_of_two_configurations_are_never_mixed(tmp_path, capsys):
+    """Issue 55, case 2: after an --overwrite rerun with another --test-size was
+    interrupted, `ablate` read seed 0's scores from the new run and seed 1's from the
+    old one, under the old results.json. Each score file now carries its run's
+    configuration, and `ablate` and `report --log-samples` refuse a mixture by name."""
+    from sc_jax.experiment import SeedScores, config_tag, save_scores, scores_path
+
+    run = _results(tmp_path)
+    config = json.loads((run / "results.json").read_text())["config"]
+    config["seeds"] = [0, 1]
+    data = json.loads((run / "results.json").read_text())
+    (run / "results.json").write_text(json.dumps({**data, "config": config}))
+    logp = np.log(np.full((4, 2), 0.5))
+    scores = SeedScores(base=logp, cc=logp, dc=logp, y_test=np.array([0, 1, 0, 1]),
+                        surrogate={1: (logp, np.array([0, 1, 0, 1]), np.array([0, 1, 2, 3]))},
+                        test={1: logp[None]})
+    other = config_tag({**config, "test_size": 12})
+    save_scores(scores_path(run, "rotten_tomatoes", 4, 0), scores, other)  # the new run's
+    save_scores(scores_path(run, "rotten_tomatoes", 4, 1), scores, config_tag(config))
+    for argv in (["ablate", str(run)], ["report", str(run), "--log-samples"]):
+        assert cli.main(argv) == 2
+        assert _one_error(capsys).startswith(
+            f"error: {scores_path(run, 'rotten_tomatoes', 4, 0)} holds the scores of another "
+            "configuration than the run's results.json")
 
 
 def test_ablate_on_a_truncated_score_file_names_it(tmp_path, capsys):
@@ -173,6 +252,64 @@ def test_a_data_file_that_is_not_utf8_names_file_and_line(tmp_path, capsys):
     assert cli.main(["plan", "--no-xla", "--data-file", str(path)] + TINY) == 2
     assert _one_error(capsys) == (f"error: {path}, line 3, column 16: byte 0xe9 is not UTF-8 "
                                   "text; save the file as UTF-8")
+
+
+def _csv(path, header, rows=40):
+    path.write_text(header + "\n" + "".join(f"a fine film {j},{j % 2},{j % 2}\n" for j in range(rows)))
+    return path
+
+
+@pytest.mark.parametrize("case, message", [
+    # issue 55, case 6: a JSON object or a number in the text column went into prompts as str()
+    ("object", "{file}: 1 rows hold something other than text in column 'text' (row 3: a dict"),
+    ("number", "{file}: 1 rows hold something other than text in column 'text' (row 3: a int"),
+    # case 15: "400 texts but 800 labels", no file named
+    ("csv column twice", "{file}: the header names column(s) ['label'] more than once; rename them"),
+    # case 15: both said "does not exist"
+    ("data-file is a dir", "data file {dir} is a directory: give a file with --data-file"),
+    ("data-dir is a file", "--data-dir {file} is a file, not a directory"),
+    # case 15: the last of two silently won; the .jsonl silently won over the .csv
+    ("data-file twice", "--data-file gives 2 files for 'rotten_tomatoes'"),
+    ("jsonl and csv", "{dir} holds 2 files for task 'rotten_tomatoes' (rotten_tomatoes.jsonl, "
+                      "rotten_tomatoes.csv)"),
+])
+def test_data_that_is_not_what_it_seems_is_one_line(tmp_path, capsys, monkeypatch, case, message):
+    monkeypatch.setattr("sc_jax.plan.load_config_and_tokenizer", lambda *a, **k: pytest.fail("planned"))
+    d = tmp_path / "data"
+    d.mkdir()
+    file = _data(d, "rotten_tomatoes.jsonl")
+    data = ["--data-file", str(file)]
+    if case in ("object", "number"):
+        lines = file.read_text().splitlines()
+        lines[2] = json.dumps({"text": {"a": 1} if case == "object" else 7, "label": 0})
+        file.write_text("\n".join(lines) + "\n")
+    elif case == "csv column twice":
+        file = _csv(d / "rt.csv", "text,label,label")
+        data = ["--data-file", str(file)]
+    elif case == "data-file is a dir":
+        data = ["--data-file", str(d)]
+    elif case == "data-dir is a file":
+        data = ["--data-dir", str(file)]
+    elif case == "data-file twice":
+        data += ["--data-file", f"rotten_tomatoes={_data(tmp_path)}"]
+    elif case == "jsonl and csv":
+        _csv(d / "rotten_tomatoes.csv", "text,label,other")
+        data = ["--data-dir", str(d)]
+    assert cli.main(["plan", "--no-xla"] + data + TINY) == 2
+    assert _one_error(capsys).startswith("error: " + message.format(file=file, dir=d))
+
+
+def test_a_test_set_missing_a_class_is_said_up_front(tmp_path, capsys):
+    """Issue 55, case 6: a test set holding one class capped macro-F1 at 50% without a
+    word. The run's up-front check (here through `plan`) says so, naming the class."""
+    path = tmp_path / "rt.jsonl"
+    rows = [("a fine film", 0)] * 40 + [("a dull film", 1)] * 2  # class 1: the demonstrations'
+    path.write_text("".join(json.dumps({"text": f"{t} {j}", "label": y}) + "\n"
+                            for j, (t, y) in enumerate(rows)))
+    assert cli.main(["plan", "--no-xla", "--no-compile-time", "--data-file", str(path)] + TINY) == 0
+    err = capsys.readouterr().err
+    assert ("rotten_tomatoes: the test set (seed 0) holds no query of class(es) [1] of 2, so "
+            "macro-F1 is at most 50% for every method") in err
 
 
 def test_column_hint_names_options_that_exist(tmp_path, capsys):
@@ -225,6 +362,170 @@ def test_a_second_run_into_a_locked_out_is_refused_and_a_stale_lock_is_taken_ove
     # Its process is gone (as after SIGKILL): the lock is stale and taken over.
     assert cli.main(argv) == 2 and _one_error(capsys) == "error: stopped at the model"
     assert not (out / ".lock").exists()  # released on the way out
+
+
+# One of several runs started together over a stale lock (a process of its own, no
+# JAX): take the lock, note the holding in an O_EXCL marker, which fails if another
+# holds the lock too, let go. Prints held, twice or refused.
+_HOLD_LOCK = """
+import os, sys, time
+from pathlib import Path
+from sc_jax.runlock import run_lock
+out = Path(sys.argv[1])
+while not (out / "go").exists():
+    time.sleep(0.001)
+try:
+    with run_lock(out):
+        try:
+            fd = os.open(out / "holder", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            print("twice")
+            sys.exit()
+        time.sleep(0.05)
+        os.close(fd)
+        os.unlink(out / "holder")
+        print("held")
+except ValueError:
+    print("refused")
+"""
+
+
+def test_a_stale_lock_is_taken_over_by_one_run_only(tmp_path):
+    """Issue 55, case 8: runs started together over a dead process's lock both held it
+    (read, unlink, create with no guard: 11 of 40 tries). Now at most one holds it at a
+    time, whatever the interleaving; the others are refused or take it after."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    out = tmp_path / "run"
+    out.mkdir()
+    for _ in range(6):  # the code before took the lock twice in most rounds of six
+        (out / "go").unlink(missing_ok=True)
+        (out / ".lock").write_text(f"{dead.pid} {socket.gethostname()}\n")
+        procs = [subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(out)], stdout=subprocess.PIPE,
+                                  text=True) for _ in range(6)]
+        time.sleep(0.5)  # every one waiting at the start line
+        (out / "go").write_text("")
+        outcomes = [p.communicate(timeout=60)[0].strip() for p in procs]
+        assert "twice" not in outcomes and "held" in outcomes, outcomes
+
+
+def test_a_lock_the_disk_could_not_hold(tmp_path, capsys, monkeypatch):
+    """Issue 55, case 9: a full disk while the lock was written left a 0-byte .lock that
+    refused every later run. Now the failed write is one line and leaves no lock, and an
+    empty lock (from an older version, or a crash while writing) is taken over."""
+    _stop_at_the_model(monkeypatch)
+    out = tmp_path / "run"
+    out.mkdir()
+    argv = ["run", "--out", str(out), "--data-file", str(_data(tmp_path))] + TINY
+    real = Path.write_text
+
+    def full(self, *a, **k):
+        if self.name.startswith(".lock"):
+            raise OSError(28, "No space left on device", str(self))
+        return real(self, *a, **k)
+
+    with monkeypatch.context() as m:
+        m.setattr(Path, "write_text", full)
+        assert cli.main(argv) == 2
+    assert "could not write the lock file" in _one_error(capsys)
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".lock") and p.name != ".lock.guard"]
+    (out / ".lock").write_bytes(b"")
+    assert cli.main(argv) == 2 and _one_error(capsys) == "error: stopped at the model"
+    assert not (out / ".lock").exists()
+
+
+def test_a_full_disk_while_scoring_is_one_line_and_releases_the_lock(tmp_path, capsys, monkeypatch):
+    """Issue 55, case 10: ENOSPC while scores were written gave two chained tracebacks,
+    exit 1 and a lock left behind."""
+    from sc_jax import cache
+
+    def full(self, key, arr):
+        raise OSError(28, "No space left on device", str(self._path(key)))
+
+    monkeypatch.setattr(cache.ScoreCache, "put", full)
+    out = tmp_path / "run"
+    assert cli.main(["run", "--out", str(out), "--data-file", str(_data(tmp_path))] + TINY) == 2
+    line = _one_error(capsys)
+    assert "No space left on device" in line and "run the same command to resume" in line
+    assert not (out / ".lock").exists()
+
+
+def test_sigterm_is_handled_as_ctrl_c(tmp_path):
+    """Issue 55, case 10: SIGTERM ended a run with exit 143, no message and its lock
+    left behind. Now: the same one line as Ctrl-C, naming SIGTERM, and the lock released."""
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "sc_jax.cli", "run", "--out", str(out), "--data-file",
+            str(_data(tmp_path))] + TINY
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "SC_JAX_XLA_CACHE": ""})
+    deadline = time.time() + 120
+    while not (out / ".lock").exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert proc.returncode == 143 and "Traceback" not in err, err
+    assert len(lines) == 1 and lines[0].startswith("error: terminated (SIGTERM): the scores"), err
+    assert not (out / ".lock").exists()
+
+
+class _InterruptImport:
+    """A meta path finder that delivers Ctrl-C while sc_jax.cli imports: raised
+    (``swallow`` False), or raised and lost, as inside a gc callback (True)."""
+
+    def __init__(self, swallow: bool):
+        self.swallow = swallow
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "sc_jax.cli":
+            handler = signal.getsignal(signal.SIGINT)
+            if not self.swallow:
+                handler(signal.SIGINT, None)
+            try:
+                handler(signal.SIGINT, None)
+            except KeyboardInterrupt:
+                pass  # "Exception ignored in: <gc callback>"
+        return None
+
+
+@pytest.mark.parametrize("swallow", [False, True])
+def test_ctrl_c_while_starting_is_one_line(capsys, monkeypatch, swallow):
+    """Issue 55, case 11: Ctrl-C in the first second (imports) gave a traceback, or, lost
+    in JAX's gc callback, a run that finished with exit 0. The console script
+    (setup.cfg) is sc_jax.entry:main, which reports it as one line, exit 130."""
+    import configparser
+
+    from sc_jax import entry
+
+    cfg = configparser.ConfigParser()
+    cfg.read(Path(cli.__file__).parents[1] / "setup.cfg")
+    assert "sc-jax = sc_jax.entry:main" in cfg["options.entry_points"]["console_scripts"]
+    import sc_jax
+
+    before = signal.getsignal(signal.SIGINT)
+    monkeypatch.delitem(sys.modules, "sc_jax.cli")
+    monkeypatch.delattr(sc_jax, "cli")
+    monkeypatch.setattr(sys, "meta_path", [_InterruptImport(swallow)] + sys.meta_path)
+    assert entry.main(["info"]) == 130  # not run: `info` would list the models and exit 0
+    assert capsys.readouterr().err == "error: interrupted while starting: nothing was done\n"
+    assert signal.getsignal(signal.SIGINT) is before  # the handler of the process restored
+
+
+def test_an_out_holding_someone_elses_outputs_is_refused(tmp_path, capsys, monkeypatch):
+    """Issue 55, case 7: --out was refused only when it held run_config.json or
+    results.json; a user's own results.csv or table.md there was overwritten."""
+    _stop_at_the_model(monkeypatch)
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "table.md").write_text("my notes")
+    (out / "results.csv").write_text("my,numbers")
+    argv = ["run", "--out", str(out), "--data-file", str(_data(tmp_path))] + TINY
+    assert cli.main(argv) == 2
+    assert _one_error(capsys) == (f"error: --out {out} holds results.csv, table.md, which this run "
+                                  "would replace, and no sc-jax run wrote them (no run_config.json): "
+                                  "rerun with --overwrite to replace them, or choose another --out")
+    assert (out / "table.md").read_text() == "my notes"
+    assert cli.main(argv + ["--overwrite"]) == 2 and _one_error(capsys) == "error: stopped at the model"
 
 
 def test_a_rerun_with_another_configuration_is_refused_unless_overwrite(tmp_path, capsys,

@@ -111,7 +111,7 @@ def test_tsv_and_named_columns(tmp_path):
 
 def test_jsonl_and_json_list(tmp_path):
     records = [{"text": "good", "label": "positive"}, {"text": "bad", "label": 0},
-               {"text": 3.5, "label": 1.0}, {"text": "fine", "label": "1"}]
+               {"text": "3.5", "label": 1.0}, {"text": "fine", "label": "1"}]
     ds = load_task("rotten_tomatoes", data_file=write_jsonl(tmp_path / "d.jsonl", records))
     assert ds.texts == ("good", "bad", "3.5", "fine") and ds.labels.tolist() == [1, 0, 1, 1]
     (tmp_path / "d.json").write_text(json.dumps(records), encoding="utf-8")

@@ -158,6 +158,14 @@ def _bad_inputs(x, y, g):
         "a mask of other values": (dict(mask=np.full(len(y), 0.5)), "mask"),
         "tau = 2": (dict(tau=2.0), "tau must be"),
         "tau = NaN": (dict(tau=float("nan")), "tau must be"),
+        # Issue 55, case 13: float16 reached LAPACK (NotImplementedError), bfloat16 was
+        # "not real numbers", two lambda_inv for one problem failed inside JAX ("Cannot
+        # broadcast"), 1e39 overflowed float32 into INVALID_INPUT.
+        "float16 features": (dict(features=x.astype(np.float16)), "are float16: cast them to float32"),
+        "bfloat16 features": (dict(features=x.astype(jnp.bfloat16)), "are bfloat16: cast them to float32"),
+        "lambda_inv = 1e39": (dict(lambda_inv=1e39), r"at most 1e\+30"),
+        "two lambda_inv for one problem": (dict(lambda_inv=np.array([0.1, 0.2])),
+                                           "lambda_inv (must be one number|has 2 entries)"),
         "lambda_inv = -1": (dict(lambda_inv=-1.0), "lambda_inv"),
         "non-integer labels": (dict(labels=y + 0.5), "integers"),
     }

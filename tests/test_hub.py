@@ -92,6 +92,31 @@ def test_load_by_id_from_the_offline_cache(hub, checkpoints):
     assert config == model.config and tokenizer.encode("ab") == model.tokenizer.encode("ab")
 
 
+def test_weights_edited_in_place_change_the_identity(tmp_path, monkeypatch):
+    """Issue 55, case 1: the identity (the score cache's key) hashed names, sizes and
+    the first and last MiB of each file, so weights edited in place (same size: a sign
+    flipped in the middle) reused every cached score. Now it hashes the whole content,
+    remembered per file (size, modification time, inode) so a second load reads nothing."""
+    from safetensors.numpy import load_file, save_file
+
+    from sc_jax import loading
+
+    monkeypatch.setenv("SC_JAX_CACHE", str(tmp_path / "cache"))
+    path = write_numpy_checkpoint(tmp_path / "m", seed=0, vocab_size=12000)  # 5.8 MB
+    weights = path / "model.safetensors"
+    before = sc_jax.load_model(path)
+    tensors = load_file(str(weights))
+    tensors["lm_head.weight"][6000] *= -1  # 1.4 MB into the file: neither its first nor last MiB
+    size = weights.stat().st_size
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    assert weights.stat().st_size == size > 3 << 20
+    after = sc_jax.load_model(path)
+    assert after.identity != before.identity
+    assert not np.array_equal(after.last_logits([[5, 17, 300]]), before.last_logits([[5, 17, 300]]))
+    monkeypatch.setattr(loading, "sha256_of", lambda p: pytest.fail(f"read {p} again"))
+    assert sc_jax.load_model(path).identity == after.identity
+
+
 def test_revision_by_commit_by_ref_and_spelled_in_the_id(hub, checkpoints):
     old = sc_jax.load_model(checkpoints[0]).identity
     assert sc_jax.load_model(REPO, revision=OLD).source == _snapshot(hub, OLD)

@@ -31,6 +31,8 @@ ALLOWED_LOCAL = {
     "datasets": "optional extra [data]",
     "pyarrow": "optional extra [data]",
     "torch": "optional extra [test]",
+    "sc_jax.cli": "sc_jax.entry imports the command inside main, so that Ctrl-C during its "
+                  "imports is caught",
     "matplotlib": "plotting only",
 }
 

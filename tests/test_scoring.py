@@ -92,6 +92,22 @@ def test_attention_paths_agree_and_cudnn_falls_back(model, setup):
         ScoringEngine(model, attention="flash")
 
 
+def test_mesh_given_as_text(setup):
+    """load_model(mesh="data=2") is the mesh `sc-jax --mesh data=2` makes (it raised
+    AttributeError on the string: issue 55, case 13); any other object is refused."""
+    k, pieces = setup
+    ctx = all_contexts(k, 1)
+    pairs = surrogate_pairs(ctx, k)
+    one = sc_jax.load_model("random:tiny-llama", seed=1)
+    two = sc_jax.load_model("random:tiny-llama", seed=1, mesh="data=2")
+    assert two.n_devices == 2
+    a = ScoringEngine(one, progress=False).score(pieces, ctx, pairs)
+    b = ScoringEngine(two, progress=False).score(pieces, ctx, pairs)
+    assert np.abs(a - b).max() <= TOL
+    with pytest.raises(TypeError, match="mesh must be a jax.sharding.Mesh"):
+        sc_jax.load_model("random:tiny-llama", mesh=[2, 1])
+
+
 def test_test_time_contexts_all_queries(model, setup):
     """Test time: sampled sub-contexts, every test query under each of them."""
     k, pieces = setup
