@@ -84,8 +84,7 @@ class PackedMasks:
 def choose(platform: str, dtype) -> str:
     """The implementation for a backend and activation dtype: cuDNN's fused kernel on a
     GPU in 16-bit floats (its only dtypes), the block-sparse XLA path elsewhere (on a
-    CPU it scored the README's seed 1.2x faster than the dense one:
-    ``benchmarks/RESULTS.md``)."""
+    CPU too, where it is the faster: ``benchmarks/RESULTS.md``)."""
     if platform in ("gpu", "cuda") and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
         return "cudnn"
     return "blocked"

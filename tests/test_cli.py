@@ -398,7 +398,7 @@ def test_a_stale_lock_is_taken_over_by_one_run_only(tmp_path):
     dead.wait()
     out = tmp_path / "run"
     out.mkdir()
-    for _ in range(6):  # the code before took the lock twice in most rounds of six
+    for _ in range(6):  # an unguarded read-unlink-create takeover double-holds in most runs of six
         (out / "go").unlink(missing_ok=True)
         (out / ".lock").write_text(f"{dead.pid} {socket.gethostname()}\n")
         procs = [subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(out)], stdout=subprocess.PIPE,
