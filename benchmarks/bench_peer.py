@@ -209,10 +209,6 @@ def timed(fn, repeats: int) -> tuple[float, list[float], object]:
     return statistics.median(runs), runs, out
 
 
-def stats_of(stats) -> dict:
-    return {**dataclasses.asdict(stats), "attention": getattr(stats, "attention", None)}
-
-
 def table(res: dict) -> str:
     h = res["hf"]
     rows = [(f"engine ({e['attention']} attention)", e["first_s"], e["first_stats"]["compile_s"],
@@ -321,14 +317,14 @@ def main(argv=None) -> int:
         engine = ScoringEngine(model, attention=impl, progress=False)
         t = time.perf_counter()
         engine.score_jobs(pieces, jobs, mode)
-        first_s, first_stats = time.perf_counter() - t, stats_of(engine.stats)
+        first_s, first_stats = time.perf_counter() - t, dataclasses.asdict(engine.stats)
         eng_s, eng_runs, out = timed(lambda: engine.score_jobs(pieces, jobs, mode), args.repeats)
         say(f"engine ({engine.attention} attention): first run {first_s:.1f} s, runs {eng_runs}")
         eng_out = np.concatenate([out[t] for t in jobs])
         tokens = engine.stats.tokens
         engines[impl] = {
             "attention": engine.attention, "first_s": first_s, "steady_s": eng_s, "runs_s": eng_runs,
-            "tokens": tokens, "first_stats": first_stats, "stats": stats_of(engine.stats),
+            "tokens": tokens, "first_stats": first_stats, "stats": dataclasses.asdict(engine.stats),
             "tflops": token_flops * tokens / eng_s / 1e12,
             "mfu": token_flops * tokens / eng_s / peak["flops"],
             "speedup": hf_s / eng_s, "max_abs_diff": float(np.abs(eng_out - hf_out).max())}

@@ -521,11 +521,6 @@ def _kept(args, argv, what: str) -> str:
             f"run the same command to resume from them: {command}")
 
 
-def _interrupted(args, argv) -> str:
-    """The one line for Ctrl-C: what is kept and, for `run`, how to resume."""
-    return _kept(args, argv, "interrupted")
-
-
 #: Commands that run on several processes when launched so (:mod:`sc_jax.multihost`).
 MULTIPROCESS_COMMANDS = ("run", "plan")
 
@@ -563,7 +558,7 @@ def _report_signal(args, argv, signum) -> int:
     if signum == signal.SIGTERM:
         print(f"error: {_kept(args, argv, 'terminated (SIGTERM)')}", file=sys.stderr)
         return 143
-    print(f"error: {_interrupted(args, argv)}", file=sys.stderr)
+    print(f"error: {_kept(args, argv, 'interrupted')}", file=sys.stderr)
     return 130
 
 

@@ -43,9 +43,6 @@ import numpy as np
 
 #: Smallest cache length bucket (the root's stage reads an empty cache of this length).
 MIN_CACHE = 32
-#: Fixed cost of one call, in executed-token equivalents (launch, weight reads): it
-#: keeps the cost model from choosing many tiny calls.
-CALL_OVERHEAD_TOKENS = 128
 
 
 def round_up(x: int, m: int) -> int:
@@ -312,13 +309,11 @@ class CostModel:
     """FLOPs and memory traffic of a packed call, per part.
 
     FLOPs: ``token`` per executed token (2 x non-embedding parameters), ``key`` per
-    (token, scored key) (4 x L x H x Dh: q.k and p.v), and a fixed ``call`` cost.
-    Bytes: the dense work reads the weights once per call (``weights``) and moves
+    (token, scored key) (4 x L x H x Dh: q.k and p.v). Bytes: the dense work reads the weights once per call (``weights``) and moves
     ``act`` bytes of activations per executed token (each layer's hidden states, q, k,
     v, attention output and MLP gate, up and product, written and read once); the
     attention reads every scored key's K and V once per query block (``kv`` bytes per
-    key and layer) and moves :data:`SCORE_BYTES` per (token, head, scored key) of
-    scores and probabilities: XLA's paths write the float32 scores, read them for the
+    key and layer) and moves, per (token, head, scored key), scores and probabilities: XLA's paths write the float32 scores, read them for the
     maximum and again for the exponentials, and write and read the probabilities in the
     value dtype (12 + 2 x itemsize bytes); cuDNN's fused kernel keeps them on chip and
     reads only the mask's bias (itemsize bytes). Times follow from a :class:`Roofline`.
@@ -326,7 +321,6 @@ class CostModel:
 
     token: float
     key: float
-    call: float
     weights: float = 0.0
     act: float = 0.0
     kv: float = 0.0
@@ -342,15 +336,10 @@ class CostModel:
         token = 2.0 * (c.num_params() - embed)
         act = c.num_layers * e * (6 * c.hidden_size + 3 * c.intermediate_size
                                   + 2 * (c.num_heads + 2 * c.num_kv_heads) * c.head_dim)
-        return cls(token, 4.0 * c.num_layers * c.num_heads * c.head_dim, CALL_OVERHEAD_TOKENS * token,
+        return cls(token, 4.0 * c.num_layers * c.num_heads * c.head_dim,
                    weights=float((c.num_params() - embed) * e), act=float(act),
                    kv=2.0 * c.num_kv_heads * c.head_dim * e, itemsize=e, layers=c.num_layers,
                    heads=c.num_heads)
-
-    def call_flops(self, B: int, W: int, keys: int) -> float:
-        """One packed call: dense work of B x W tokens, attention over ``keys`` cached
-        and W packed keys per token (masked keys are computed too)."""
-        return B * W * (self.token + self.key * (keys + W)) + self.call
 
     def dense(self, B: int, W: int) -> tuple[float, float]:
         """(FLOPs, bytes) of a call's dense work: projections, MLP, norms."""

@@ -86,8 +86,7 @@ def replay(sched: Schedule, config, *, attention: str = "dense", platform: str =
     what the calls cost (:class:`CostModel`, activations of ``itemsize`` bytes, the
     packed calls' ``attention`` with ``platform``'s blocks): ``dense_flops``,
     ``dense_bytes``, ``attention_flops``, ``attention_bytes``, ``scored_keys`` (keys
-    scored per executed token, on average) and ``flops`` (their sum, without the
-    fixed per-call term, which models scheduling overhead, not FLOPs); per stage
+    scored per executed token, on average) and ``flops`` (their sum); per stage
     (:func:`stage_name`, in depth order) the same with ``segment_tokens`` /
     ``query_tokens`` (the unique tokens of each kind), the stage's slot length ``S``
     and slots per row ``m``."""
@@ -762,7 +761,6 @@ def _memory_lines(done: list[dict]) -> list[str]:
         sh = s["shape"]
         xla = ""
         if "xla_peak_bytes" in s:
-            p = s["xla_program"]
             xla = (f"; XLA {s['xla_peak_bytes'] / gib:.2f} GiB for the model program "
                    f"({s.get('xla_attention', 'dense')} attention) "
                    f"(planned {s['planned_peak_of_that_call'] / gib:.2f})")
