@@ -118,17 +118,17 @@ def section_scoring(args, keep) -> dict:
              a_and_b_extrapolated=True, peak_bytes_in_use=_peak_in_use())
     # The memory plan the engine made for the largest size (bench_case scores one size
     # per engine call, the largest last, on these prompts), against what the device saw.
-    from sc_jax.enumeration import all_contexts, surrogate_pairs
-    from sc_jax.plan import MemoryPolicy, engine_plan, replay
-    from sc_jax.prompts import TEMPLATES, build_pieces
+    from sc_jax.scoring.enumeration import all_contexts, surrogate_pairs
+    from sc_jax.experiment.costs import replay
+    from sc_jax.scoring.schedule import MemoryPolicy
+    from sc_jax.scoring.prompts import TEMPLATES, build_pieces
 
     demos = list(zip(bench_scoring.texts(np.random.default_rng(0), args.k, args.words),
                      [j % 2 for j in range(args.k)]))
     pieces = build_pieces(model.tokenizer, TEMPLATES["rotten_tomatoes"], demos, [t for t, _ in demos])
     ctx = all_contexts(args.k, min(args.score_max_size, args.k - 1))
     policy = MemoryPolicy.resolve(n_devices=model.n_devices, model_shards=model.model_shards)
-    planned = engine_plan(c, model.dtype, pieces, [(ctx, surrogate_pairs(ctx, args.k))], "first_token",
-                          policy=policy)
+    planned = policy.plan(c, model.dtype, pieces, [(ctx, surrogate_pairs(ctx, args.k))], "first_token")
     b, sh = planned.budgets, planned.schedule.shape
     r.update(planned_peak_bytes=b.peak_bytes, max_tokens_per_batch=b.max_tokens_per_batch,
              max_cache_tokens=b.max_cache_tokens, call_shape=dataclasses.asdict(sh),
@@ -152,7 +152,8 @@ def section_solvers(args, keep) -> list[dict]:
 
 
 def section_end_to_end(args, keep) -> dict:
-    from sc_jax.experiment import RunConfig, run_experiment
+    from sc_jax.experiment.config import RunConfig
+    from sc_jax.experiment.run import run_experiment
 
     rng = np.random.default_rng(1)
     with tempfile.TemporaryDirectory() as tmp:

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def problems(k):
     sys.path.insert(0, str(ROOT))
-    from sc_jax.synthetic import World  # noqa: PLC0415
+    from sc_jax.calibration.synthetic import World  # noqa: PLC0415
 
     sizes = tuple(range(1, min(5, k - 1) + 1))
     out = []
@@ -45,7 +45,7 @@ def problems(k):
 def child(kind, k):
     sys.path.insert(0, str(ROOT))
     t = time.perf_counter()
-    from sc_jax import calibrators  # noqa: PLC0415
+    from sc_jax.calibration import calibrators  # noqa: PLC0415
     from sc_jax.cli import enable_compilation_cache  # noqa: PLC0415
 
     probs = problems(k)

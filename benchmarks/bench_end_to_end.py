@@ -75,8 +75,8 @@ def _engine_rows(jobs, sample, engine_out):
 
 def _time_plain(model, pieces, sample):
     """Batch-1 JAX path on the sample, after one warm-up prompt per length bucket."""
-    from sc_jax.loading import bucket_length
-    from sc_jax.scoring import score_plain
+    from sc_jax.models.loading import bucket_length
+    from sc_jax.scoring.engine import score_plain
 
     warmed = set()
     for _, ctx, sp in sample:
@@ -104,13 +104,13 @@ def _time_torch(hf, pieces, sample):
 
 
 def run_case(model, ds, k, args, hf):
-    from sc_jax import scoring
-    from sc_jax.calibrators import DEFAULT_LAMBDA_INV, fit_batch, predict_proba
-    from sc_jax.data import split_protocol
-    from sc_jax.enumeration import default_m, sample_contexts, surrogate_contexts, surrogate_pairs
-    from sc_jax.metrics import accuracy, macro_f1
-    from sc_jax.prompts import build_pieces
-    from sc_jax.scoring import ScoringEngine, log_odds
+    from sc_jax.scoring import engine as scoring
+    from sc_jax.calibration.calibrators import DEFAULT_LAMBDA_INV, fit_batch, predict_proba
+    from sc_jax.experiment.data import split_protocol
+    from sc_jax.scoring.enumeration import default_m, sample_contexts, surrogate_contexts, surrogate_pairs
+    from sc_jax.experiment.metrics import accuracy, macro_f1
+    from sc_jax.scoring.prompts import build_pieces
+    from sc_jax import ScoringEngine, log_odds
 
     rng = np.random.default_rng(args.seed)
     split = split_protocol(ds, k=k, test_size=args.test_size, seed=args.seed)
@@ -257,7 +257,7 @@ def main(argv=None):
     import jax
 
     import sc_jax
-    from sc_jax.data import load_task
+    from sc_jax.experiment.data import load_task
 
     ds = load_task("rotten_tomatoes")
     model = sc_jax.load_model(args.model, dtype=args.dtype)

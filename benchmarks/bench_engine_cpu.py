@@ -7,7 +7,7 @@ Workload: the default model (``smollm2-135m``, float32, loaded as ``sc-jax run``
 it) and Rotten Tomatoes from ``--data-dir``, one seed, for each k of ``--shots``, with
 the README's main job settings (``--test-size 64 --m-cap 8``, the default budget of
 5000 surrogate pairs per size). The jobs are those of
-:func:`sc_jax.experiment.seed_jobs` (tags base, cc, dc, surrogate<i>, test<i>), built
+:func:`sc_jax.experiment.jobs.seed_jobs` (tags base, cc, dc, surrogate<i>, test<i>), built
 once with this checkout's package and given to both engines.
 
 Stages: "surrogate" (every surrogate<i> job), "test" (every test<i> job), "baselines"
@@ -64,10 +64,18 @@ def _package(path: str | None):
     return importlib.import_module(p.name)
 
 
-def _module(pkg, name: str):
-    # Not ``pkg.load_model``: the package's lazy top-level names import "sc_jax.<module>"
-    # by absolute name, which in the renamed copy is this checkout's module.
-    return importlib.import_module(f"{pkg.__name__}.{name}")
+def _module(pkg, *names: str):
+    """The first of ``names`` (``"scoring.prompts"``, then the flat layout's ``"prompts"``
+    of older copies) that ``pkg`` has. Not ``pkg.load_model``: the package's lazy
+    top-level names import "sc_jax.<module>" by absolute name, which in the renamed
+    copy is this checkout's module."""
+    for name in names:
+        try:
+            return importlib.import_module(f"{pkg.__name__}.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"{pkg.__name__}.{name}" and not f"{pkg.__name__}.{name}".startswith(f"{e.name}."):
+                raise
+    raise ModuleNotFoundError(f"{pkg.__name__} has none of {names}")
 
 
 def stage_jobs(jobs: dict, stage: str) -> dict:
@@ -96,10 +104,10 @@ class Engine:
 
     def __init__(self, name: str, pkg, source: str, dtype: str, max_tokens: int | None):
         self.name, self.package = name, pkg.__name__
-        self.prompts = _module(pkg, "prompts")
-        # As `sc-jax run` loads it (sc_jax.experiment._load_checked, no mesh).
-        self.model = _module(pkg, "loading").load_model(source, dtype=dtype)
-        self.engine = _module(pkg, "scoring").ScoringEngine(
+        self.prompts = _module(pkg, "scoring.prompts", "prompts")
+        # As `sc-jax run` loads it (sc_jax.experiment.run's loading, no mesh).
+        self.model = _module(pkg, "models.loading", "loading").load_model(source, dtype=dtype)
+        self.engine = _module(pkg, "scoring.engine", "scoring").ScoringEngine(
             self.model, max_tokens_per_batch=max_tokens, progress=False)
         self.batched = callable(getattr(self.engine, "score_jobs", None))
 
@@ -208,13 +216,13 @@ def main(argv=None):
     import jax
 
     after = _package(None)
-    experiment = _module(after, "experiment")
+    config_mod, jobs_mod = _module(after, "experiment.config"), _module(after, "experiment.jobs")
     extra = {} if args.budget is None else {"budget": args.budget}
-    config = experiment.RunConfig(model=args.model, dtype=args.dtype, datasets=(args.dataset,),
-                                  data_dir=args.data_dir, shots=tuple(args.shots),
-                                  seeds=(args.seed,), test_size=args.test_size,
-                                  m_cap=args.m_cap, **extra)
-    ds = experiment.load_datasets(config)[args.dataset]
+    config = config_mod.RunConfig(model=args.model, dtype=args.dtype, datasets=(args.dataset,),
+                                data_dir=args.data_dir, shots=tuple(args.shots),
+                                seeds=(args.seed,), test_size=args.test_size,
+                                m_cap=args.m_cap, **extra)
+    ds = jobs_mod.load_datasets(config)[args.dataset]
     mode = config.mode
 
     t = time.perf_counter()
@@ -230,11 +238,11 @@ def main(argv=None):
     window = engines[-1].model.config.max_position_embeddings
 
     # Every k's jobs, checked against the context window up front (as `sc-jax run`
-    # does, sc_jax.experiment.check_run), before anything is timed.
+    # does, sc_jax.experiment.jobs.check_run), before anything is timed.
     seeds, workload = {}, {}
     for k in args.shots:
-        sj = seeds[k] = experiment.seed_jobs(tokenizer, ds, experiment.draw_split(ds, config, k, args.seed),
-                                             config, k)
+        sj = seeds[k] = jobs_mod.seed_jobs(tokenizer, ds, jobs_mod.draw_split(ds, config, k, args.seed),
+                                           config, k)
         longest = {t: int(sj.pieces.prompt_lengths(c, p, mode).max()) for t, (c, p) in sj.jobs.items()}
         workload[k] = {"n_test": sj.n_test, "m": sj.m,
                        "jobs": {t: {"contexts": list(c.shape), "pairs": len(p), "longest_prompt": longest[t]}

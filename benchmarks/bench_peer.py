@@ -2,7 +2,7 @@
 prompts, the same model configuration and the same weights.
 
 Workload: Algorithm 1's surrogate prompts of one seed as ``sc-jax run`` builds them
-(:func:`sc_jax.experiment.seed_jobs`, the ``surrogate<i>`` jobs): k = 8 demonstrations of
+(:func:`sc_jax.experiment.jobs.seed_jobs`, the ``surrogate<i>`` jobs): k = 8 demonstrations of
 Rotten Tomatoes (``--data-dir``), every ordered sub-context of sizes 1..4 of the others,
 the held-out demonstration as the query (seed 0: 8,792 prompts, 1.23 M prompt tokens
 with Qwen2's tokenizer; ``--budget`` samples as ``sc-jax run --budget`` does),
@@ -11,10 +11,10 @@ tokenizer).
 
 * Engine: ``ScoringEngine.score_jobs`` of every size in one call; a first (compiling)
   run, then the median of ``--repeats`` runs; ``engine.stats`` of both; once per
-  attention implementation of ``--attention`` (:mod:`sc_jax.attention`; default the
+  attention implementation of ``--attention`` (:mod:`sc_jax.models.attention`; default the
   engine's own choice).
 * HF: ``AutoModelForCausalLM`` built from the same config.json, its weights the JAX
-  model's (each tensor of :func:`sc_jax.checkpoint.key_map` inverted, and checked against
+  model's (each tensor of :func:`sc_jax.models.checkpoint.key_map` inverted, and checked against
   key_map's own conversion), scored the way a careful user batches: prompts sorted by
   length, left-padded batches of at most ``--hf-batch-tokens`` padded tokens, sdpa
   attention, position ids from the mask, only the last position's logits, no KV cache,
@@ -25,7 +25,7 @@ tokenizer).
 * FLOPs: 2 x non-embedding parameters per token (``CostModel.of(config).token``; attention
   not counted), on the engine's unique tokens and on HF's prompt tokens; "equivalent" is
   HF's prompt tokens over the engine's time. MFU against one peak: ``--peak-tflops``, else
-  a JAX matmul measured here (:func:`sc_jax.plan.measured_matmul_flops`: bf16 8192^3, 10
+  a JAX matmul measured here (:func:`sc_jax.experiment.costs.measured_matmul_flops`: bf16 8192^3, 10
   back to back, on a GPU); torch's matmul, measured the same way, is recorded beside it.
 
 HF runs before the engine: JAX's allocator keeps what it takes, torch's gives it back
@@ -89,7 +89,8 @@ def say(msg: str) -> None:
 
 def workload(tokenizer, args, data_file: Path | None):
     """(pieces, surrogate jobs, mode) of one seed, as ``sc-jax run`` builds them."""
-    from sc_jax.experiment import RunConfig, draw_split, load_datasets, seed_jobs
+    from sc_jax.experiment.config import RunConfig
+    from sc_jax.experiment.jobs import draw_split, load_datasets, seed_jobs
 
     config = RunConfig(model=args.model, dtype=args.dtype, shots=(args.k,), seeds=(args.seed,),
                        data_dir=args.data_dir, test_size=args.test_size, max_size=args.max_size,
@@ -101,7 +102,7 @@ def workload(tokenizer, args, data_file: Path | None):
 
 
 def torch_matmul_flops(dtype, device: str, repeats: int = 5) -> float:
-    """:func:`sc_jax.plan.measured_matmul_flops` in torch: the best over sizes of the median
+    """:func:`sc_jax.experiment.costs.measured_matmul_flops` in torch: the best over sizes of the median
     of ``repeats`` timings (CPU: one 1024-square product; GPU: 4096 and 8192, 10 back to back)."""
     import torch
 
@@ -130,9 +131,9 @@ def hf_model(model, device: str, dtype):
     import torch
     import transformers
 
-    from sc_jax.checkpoint import key_map
-    from sc_jax.config import ModelConfig, preset_hf_config
-    from sc_jax.model import LAYER_PARAMS
+    from sc_jax.models.checkpoint import key_map
+    from sc_jax.models.config import ModelConfig, preset_hf_config
+    from sc_jax.models.model import LAYER_PARAMS
 
     src = model.source
     cfg = dict(preset_hf_config(src.split(":", 1)[1]) if src.startswith("random:")
@@ -248,7 +249,7 @@ def main(argv=None) -> int:
                     help="folder holding rotten_tomatoes.jsonl (not used by --smoke)")
     ap.add_argument("--attention", nargs="+", default=["auto"],
                     choices=("auto", "dense", "blocked", "cudnn"),
-                    help="the engine's attention (sc_jax.attention), each timed in turn; the "
+                    help="the engine's attention (sc_jax.models.attention), each timed in turn; the "
                          "first is the engine of the headline figures (default: auto)")
     ap.add_argument("--repeats", type=int, help="timed runs of each side (default 2)")
     ap.add_argument("--hf-batch-tokens", type=int, help="padded tokens per HF batch (default 32768)")
@@ -272,9 +273,9 @@ def main(argv=None) -> int:
     import jax.numpy as jnp
 
     import sc_jax
-    from sc_jax.packing import CostModel
-    from sc_jax.plan import measured_matmul_flops
-    from sc_jax.scoring import ScoringEngine
+    from sc_jax.scoring.packing import CostModel
+    from sc_jax.experiment.costs import measured_matmul_flops
+    from sc_jax.scoring.engine import ScoringEngine
 
     device = "cuda" if jax.default_backend() == "gpu" else "cpu"
     if device == "cuda" and not torch.cuda.is_available():

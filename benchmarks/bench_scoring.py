@@ -44,8 +44,8 @@ def texts(rng, n, words):
 def matmul_peak(dtype) -> float:
     """Measured FLOP/s of a large matrix product on the default device (2048-square on
     a CPU; on an accelerator, sizes and back-to-back products large enough that the
-    time is the arithmetic's, not the dispatch's: ``plan.measured_matmul_flops``)."""
-    from sc_jax.plan import measured_matmul_flops
+    time is the arithmetic's, not the dispatch's: ``costs.measured_matmul_flops``)."""
+    from sc_jax.experiment.costs import measured_matmul_flops
 
     return measured_matmul_flops(dtype, n=2048)
 
@@ -67,9 +67,9 @@ def bench_case(model, k, words, sample_a, sample_b, repeats, seed, use_torch, hf
     prompts, extrapolated per prompt). ``on_phase(name, res)``, if given, is called
     after each phase with the numbers so far, so a caller can report progress and keep
     them if a later phase does not finish."""
-    from sc_jax.enumeration import all_contexts, surrogate_pairs
-    from sc_jax.prompts import TEMPLATES, build_pieces
-    from sc_jax.scoring import ScoringEngine, score_flat, score_plain
+    from sc_jax.scoring.enumeration import all_contexts, surrogate_pairs
+    from sc_jax.scoring.prompts import TEMPLATES, build_pieces
+    from sc_jax.scoring.engine import ScoringEngine, score_flat, score_plain
 
     rng = np.random.default_rng(seed)
     demos = list(zip(texts(rng, k, words), [j % 2 for j in range(k)]))

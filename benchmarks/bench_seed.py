@@ -19,7 +19,7 @@ On a bare GPU machine (the device tool's image: jax with CUDA, flax, optax, tran
 it needs three things the image lacks; ``--prepare DIR`` gathers them here (with
 network) into an ignored folder of the checkout to carry:
   * the jaxopt and gguf wheels for Python 3.12 (``DIR/wheels``);
-  * Qwen2's tokenizer.json (11 MB; ``sc_jax.named_models.tokenizer_file("qwen2.5-0.5b")``),
+  * Qwen2's tokenizer.json (11 MB; ``sc_jax.models.named_models.tokenizer_file("qwen2.5-0.5b")``),
     laid out as the cache folder the preset looks in (``DIR/sc_jax_cache``);
   * ``rotten_tomatoes.jsonl`` from ``--data-dir`` (``DIR/datasets``).
 Then, there, one device command runs both phases (an H100 about a few minutes):
@@ -93,7 +93,7 @@ def prepare(folder: Path, data_dir: str) -> None:
         raise SystemExit(2)
 
     sys.path.insert(0, str(ROOT))
-    from sc_jax.named_models import tokenizer_file  # noqa: PLC0415
+    from sc_jax.models.named_models import tokenizer_file  # noqa: PLC0415
 
     subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
                     "--python-version", "3.12", "--implementation", "cp", "--platform",

@@ -32,7 +32,7 @@ Rows are written to the JSON as they finish, so an interrupted run keeps them.
 Then an ablation on synthetic data with a known truth: lambda_inv in {0, 0.1, 1, 10}
 x trust region on (Appendix A tau) / off (tau = -1), mean test accuracy and macro-F1
 of the full SC ensemble (Algorithm 2) over several worlds and seeds; it informs
-``sc_jax.calibrators.DEFAULT_LAMBDA_INV``. All its fits go in one compiled call.
+``sc_jax.calibration.calibrators.DEFAULT_LAMBDA_INV``. All its fits go in one compiled call.
 
 The data are synthetic, generated from a hidden model (class-conditional Gaussians
 whose true log-odds are affine; the "LLM" reports them rescaled per class, shifted by
@@ -60,11 +60,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from sc_jax import calibrators, metrics, solvers  # noqa: E402
-from sc_jax.solvers import reference  # noqa: E402
-from sc_jax.enumeration import default_m  # noqa: E402
-from sc_jax.objective import Problem  # noqa: E402
-from sc_jax.synthetic import World  # noqa: E402
+from sc_jax.calibration import calibrators
+
+from sc_jax.experiment import metrics
+
+from sc_jax.calibration import solvers  # noqa: E402
+from sc_jax.calibration.solvers import reference  # noqa: E402
+from sc_jax.scoring.enumeration import default_m  # noqa: E402
+from sc_jax.calibration.objective import Problem  # noqa: E402
+from sc_jax.calibration.synthetic import World  # noqa: E402
 import _results  # noqa: E402
 
 SIZES = (1, 2, 3, 4, 5)

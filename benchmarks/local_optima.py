@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from sc_jax import solvers  # noqa: E402
-from sc_jax.synthetic import solver_instance  # noqa: E402
+from sc_jax.calibration import solvers  # noqa: E402
+from sc_jax.calibration.synthetic import solver_instance  # noqa: E402
 from bench_solver import _sp_problem  # noqa: E402
 import _results  # noqa: E402
 

@@ -33,8 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from sc_jax import calibrators, solvers  # noqa: E402
-from sc_jax.ablation import _load_run, surrogate_problems  # noqa: E402
+from sc_jax.calibration import calibrators
+
+from sc_jax.calibration import solvers  # noqa: E402
+from sc_jax.experiment.ablation import _load_run, surrogate_problems  # noqa: E402
 from sweep_solver import GAP32, GAP64  # noqa: E402
 from bench_solver import _sp_problem  # noqa: E402
 import _results  # noqa: E402

@@ -1,7 +1,7 @@
 """Randomised parity and robustness sweep of the JAX solvers against SciPy.
 
 Draws ``--per-family`` instances of every family of
-:func:`sc_jax.synthetic.solver_instance` (informative, partly flipped, apex =
+:func:`sc_jax.calibration.synthetic.solver_instance` (informative, partly flipped, apex =
 uninformative with strong invariance, near-separable, tight tau at K = 5 and 6, no
 trust region, strong invariance at n = 2, near the apex, multi-class with lambda_inv
 10; lambda_inv in {0, 0.1, 0.5, 1, 10}; N from 12 to 20,160 rows) and solves each
@@ -49,9 +49,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from sc_jax import calibrators, solvers  # noqa: E402
-from sc_jax.objective import Params, objective  # noqa: E402
-from sc_jax.synthetic import FAMILIES, solver_instance  # noqa: E402
+from sc_jax.calibration import calibrators
+
+from sc_jax.calibration import solvers  # noqa: E402
+from sc_jax.calibration.objective import Params, objective  # noqa: E402
+from sc_jax.calibration.synthetic import FAMILIES, solver_instance  # noqa: E402
 from bench_solver import _sp_problem  # noqa: E402  (NumPy float64 Problem, ids 0..G-1)
 import _results  # noqa: E402
 

@@ -17,16 +17,24 @@ logging.getLogger("sc_jax").addHandler(logging.NullHandler())
 
 # name -> submodule that defines it
 _LAZY = {
-    "load_model": "sc_jax.loading",
-    "LoadedModel": "sc_jax.loading",
-    "ModelConfig": "sc_jax.config",
-    "Decoder": "sc_jax.model",
-    "make_mesh": "sc_jax.sharding",
-    "calibrate": "sc_jax.functional",
-    "Calibration": "sc_jax.functional",
-    "calibrated_log_probs": "sc_jax.functional",
-    "ensemble_proba": "sc_jax.functional",
-    "tau_schedule": "sc_jax.functional",
+    "load_model": "sc_jax.models.loading",
+    "LoadedModel": "sc_jax.models.loading",
+    "ModelConfig": "sc_jax.models.config",
+    "Decoder": "sc_jax.models.model",
+    "make_mesh": "sc_jax.runtime.sharding",
+    "calibrate": "sc_jax.calibration.functional",
+    "Calibration": "sc_jax.calibration.functional",
+    "calibrated_log_probs": "sc_jax.calibration.functional",
+    "ensemble_proba": "sc_jax.calibration.functional",
+    "tau_schedule": "sc_jax.calibration.functional",
+    "log_odds": "sc_jax.calibration.objective",
+    "fit": "sc_jax.calibration.calibrators",
+    "fit_batch": "sc_jax.calibration.calibrators",
+    "predict_proba": "sc_jax.calibration.calibrators",
+    "FitResult": "sc_jax.calibration.calibrators",
+    "ScoringEngine": "sc_jax.scoring.engine",
+    "RunConfig": "sc_jax.experiment.config",
+    "run_experiment": "sc_jax.experiment.run",
 }
 
 

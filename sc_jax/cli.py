@@ -1,13 +1,13 @@
 """``sc-jax``: the command line, a thin layer over the Python API.
 
   sc-jax run --model default --dataset rotten_tomatoes --shots 4 8 --seeds 5 --out DIR
-      The paper's experiment (sc_jax.experiment.run_experiment): writes results.json,
+      The paper's experiment (sc_jax.experiment.run.run_experiment): writes results.json,
       results.csv, table.md and plots into DIR; resumes from DIR/cache if interrupted.
   sc-jax plan --model random:llama-2-7b --dtype bfloat16 --shots 8 --device-memory 80GiB ...
       Dry run of `run` (same options): pairs, unique, executed and flat tokens, FLOPs,
       chunks, calls and their shape, distinct programs and their compile seconds on this
       machine, planned and XLA peak memory, a forward-time estimate. No weights are
-      read and nothing is scored (sc_jax.plan.plan_run).
+      read and nothing is scored (sc_jax.experiment.plan.plan_run).
   sc-jax report DIR
       Rebuild the tables and plots from DIR/results.json without a model.
   sc-jax demo [--model default] [--k 4] [--seed 0]
@@ -21,7 +21,7 @@
 
 MODEL (--model) is a named model, a Hugging Face model directory, a .gguf file,
 random:<preset>, or a Hugging Face id, org/name or org/name@REVISION (a branch, tag or
-commit hash), read from the local hub cache (sc_jax.loading.load_model).
+commit hash), read from the local hub cache (sc_jax.models.loading.load_model).
 """
 
 from __future__ import annotations
@@ -44,22 +44,25 @@ import jax
 import numpy as np
 
 from sc_jax import __version__
-from sc_jax.ablation import ablate, diagnose, regenerate_samples, write_ablation
-from sc_jax.calibrators import GUARDS
-from sc_jax.data import DEFAULT_TEST_SEED, TASKS, DataUnavailableError
-from sc_jax.enumeration import all_contexts, surrogate_pairs
-from sc_jax.experiment import METHODS, RunConfig, check_output_file, run_experiment
-from sc_jax.hub import cached_models_lines
-from sc_jax.loading import load_model
-from sc_jax.named_models import MODELS
-from sc_jax.objective import log_odds
-from sc_jax.plan import ACCELERATOR_PEAK_FLOPS, plan_run, plan_table
-from sc_jax.prompts import TEMPLATES, build_pieces
-from sc_jax.pypi import WheelFileError
-from sc_jax.report import load_results, write_report
-from sc_jax.scoring import ScoringEngine
-from sc_jax.multihost import initialize_distributed, is_writer
-from sc_jax.sharding import parse_mesh
+from sc_jax.calibration.calibrators import GUARDS
+from sc_jax.calibration.objective import log_odds
+from sc_jax.experiment.ablation import ablate, diagnose, regenerate_samples, write_ablation
+from sc_jax.experiment.config import METHODS, RunConfig
+from sc_jax.experiment.costs import ACCELERATOR_PEAK_FLOPS
+from sc_jax.experiment.data import DEFAULT_TEST_SEED, TASKS, DataUnavailableError
+from sc_jax.experiment.plan import plan_run, plan_table
+from sc_jax.experiment.report import load_results, write_report
+from sc_jax.experiment.run import run_experiment
+from sc_jax.experiment.store import check_output_file
+from sc_jax.models.hub import cached_models_lines
+from sc_jax.models.loading import load_model
+from sc_jax.models.named_models import MODELS
+from sc_jax.runtime.multihost import initialize_distributed, is_writer
+from sc_jax.runtime.pypi import WheelFileError
+from sc_jax.runtime.sharding import parse_mesh
+from sc_jax.scoring.engine import ScoringEngine
+from sc_jax.scoring.enumeration import all_contexts, surrogate_pairs
+from sc_jax.scoring.prompts import TEMPLATES, build_pieces
 
 # A tiny labelled set for the demonstration (0 = negative, 1 = positive). Written
 # for this demo; the experiment pipeline uses real datasets.
@@ -281,7 +284,7 @@ def _add_run_options(r) -> None:
     r.add_argument("--model", default="default",
                    help=_MODEL_HELP)
     r.add_argument("--dataset", nargs="+", default=["rotten_tomatoes"],
-                   help="task names (sc_jax.data.TASKS), or 'all' for the nine; "
+                   help="task names (sc_jax.experiment.data.TASKS), or 'all' for the nine; "
                         "rotten_tomatoes works offline")
     r.add_argument("--data-file", action="append", default=[],
                    help="local CSV/JSONL/Parquet for a dataset: FILE (first dataset) or NAME=FILE")
@@ -315,8 +318,8 @@ def _add_run_options(r) -> None:
     r.add_argument("--guard", default="bias_only", choices=list(GUARDS),
                    help="none: SC as the paper fits it; bias_only: SC* (w = 1, with the trust "
                         "region) for a size whose surrogate data the LLM scores below chance (a "
-                        "deviation from the paper, chosen on development tasks; README, 'Real "
-                        "data'); bias_only_free: the same with SC* unconstrained (tau = -1; "
+                        "deviation from the paper, chosen on development tasks; "
+                        "benchmarks/real_eval/README.md); bias_only_free: the same with SC* unconstrained (tau = -1; "
                         "the same as bias_only unless --tau is fixed: the schedule gives "
                         "tau = -1 below chance)")
     r.add_argument("--solver", default="augmented_lagrangian",
@@ -521,7 +524,7 @@ def _kept(args, argv, what: str) -> str:
             f"run the same command to resume from them: {command}")
 
 
-#: Commands that run on several processes when launched so (:mod:`sc_jax.multihost`).
+#: Commands that run on several processes when launched so (:mod:`sc_jax.runtime.multihost`).
 MULTIPROCESS_COMMANDS = ("run", "plan")
 
 

@@ -89,8 +89,8 @@ def write_numpy_checkpoint(out: Path, *, seed: int = 0, vocab_size: int | None =
     import numpy as np
     from safetensors.numpy import save_file
 
-    from sc_jax.checkpoint import key_map
-    from sc_jax.config import ModelConfig
+    from sc_jax.models.checkpoint import key_map
+    from sc_jax.models.config import ModelConfig
 
     cfg = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": vocab_size or VOCAB,
            "hidden_size": 60, "intermediate_size": 37, "num_hidden_layers": 2,

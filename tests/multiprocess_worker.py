@@ -1,5 +1,5 @@
 """One process of the multi-process engine test (tests/test_multiprocess.py), started
-by ``python -m sc_jax.launch``: label log-probs of tiny-llama-8h (8 heads, 4 key/value
+by ``python -m sc_jax.runtime.launch``: label log-probs of tiny-llama-8h (8 heads, 4 key/value
 heads) from the prefix-shared engine and the flat path on meshes that span every
 process's devices, written to ``<out>/p<process>.npz``. :func:`problem` is also what
 the test scores in one process."""
@@ -17,8 +17,8 @@ MODEL, SEED = "random:tiny-llama-8h", 3
 def problem(tokenizer):
     """(pieces, contexts, pairs): k = 3 demonstrations, every ordered pair of them as
     a context, the held-out demonstrations and two test queries as queries."""
-    from sc_jax.enumeration import all_contexts, surrogate_pairs
-    from sc_jax.prompts import Template, build_pieces
+    from sc_jax.scoring.enumeration import all_contexts, surrogate_pairs
+    from sc_jax.scoring.prompts import Template, build_pieces
 
     rng = np.random.default_rng(7)
     words = "good bad movie plot actor great terrible fine boring fun dull superb".split()
@@ -33,7 +33,7 @@ def problem(tokenizer):
 
 def scores(model, mode):
     """Engine and flat label log-probs ``[N, 3]`` of :func:`problem`."""
-    from sc_jax.scoring import ScoringEngine, score_flat
+    from sc_jax.scoring.engine import ScoringEngine, score_flat
 
     pieces, ctx, pairs = problem(model.tokenizer)
     engine = ScoringEngine(model, max_tokens_per_batch=1024, progress=False).score(pieces, ctx, pairs, mode)
@@ -41,13 +41,13 @@ def scores(model, mode):
 
 
 def main(out):
-    from sc_jax.multihost import initialize_distributed
+    from sc_jax.runtime.multihost import initialize_distributed
 
-    assert initialize_distributed(), "run me under python -m sc_jax.launch"
+    assert initialize_distributed(), "run me under python -m sc_jax.runtime.launch"
     import jax
 
     import sc_jax
-    from sc_jax.sharding import make_mesh
+    from sc_jax.runtime.sharding import make_mesh
 
     res = {}
     for data, model_axis in MESHES:
@@ -62,7 +62,7 @@ def main(out):
 def shared(pid):
     """What process 0 shares: an array (float64 and its shape), nothing (None), the
     smallest of per-process values, and an error raised in process 0 alone."""
-    from sc_jax.multihost import from_writer, on_writer, smallest
+    from sc_jax.runtime.multihost import from_writer, on_writer, smallest
 
     def fail():
         raise ValueError(f"only process {pid} raised this")

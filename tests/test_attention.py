@@ -1,4 +1,4 @@
-"""Packed attention (sc_jax.attention): the dense and block-sparse paths against a
+"""Packed attention (sc_jax.models.attention): the dense and block-sparse paths against a
 float64 brute force that applies the rule token by token (a token sees the valid cached
 keys of its slot and the valid keys of its own segment, none later than itself, none
 outside a sliding window), and the block bounds against the keys a token may see.
@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sc_jax.attention import BLOCKS, block_ranges, packed_attention, packed_masks
+from sc_jax.models.attention import BLOCKS, block_ranges, packed_attention, packed_masks
 
 B, W, C, H, K, Dh = 3, 128, 256, 4, 2, 16
 

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from sc_jax import baselines
-from sc_jax.baselines import (
+from sc_jax.calibration import baselines
+from sc_jax.calibration.baselines import (
     BC_BATCH_SIZE,
     CONTENT_FREE_INPUTS,
     base,

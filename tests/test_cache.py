@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from sc_jax.cache import ScoreCache, score_key
-from sc_jax.prompts import PromptPieces
+from sc_jax.scoring.cache import ScoreCache, score_key
+from sc_jax.scoring.prompts import PromptPieces
 
 
 def _pieces(demo0=(5, 6)):

@@ -7,9 +7,17 @@ import math
 import numpy as np
 import pytest
 
-from sc_jax import baselines, calibrators, metrics, solvers, synthetic
-from sc_jax.enumeration import default_m
-from sc_jax.calibrators import (
+from sc_jax.calibration import baselines
+
+from sc_jax.calibration import calibrators
+
+from sc_jax.experiment import metrics
+
+from sc_jax.calibration import solvers
+
+from sc_jax.calibration import synthetic
+from sc_jax.scoring.enumeration import default_m
+from sc_jax.calibration.calibrators import (
     FitResult,
     calibrated_proba,
     fit,
@@ -17,11 +25,11 @@ from sc_jax.calibrators import (
     predict_proba,
     tau_from_accuracy,
 )
-from sc_jax.solvers import Status
+from sc_jax.calibration.solvers import Status
 
 
 def World(slopes, seed):  # noqa: N802  (reads like the class it builds)
-    """Hidden truth with s = 2.5 (see :class:`sc_jax.synthetic.World`): a slope < 0
+    """Hidden truth with s = 2.5 (see :class:`sc_jax.calibration.synthetic.World`): a slope < 0
     points that class the wrong way (paper Figure 1)."""
     return synthetic.World(len(slopes) + 1, slopes, s=2.5, seed=seed)
 

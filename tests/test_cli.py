@@ -46,7 +46,7 @@ def test_unknown_model_is_one_line(capsys):
 def test_missing_gguf_extra_is_one_line_before_any_download(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SC_JAX_CACHE", str(tmp_path))
     monkeypatch.setitem(sys.modules, "gguf", None)  # as if not installed
-    monkeypatch.delitem(sys.modules, "sc_jax.gguf", raising=False)
+    monkeypatch.delitem(sys.modules, "sc_jax.models.gguf", raising=False)
     assert cli.main(["info", "qwen2.5-0.5b"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: Reading .gguf files needs") and "pip install 'sc-jax[gguf]'" in err
@@ -56,7 +56,7 @@ def test_missing_gguf_extra_is_one_line_before_any_download(tmp_path, monkeypatc
 def test_missing_data_extra_names_the_install_before_the_model_loads(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "datasets", None)
     loaded = []
-    monkeypatch.setattr("sc_jax.loading.load_model", lambda *a, **k: loaded.append(a) or pytest.fail("loaded"))
+    monkeypatch.setattr("sc_jax.models.loading.load_model", lambda *a, **k: loaded.append(a) or pytest.fail("loaded"))
     assert cli.main(["run", "--dataset", "sst2", "--out", str(tmp_path / "run"), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: Loading task 'sst2'") and "pip install 'sc-jax[data]'" in err.splitlines()[0]
@@ -81,7 +81,7 @@ def test_library_messages_go_to_the_sc_jax_logger_and_the_cli_shows_them(caplog,
                                                                          monkeypatch):
     import logging
 
-    from sc_jax import experiment
+    from sc_jax.experiment import run as experiment
 
     # As in a fresh process: without what cli.main set up in earlier tests.
     logger = logging.getLogger("sc_jax")
@@ -91,7 +91,7 @@ def test_library_messages_go_to_the_sc_jax_logger_and_the_cli_shows_them(caplog,
     # The library: a record on a module logger under "sc_jax", nothing printed.
     with caplog.at_level(logging.INFO, logger="sc_jax"):
         experiment.log.info("a note")
-    assert [r.name for r in caplog.records] == ["sc_jax.experiment"]
+    assert [r.name for r in caplog.records] == ["sc_jax.experiment.run"]
     assert capsys.readouterr().err == ""
     # The command line shows INFO records on stderr, whatever sys.stderr is then.
     cli.show_log_messages()
@@ -124,7 +124,7 @@ def _one_error(capsys):
     ("proc", "error: --out {out}: /proc does not accept new files"),
 ])
 def test_an_unusable_out_is_one_line(tmp_path, capsys, monkeypatch, where, message):
-    monkeypatch.setattr("sc_jax.loading.load_model", lambda *a, **k: pytest.fail("loaded"))
+    monkeypatch.setattr("sc_jax.models.loading.load_model", lambda *a, **k: pytest.fail("loaded"))
     file = tmp_path / "taken"
     file.write_text("")
     out = {"file": file, "under": file / "run", "proc": "/proc/sc-jax-test"}[where]
@@ -163,8 +163,8 @@ def test_an_unusable_out_is_one_line(tmp_path, capsys, monkeypatch, where, messa
 def test_bad_options_are_one_line_before_any_work(tmp_path, capsys, monkeypatch, argv, message):
     """Each of these ran, or wrote, or computed a whole plan before failing or giving a
     wrong answer (issue 55); now: exit 2, one line naming the option, no model loaded."""
-    monkeypatch.setattr("sc_jax.loading.load_model", lambda *a, **k: pytest.fail("loaded"))
-    monkeypatch.setattr("sc_jax.plan.load_config_and_tokenizer", lambda *a, **k: pytest.fail("planned"))
+    monkeypatch.setattr("sc_jax.models.loading.load_model", lambda *a, **k: pytest.fail("loaded"))
+    monkeypatch.setattr("sc_jax.experiment.plan.load_config_and_tokenizer", lambda *a, **k: pytest.fail("planned"))
     argv = [a.format(tmp=tmp_path) for a in argv]
     if argv[0] in ("run", "plan") and "--out" not in argv:
         argv += ["--data-file", str(_data(tmp_path))] + TINY[:-1]
@@ -211,7 +211,8 @@ def test_scores_of_two_configurations_are_never_mixed(tmp_path, capsys):
     interrupted, `ablate` read seed 0's scores from the new run and seed 1's from the
     old one, under the old results.json. Each score file now carries its run's
     configuration, and `ablate` and `report --log-samples` refuse a mixture by name."""
-    from sc_jax.experiment import SeedScores, config_tag, save_scores, scores_path
+    from sc_jax.experiment.jobs import SeedScores
+    from sc_jax.experiment.store import config_tag, save_scores, scores_path
 
     run = _results(tmp_path)
     config = json.loads((run / "results.json").read_text())["config"]
@@ -274,7 +275,7 @@ def _csv(path, header, rows=40):
                       "rotten_tomatoes.csv)"),
 ])
 def test_data_that_is_not_what_it_seems_is_one_line(tmp_path, capsys, monkeypatch, case, message):
-    monkeypatch.setattr("sc_jax.plan.load_config_and_tokenizer", lambda *a, **k: pytest.fail("planned"))
+    monkeypatch.setattr("sc_jax.experiment.plan.load_config_and_tokenizer", lambda *a, **k: pytest.fail("planned"))
     d = tmp_path / "data"
     d.mkdir()
     file = _data(d, "rotten_tomatoes.jsonl")
@@ -339,7 +340,7 @@ def _stop_at_the_model(monkeypatch):
     def stop(*a, **k):
         raise ValueError("stopped at the model")
 
-    monkeypatch.setattr("sc_jax.loading.load_model", stop)
+    monkeypatch.setattr("sc_jax.models.loading.load_model", stop)
 
 
 def test_a_second_run_into_a_locked_out_is_refused_and_a_stale_lock_is_taken_over(
@@ -370,7 +371,7 @@ def test_a_second_run_into_a_locked_out_is_refused_and_a_stale_lock_is_taken_ove
 _HOLD_LOCK = """
 import os, sys, time
 from pathlib import Path
-from sc_jax.runlock import run_lock
+from sc_jax.runtime.runlock import run_lock
 out = Path(sys.argv[1])
 while not (out / "go").exists():
     time.sleep(0.001)
@@ -437,7 +438,7 @@ def test_a_lock_the_disk_could_not_hold(tmp_path, capsys, monkeypatch):
 def test_a_full_disk_while_scoring_is_one_line_and_releases_the_lock(tmp_path, capsys, monkeypatch):
     """Issue 55, case 10: ENOSPC while scores were written gave two chained tracebacks,
     exit 1 and a lock left behind."""
-    from sc_jax import cache
+    from sc_jax.scoring import cache
 
     def full(self, key, arr):
         raise OSError(28, "No space left on device", str(self._path(key)))

@@ -1,4 +1,4 @@
-"""Tasks, loading and the evaluation protocol (sc_jax.data).
+"""Tasks, loading and the evaluation protocol (sc_jax.experiment.data).
 
 Local files are written by each test; the hub is replaced by a stand-in `datasets`
 module (no hub is reachable here, and `datasets` is optional); the offline Rotten
@@ -17,8 +17,8 @@ import types
 import numpy as np
 import pytest
 
-from sc_jax import data
-from sc_jax.data import (
+from sc_jax.experiment import data
+from sc_jax.experiment.data import (
     DEFAULT_TEST_SEED,
     TASKS,
     DataUnavailableError,
@@ -29,7 +29,7 @@ from sc_jax.data import (
     rotten_tomatoes_csv,
     split_protocol,
 )
-from sc_jax.prompts import TEMPLATES
+from sc_jax.scoring.prompts import TEMPLATES
 
 PAPER_TASKS = {"sst2", "sst5", "ag_news", "rotten_tomatoes", "subj", "trec", "tweet_eval_emotion",
                "tweet_eval_hate", "financial_phrasebank"}

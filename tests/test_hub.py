@@ -20,14 +20,14 @@ from hf_models import VOCAB, hf_logits, make_checkpoint, write_numpy_checkpoint
 
 import sc_jax
 from sc_jax import cli
-from sc_jax.hub import (
+from sc_jax.models.hub import (
     HubId,
     HubModelNotCachedError,
     hub_cache_dir,
     hub_snapshot,
     parse_hub_id,
 )
-from sc_jax.loading import load_config_and_tokenizer
+from sc_jax.models.loading import load_config_and_tokenizer
 
 REPO = "tiny-org/tiny-llama"
 OLD, NEW = (hashlib.sha1(s.encode()).hexdigest() for s in ("old", "new"))  # 40-hex commits
@@ -99,7 +99,7 @@ def test_weights_edited_in_place_change_the_identity(tmp_path, monkeypatch):
     remembered per file (size, modification time, inode) so a second load reads nothing."""
     from safetensors.numpy import load_file, save_file
 
-    from sc_jax import loading
+    from sc_jax.models import loading
 
     monkeypatch.setenv("SC_JAX_CACHE", str(tmp_path / "cache"))
     path = write_numpy_checkpoint(tmp_path / "m", seed=0, vocab_size=12000)  # 5.8 MB
@@ -249,7 +249,7 @@ def test_parity_with_transformers_by_id(tmp_path, monkeypatch):
 
 def test_run_and_plan_by_id(hub, tmp_path, monkeypatch, rt_csv, capsys):
     # A model missing from the cache stops `run` before any dataset is read...
-    monkeypatch.setattr("sc_jax.experiment.load_datasets", lambda *a: pytest.fail("data read"))
+    monkeypatch.setattr("sc_jax.experiment.jobs.load_datasets", lambda *a: pytest.fail("data read"))
     assert cli.main(["run", "--model", "tiny-org/absent", "--out", str(tmp_path / "run"),
                      "--quiet"]) == 2
     err = capsys.readouterr().err

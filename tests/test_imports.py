@@ -27,7 +27,7 @@ ALLOWED_LOCAL = {
     "scipy": "the float64 reference solver alone needs it, and it is slow to import",
     "gguf": "optional extra [gguf]",
     "transformers": "optional extra [gguf] (its GGUF tokenizer conversion)",
-    "sc_jax.gguf": "needs the optional extra [gguf]: importing it raises without it",
+    "sc_jax.models.gguf": "needs the optional extra [gguf]: importing it raises without it",
     "datasets": "optional extra [data]",
     "pyarrow": "optional extra [data]",
     "torch": "optional extra [test]",
@@ -175,6 +175,29 @@ def _circle(graph, group: set[str]) -> list[str]:
     raise AssertionError("a strongly connected group without a circle")
 
 
+#: The stages in the order data flows through them: a token goes from the model
+#: (models) through the engine (scoring) into the calibrator (calibration), and the
+#: paper's protocol (experiment) drives them all; runtime serves every stage, and the
+#: command line (sc_jax.cli, sc_jax.entry) and the package's curated namespace sit on top.
+STAGES = ("runtime", "models", "scoring", "calibration", "experiment")
+
+
+def stage_of(module: str, package: str = PACKAGE) -> int:
+    """Rank of ``module`` in :data:`STAGES`; modules outside them (the top) rank last."""
+    parts = module.split(".")
+    if len(parts) > 1 and parts[0] == package and parts[1] in STAGES:
+        return STAGES.index(parts[1])
+    return len(STAGES)
+
+
+def backward_imports(graph: dict[str, set[str]], package: str = PACKAGE) -> list[str]:
+    """Imports from a later stage into an earlier one, as ``"a imports b (models <- scoring)"``."""
+    names = STAGES + ("top",)
+    return [f"{a} imports {b} ({names[stage_of(a, package)]} <- {names[stage_of(b, package)]})"
+            for a in sorted(graph) for b in sorted(graph[a])
+            if stage_of(b, package) > stage_of(a, package)]
+
+
 def refused_local_imports(local) -> list[str]:
     """Function-local imports that are not of an allowed optional extra, or carry no
     comment saying why."""
@@ -189,9 +212,23 @@ def refused_local_imports(local) -> list[str]:
 
 def test_no_import_cycle():
     graph, _ = import_graph()
-    assert len(graph) > 20 and "sc_jax.scoring" in graph["sc_jax.experiment"]
+    assert len(graph) > 20 and "sc_jax.scoring.engine" in graph["sc_jax.experiment.run"]
     cycles = find_cycles(graph)
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_no_import_from_a_later_stage_into_an_earlier_one():
+    graph, _ = import_graph()
+    # Every module of the package lies in one stage or on top, and every stage is used.
+    ranks = {stage_of(m) for m in graph}
+    assert ranks == set(range(len(STAGES) + 1)), ranks
+    assert {m for m in graph if stage_of(m) == len(STAGES)} == {"sc_jax", "sc_jax.cli", "sc_jax.entry"}
+    backward = backward_imports(graph)
+    assert not backward, "imports against the data flow:\n" + "\n".join(backward)
+    # The check itself finds an import against the flow, and lets one with it through.
+    fake = {"sc_jax.models.a": {"sc_jax.scoring.b", "sc_jax.runtime.c"}, "sc_jax.scoring.b": set(),
+            "sc_jax.runtime.c": set(), "sc_jax.cli": {"sc_jax.models.a"}}
+    assert backward_imports(fake) == ["sc_jax.models.a imports sc_jax.scoring.b (models <- scoring)"]
 
 
 def test_function_local_imports_are_optional_extras_only():

@@ -17,7 +17,7 @@ pytest.importorskip("transformers")
 import jax  # noqa: E402
 
 import sc_jax  # noqa: E402
-from sc_jax.sharding import make_mesh  # noqa: E402
+from sc_jax.runtime.sharding import make_mesh  # noqa: E402
 
 from hf_models import CASES, VOCAB, hf_logits, make_checkpoint  # noqa: E402
 
@@ -120,7 +120,7 @@ def test_cache_extend_equals_plain(checkpoints, name):
     cache = model.prefill(pt, pv)
     mt, mv, mlast = model.pad(mids)
     _, seg = model.extend(cache, mt, mv, mlast[:, None])
-    from sc_jax.model import concat_cache
+    from sc_jax.models.model import concat_cache
 
     cache2 = concat_cache(cache, seg)
     ct, cv, last = model.pad(conts)
@@ -132,19 +132,19 @@ def test_cache_extend_equals_plain(checkpoints, name):
                                             ("mistral_window", "dense"),
                                             ("mistral_window", "blocked"), ("qwen2", "blocked")])
 def test_packed_row_equals_plain(checkpoints, name, attention):
-    """Packed rows (sc_jax.model.Packing): four segments end to end in one row, two
+    """Packed rows (sc_jax.models.model.Packing): four segments end to end in one row, two
     after each of two cached prefixes laid side by side (slots, the shorter one
     padded), give at every position the logits of that prefix + segment run alone
     (sliding windows included: mistral_window's window of 5 is shorter than the
-    prompts), through the dense and the block-sparse attention (sc_jax.attention)."""
+    prompts), through the dense and the block-sparse attention (sc_jax.models.attention)."""
     import jax.numpy as jnp
     from flax import nnx
 
-    from sc_jax.model import KVCache, Packing
+    from sc_jax.models.model import KVCache, Packing
 
     path, _ = checkpoints[name]
     model = sc_jax.load_model(path)
-    dec = nnx.merge(model._graphdef, model._state)
+    dec = nnx.merge(model.graphdef, model.state)
     rng = np.random.default_rng(2)
     prefixes = [list(rng.integers(3, VOCAB, n)) for n in (9, 4)]
     items = [(0, 3), (1, 5), (0, 6), (1, 1)]  # (slot, segment length)
@@ -218,7 +218,7 @@ def test_random_presets_load_and_run():
 def test_llama_2_presets_have_the_published_sizes():
     # Parameter counts of the released checkpoints (safetensors headers):
     # 6,738,415,616 / 13,015,864,320 / 68,976,648,192.
-    from sc_jax.config import preset
+    from sc_jax.models.config import preset
 
     assert preset("llama-2-7b").num_params() == 6_738_415_616
     assert preset("llama-2-13b").num_params() == 13_015_864_320

@@ -1,5 +1,5 @@
 """Several JAX processes on this machine (JAX's multi-controller runtime on CPU, gloo
-collectives), started by ``python -m sc_jax.launch``: 2 processes x 4 simulated
+collectives), started by ``python -m sc_jax.runtime.launch``: 2 processes x 4 simulated
 devices against one process with 8.
 
 * The engine and the flat path on meshes that span both processes give one
@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 import multiprocess_worker as worker
-from sc_jax.launch import free_port, process_env
-from sc_jax.launch import main as launch_main
+from sc_jax.runtime.launch import free_port, process_env
+from sc_jax.runtime.launch import main as launch_main
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -41,7 +41,7 @@ def _env():
 
 def _launch(command, timeout=420):
     """``command`` as 2 processes x 4 devices; (exit status, output)."""
-    p = subprocess.run([sys.executable, "-m", "sc_jax.launch", "-n", "2", "--local-devices", "4",
+    p = subprocess.run([sys.executable, "-m", "sc_jax.runtime.launch", "-n", "2", "--local-devices", "4",
                         "--timeout", str(timeout - 20), "--", *command],
                        env=_env(), capture_output=True, text=True, timeout=timeout, check=False)
     return p.returncode, p.stdout + p.stderr
@@ -162,7 +162,7 @@ def test_killed_process_stops_the_other_and_the_rerun_resumes(reference, rt_csv,
 
 def test_launch_settings_are_checked_before_jax_starts(monkeypatch):
     """Bad variables are one-line errors; a one-task SLURM step, or none, is one process."""
-    from sc_jax.multihost import DistributedError, initialize_distributed
+    from sc_jax.runtime.multihost import DistributedError, initialize_distributed
 
     for var in ("SC_JAX_COORDINATOR", "SLURM_STEP_NUM_TASKS", "OMPI_COMM_WORLD_SIZE"):
         monkeypatch.delenv(var, raising=False)

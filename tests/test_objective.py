@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sc_jax.objective import (
+from sc_jax.calibration.objective import (
     COSINE_EPS,
     Params,
     Problem,
@@ -25,7 +25,7 @@ from sc_jax.objective import (
     objective,
     trust_region,
 )
-from sc_jax.solvers import project_bias_sc_star, project_cone
+from sc_jax.calibration.solvers import project_bias_sc_star, project_cone
 
 
 @pytest.fixture

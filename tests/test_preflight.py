@@ -1,4 +1,4 @@
-"""The up-front check of a whole run (sc_jax.experiment.check_run), shared by
+"""The up-front check of a whole run (sc_jax.experiment.jobs.check_run), shared by
 `sc-jax plan` and `sc-jax run`: every (task, k, seed) drawn as the run draws it, every
 stage's longest prompt against the context window, class counts against k and option
 ranges, all refused in one `error:` line before any weight is read or score written."""
@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from sc_jax import cli
-from sc_jax.data import load_task
-from sc_jax.experiment import RunConfig, draw_split
+from sc_jax.experiment.data import load_task
+from sc_jax.experiment.config import RunConfig
+from sc_jax.experiment.jobs import draw_split
 
 MODEL = "random:tiny-llama"  # byte tokenizer, context window of 512 tokens
 WORDS = ["a", "gorgeous", "witty", "moving", "film", "the", "plot", "is", "a", "mess", "and",
@@ -25,7 +26,7 @@ def _no_weights(monkeypatch):
     # cli.main turns on its own compilation cache; an empty value keeps the session's.
     monkeypatch.setenv("SC_JAX_XLA_CACHE", "")
     # Every case here must fail before the weights are read.
-    monkeypatch.setattr("sc_jax.loading.load_model",
+    monkeypatch.setattr("sc_jax.models.loading.load_model",
                         lambda *a, **k: pytest.fail("the model was loaded before the check"))
 
 

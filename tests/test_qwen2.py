@@ -63,10 +63,10 @@ needs_torch = pytest.mark.skipif(torch is None, reason="HF PyTorch parity: the t
 transformers = pytest.importorskip("transformers")
 
 import sc_jax  # noqa: E402
-from sc_jax import pypi  # noqa: E402
-from sc_jax import named_models as nm  # noqa: E402
-from sc_jax.gguf import GGUFError, read_gguf  # noqa: E402
-from sc_jax.prompts import TEMPLATES  # noqa: E402
+from sc_jax.runtime import pypi  # noqa: E402
+from sc_jax.models import named_models as nm  # noqa: E402
+from sc_jax.models.gguf import GGUFError, read_gguf  # noqa: E402
+from sc_jax.scoring.prompts import TEMPLATES  # noqa: E402
 from test_gguf import assert_same_dequantisation  # noqa: E402
 from tokenizers import AddedToken  # noqa: E402
 

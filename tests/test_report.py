@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sc_jax.report import (load_results, markdown_tables, sc_against_best_baseline,
+from sc_jax.experiment.report import (load_results, markdown_tables, sc_against_best_baseline,
                            summarize, write_report)
 
 
@@ -72,7 +72,7 @@ def test_sc_against_the_best_baseline_is_paired_over_seeds():
 
 
 def test_named_models_are_reported_under_their_own_names():
-    from sc_jax.named_models import MODELS, display_name
+    from sc_jax.models.named_models import MODELS, display_name
 
     assert display_name("default") == "smollm2-135m" and "smollm2-135m" in MODELS
     assert display_name("qwen2.5-0.5b") == "qwen2.5-0.5b"
@@ -114,8 +114,8 @@ def test_plots_leave_the_callers_matplotlib_alone(tmp_path):
     code = f"""
 import sys, matplotlib
 matplotlib.use("svg")
-from sc_jax.report import write_report
-from sc_jax.ablation import write_ablation
+from sc_jax.experiment.report import write_report
+from sc_jax.experiment.ablation import write_ablation
 paths = write_report({str(tmp_path / "results.json")!r})
 rows = [dict(study="sc_n", dataset="d", shots=4, setting=f"SC-{{n}}", sizes=n, seed=s,
              macro_f1=0.5 + 0.01 * n + 0.001 * s, accuracy=0.6, ece=0.1)
@@ -132,7 +132,7 @@ print(matplotlib.get_backend(), "matplotlib.pyplot" in sys.modules, sorted(paths
 
 
 def test_an_unbounded_fit_leaves_the_parameter_plot_readable():
-    from sc_jax.report import params_figure
+    from sc_jax.experiment.report import params_figure
 
     res = _results()
     res["config"]["model"] = "default"
@@ -145,7 +145,7 @@ def test_an_unbounded_fit_leaves_the_parameter_plot_readable():
 
 
 def test_ablation_curves_have_integer_ticks_and_name_the_model():
-    from sc_jax.ablation import curve_figure
+    from sc_jax.experiment.ablation import curve_figure
 
     rows = [{"study": "sc_n", "dataset": "d", "shots": 4, "setting": f"SC-{n}", "sizes": n,
              "seed": s, "macro_f1": 0.5 + 0.01 * n + 0.001 * s, "accuracy": 0.6, "ece": 0.1}
@@ -175,7 +175,7 @@ def test_bc_reference_is_reported_beside_bc_but_never_the_best_baseline():
 def _as_committed_before_added_methods(res: dict) -> dict:
     """A committed run's results.json as runs made before bc_reference, sc_star_free
     and sc_paper wrote it (a refitted run has them): their rows, params and methods removed."""
-    from sc_jax.experiment import ADDED_METHODS
+    from sc_jax.experiment.store import ADDED_METHODS
 
     res["config"]["methods"] = [m for m in res["config"]["methods"] if m not in ADDED_METHODS]
     for key in ("rows", "params"):
@@ -215,7 +215,7 @@ def _committed_subset(tmp_path, dataset="ag_news", seeds=(0,)):
 
 
 def test_ablate_reads_a_committed_run_and_reports_both_bcs(tmp_path):
-    from sc_jax import ablation
+    from sc_jax.experiment import ablation
 
     run = _committed_subset(tmp_path)
     rows = ablation.ablate(run, lambda_invs=(None,), m_values=(1,))

@@ -13,11 +13,14 @@ import time
 import numpy as np
 import pytest
 
-from sc_jax.experiment import RunConfig, run_experiment
+from sc_jax.experiment.config import RunConfig
+
+from sc_jax.experiment.run import run_experiment
 
 SCRIPT = """
 import sys
-from sc_jax.experiment import RunConfig, run_experiment
+from sc_jax.experiment.config import RunConfig
+from sc_jax.experiment.run import run_experiment
 cfg = RunConfig(**{cfg!r})
 run_experiment(cfg, sys.argv[1], progress=False)
 """
@@ -81,7 +84,10 @@ def test_killed_run_resumes_identically(config, tmp_path, monkeypatch, capsys):
     assert splits[0]["demo_indices"] != splits[1]["demo_indices"]
 
     # Ablations refit from the saved scores: no model load, no forward pass.
-    from sc_jax import ablation, cli, loading, scoring
+    from sc_jax import cli
+    from sc_jax.experiment import ablation
+    from sc_jax.models import loading
+    from sc_jax.scoring import engine as scoring
 
     def refuse(*args, **kwargs):
         raise AssertionError("ablate loaded a model or ran a forward pass")
@@ -149,7 +155,8 @@ def test_skips_when_classes_exceed_shots(config, tmp_path, caplog):
                                               data_files=cfg["data_files"] + fin)),
                              tmp_path / "run", progress=True)
     # Progress a person can follow: the check, then one line per stage, the fit, the report.
-    lines = [r.getMessage() for r in caplog.records if r.name.startswith("sc_jax.experiment")]
+    lines = [r.getMessage() for r in caplog.records
+             if r.name in ("sc_jax.experiment.run", "sc_jax.experiment.jobs")]
     assert lines[0].startswith("loading the model random:tiny-llama")
     assert lines[1].startswith("checked 1 (dataset, k) x 1 seeds: the longest prompt has ")
     seed0 = "[rotten_tomatoes k=2 seed=0]"
@@ -181,7 +188,7 @@ def test_m_study_subsets_are_uniform_and_nested():
     """The m_i ablation keeps m of the m_i scored sub-contexts. Those are stored in
     lexicographic order, so the subset must be random: over many seeds every one of
     the 8 is kept about equally often (a first-m rule keeps indices 0 and 1 only)."""
-    from sc_jax.ablation import context_subset
+    from sc_jax.experiment.ablation import context_subset
 
     counts = np.zeros(8)
     for seed in range(400):
@@ -200,7 +207,11 @@ def test_log_samples_writes_records_that_reproduce_the_rows(config, tmp_path):
     regenerating them from the score files (no model) gives the same records."""
     import hashlib
 
-    from sc_jax import ablation, data, samples
+    from sc_jax.experiment import ablation
+
+    from sc_jax.experiment import data
+
+    from sc_jax.experiment import samples
 
     cfg = RunConfig(**dict(config, shots=(3,)))
     res = run_experiment(cfg, tmp_path / "run", progress=False, log_samples=True)

@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 
 import sc_jax
-from sc_jax.enumeration import all_contexts, sample_contexts, surrogate_pairs
-from sc_jax.prompts import Template, build_pieces
-from sc_jax.scoring import COMPILES, ScoringEngine, log_odds, score_flat, score_plain
-from sc_jax.sharding import make_mesh
+from sc_jax.scoring.enumeration import all_contexts, sample_contexts, surrogate_pairs
+from sc_jax.scoring.prompts import Template, build_pieces
+from sc_jax.calibration.objective import log_odds
+from sc_jax.scoring.engine import COMPILES, ScoringEngine, score_flat, score_plain
+from sc_jax.runtime.sharding import make_mesh
 
 TOL = 1e-4
 WORDS = "good bad movie plot actor great terrible fine boring fun dull superb the a of".split()
@@ -73,7 +74,7 @@ def test_engine_equals_plain(model, setup, mode, i):
 
 
 def test_attention_paths_agree_and_cudnn_falls_back(model, setup):
-    """The engine's packed calls through each attention path (sc_jax.attention) give the
+    """The engine's packed calls through each attention path (sc_jax.models.attention) give the
     same scores; on a backend without cuDNN (this CPU) asking for it costs one warning and
     the block-sparse path, not a failed run."""
     k, pieces = setup
@@ -125,7 +126,8 @@ def test_test_time_contexts_all_queries(model, setup):
 def _packed_shape(monkeypatch, W, keys):
     """Force the engine's call shape: rows of ``W`` tokens after ``keys`` cached keys
     (at least the deepest level's length)."""
-    from sc_jax import packing, schedule
+    from sc_jax.scoring import packing
+    from sc_jax.scoring import schedule
 
     def shape(*, longest, deepest, mode, n_labels, max_tokens, n_devices=1, platform="default",
               fits=None):
@@ -174,7 +176,7 @@ def test_prefix_sharing_saves_tokens(model, setup):
     pairs = surrogate_pairs(ctx, k)
     eng = ScoringEngine(model, progress=False)
     eng.score(pieces, ctx, pairs)
-    from sc_jax.scoring import EngineStats
+    from sc_jax.scoring.engine import EngineStats
 
     flat = EngineStats()
     score_flat(model, pieces, ctx, pairs, stats=flat)
@@ -289,7 +291,7 @@ def test_two_dimensional_meshes_equal_one_device(data, model_axis, modes):
     mesh). tiny-llama-8h has 8 heads, 4 key/value heads, MLP 128 and vocabulary 640,
     so the model axis really splits them (key/value heads stay replicated on a model
     axis of 8, which does not divide 4)."""
-    from sc_jax.sharding import spec
+    from sc_jax.runtime.sharding import spec
 
     rng = np.random.default_rng(7)
     one = sc_jax.load_model("random:tiny-llama-8h", seed=3)
@@ -311,7 +313,8 @@ def test_two_dimensional_meshes_equal_one_device(data, model_axis, modes):
 
 
 def test_parse_mesh_and_single_process_distributed(monkeypatch):
-    from sc_jax.sharding import initialize_distributed, parse_mesh
+    from sc_jax.runtime.multihost import initialize_distributed
+    from sc_jax.runtime.sharding import parse_mesh
 
     assert parse_mesh("data=2,model=4") == (2, 4)
     assert parse_mesh("model=8") == (0, 8) and parse_mesh("8") == (8, 1)

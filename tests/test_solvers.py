@@ -20,9 +20,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sc_jax import calibrators, solvers, synthetic
-from sc_jax.calibrators import pack_batch
-from sc_jax.objective import (
+from sc_jax.calibration import calibrators
+
+from sc_jax.calibration import solvers
+
+from sc_jax.calibration import synthetic
+from sc_jax.calibration.calibrators import pack_batch
+from sc_jax.calibration.objective import (
     Params,
     Problem,
     calibrated_logits,
@@ -31,7 +35,7 @@ from sc_jax.objective import (
     params_from_flat,
     trust_region,
 )
-from sc_jax.solvers import (
+from sc_jax.calibration.solvers import (
     SolverOptions,
     Status,
     batching,
@@ -275,7 +279,7 @@ def test_polar_coordinates_chain_rule_equals_autodiff(x64):
     rng = np.random.default_rng(3)
     x, y, g = realistic(3, 2, 0, k=4)
     prob = jax.tree.map(lambda a: a[0], pack_batch([(x, y, g)], "float64")[0])
-    from sc_jax.objective import design, value_grad_hess
+    from sc_jax.calibration.objective import design, value_grad_hess
 
     d = design(prob)
     n1 = 2
@@ -313,7 +317,7 @@ def test_cosine_coordinates_chain_rule_equals_autodiff(x64):
     # order of operations: the chain rule's terms are up to ||g_x|| / (1 - t^2)^2.5
     # and ||H_x|| R^2 / (1 - t^2)^3 (R = sqrt(b^2 + eps^2)), so the bound is 1e-12 of
     # that scale.
-    from sc_jax.objective import design, value_grad_hess
+    from sc_jax.calibration.objective import design, value_grad_hess
 
     rng = np.random.default_rng(5)
     x, y, g = realistic(3, 2, 0, k=4)
@@ -876,7 +880,7 @@ def test_primal_dual_mode_at_multiplier_updates_reaches_the_plain_solution(x64, 
     # iteration limit (the mode now ends after a step that does not halve the KKT
     # residual). Both end at KKT points of the same optimum: bounds as in
     # test_subsample_start_reaches_the_plain_solution.
-    from sc_jax.synthetic import solver_instance
+    from sc_jax.calibration.synthetic import solver_instance
 
     x, y, g = realistic(3, 3, 0)
     xs, ys, gs, lam_s, tau_s = solver_instance("informative", 35)
@@ -911,7 +915,7 @@ def test_sqp_step_converges_quadratically_and_checks_inertia(x64):
     # derivatives, so the residual r falls quadratically, r' <= C r^2. Observed here:
     # 3.2e-4 -> 1.9e-7 -> 3.8e-14 -> 2.8e-16 (C about 2); the bound C = 1e3 leaves
     # a wide margin, and the end is at float64's rounding floor (bound 1e-12).
-    from sc_jax.objective import design, trust_region, value_grad_hess
+    from sc_jax.calibration.objective import design, trust_region, value_grad_hess
 
     x, y, g = realistic(3, 3, 0)
     prob = pack_batch([(x, y, g)], "float64")[0]
@@ -956,8 +960,8 @@ def test_value_grad_hess_equals_autodiff(x64, monkeypatch):
     # objective, with padding rows and an invariance term; float64, so rounding only.
     # With ROW_BLOCK = 64, the 150-row instance runs in three blocks (the last one
     # padded) and the 50-row ones in one, as 20,160 rows do at the default 8,192.
-    from sc_jax import objective as objective_module
-    from sc_jax.objective import (
+    from sc_jax.calibration import objective as objective_module
+    from sc_jax.calibration.objective import (
         design,
         design_arrays,
         objective,
@@ -1033,7 +1037,7 @@ def test_float32_hessian_keeps_a_saturated_class_block(x64):
     # form with 1 - P taken from the other classes' terms, the block's error is that
     # of a float32 sum of 60 such terms: at most about 60 eps = 7e-6 relative
     # (observed 7e-8). Reference: the same evaluation in float64.
-    from sc_jax.objective import design, value_grad_hess
+    from sc_jax.calibration.objective import design, value_grad_hess
 
     rng = np.random.default_rng(5)
     rows, n = 60, 3
@@ -1141,7 +1145,7 @@ def test_terminal_step_matches_the_evaluated_end(x64, monkeypatch):
     # triggers with margin to spare on any CPU's rounding: residual cuts of 1.4e-4
     # and 1.2e-3 (the rule needs <= 1e-2), predicted residuals 9e-17 and 3e-13
     # (<= 1e-10), and the step before predicted 1.3e-7 and 2.5e-7, far above it.
-    from sc_jax.objective import design, trust_region, value_grad_hess
+    from sc_jax.calibration.objective import design, trust_region, value_grad_hess
 
     opts = SolverOptions(coarse_rows=0)
     tol, feas_tol = opts.tolerances(jnp.float64)

@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 from sc_jax import cli
-from sc_jax.experiment import RunConfig, run_experiment, run_policy
-from sc_jax.schedule import MemoryPolicy
-from sc_jax.scoring import COMPILES
-from sc_jax.timing import CompileMeter, Parts
+from sc_jax.experiment.config import RunConfig, run_policy
+from sc_jax.experiment.run import run_experiment
+from sc_jax.scoring.schedule import MemoryPolicy
+from sc_jax.scoring.engine import COMPILES
+from sc_jax.runtime.timing import CompileMeter, Parts
 
 
 def test_compile_meter_counts_compiles_not_cached_calls():

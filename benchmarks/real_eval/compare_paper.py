@@ -6,7 +6,7 @@ SC* (no TR) is the unconstrained bias-only fit), SC (the run's, with its guard) 
 (paper) (ours only: the paper's fit, no guard), as mean ± s.d. over seeds in %, one
 column per task in the paper's order, and Avg over the columns shown. BC is the paper's
 p / mean p; BC (code) is softmax(p - mean p), what the reference code computes
-(sc_jax.baselines.batch_calibration_reference). Each block ends with SC's margin over
+(sc_jax.calibration.baselines.batch_calibration_reference). Each block ends with SC's margin over
 both, "SC - BC" and "SC - BC (code)": the difference of the means per task and Avg,
 and for our runs its 95% paired bootstrap interval over seeds in brackets (per task:
 the seeds' differences resampled with replacement, as `sc-jax report` does; Avg: each
@@ -35,9 +35,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from sc_jax.named_models import display_name  # noqa: E402
-from sc_jax.report import load_results, paired_bootstrap, summarize  # noqa: E402
-from sc_jax.samples import read_samples, rows_from_samples
+from sc_jax.models.named_models import display_name  # noqa: E402
+from sc_jax.experiment.report import load_results, paired_bootstrap, summarize  # noqa: E402
+from sc_jax.experiment.samples import read_samples, rows_from_samples
 
 HERE = Path(__file__).resolve().parent
 OURS = ("base", "cc", "dc", "bc", "bc_reference", "sc_star", "sc_star_free", "sc", "sc_paper")

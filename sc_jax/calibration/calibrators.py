@@ -1,0 +1,654 @@
+"""Supervised Calibration (SC): fitting from NumPy arrays, and the two-level ensemble.
+
+Fitting (paper Algorithm 2, Part 1). For each context size i the surrogate data of
+Algorithm 1 are log-odds features ``[N, n-1]`` (``m_c = log p_c / p_0``), labels
+``[N]`` and query ids ``[N]``; :func:`fit` solves Eq. final_opt_problem for one size
+and :func:`fit_batch` for many (all sizes x seeds, and datasets with the same n) in one
+compiled call::
+
+    res = fit(features, labels, query_ids)                 # tau from Appendix A
+    res = fit(features, labels, query_ids, tau=0.9, solver="projected")
+    fits = fit_batch([(X1, y1, g1), (X2, y2, g2), ...])   # one compiled call
+    proba = predict_proba(fits, [F1, F2, ...])            # F_i: [m_i, T, n-1]
+
+Defaults and where they come from:
+
+* ``tau=None`` sets tau = cos(alpha) from the base model's in-sample accuracy on the
+  surrogate data (paper Appendix A, :func:`tau_from_accuracy`).
+* ``lambda_inv = DEFAULT_LAMBDA_INV = 0.1``. The paper's 10 was tuned for *summed*
+  NLL and penalty terms; we use means (see :mod:`sc_jax.calibration.objective`), so the scale
+  differs. The choice rests on the ablation of ``benchmarks/bench_solver.py`` over
+  lambda in {0, 0.1, 1, 10} (figures in ``benchmarks/RESULTS.md``): 0 and 0.1 tie,
+  larger weights lose, because the symmetric cross-entropy rewards confident,
+  identical predictions and a large weight collapses the calibrated predictions
+  towards one class (what the reference code's unnormalised sum did). 0.1 keeps the
+  paper's invariance term at no measured cost.
+* ``solver="augmented_lagrangian"``: the paper's mean-cosine constraint. ``"projected"``
+  keeps every class inside its own cone, a subset of the paper's feasible set, so it
+  is more conservative. ``"scipy"`` is the float64 trust-constr reference.
+* ``dtype="float32"``; ``"float64"`` runs under a local ``jax.enable_x64`` scope.
+
+Prediction (Algorithm 2, Part 2): calibrated probabilities are averaged over the m_i
+sampled sub-contexts of each size, then over sizes, uniformly as in the paper, or
+weighted by min(P(k, i)(k - i), 15000) as the reference code does
+(``size_weights="reference"``, :func:`reference_size_weights`).
+
+Departures from the reference code, all deliberate: means instead of sums in the
+objective; the identity (b=0, w=1) as the start point instead of zeros (where the
+cosine is undefined) or a random point; the hard trust-region constraint of the paper
+instead of a soft hinge; exact gradients instead of finite differences; the cosine
+smoothed at the apex (``sc_jax.calibration.objective.COSINE_EPS``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sc_jax.calibration import functional, solvers
+from sc_jax.calibration.functional import (
+    DEFAULT_LAMBDA_INV,
+    calibrated_log_probs,
+    ensemble_proba,
+    tau_schedule,
+)
+from sc_jax.calibration.objective import Problem
+from sc_jax.calibration.solvers import (
+    METHODS,
+    NONCONVEX_LAMBDA,
+    NONCONVEX_STARTS,
+    ScipyOptions,
+    Solution,
+    SolverOptions,
+    Status,
+    resolve_batch_size,
+    resolve_threads,
+)
+from sc_jax.calibration.solvers.batching import fit_device
+from sc_jax.calibration.validation import check_lambda, check_problem, check_tau
+
+# What fit_batch does with a size whose surrogate data the LLM scores below chance:
+# "none" fits SC as the paper does; "bias_only" fits SC* (w = 1) there instead, with
+# the problem's trust region; "bias_only_free" fits SC* without it (tau = -1), the
+# reference code's unconstrained bias-only form. Under the tau schedule the two agree
+# (below chance means accuracy < 0.5, where the schedule gives tau = -1 already).
+GUARDS = ("none", "bias_only", "bias_only_free")
+# Reference code (gundemkorel/ICL, ICL_modules/functions.py): the final average across
+# sizes is weighted by min(P(k, i)(k - i), 15000), the full surrogate row count of size i.
+REFERENCE_SIZE_WEIGHT_CAP = 15000
+
+__all__ = [
+    "DEFAULT_LAMBDA_INV",
+    "GUARDS",
+    "FitResult",
+    "base_accuracy",
+    "below_chance",
+    "calibrated_proba",
+    "fit",
+    "fit_batch",
+    "pack_batch",
+    "pack_buckets",
+    "predict_proba",
+    "reference_size_weights",
+    "tau_from_accuracy",
+]
+
+
+# ---------------------------------------------------------------------------------
+# Appendix A: trust-region level and number of test contexts.
+
+
+def tau_from_accuracy(accuracy: float, num_classes: int) -> float:
+    """tau = cos(alpha degrees), alpha from the base model's in-sample accuracy.
+
+    Paper Appendix A, with K the number of classes:
+    alpha = 20^(1/(K-1)) if accuracy >= 0.9; 45^(1/(K-1)) if >= 0.7; 90^(1/(K-1)) if
+    >= 0.5; 180 (tau = -1, no trust region) below 0.5. The schedule is
+    :func:`sc_jax.calibration.functional.tau_schedule`, here on a checked Python float.
+    """
+    if not 0.0 <= accuracy <= 1.0:
+        raise ValueError(f"accuracy must be in [0, 1], got {accuracy}")
+    if num_classes < 2:
+        raise ValueError(f"num_classes must be >= 2, got {num_classes}")
+    with jax.enable_x64(True):  # the schedule's float64 levels, unrounded
+        return float(tau_schedule(float(accuracy), num_classes))
+
+
+def base_accuracy(features: np.ndarray, labels: np.ndarray) -> float:
+    """In-sample accuracy of the base model, argmax of (0, m_1, ..., m_{n-1}):
+    :func:`sc_jax.calibration.functional.base_accuracy` in NumPy float64."""
+    return float(functional.base_accuracy(np.asarray(features, np.float64), np.asarray(labels)))
+
+
+def below_chance(accuracy: float, num_classes: int) -> bool:
+    """The guard's test: the LLM's in-sample accuracy on the surrogate data of one
+    size is below chance, 1 / n.
+
+    Leave-one-out surrogate data are drawn against the held-out class: its
+    demonstrations are under-represented in the other k - 1 (absent when k = n), so a
+    model that copies the labels in its context scores below chance on them while it
+    scores above chance at test time, where the sub-contexts come from all k
+    (``sc_jax.experiment.ablation.diagnose`` measures both). Fitted there, SC learns to reverse
+    the LLM (negative w)."""
+    return accuracy < 1.0 / num_classes
+
+
+# ---------------------------------------------------------------------------------
+# Results.
+
+
+@dataclasses.dataclass(frozen=True)
+class FitResult:
+    """Fitted calibration for one context size.
+
+    b, w: ``[n-1]`` float64 NumPy arrays (w is all ones for SC*).
+    status: :class:`sc_jax.calibration.solvers.Status`; ``converged`` is status == CONVERGED.
+    objective: mean-NLL + lambda_inv * InvPenalty at (b, w).
+    constraint: mean cosine (1/(n-1)) sum_c w_c / ||(b_c, w_c)||; violation: of the
+        constraint form the solver kept (per-class cones for "projected").
+    tau, lambda_inv, solver, sc_star: the settings used (tau after the schedule).
+    num_rows: |T_i|; base_accuracy: in-sample accuracy of the base model.
+    guarded: SC was asked for and the guard fitted SC* instead (``sc_star`` True).
+    """
+
+    b: np.ndarray
+    w: np.ndarray
+    status: Status
+    iterations: int
+    outer_iterations: int
+    objective: float
+    constraint: float
+    violation: float
+    tau: float
+    lambda_inv: float
+    solver: str
+    sc_star: bool
+    num_rows: int
+    base_accuracy: float
+    guarded: bool = False
+
+    @property
+    def converged(self) -> bool:
+        return self.status == Status.CONVERGED
+
+    @property
+    def num_classes(self) -> int:
+        return self.b.shape[0] + 1
+
+    def predict_proba(self, features: np.ndarray) -> np.ndarray:
+        """``[..., n-1]`` log-odds -> ``[..., n]`` calibrated probabilities."""
+        return calibrated_proba(self.b, self.w, features)
+
+
+@jax.jit
+def _calibrated_proba(b, w, features):
+    return jnp.exp(calibrated_log_probs(b, w, features))
+
+
+def calibrated_proba(b: np.ndarray, w: np.ndarray, features: np.ndarray) -> np.ndarray:
+    """f(m; theta) of Eq. affine_logit_model_formal: ``[..., n-1]`` -> ``[..., n]``,
+    :func:`sc_jax.calibration.functional.calibrated_log_probs` in float64."""
+    with jax.enable_x64(True):
+        return np.asarray(_calibrated_proba(*(jnp.asarray(a, jnp.float64) for a in (b, w, features))))
+
+
+# ---------------------------------------------------------------------------------
+# Input checks (sc_jax.calibration.validation, shared with sc_jax.calibrate): all raised before
+# any solve.
+
+
+def _check_solver(solver):
+    if solver not in METHODS:
+        raise ValueError(f"unknown solver {solver!r}; choose one of {METHODS}")
+
+
+def _per_problem(value, count: int, name: str) -> list:
+    if value is None or np.ndim(value) == 0:
+        return [value] * count
+    value = list(value)
+    if len(value) != count:
+        raise ValueError(f"{name} has {len(value)} entries for {count} problems")
+    return value
+
+
+def _dtype(dtype):
+    dtype = jnp.dtype(dtype)
+    if dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.float64)):
+        raise ValueError(f"dtype must be float32 or float64, got {dtype}")
+    return dtype
+
+
+# ---------------------------------------------------------------------------------
+# Packing: a batch of problems padded to one N (a few buckets, so that batches of
+# similar sizes share a compilation).
+
+
+def _bucket_rows(n: int) -> int:
+    """Round up to a multiple of 1/8 of the next lower power of two (<= 12.5% padding),
+    at least 64."""
+    if n <= 64:
+        return 64
+    step = 1 << max(int(math.floor(math.log2(n))) - 3, 0)
+    return -(-n // step) * step
+
+
+def _bucket_queries(g: int) -> int:
+    return max(8, 1 << max(g - 1, 0).bit_length())
+
+
+def pack_batch(problems: Sequence[tuple], dtype="float32") -> tuple[Problem, list[int]]:
+    """Validate and pad ``[(features, labels, query_ids), ...]`` into one batched
+    :class:`Problem` with a leading ``[B]`` axis.
+
+    Rows are padded to a bucketed common N with mask 0, query ids are renumbered to
+    0..G-1 per problem and G is bucketed, so batches whose sizes fall in the same
+    buckets reuse one compilation. Returns the problem and each problem's row count.
+    Must be called (and its result used) under x64 for float64.
+    """
+    dtype = _dtype(dtype)
+    if len(problems) == 0:
+        raise ValueError("no problems to fit")
+    checked = []
+    for k, prob in enumerate(problems):
+        if len(prob) != 3:
+            raise ValueError(f"problem {k} must be (features, labels, query_ids)")
+        checked.append(check_problem(*prob, where=str(k), batch_axes=False)[:3])
+    n1 = {x.shape[1] for x, _, _ in checked}
+    if len(n1) != 1:
+        raise ValueError(f"all problems in a batch must have the same number of classes, "
+                         f"got n-1 in {sorted(n1)}; batch each class count separately")
+    n1 = n1.pop()
+    sizes = [x.shape[0] for x, _, _ in checked]
+    n_pad = _bucket_rows(max(sizes))
+    remapped = [np.unique(g, return_inverse=True)[1].reshape(-1) for _, _, g in checked]
+    g_pad = _bucket_queries(max(int(r.max()) + 1 for r in remapped))
+    b = len(checked)
+    feats = np.zeros((b, n_pad, n1), np.float64)
+    labels = np.zeros((b, n_pad), np.int32)
+    qids = np.zeros((b, n_pad), np.int32)
+    mask = np.zeros((b, n_pad), np.float64)
+    for k, ((x, y, _), g) in enumerate(zip(checked, remapped)):
+        n = x.shape[0]
+        feats[k, :n], labels[k, :n], qids[k, :n], mask[k, :n] = x, y, g, 1.0
+    problem = Problem(
+        features=jnp.asarray(feats, dtype),
+        labels=jnp.asarray(labels),
+        query_ids=jnp.asarray(qids),
+        mask=jnp.asarray(mask, dtype),
+        num_queries=g_pad,
+    )
+    return problem, sizes
+
+
+# Problems of at most this many rows share one bucket, padded to the largest of them.
+# Each bucket adds its own copies of the evaluations of f to the solver's compilation
+# (the loop itself is compiled once, solvers.solve_slots): 0.8 s for a 1,792-row
+# bucket, 1.7 s for 20,480 rows on the 2-core CPU, while padding a small problem costs
+# microseconds per evaluation. When every bucket had its own copy of the whole loop,
+# sharing the k = 8 batch's 56- and 336-row buckets took its cold call (compile + run,
+# bench_cold_call.py) from 9.2-9.8 s to 7.7-8.2 s; sharing up to 2,048 rows (1,680 at
+# k = 8) saved 1.3 s more but made the n = 3 benchmark batch's run 20-25% slower.
+SMALL_BUCKET_ROWS = 512
+
+
+def pack_buckets(problems: Sequence[tuple], dtype="float32"
+                 ) -> tuple[list[list[int]], list[Problem], list[int]]:
+    """Group problems by padded row count (:func:`_bucket_rows`) and pack each group
+    with :func:`pack_batch`; all problems of at most ``SMALL_BUCKET_ROWS`` rows go
+    to one group.
+
+    Returns (indices per bucket into ``problems``, one batched :class:`Problem` per
+    bucket, each problem's row count). Buckets are ordered by padded N; k = 8
+    surrogate data of sizes 1..5 (56 to 20,160 rows) give four buckets (56 and 336
+    rows share one), where one common padding would make every problem cost 20,480
+    rows.
+    """
+    if len(problems) == 0:
+        raise ValueError("no problems to fit")
+    groups: dict[int, list[int]] = {}
+    for k, prob in enumerate(problems):
+        # Malformed tuples go to one bucket, where pack_batch reports them clearly.
+        rows = np.shape(prob[1])[0] if len(prob) == 3 and np.ndim(prob[1]) >= 1 else 0
+        groups.setdefault(_bucket_rows(rows), []).append(k)
+    small = sorted(key for key in groups if key <= SMALL_BUCKET_ROWS)
+    for key in small[:-1]:
+        groups[small[-1]] += groups.pop(key)
+    indices, packed, sizes = [], [], [0] * len(problems)
+    for key in sorted(groups):
+        idx = groups[key]
+        prob, rows = pack_batch([problems[k] for k in idx], dtype)
+        indices.append(idx)
+        packed.append(prob)
+        for k, r in zip(idx, rows):
+            sizes[k] = r
+    return indices, packed, sizes
+
+
+# ---------------------------------------------------------------------------------
+# Fitting.
+
+
+def _result(sol: Solution, k: int | None, *, tau, lam, solver, sc_star, num_rows,
+            acc) -> FitResult:
+    pick = (lambda a: np.asarray(a)) if k is None else (lambda a: np.asarray(a)[k])
+    return FitResult(
+        b=pick(sol.params.b).astype(np.float64),
+        w=pick(sol.params.w).astype(np.float64),
+        status=Status(int(pick(sol.status))),
+        iterations=int(pick(sol.iterations)),
+        outer_iterations=int(pick(sol.outer_iterations)),
+        objective=float(pick(sol.objective)),
+        constraint=float(pick(sol.constraint)),
+        violation=float(pick(sol.violation)),
+        tau=float(tau),
+        lambda_inv=float(lam),
+        solver=solver,
+        sc_star=bool(sc_star),
+        num_rows=int(num_rows),
+        base_accuracy=float(acc),
+    )
+
+
+def _by_group(keys: list, fit_group) -> list:
+    """One ``fit_group(key, indices)`` per distinct key (in sorted order), the results
+    put back in problem order."""
+    out = [None] * len(keys)
+    for key in sorted(set(keys)):
+        idx = [j for j, k in enumerate(keys) if k == key]
+        for j, f in zip(idx, fit_group(key, idx)):
+            out[j] = f
+    return out
+
+
+def _checked_settings(count: int, lambda_inv, tau, *, solver, guard, batch_size,
+                      threads, device) -> tuple[list, list]:
+    """Per-problem lambda_inv and tau, once every setting of :func:`fit_batch` has
+    passed its check (all before any packing or solve)."""
+    _check_solver(solver)
+    if guard not in GUARDS:
+        raise ValueError(f"guard must be one of {GUARDS}, got {guard!r}")
+    if solver != "scipy":
+        resolve_batch_size(batch_size)  # bad values fail before any packing
+        resolve_threads(threads)
+    fit_device(device)
+    lams = _per_problem(lambda_inv, count, "lambda_inv")
+    taus = _per_problem(tau, count, "tau")
+    for lam in lams:
+        check_lambda(lam)
+    for t in taus:
+        check_tau(t)
+    return lams, taus
+
+
+def _class_widths(problems: Sequence[tuple]) -> list:
+    """Each problem's n-1, or None for a malformed one (pack_batch reports it)."""
+    return [np.shape(p[0])[-1] if len(p) == 3 and np.ndim(p[0]) == 2 else None
+            for p in problems]
+
+
+def _below_chance_flags(problems: Sequence[tuple]) -> list[bool]:
+    """The guard's test (:func:`below_chance`) per problem; bad input fails here,
+    before any solve."""
+    for j, prob in enumerate(problems):
+        if len(prob) != 3:
+            raise ValueError(f"problem {j} must be (features, labels, query_ids)")
+        check_problem(*prob, where=str(j), batch_axes=False)
+    return [below_chance(base_accuracy(np.asarray(p[0]), np.asarray(p[1])),
+                         np.shape(p[0])[-1] + 1) for p in problems]
+
+
+def _mark_guarded(fits: list[FitResult], guarded: bool) -> list[FitResult]:
+    return [dataclasses.replace(f, guarded=True) for f in fits] if guarded else fits
+
+
+def _pack(problems: Sequence[tuple], dtype, bucketed: bool):
+    """(indices per bucket, one batched Problem per bucket, row counts): one bucket
+    per padded row count, or one for all."""
+    if bucketed:
+        return pack_buckets(problems, dtype)
+    one, sizes = pack_batch(problems, dtype)
+    return [list(range(len(problems)))], [one], sizes
+
+
+def _fit_scipy(packed: Problem, sizes: list[int], lams, taus, accs, *, sc_star,
+               options) -> list[FitResult]:
+    """The float64 reference: one trust-constr solve per problem of ``packed``, on its
+    own rows only."""
+    out = []
+    for k in range(len(sizes)):
+        rows = slice(0, sizes[k])
+        prob = Problem(packed.features[k, rows], packed.labels[k, rows],
+                       packed.query_ids[k, rows], packed.mask[k, rows], packed.num_queries)
+        sol = solvers.scipy(prob, lams[k], taus[k], sc_star=sc_star,
+                            options=options or ScipyOptions())
+        out.append(_result(sol, None, tau=taus[k], lam=lams[k], solver="scipy",
+                           sc_star=sc_star, num_rows=sizes[k], acc=accs[k]))
+    return out
+
+
+def _fit_packed(problems: Sequence[tuple], lams: list, taus: list, *, solver, sc_star,
+                dtype, options, bucketed, batch_size, threads, device) -> list[FitResult]:
+    """Problems of one class count and one start count: packed, tau filled in from
+    the schedule, solved in one compiled call (a loop for "scipy") on the device
+    :func:`sc_jax.calibration.solvers.batching.fit_device` picks, unpacked."""
+    dtype = _dtype(jnp.float64 if solver == "scipy" else dtype)
+    with jax.enable_x64(dtype == jnp.float64):
+        indices, packed, sizes = _pack(problems, dtype, bucketed and solver != "scipy")
+        n = packed[0].num_classes
+        accs = [base_accuracy(np.asarray(p[0]), np.asarray(p[1])) for p in problems]
+        taus = [tau_from_accuracy(a, n) if t is None else float(t) for t, a in zip(taus, accs)]
+        if solver == "scipy":
+            return _fit_scipy(packed[0], sizes, lams, taus, accs, sc_star=sc_star,
+                              options=options)
+        starts = (options.num_starts if solver == "augmented_lagrangian" and options is not None
+                  else 1)
+        sols = solvers.solve_batch(
+            packed, [jnp.asarray([lams[k] for k in idx], dtype) for idx in indices],
+            [jnp.asarray([taus[k] for k in idx], dtype) for idx in indices],
+            method=solver, sc_star=sc_star, options=options, batch_size=batch_size,
+            threads=threads, device=fit_device(device, packed, starts))
+        sols = jax.device_get(sols)
+    out: list[FitResult | None] = [None] * len(problems)
+    for idx, sol in zip(indices, sols):
+        for j, k in enumerate(idx):
+            out[k] = _result(sol, j, tau=taus[k], lam=lams[k], solver=solver, sc_star=sc_star,
+                             num_rows=sizes[k], acc=accs[k])
+    return out
+
+
+def fit_batch(problems: Sequence[tuple], *, lambda_inv=DEFAULT_LAMBDA_INV, tau=None,
+              solver: str = "augmented_lagrangian", sc_star: bool = False,
+              dtype="float32", options: SolverOptions | ScipyOptions | None = None,
+              bucketed: bool = True, batch_size: int | None = None,
+              threads: int | None = None, guard: str = "none",
+              device="auto") -> list[FitResult]:
+    """Fit many SC problems of one class count in ONE compiled call (``jit`` of a
+    ``vmap`` per row bucket).
+
+    problems: ``[(features [N_j, n-1], labels [N_j], query_ids [N_j]), ...]``, e.g.
+        every context size x seed (x dataset with the same n).
+    lambda_inv, tau: a scalar for all problems or one value per problem; ``tau=None``
+        (or a None entry) applies the Appendix A schedule to that problem's base
+        accuracy. Neither triggers a recompilation.
+    solver: "augmented_lagrangian" | "projected" (batched) | "scipy" (a loop of
+        trust-constr solves, float64).
+    bucketed: group the problems by padded row count, one vmap per group inside the
+        one compiled call (:func:`pack_buckets`). Under vmap each instance costs the
+        group's padded N times the group's largest iteration count, so mixing a
+        56-row and a 20,160-row problem makes the small one as dear as the large one
+        and lets one hard instance hold up all the others: on the k = 8, n = 4
+        benchmark batch (25 problems, float32, 2-core CPU) bucketing was 15x
+        (augmented Lagrangian) and 94x (projected) faster. It compiles one solver
+        per bucket (25-43 s in all for the augmented Lagrangian's five buckets on
+        that CPU, once per process and shape set).
+        ``False`` pads every problem to the largest N in one vmap. Both give the
+        same solutions (a test compares them).
+    batch_size: instances solved in lockstep by one vmap (see
+        :func:`sc_jax.calibration.solvers.resolve_batch_size`). ``None``: 1 on CPU, where the
+        lockstep only makes every instance wait for the slowest (one after another
+        inside the compiled call is several times faster on the benchmark batches:
+        ``benchmarks/RESULTS.md``), the whole bucket on GPU/TPU. Same solutions either
+        way (a test compares them).
+    threads: host threads that solve parts of the batch at once (see
+        :func:`sc_jax.calibration.solvers.resolve_threads`). ``None``: on CPU one per core (XLA
+        runs one call on one core; threads let several calls run at once), 1 on GPU/TPU.
+        Same solutions either way (a test compares them).
+    options: :class:`SolverOptions` (or :class:`ScipyOptions` for "scipy"). None:
+        the defaults, except that the augmented Lagrangian solves problems with
+        ``lambda_inv >= NONCONVEX_LAMBDA`` (0.5) from ``NONCONVEX_STARTS`` (96)
+        starts, since the invariance term makes their objective non-convex (one
+        start ended at a worse KKT point than SciPy's best start on 26 of 144
+        instances of the synthetic sweep, all at lambda_inv >= 1, and on near-apex
+        instances at lambda_inv = 0.5).
+    guard: "none" (the paper), "bias_only" or "bias_only_free": problems whose
+        surrogate in-sample accuracy is below chance (:func:`below_chance`) are fitted
+        as SC* (bias only, w = 1) and marked ``guarded``; the others as asked. SC*
+        keeps the problem's trust region (mean_c 1/||(b_c, 1)|| >= tau, which at
+        tau = 0.997 bounds |b| near 0.08) under "bias_only", and drops it (tau = -1,
+        the reference code's unconstrained bias-only fit) under "bias_only_free".
+        With ``tau=None`` the two agree: the Appendix A schedule already gives a
+        below-chance problem (accuracy < 1/n <= 0.5) tau = -1; they differ only where
+        tau is fixed. A deviation from the paper (benchmarks/real_eval/README.md); ignored for
+        ``sc_star=True``.
+    device: where the batched solvers run (:func:`sc_jax.calibration.solvers.batching.fit_device`).
+        "auto" (default): where JAX's default backend is the CPU, as without this
+        option; on a GPU or TPU, each compiled call whose batch has fewer than
+        ``batching.HOST_CELLS`` (1e6) padded rows x (n - 1) x starts is solved on the
+        host CPU, the larger ones on the default device. A solve is a chain of small
+        dependent loop steps, each a few kernel launches on an accelerator: an H200
+        took 3-10x the time of a 2-core CPU for the augmented Lagrangian on
+        25-problem benchmark batches.
+        "cpu": the host CPU; "default": JAX's default device; or a ``jax.Device``.
+        Batch size, threads and XLA options follow the device used. The solutions
+        are the same wherever they are computed, up to the rounding of the device's
+        arithmetic. Not used by "scipy", which evaluates on the host anyway.
+    Returns one :class:`FitResult` per problem, in order. Solver failures are reported
+    in ``status``, never raised; bad input raises ValueError before any solve.
+    """
+    count = len(problems)
+    lams, taus = _checked_settings(count, lambda_inv, tau, solver=solver, guard=guard,
+                                   batch_size=batch_size, threads=threads, device=device)
+    common = dict(solver=solver, sc_star=sc_star, dtype=dtype, options=options,
+                  bucketed=bucketed, batch_size=batch_size, threads=threads, guard=guard,
+                  device=device)
+
+    def part(idx, **changes):  # fit_batch on the problems idx, settings changed
+        settings = dict(common, lambda_inv=[lams[j] for j in idx], tau=[taus[j] for j in idx])
+        return fit_batch([problems[j] for j in idx], **{**settings, **changes})
+
+    # Problems of different class counts: one group (and compiled solver) per n, so
+    # that each gets its own n in the tau schedule and its own parameter count.
+    widths = _class_widths(problems)
+    if len(set(widths)) > 1 and None not in widths:
+        return _by_group(widths, lambda _, idx: part(idx))
+    if guard in ("bias_only", "bias_only_free") and not sc_star and count:
+        flagged = _below_chance_flags(problems)
+        if any(flagged):
+            free = {"tau": -1.0} if guard == "bias_only_free" else {}
+            return _by_group(flagged, lambda star, idx: _mark_guarded(
+                part(idx, sc_star=star, guard="none", **(free if star else {})), star))
+    if solver == "augmented_lagrangian" and options is None and count:
+        # Where the invariance term weighs, the objective has several KKT points and
+        # one start often ends at a worse one (SolverOptions.num_starts): those
+        # problems get NONCONVEX_STARTS starts, in their own compiled call.
+        many = [lam >= NONCONVEX_LAMBDA for lam in lams]
+        if any(many) and not all(many):
+            return _by_group(many, lambda _, idx: part(idx))
+        if all(many):
+            options = SolverOptions(num_starts=NONCONVEX_STARTS)
+    return _fit_packed(problems, lams, taus, solver=solver, sc_star=sc_star, dtype=dtype,
+                       options=options, bucketed=bucketed, batch_size=batch_size,
+                       threads=threads, device=device)
+
+
+def fit(features: np.ndarray, labels: np.ndarray, query_ids: np.ndarray, *,
+        lambda_inv: float = DEFAULT_LAMBDA_INV, tau: float | None = None,
+        solver: str = "augmented_lagrangian", sc_star: bool = False, dtype="float32",
+        options: SolverOptions | ScipyOptions | None = None, device="auto") -> FitResult:
+    """Fit SC for one context size (paper Eq. final_opt_problem).
+
+    features: ``[N, n-1]`` log-odds m_c = log p_c / p_0 of the surrogate rows.
+    labels: ``[N]`` ints in [0, n); every class must occur.
+    query_ids: ``[N]`` which held-out demonstration each row queried (any integers).
+    lambda_inv: weight of the mean invariance penalty (>= 0).
+    tau: trust-region level in [-1, 1]; None: Appendix A schedule from the base
+        model's in-sample accuracy; -1: no trust region.
+    solver: "augmented_lagrangian" (default), "projected" or "scipy".
+    sc_star: fit the bias only (w = 1), the paper's SC*.
+    device: where the solver runs, as in :func:`fit_batch` ("auto": the host CPU on
+        an accelerator for all but very large problems).
+    """
+    return fit_batch([(features, labels, query_ids)], lambda_inv=lambda_inv, tau=tau,
+                     solver=solver, sc_star=sc_star, dtype=dtype, options=options,
+                     device=device)[0]
+
+
+# ---------------------------------------------------------------------------------
+# Prediction: the two-level ensemble of Algorithm 2.
+
+
+def reference_size_weights(shots: int, sizes: Sequence[int]) -> np.ndarray:
+    """The reference code's size weights, ``[len(sizes)]`` (unnormalised):
+
+        a_i = min(P(k, i) (k - i), 15000),  P(k, i) = k! / (k - i)!,
+
+    the number of surrogate rows of size i before any budget truncation (every ordered
+    i-tuple of the k demonstrations with each of the k - i held-out ones as query),
+    capped at 15000 (gundemkorel/ICL ``ICL_modules/functions.py``: ``min(math.perm(k, i)
+    * (k - i), 15000)``). It does not depend on the budget: at k = 8 with the default
+    budget 5000 the fitted sizes have 56, 336, 1680, 5000, 5000 rows but weights 56,
+    336, 1680, 6720, 15000."""
+    sizes = [int(i) for i in sizes]
+    if any(not 1 <= i < shots for i in sizes):
+        raise ValueError(f"sizes must lie in 1..k-1 = 1..{shots - 1}, got {sizes}")
+    return np.array([min(math.perm(shots, i) * (shots - i), REFERENCE_SIZE_WEIGHT_CAP)
+                     for i in sizes], float)
+
+
+def predict_proba(fits: Sequence[FitResult], features: Sequence[np.ndarray], *,
+                  size_weights: str = "uniform", shots: int | None = None,
+                  sizes: Sequence[int] | None = None) -> np.ndarray:
+    """p_SC(x) = sum_i a_i (1/m_i) sum_j f(m(x; C_i^(j)); theta_i) (Algorithm 2, Part 2).
+
+    fits: one :class:`FitResult` per context size i in I.
+    features: per size, ``[m_i, T, n-1]`` log-odds of the T test queries under each of
+        the m_i sampled sub-contexts of that size (``[T, n-1]`` means m_i = 1).
+    size_weights: "uniform" (a_i = 1/|I|, the paper) or "reference" (a_i proportional
+        to min(P(k, i)(k - i), 15000), the reference code: :func:`reference_size_weights`;
+        needs ``shots`` k and the fits' ``sizes`` i).
+    Returns ``[T, n]`` probabilities; the SC prediction is their argmax.
+    """
+    if len(fits) == 0 or len(fits) != len(features):
+        raise ValueError(f"need one feature array per fitted size: {len(fits)} fits, "
+                         f"{len(features)} feature arrays")
+    if size_weights == "uniform":
+        weights = np.ones(len(fits))
+    elif size_weights == "reference":
+        if shots is None or sizes is None or len(sizes) != len(fits):
+            raise ValueError("size_weights='reference' needs shots (k) and one size per fit")
+        weights = reference_size_weights(shots, sizes)
+    else:
+        raise ValueError(f"size_weights must be 'uniform' or 'reference', got {size_weights!r}")
+    feats_all = []
+    for fit_i, feats in zip(fits, features):
+        feats = np.asarray(feats, np.float64)
+        if feats.ndim == 2:
+            feats = feats[None]
+        if feats.ndim != 3 or feats.shape[-1] != fit_i.num_classes - 1:
+            raise ValueError(f"features per size must be [m_i, T, {fit_i.num_classes - 1}], "
+                             f"got {feats.shape}")
+        if not np.all(np.isfinite(feats)):
+            raise ValueError("test features contain NaN or infinite values")
+        if feats_all and feats.shape[1] != feats_all[0].shape[1]:
+            raise ValueError("every size must score the same T test queries")
+        feats_all.append(feats)
+    with jax.enable_x64(True):
+        out = ensemble_proba(jnp.asarray(np.stack([f.b for f in fits])),
+                             jnp.asarray(np.stack([f.w for f in fits])),
+                             [jnp.asarray(f) for f in feats_all], jnp.asarray(weights))
+        return np.asarray(out)

@@ -1,0 +1,349 @@
+"""Supervised Calibration as pure JAX functions of arrays, for research code.
+
+Everything here is jit-able, vmap-able and (where it says so) differentiable, takes
+and returns arrays or pytrees of arrays, and never calls back to the host::
+
+    @jax.jit
+    def loss(features, labels, query_ids, test_features):
+        cal = sc_jax.calibrate(features, labels, query_ids, num_queries=8)
+        logp = sc_jax.calibrated_log_probs(cal.b, cal.w, test_features)
+        return -jnp.mean(logp[:, 0])
+
+    jax.grad(loss)(...)   # through the solve, by implicit differentiation
+
+The NumPy-facing :mod:`sc_jax.calibration.calibrators` (``fit``, ``fit_batch``,
+``predict_proba``) is a thin layer over these: the default lambda_inv, the Appendix A
+tau schedule, the base model's accuracy and the calibrated probabilities are defined
+here once, for both layers.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sc_jax.calibration import solvers
+from sc_jax.calibration.objective import (
+    Params,
+    Problem,
+    class_cosines,
+    design_arrays,
+    flat_from_params,
+    params_from_flat,
+    value,
+)
+from sc_jax.calibration.objective import calibrated_log_probs as _log_probs
+from sc_jax.calibration.solvers import SolverOptions, Status
+from sc_jax.calibration.validation import (
+    check_lambda,
+    check_problem,
+    check_setting_shape,
+    check_tau,
+    valid_problem,
+)
+
+Array = jax.Array
+
+__all__ = [
+    "Calibration",
+    "calibrate",
+    "calibrated_log_probs",
+    "ensemble_proba",
+    "tau_schedule",
+]
+
+#: Weight of the invariance penalty when none is given, for both layers (the evidence
+#: for 0.1 is in :mod:`sc_jax.calibration.calibrators`).
+DEFAULT_LAMBDA_INV = 0.1
+
+#: Paper Appendix A: (least in-sample accuracy, alpha in degrees before the 1/(K-1)
+#: root), tightest first; below the last, alpha = 180 (tau = -1, no trust region).
+TAU_SCHEDULE = ((0.9, 20.0), (0.7, 45.0), (0.5, 90.0))
+
+
+class Calibration(NamedTuple):
+    """What :func:`calibrate` returns; leading batch axes as the inputs had.
+
+    b, w: ``[..., n-1]`` the affine map (w is all ones for SC*).
+    status: int32 :class:`sc_jax.calibration.solvers.Status` code.
+    objective: mean NLL + lambda_inv * InvPenalty at (b, w).
+    constraint: mean cosine (1/(n-1)) sum_c w_c / ||(b_c, w_c)||.
+    violation: max(0, tau - constraint).
+    multiplier: Lagrange multiplier of the mean-cosine constraint (0 if inactive).
+    iterations: Newton steps taken.
+    tau: the trust-region level used (after the schedule, if tau was None).
+    """
+
+    b: Array
+    w: Array
+    status: Array
+    objective: Array
+    constraint: Array
+    violation: Array
+    multiplier: Array
+    iterations: Array
+    tau: Array
+
+
+def tau_levels(num_classes: int) -> tuple[float, ...]:
+    """The trust-region levels tau = cos(alpha degrees) of :data:`TAU_SCHEDULE` for K =
+    ``num_classes``, one per row and then -1: Python floats (float64), the same
+    numbers on every backend."""
+    root = 1.0 / (num_classes - 1)
+    alphas = [alpha**root for _, alpha in TAU_SCHEDULE] + [180.0]
+    return tuple(float(np.clip(math.cos(math.radians(a)), -1.0, 1.0)) for a in alphas)
+
+
+def tau_schedule(accuracy: Array, num_classes: int) -> Array:
+    """Paper Appendix A: tau = cos(alpha degrees) from the base model's accuracy.
+
+    alpha = 20^(1/(K-1)) if accuracy >= 0.9; 45^(1/(K-1)) if >= 0.7; 90^(1/(K-1)) if
+    >= 0.5; otherwise 180 (tau = -1, no trust region). ``accuracy`` may be traced and
+    batched; ``num_classes`` (K) is static. The levels are :func:`tau_levels`.
+    """
+    levels = tau_levels(num_classes)
+    accuracy = jnp.asarray(accuracy)
+    tau = levels[-1]
+    for (least, _), level in reversed(list(zip(TAU_SCHEDULE, levels))):
+        tau = jnp.where(accuracy >= least, level, tau)
+    return tau
+
+
+def base_accuracy(features: Array, labels: Array, mask: Array | None = None) -> Array:
+    """Masked accuracy of argmax(0, m_1, ..., m_{n-1}) ``[..., N, n-1]``: NumPy or JAX arrays."""
+    pred = (features.max(axis=-1) > 0) * (features.argmax(axis=-1) + 1)
+    hit = (pred == labels).astype(features.dtype)
+    if mask is None:
+        return hit.mean(axis=-1)
+    return (hit * mask).sum(axis=-1) / (mask.sum(axis=-1)).clip(min=1.0)
+
+
+def calibrated_log_probs(b: Array, w: Array, features: Array) -> Array:
+    """log f(m; theta) of Eq. affine_logit_model_formal: ``[..., n-1]`` log-odds ->
+    ``[..., n]`` log-probabilities (b, w ``[n-1]`` broadcast against features)."""
+    return _log_probs(Params(b, w), features)
+
+
+def ensemble_proba(b: Array, w: Array, features: Sequence[Array],
+                   weights: Array | None = None) -> Array:
+    """The two-level ensemble of Algorithm 2, Part 2.
+
+    b, w: ``[S, n-1]``, one fitted map per context size.
+    features: a sequence of S arrays ``[m_i, T, n-1]``: the T test queries' log-odds
+        under each of the m_i sampled sub-contexts of size i (m_i may differ).
+    weights: ``[S]`` size weights a_i (normalised here); None is uniform, the paper.
+    Returns ``[T, n]``: sum_i a_i (1/m_i) sum_j f(m(x; C_i^(j)); theta_i).
+    """
+    per_size = jnp.stack([jnp.mean(jnp.exp(calibrated_log_probs(b[i], w[i], f)), axis=0)
+                          for i, f in enumerate(features)])  # [S, T, n]
+    if weights is None:
+        weights = jnp.ones(len(features), per_size.dtype)
+    weights = jnp.asarray(weights, per_size.dtype)
+    return jnp.einsum("s,stn->tn", weights / jnp.sum(weights), per_size)
+
+
+# ---------------------------------------------------------------------------------
+# calibrate: one solve, batched over leading axes, differentiable by implicit
+# differentiation of its KKT conditions.
+
+
+def _kkt(z, features, labels1h, groups, lambda_inv, tau, sc_star):
+    """KKT residual of Eq. final_opt_problem at z = [x, mu] (flat, ``[p + 1]``):
+    stationarity of the Lagrangian f - mu (mean cos - tau), and c(x) = 0 where
+    mu > 0 (active) or mu = 0 where it is not. Zero at the solver's solution; jaxopt
+    differentiates it."""
+    x, mu = z[:-1], z[-1]
+    design = design_arrays(features, labels1h, groups)
+
+    def f(x):
+        return value(flat_from_params(params_from_flat(x, sc_star)), design, lambda_inv)
+
+    def c(x):
+        return jnp.mean(class_cosines(params_from_flat(x, sc_star))) - tau
+
+    stationarity = jax.grad(f)(x) - mu * jax.grad(c)(x)
+    return jnp.concatenate([stationarity, jnp.where(mu > 0, c(x), mu)[None]])
+
+
+def _solve_single(features, labels1h, groups, lambda_inv, tau, *, sc_star, options):
+    problem = Problem(features, jnp.argmax(labels1h, axis=0).astype(jnp.int32),
+                      jnp.argmax(groups, axis=1).astype(jnp.int32),
+                      jnp.sum(groups, axis=1), groups.shape[1])
+    sol = solvers.augmented_lagrangian(problem, lambda_inv, tau, sc_star=sc_star,
+                                       options=options)
+    return flat_from_params(sol.params, sc_star), sol
+
+
+@functools.lru_cache(maxsize=None)
+def _differentiable_solver(sc_star: bool, options):
+    from jaxopt import implicit_diff, linear_solve  # noqa: PLC0415 (importing it warns: deprecated)
+
+    def optimality(z, features, labels1h, groups, lambda_inv, tau):
+        return _kkt(z, features, labels1h, groups, lambda_inv, tau, sc_star)
+
+    # p + 1 <= 11 unknowns: the KKT Jacobian is materialised and LU-factorised.
+    @implicit_diff.custom_root(optimality, has_aux=True, solve=linear_solve.solve_lu)
+    def solve(init, features, labels1h, groups, lambda_inv, tau):
+        del init  # the solver starts from its own points
+        x, sol = _solve_single(features, labels1h, groups, lambda_inv, tau,
+                               sc_star=sc_star, options=options)
+        # The solver reports the multiplier of the paper's constraint.
+        return jnp.concatenate([x, sol.multiplier[None]]), sol
+
+    return solve
+
+
+def _concrete(*arrays):
+    """NumPy copies of ``arrays`` (None stays None), or None if any is traced."""
+    try:
+        return [None if a is None else np.asarray(a) for a in arrays]
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        return None
+
+
+def _check_solver_and_dtype(solver: str, dtype):
+    """``dtype`` as a ``jnp.dtype`` (None stays None), once solver and dtype are usable here."""
+    if solver != "augmented_lagrangian":
+        raise ValueError(f"calibrate solves with 'augmented_lagrangian' only, got {solver!r}; "
+                         "use sc_jax.calibration.calibrators.fit(..., solver=...) for the others")
+    if dtype is not None:
+        dtype = jnp.dtype(dtype)
+        if dtype == jnp.float64 and not jax.config.jax_enable_x64:
+            raise ValueError('dtype="float64" needs 64-bit JAX: call '
+                             'jax.config.update("jax_enable_x64", True) first (or use '
+                             'sc_jax.calibration.calibrators.fit, which enables it for the solve)')
+    return dtype
+
+
+def _host_checks(features, labels, query_ids, mask, num_queries, lambda_inv, tau) -> int:
+    """The :mod:`sc_jax.calibration.validation` rules on whatever is concrete, before anything is
+    compiled; returns ``num_queries`` (inferred from concrete query ids if None)."""
+    host = _concrete(features, labels, query_ids, mask)
+    if host is not None:
+        check_problem(*host[:3], mask=host[3], num_queries=num_queries)
+        if num_queries is None:
+            num_queries = int(np.max(host[2])) + 1
+    elif num_queries is None:
+        raise ValueError("query_ids are traced: pass num_queries= (a static bound on the "
+                         "query ids)")
+    for name, setting, check in (("lambda_inv", lambda_inv, check_lambda), ("tau", tau, check_tau)):
+        if setting is not None:
+            check_setting_shape(name, setting, tuple(np.shape(features))[:-2])
+        concrete = _concrete(setting)
+        if concrete is not None:
+            check(concrete[0])
+    return num_queries
+
+
+def _as_arrays(features, labels, query_ids, mask, dtype):
+    """JAX arrays of the problem (floating features in ``dtype``, a mask of ones if
+    None), their shapes checked: ``[..., N, n-1]`` and ``[..., N]`` x 3."""
+    features = jnp.asarray(features, dtype)
+    if not jnp.issubdtype(features.dtype, jnp.floating):
+        features = features.astype(jnp.float32)
+    dtype = features.dtype
+    if features.ndim < 2:
+        raise ValueError(f"features must be [..., N, n-1], got shape {features.shape}")
+    labels = jnp.asarray(labels)
+    query_ids = jnp.asarray(query_ids)
+    batch, n_rows = features.shape[:-2], features.shape[-2]
+    if labels.shape != batch + (n_rows,) or query_ids.shape != batch + (n_rows,):
+        raise ValueError(f"labels and query_ids must have shape {batch + (n_rows,)}, got "
+                         f"{labels.shape} and {query_ids.shape}")
+    mask = jnp.ones(labels.shape, dtype) if mask is None else jnp.asarray(mask, dtype)
+    if mask.shape != labels.shape:
+        raise ValueError(f"mask must have shape {labels.shape}, got {mask.shape}")
+    return features, labels, query_ids, mask
+
+
+def _calibrate_one(features, labels1h, groups, lambda_inv, tau, valid, *, solve,
+                   sc_star) -> Calibration:
+    """One unbatched problem: ``features [N, n-1]``, ``labels1h [n, N]``, ``groups
+    [N, G]``, scalar settings; NaN numbers and INVALID_INPUT where ``valid`` is False."""
+    dtype = features.dtype
+    n = 1 if sc_star else 2
+    init = jnp.zeros(n * features.shape[-1] + 1, dtype)
+    z, sol = solve(init, features, labels1h, groups, lambda_inv, tau)
+    p = params_from_flat(z[:-1], sc_star)
+    # Recomputed from the solution so that they carry derivatives too.
+    objective = value(flat_from_params(p), design_arrays(features, labels1h, groups),
+                      lambda_inv)
+    constraint = jnp.mean(class_cosines(p))
+    fit = Calibration(b=p.b, w=p.w, status=sol.status, objective=objective,
+                      constraint=constraint, violation=sol.violation,
+                      multiplier=sol.multiplier, iterations=sol.iterations, tau=tau)
+    # Bad input seen only in the graph: a status, and no numbers to mistake for a fit.
+    nan = jnp.asarray(jnp.nan, dtype)
+    return fit._replace(
+        b=jnp.where(valid, fit.b, nan), w=jnp.where(valid, fit.w, nan),
+        objective=jnp.where(valid, fit.objective, nan),
+        constraint=jnp.where(valid, fit.constraint, nan),
+        status=jnp.where(valid, fit.status, jnp.int32(Status.INVALID_INPUT)))
+
+
+def calibrate(features: Array, labels: Array, query_ids: Array, *,
+              lambda_inv=DEFAULT_LAMBDA_INV, tau=None, mask: Array | None = None,
+              num_queries: int | None = None, solver: str = "augmented_lagrangian",
+              sc_star: bool = False, dtype=None, options=None) -> Calibration:
+    """Fit SC for one context size (paper Eq. final_opt_problem) as a pure JAX function.
+
+    features: ``[..., N, n-1]`` log-odds m_c = log p_c / p_0 of the surrogate rows.
+    labels: ``[..., N]`` ints in [0, n). query_ids: ``[..., N]`` ints in
+        [0, num_queries): which held-out demonstration each row queried.
+    mask: ``[..., N]`` 1 for real rows, 0 for padding (default all ones).
+    num_queries: static bound on the query ids; inferred from concrete query_ids,
+        required when they are traced.
+    lambda_inv: invariance weight >= 0 (scalar or ``[...]``, may be traced).
+    tau: trust-region level in [-1, 1] (scalar or ``[...]``, may be traced); None
+        applies the Appendix A schedule to the base model's in-sample accuracy, in
+        the graph.
+    solver: "augmented_lagrangian" (the paper's mean constraint). The per-class
+        "projected" and the SciPy solvers are in :func:`sc_jax.calibration.calibrators.fit`.
+    sc_star: the bias-only calibrator SC* (w = 1).
+    dtype: None follows ``features`` under JAX's own convention: float64 NumPy input
+        is solved in float32 unless 64-bit JAX is on. "float64" requires
+        ``jax_enable_x64`` (it raises instead of silently solving in float32).
+    options: :class:`sc_jax.calibration.solvers.SolverOptions` (static). One start by default;
+        with lambda_inv >= 0.5 the objective is not convex and one start often ends
+        at a worse KKT point, so pass ``SolverOptions(num_starts=solvers.
+        NONCONVEX_STARTS)`` there (``calibrators.fit_batch`` does so itself; here
+        lambda_inv may be traced, so the choice is left to the caller).
+
+    Bad input (:mod:`sc_jax.calibration.validation`: no real rows, a non-finite feature, labels
+    or query ids out of range, a class with no rows, tau outside [-1, 1],
+    lambda_inv < 0, shapes that disagree) raises ``ValueError`` before anything is
+    compiled when the arrays are concrete, as :func:`sc_jax.calibration.calibrators.fit` does.
+    Under ``jit`` or ``vmap``, where values cannot be inspected, the same rules are
+    evaluated in the graph: a problem that breaks one gets status ``INVALID_INPUT``
+    (never ``CONVERGED``) and NaN b, w, objective and constraint.
+
+    Leading axes are batch axes (the solve is vmapped over them); ``jax.jit`` and
+    ``jax.vmap`` of this function work too. Reverse-mode derivatives of b, w (and of
+    the objective) with respect to features, lambda_inv and tau come from implicit
+    differentiation of the KKT conditions (jaxopt ``custom_root``), not from
+    unrolling the solver's loop. They are those of the solution's active set, and
+    meaningful for status CONVERGED.
+    """
+    dtype = _check_solver_and_dtype(solver, dtype)
+    # Host checks first, on whatever is concrete: nothing has been compiled yet.
+    num_queries = _host_checks(features, labels, query_ids, mask, num_queries, lambda_inv, tau)
+    features, labels, query_ids, mask = _as_arrays(features, labels, query_ids, mask, dtype)
+    dtype = features.dtype
+    batch, n1 = features.shape[:-2], features.shape[-1]
+    lambda_inv = jnp.broadcast_to(jnp.asarray(lambda_inv, dtype), batch)
+    if tau is None:
+        tau = tau_schedule(base_accuracy(features, labels, mask), n1 + 1).astype(dtype)
+    tau = jnp.broadcast_to(jnp.asarray(tau, dtype), batch)
+    valid = valid_problem(features, labels, query_ids, mask, num_queries, lambda_inv, tau)
+    labels1h = jax.nn.one_hot(labels, n1 + 1, dtype=dtype, axis=-2) * mask[..., None, :]
+    groups = jax.nn.one_hot(query_ids, num_queries, dtype=dtype) * mask[..., None]
+    solve = _differentiable_solver(bool(sc_star), options or SolverOptions())
+    fn = functools.partial(_calibrate_one, solve=solve, sc_star=sc_star)
+    for _ in batch:
+        fn = jax.vmap(fn)
+    return fn(features, labels1h, groups, lambda_inv, tau, valid)

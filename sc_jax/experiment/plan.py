@@ -1,0 +1,441 @@
+"""Dry run of ``sc-jax run`` (:func:`plan_run`): what a run would score and what it
+needs, with no weights read and nothing scored.
+
+:func:`plan_run` builds each seed's scoring jobs as the experiment does
+(:func:`sc_jax.experiment.jobs.seed_jobs`) and plans them together, as ONE engine call
+(:meth:`sc_jax.scoring.engine.ScoringEngine.score_jobs`) scores them: one prefix trie over
+every job of the seed, packed into calls of one shape by the run's memory policy
+(:meth:`sc_jax.scoring.schedule.MemoryPolicy.plan`, the engine's own).
+:mod:`sc_jax.experiment.costs` counts what those calls cost: tokens and FLOPs call by
+call (:func:`~sc_jax.experiment.costs.replay`), XLA's memory and compile time of the
+model program lowered with abstract shapes (nothing is allocated, no weights are
+read), and the device's peaks.
+
+The random presets tokenize with a byte-level stand-in unless a real vocabulary of
+theirs is available (:data:`sc_jax.models.loading.PRESET_TOKENIZERS`); the plan says which,
+and for the stand-in measures how many more tokens it makes than the Qwen2 vocabulary
+on the same prompts.
+
+The memory model itself (:func:`~sc_jax.scoring.schedule.plan_schedule`,
+:class:`~sc_jax.scoring.schedule.PlanError` and the rest) lives in
+:mod:`sc_jax.scoring.schedule`, below the engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from sc_jax.experiment.config import run_policy
+from sc_jax.experiment.costs import (
+    compile_seconds,
+    device_bandwidth,
+    device_peak_flops,
+    flat_tokens,
+    measured_attention,
+    non_embedding_params,
+    replay,
+    xla_peak_bytes,
+)
+from sc_jax.experiment.jobs import check_run, draw_split, load_datasets, seed_jobs
+from sc_jax.models import attention as attn
+from sc_jax.models.loading import DTYPES, PRESET_TOKENIZERS, load_config_and_tokenizer
+from sc_jax.models.named_models import tokenizer_file
+from sc_jax.models.tokenizer import ByteTokenizer, Tokenizer
+from sc_jax.runtime.pypi import WheelFileError
+from sc_jax.runtime.sharding import make_mesh
+from sc_jax.scoring.packing import PackShape, Roofline
+from sc_jax.scoring.schedule import MemoryPolicy, kv_bytes_per_token, level_peak_tokens, weight_bytes
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class _Planner:
+    """What every (dataset, k) of one plan shares."""
+
+    run: Any
+    config: Any
+    dtype: Any
+    tokenizer: Any
+    reference: Any  # the Qwen2 tokenizer where the run's is a stand-in, else None
+    policy: MemoryPolicy
+    model_shards: int
+    n_devices: int
+    mesh: Any
+    xla: bool
+    compile_time: bool
+    progress: bool
+    attention: str = "dense"
+    score_seconds: float | None = None  # measured per scored key (see measured_attention)
+    measured: dict = dataclasses.field(default_factory=dict)
+
+
+def _plan_setting(pl: _Planner, name: str, ds, k: int) -> dict[str, Any]:
+    """One (dataset, k) of :func:`plan_run`, its first seed: every job of the seed in
+    one schedule, as the engine scores them."""
+    split = draw_split(ds, pl.run, k, pl.run.seeds[0])
+    sj = seed_jobs(pl.tokenizer, ds, split, pl.run, k)
+    jobs = list(sj.jobs.values())
+    planned = pl.policy.plan(pl.config, pl.dtype, sj.pieces, jobs, pl.run.mode)
+    sched, b = planned.schedule, planned.budgets
+    r = replay(sched, pl.config, attention=pl.attention, platform=pl.policy.platform,
+               itemsize=jnp.dtype(pl.dtype).itemsize)
+    sh = sched.shape
+    setting = {"attention": r["attention"], "scored_keys": r["scored_keys"],
+        **{key: r[key] for key in ("dense_flops", "dense_bytes", "attention_flops", "attention_bytes")},
+        "dataset": name, "k": k, "pairs": int(sum(len(p) for _, p in jobs)),
+        "job_pairs": {tag: len(p) for tag, (_, p) in sj.jobs.items()},
+        "unique_tokens": r["unique_tokens"], "executed_tokens": r["executed_tokens"],
+        "padding_tokens": r["padding_tokens"],
+        "executed_per_unique": r["executed_tokens"] / max(r["unique_tokens"], 1),
+        "flat_tokens": flat_tokens(sj.pieces, jobs, pl.run.mode), "flops": r["flops"],
+        "model_flops": 2 * non_embedding_params(pl.config) * r["unique_tokens"],
+        "calls": r["calls"], "rows": r["rows"], "chunks": len(sched.chunks), "programs": r["programs"],
+        "shape": dataclasses.asdict(sh),
+        "max_tokens_per_batch": b.max_tokens_per_batch, "max_cache_tokens": b.max_cache_tokens,
+        "level_peak_tokens": level_peak_tokens(sched), "peak_bytes": b.peak_bytes,
+        "weight_bytes": b.weight_bytes, "cache_bytes": b.cache_bytes, "temp_bytes": b.temp_bytes,
+        "stages": r["stages"]}
+    if pl.progress:
+        log.info("  %s k=%d: %d jobs, %d pairs, %d calls of %d x %d tokens (%d cached keys per row), "
+                 "%d programs", name, k, len(jobs), setting["pairs"], r["calls"], sh.B, sh.W, sh.cache,
+                 r["programs"])
+    if pl.reference is not None:
+        ref = seed_jobs(pl.reference, ds, split, pl.run, k)
+        setting["prompt_tokens"] = _prompt_tokens(sj.pieces, sj.jobs, pl.run.mode)
+        setting["prompt_tokens_reference"] = _prompt_tokens(ref.pieces, ref.jobs, pl.run.mode)
+        setting["stand_in_inflation"] = setting["prompt_tokens"] / setting["prompt_tokens_reference"]
+    lowered = pl.mesh is not None or pl.model_shards * pl.n_devices == 1
+    # The program as the engine compiles it; cuDNN's kernel compiles on a GPU only, so
+    # elsewhere its XLA figures are the dense path's (more temporaries, not fewer).
+    lowered_attention = pl.attention if pl.attention != "cudnn" or jax.default_backend() == "gpu" \
+        else "dense"
+    kw = {"mode": pl.run.mode, "mesh": pl.mesh, "attention": lowered_attention}
+    setting["xla_attention"] = lowered_attention
+    if pl.compile_time and lowered:
+        setting.update(compile_seconds(pl.config, pl.dtype, sh, measured=pl.measured,
+                                       progress=pl.progress, **kw))
+    if pl.xla and lowered:
+        setting.update(xla_peak_bytes(pl.config, pl.dtype, planned, model_shards=pl.model_shards, **kw))
+    return setting
+
+
+def plan_run(run_config, *, peak_flops: float | None = None, mfu: float = 0.4, xla: bool = True,
+             compile_time: bool = True, progress: bool = False,
+             accelerator: str | None = None, bandwidth: float | None = None,
+             attention: str = "auto") -> dict[str, Any]:
+    """A dry run of ``sc-jax run``: what one seed of every (dataset, k) would score,
+    with no weights read and nothing scored. Every job of the seed (base, cc, dc,
+    surrogate and test-time sizes) is planned together, as one engine call scores
+    them (:meth:`sc_jax.scoring.schedule.MemoryPolicy.plan`). Returns a JSON-able dict with, per (dataset, k):
+    ``pairs`` (``job_pairs``: per job tag), ``unique_tokens`` (what the trie
+    computes), ``executed_tokens`` (calls x B x W, what the device runs),
+    ``padding_tokens`` (their difference), ``flat_tokens`` (full prompts), FLOPs,
+    ``calls``, ``chunks``, the call ``shape``
+    (B, W, cache, R, C, labels), the distinct model ``programs`` (one), the planned
+    ``peak_bytes`` and its parts (``weight_bytes``, ``cache_bytes`` for the resident
+    trie levels, ``temp_bytes`` for one call), per stage (:func:`stage_name`: trie
+    depth) the same token counts (:func:`replay`), and:
+
+    * ``xla=True``: XLA's ``xla_peak_bytes`` for the model program and the plan's
+      figure for it (``planned_peak_of_that_call``);
+    * ``compile_time=True``: ``compile_seconds``, the model program traced,
+      lowered and compiled with abstract shapes on this backend (:func:`compile_seconds`;
+      a CPU's figure, not a GPU's); a figure of its own, never added to the forward time;
+    * ``forward_seconds_per_seed`` = ``dense_seconds_per_seed`` +
+      ``attention_seconds_per_seed``: each part of every call on a roofline
+      (:class:`sc_jax.scoring.packing.Roofline`), FLOPs at ``mfu`` of ``peak_flops`` per device
+      (None: :func:`device_peak_flops`; ``peak_source`` says where it comes from), bytes
+      at ``bandwidth`` (None: :func:`device_bandwidth`; ``bandwidth_source``), the
+      attention that of the engine on that device (``attention``; "auto":
+      :func:`sc_jax.models.attention.choose`), its scored keys and memory traffic counted per
+      call (:class:`sc_jax.scoring.packing.CostModel`);
+    * ``tokenizer`` (real or the byte stand-in) and, for the stand-in,
+      ``stand_in_inflation``: its prompt tokens over the Qwen2 vocabulary's on the same
+      prompts (first seed), where that vocabulary is on this machine.
+
+    ``flops`` is what the device executes (every row of every call, padding and
+    masked attention keys included); ``model_flops`` is 2 x non-embedding parameters
+    x unique tokens, the usual numerator of MFU. Seeds repeat the same work with other
+    demonstrations, so totals multiply the first seed's figures by the number of seeds.
+    The memory budget and the mesh are the run's own (``run_config.device_memory``,
+    ``mesh_devices``, ``mesh_model``), resolved once by
+    :func:`sc_jax.experiment.config.run_policy`, as the run resolves them.
+    """
+    # NaN, 0 or a negative here would print "about nan min" or divide by zero after the
+    # whole plan: refused first.
+    if not 0 < mfu <= 1:
+        raise ValueError(f"mfu (--mfu) is the fraction of the peak reached, in (0, 1], got {mfu}")
+    for option, value, unit in (("peak_flops (--peak-tflops)", peak_flops, 1e12),
+                                ("bandwidth (--bandwidth-gbs)", bandwidth, 1e9)):
+        if value is not None and not 0 < value < math.inf:
+            raise ValueError(f"{option} must be a positive number, got {value / unit:g}")
+    datasets = load_datasets(run_config)  # bad data files fail before the model is read
+    config, tokenizer = load_config_and_tokenizer(run_config.model)
+    dtype = DTYPES[run_config.dtype]
+    peak_flops_given, bandwidth_given = peak_flops, bandwidth
+    peak_flops, peak_source = (peak_flops, "given") if peak_flops is not None \
+        else device_peak_flops(accelerator, dtype)
+    bandwidth, bandwidth_source = (bandwidth, "given") if bandwidth is not None \
+        else device_bandwidth(accelerator)
+    if attention == "auto":
+        attention = attn.choose("gpu" if accelerator else jax.default_backend(), dtype)
+    # The attention's time is measured on this backend when the plan is for it (no
+    # named accelerator, no given peak); else it is the roofline's.
+    calibrate = accelerator is None and peak_flops_given is None and bandwidth_given is None
+    # The run's own memory policy: its device memory (or the device's figure) and mesh.
+    # A dry run: every process computes the same plan and process 0 reports it, so no
+    # collective over the processes' memory figures.
+    policy = run_policy(run_config, agree=False)
+    n_devices, model_shards, budget = policy.n_devices, policy.model_shards, policy.budget_bytes
+    mesh = None
+    if n_devices * model_shards > 1 and (xla or compile_time) and len(jax.devices()) >= n_devices * model_shards:
+        mesh = make_mesh(n_devices, model=model_shards)
+    reference, why = _reference_tokenizer() if isinstance(tokenizer, ByteTokenizer) else (None, "")
+    out = dict(model=run_config.model, dtype=run_config.dtype, budget_bytes=int(budget),
+               attention_source=f"{attention} attention on the roofline (scores' memory traffic "
+                                "counted, not measured)",
+               n_devices=n_devices, model_shards=model_shards,
+               weight_bytes=weight_bytes(config, dtype, model_shards),
+               kv_bytes_per_token=kv_bytes_per_token(config, dtype, model_shards),
+               peak_flops=peak_flops, peak_source=peak_source, mfu=mfu, attention=attention,
+               bandwidth=bandwidth, bandwidth_source=bandwidth_source,
+               seeds=len(run_config.seeds), context_window=config.max_position_embeddings,
+               tokenizer=_tokenizer_label(run_config.model, tokenizer),
+               compile_backend=_backend_name(),
+               settings=[])
+    if why:
+        out["stand_in_inflation_missing"] = why
+    # The run's own up-front check, every seed: a prompt too long for the context
+    # window is named (task, seed, row) before the memory plan would misread it.
+    checked = {(c["dataset"], c["k"]): c
+               for c in check_run(run_config, config, tokenizer, datasets, policy=policy)}
+    pl = _Planner(run_config, config, dtype, tokenizer, reference, policy, model_shards,
+                  n_devices, mesh, xla, compile_time, progress, attention)
+    for name, ds in datasets.items():
+        for k in run_config.shots:
+            if ds.n_classes > k:
+                out["settings"].append(dict(dataset=name, k=k, skipped=True))
+                continue
+            setting = _plan_setting(pl, name, ds, k)
+            if calibrate and pl.score_seconds is None:
+                # The attention's pace measured here, at the run's call shape: a plan for
+                # this machine's own backend (a named accelerator's is the roofline's).
+                pl.score_seconds = measured_attention(
+                    config, dtype, PackShape(**setting["shape"]), attention, platform=policy.platform)
+                out["attention_source"] = (f"{attention} attention measured on this "
+                                           f"{jax.default_backend()}: {pl.score_seconds * 1e12:.2f} "
+                                           "ps per scored key and head")
+            setting.update(longest_prompt=checked[name, k]["longest_prompt"],
+                           longest_seed=checked[name, k]["longest_seed"])
+            # The mesh's devices share the work: the peaks are per device.
+            devices = n_devices * model_shards
+            _forward_seconds(setting, config, Roofline(mfu * peak_flops * devices, bandwidth * devices),
+                             pl.score_seconds, devices)
+            out["settings"].append(setting)
+    out.update(_run_totals(out["settings"], len(run_config.seeds), pl.measured))
+    return out
+
+
+def _forward_seconds(setting: dict, config, roof: Roofline, score_seconds: float | None,
+                     devices: int) -> None:
+    """A setting's forward time per seed, in place: the dense part on ``roof``, the
+    attention measured on this backend (``score_seconds`` per scored token, head and
+    key) or, without that, on the roofline too."""
+    setting["dense_seconds_per_seed"] = roof.seconds(setting["dense_flops"], setting["dense_bytes"])
+    if score_seconds:
+        setting["attention_seconds_per_seed"] = (
+            setting["scored_keys"] * setting["executed_tokens"] * config.num_heads
+            * config.num_layers * score_seconds / devices)
+    else:
+        setting["attention_seconds_per_seed"] = roof.seconds(setting["attention_flops"],
+                                                             setting["attention_bytes"])
+    setting["forward_seconds_per_seed"] = (setting["dense_seconds_per_seed"]
+                                           + setting["attention_seconds_per_seed"])
+
+
+#: The named model whose vocabulary (Qwen2's byte-level BPE, 152k tokens) measures how
+#: many more tokens the byte-level stand-in of the random presets makes.
+INFLATION_REFERENCE = "qwen2.5-0.5b"
+
+
+def _tokenizer_label(source: str, tokenizer) -> str:
+    if isinstance(tokenizer, ByteTokenizer):
+        return "byte stand-in"
+    name = source.split(":", 1)[1] if source.startswith("random:") else None
+    if name in PRESET_TOKENIZERS:
+        return f"real ({PRESET_TOKENIZERS[name]}'s tokenizer.json)"
+    return "the model's own"
+
+
+def _backend_name() -> str:
+    """"cpu", or the platform with its device kind ("gpu (NVIDIA H100 80GB HBM3)")."""
+    dev = jax.local_devices()[0]
+    kind = str(getattr(dev, "device_kind", dev.platform))
+    return dev.platform if kind.lower() == dev.platform else f"{dev.platform} ({kind})"
+
+
+def _reference_tokenizer():
+    """(Qwen2 tokenizer or None, why none): only files already on this machine, so a
+    plan never starts a download for a comparison."""
+    try:
+        path = tokenizer_file(INFLATION_REFERENCE, fetch=False)
+    except (OSError, ValueError, ImportError, WheelFileError) as e:
+        return None, str(e).splitlines()[0]
+    if path is None:
+        return None, (f"the {INFLATION_REFERENCE} vocabulary is not on this machine "
+                      f"(`sc-jax info {INFLATION_REFERENCE}` fetches it)")
+    return Tokenizer.from_file(path), ""
+
+
+def _prompt_tokens(pieces, jobs, mode: str) -> int:
+    """Tokens of every prompt the jobs score, in full."""
+    return int(sum(pieces.prompt_lengths(ctx, pairs, mode).sum() for ctx, pairs in jobs.values()))
+
+
+
+def _run_totals(settings: list[dict], seeds: int, measured: dict) -> dict[str, Any]:
+    """The plan's totals: forward time and FLOPs over every seed, the stand-in's
+    inflation over all settings, and the run's distinct programs (a program two
+    settings share compiles once) with their compile seconds."""
+    done = [s for s in settings if not s.get("skipped")]
+    out = {"total_forward_seconds": sum(s["forward_seconds_per_seed"] for s in done) * seeds,
+           "total_attention_seconds": sum(s["attention_seconds_per_seed"] for s in done) * seeds,
+           "total_flops": sum(s["flops"] for s in done) * seeds}
+    ref = sum(s.get("prompt_tokens_reference", 0) for s in done)
+    if ref:
+        out["stand_in_inflation"] = sum(s["prompt_tokens"] for s in done) / ref
+    if measured:
+        out.update(programs=len(measured),
+                   compile_seconds=sum(m["seconds"] for m in measured.values()),
+                   compile_wall_seconds=sum(m["wall_seconds"] for m in measured.values()),
+                   compile_cache_hits=sum(int(m["cached"]) for m in measured.values()))
+    return out
+
+
+def _tokenizer_line(plan: dict[str, Any]) -> str:
+    tok = plan.get("tokenizer", "byte stand-in")
+    if tok != "byte stand-in":
+        return f"tokenizer: {tok}"
+    if "stand_in_inflation" in plan:
+        return (f"tokenizer: byte stand-in, {plan['stand_in_inflation']:.2f}x the tokens of the Qwen2 "
+                f"vocabulary ({INFLATION_REFERENCE}) on the same prompts (first seed, measured): "
+                "token counts, FLOPs and times below are inflated by about that much")
+    return (f"tokenizer: byte stand-in, several times the tokens of a real vocabulary (not measured: "
+            f"{plan.get('stand_in_inflation_missing', 'no reference')})")
+
+
+def _shape(s: dict[str, Any]) -> str:
+    sh = s["shape"]
+    return f"{sh['B']} x {sh['W']}, {sh['cache']} keys"
+
+
+def _setting_line(s: dict[str, Any]) -> str:
+    gib = 2 ** 30
+    xla = f"{s['xla_peak_bytes'] / gib:.2f}" if "xla_peak_bytes" in s else "–"
+    comp = f"{s['compile_seconds']:.1f}" if "compile_seconds" in s else "–"
+    return (f"| {s['dataset']} | {s['k']} | {s['pairs']:,} | {s['unique_tokens']:,} | "
+            f"{s['executed_tokens']:,} | {s['padding_tokens']:,} | {s['executed_per_unique']:.2f}x | "
+            f"{s['flat_tokens'] / s['unique_tokens']:.1f}x | {s['flops'] / 1e12:.1f} | "
+            f"{s['calls']:,} | {_shape(s)} | {s['programs']} | {comp} | {s['peak_bytes'] / gib:.2f} | "
+            f"{xla} | {s['scored_keys']:,.0f} | {s['dense_seconds_per_seed']:.1f} | "
+            f"{s['attention_seconds_per_seed']:.1f} | {s['forward_seconds_per_seed']:.1f} |")
+
+
+def _padding_lines(done: list[dict]) -> list[str]:
+    """Per setting, the three stages with the most padding: their share of the
+    setting's padding, calls, and how much of it is in the unused ends of rows (the
+    rest: the empty rows of each stage's last call)."""
+    lines = []
+    for s in done:
+        W = s["shape"]["W"]
+        top = sorted(s["stages"].items(), key=lambda kv: -kv[1]["padding_tokens"])[:3]
+        parts = [f"{name} {st['padding_tokens']:,} ({st['padding_tokens'] / max(s['padding_tokens'], 1):.0%}; "
+                 f"{st['calls']} calls, {(st['rows'] * W - st['unique_tokens']) / max(st['padding_tokens'], 1):.0%}"
+                 " in row ends)" for name, st in top]
+        lines.append(f"- {s['dataset']} k={s['k']}: " + "; ".join(parts))
+    return lines
+
+
+def _memory_lines(done: list[dict]) -> list[str]:
+    """Per setting, the call shape and the planned peak's parts."""
+    gib = 2 ** 30
+    lines = []
+    for s in done:
+        sh = s["shape"]
+        xla = ""
+        if "xla_peak_bytes" in s:
+            xla = (f"; XLA {s['xla_peak_bytes'] / gib:.2f} GiB for the model program "
+                   f"({s.get('xla_attention', 'dense')} attention) "
+                   f"(planned {s['planned_peak_of_that_call'] / gib:.2f})")
+        slots = ", ".join(f"{name} {st['m']} x {st['S']}" for name, st in s["stages"].items())
+        lines.append(
+            f"- {s['dataset']} k={s['k']}: {s['calls']:,} calls of B {sh['B']} rows x W {sh['W']} "
+            f"tokens after {sh['cache']} cached keys per row, R {sh['R']} readouts; "
+            f"{s['chunks']} chunk(s); cache slots per row by stage (m x S tokens): {slots}; peak "
+            f"{s['peak_bytes'] / gib:.2f} GiB = weights {s['weight_bytes'] / gib:.2f} + KV levels "
+            f"{s['cache_bytes'] / gib:.2f} ({s['level_peak_tokens']:,} tokens) + one call "
+            f"{s['temp_bytes'] / gib:.2f}{xla}")
+    return lines
+
+
+def _compile_line(plan: dict[str, Any]) -> str:
+    if "compile_seconds" not in plan:
+        return "compile time not measured (--no-compile-time, or a mesh larger than this machine's devices)"
+    return (f"compile: {plan['programs']} distinct model programs over the run, "
+            f"{plan['compile_seconds']:.1f} s to trace, lower and compile them on this "
+            f"{plan.get('compile_backend', 'backend')} (measured with abstract shapes; a GPU compile "
+            f"takes other times), not included in the forward time; "
+            f"{plan['compile_cache_hits']} served from JAX's persistent compilation cache "
+            f"(this plan spent {plan['compile_wall_seconds']:.1f} s)")
+
+
+def plan_table(plan: dict[str, Any]) -> str:
+    """Markdown summary of :func:`plan_run`."""
+    gib = 2 ** 30
+    backend = plan.get("compile_backend", "cpu").split(" ")[0]
+    lines = [f"model {plan['model']} ({plan['dtype']}): weights {plan['weight_bytes'] / gib:.2f} GiB, "
+             f"KV {plan['kv_bytes_per_token'] / 2 ** 20:.3f} MiB per token; budget "
+             f"{plan['budget_bytes'] / gib:.1f} GiB per device; mesh data {plan['n_devices']} x model "
+             f"{plan['model_shards']}; forward time on a roofline: {plan['mfu']:.0%} MFU of "
+             f"{plan['peak_flops'] / 1e12:.3g} TFLOP/s per device "
+             f"({plan.get('peak_source', 'given')}), memory {plan['bandwidth'] / 1e9:,.0f} GB/s "
+             f"({plan['bandwidth_source']}); {plan['attention_source']} "
+             "(dense s: projections and MLP; attention s: scores, softmax, values)",
+             _tokenizer_line(plan), "",
+             "| dataset | k | pairs | unique tokens | executed tokens | padding tokens | executed/unique | "
+             f"flat/unique | TFLOP | calls | call shape B x W | programs | compile s ({backend}) | "
+             "peak GiB | XLA peak GiB | keys scored per token | dense s per seed | attention s per seed | "
+             "forward s per seed |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for s in plan["settings"]:
+        if s.get("skipped"):
+            lines.append(f"| {s['dataset']} | {s['k']} | skipped: more classes than demonstrations "
+                         "|" + " |" * 16)
+            continue
+        lines.append(_setting_line(s))
+    done = [s for s in plan["settings"] if not s.get("skipped")]
+    if done:
+        lines += ["", "calls and memory per device (all jobs of a seed in one schedule):"] + _memory_lines(done)
+        lines += ["", ("padding (executed - unique tokens) by stage (d: segments making depth-d trie "
+                       "nodes and query rows after d - 1 demonstrations), the largest three:")]
+        lines += _padding_lines(done)
+        w = max(done, key=lambda s: s["longest_prompt"])
+        lines += ["", (f"longest prompt over all seeds and stages: {w['longest_prompt']:,} tokens "
+                       f"({w['dataset']} k={w['k']} seed {w['longest_seed']}), context window "
+                       f"{plan.get('context_window', 0):,}")]
+    expect = ""
+    if "compile_seconds" in plan:
+        expect = (f", plus {plan['programs']} model program(s) to compile once per machine "
+                  f"({plan['compile_seconds']:.1f} s on this {backend})")
+    lines += ["", f"total over {plan['seeds']} seed(s): {plan['total_flops'] / 1e12:.1f} TFLOP, "
+              f"about {plan['total_forward_seconds'] / 60:.1f} min of forward passes on the stated "
+              f"roofline ({plan['total_attention_seconds'] / 60:.1f} min of it attention)"
+              + expect, _compile_line(plan)]
+    return "\n".join(lines)

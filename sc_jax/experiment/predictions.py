@@ -1,0 +1,73 @@
+"""Each method's test-set probabilities from one seed's scores: the baselines (Base,
+CC, DC, BC) and the SC fits of every size, combined by Algorithm 2's two-level ensemble
+(:func:`method_probs`), and the batched SC / SC* fits of a (dataset, k) (:func:`fit_sc`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sc_jax.calibration import baselines
+from sc_jax.calibration.baselines import BC_BATCH_SIZE
+from sc_jax.calibration.calibrators import fit_batch, predict_proba
+from sc_jax.calibration.objective import log_odds
+from sc_jax.experiment.config import SC_FITS, RunConfig
+from sc_jax.experiment.jobs import SeedScores
+
+
+def method_probs(method: str, s: SeedScores, fits: dict | None, sizes, *,
+                 bc_batch: int = BC_BATCH_SIZE, size_weighting: str = "uniform",
+                 shots: int | None = None) -> np.ndarray:
+    """``[T, n]`` probabilities of ``method`` (one of :data:`METHODS`) on one seed's
+    test queries, from its scores ``s``; ``fits`` maps size -> FitResult for the SC
+    methods (None for the baselines); ``shots`` k is needed by the reference size
+    weighting."""
+    p = np.exp(s.base.astype(np.float64))
+    if method == "base":
+        return baselines.base(p)
+    if method == "cc":
+        return baselines.contextual_calibration(p, np.exp(s.cc.astype(np.float64)))
+    if method == "dc":
+        return baselines.domain_context_calibration(p, np.exp(s.dc.astype(np.float64)))
+    if method == "bc":
+        return baselines.batch_calibration(p, bc_batch)
+    if method == "bc_reference":
+        return baselines.batch_calibration_reference(p, bc_batch)
+    return predict_proba([fits[i] for i in sizes], [log_odds(s.test[i]) for i in sizes],
+                         size_weights="uniform" if size_weighting == "uniform" else "reference",
+                         shots=shots, sizes=sizes)
+
+
+def sc_size_probs(s: SeedScores, fits: dict, sizes) -> dict[int, np.ndarray]:
+    """Per size i, the ``[T, n]`` probabilities (1/m_i) sum_j f(m(x; C_i^(j)); theta_i)
+    that SC's ensemble averages (Algorithm 2, Part 2)."""
+    return {i: fits[i].predict_proba(log_odds(s.test[i])).mean(axis=0) for i in sizes}
+
+
+def fit_sc(scores: dict[int, SeedScores], name: str, k: int, config: RunConfig,
+            lam: float) -> tuple[dict, list[dict]]:
+    """SC, SC*, SC* without trust region and the paper's SC (those of ``config.methods``;
+    :data:`SC_FITS`) for every (seed, size) of one (dataset, k): method -> {(seed, size):
+    fit}, and one param record per fit."""
+    # Every (seed, size) of this (dataset, k) in one batched solver call.
+    keys = [(seed, i) for seed in config.seeds for i in config.sizes(k)]
+    problems = [(log_odds(scores[seed].surrogate[i][0]), scores[seed].surrogate[i][1],
+                 scores[seed].surrogate[i][2]) for seed, i in keys]
+    fits, params, solved = {}, [], {}
+    for method, (star, tau, guard) in SC_FITS.items():
+        if method in config.methods:
+            how = (star, config.tau if tau is None else tau, guard or config.guard)
+            if how not in solved:  # sc_paper under --guard none is sc: fitted once
+                solved[how] = fit_batch(problems, lambda_inv=lam, tau=how[1],
+                                        solver=config.solver, sc_star=star, guard=how[2])
+            res = solved[how]
+            fits[method] = dict(zip(keys, res))
+            params += [param_record(name, k, seed, i, method, r) for (seed, i), r in zip(keys, res)]
+    return fits, params
+
+def param_record(name: str, k: int, seed: int, size: int, method: str, r) -> dict:
+    """What results.json keeps of one fit (a :class:`sc_jax.calibration.calibrators.FitResult`)."""
+    return dict(dataset=name, shots=k, seed=seed, size=size, method=method,
+                b=r.b.tolist(), w=r.w.tolist(), status=r.status.name,
+                tau=r.tau, lambda_inv=r.lambda_inv, objective=r.objective,
+                base_accuracy=r.base_accuracy, rows=r.num_rows, guarded=r.guarded)

@@ -1,0 +1,404 @@
+"""Tables and plots from a run's ``results.json`` (no model needed).
+
+* ``table.md``: macro-F1 and accuracy, mean ± std over seeds, one table per shot
+  count, methods as rows and datasets (plus their average) as columns, like the
+  paper's Tables 2-4.
+* ``results.csv``: one row per dataset x model x shots x method x seed.
+* ``f1_bars.png``: macro-F1 per method averaged over datasets, one group per shot
+  count, error bars = std over seeds (the paper's Figure 3).
+* ``sc_params.png``: the learned (w_c, b_c) of SC for every class, size and seed
+  (the paper's Figure 4); the base model is (1, 0).
+
+``sc-jax report DIR`` calls :func:`write_report` on ``DIR/results.json``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from sc_jax.experiment.samples import read_samples, rows_from_samples, samples_markdown
+from sc_jax.models.named_models import display_name
+
+# "BC (code)": BC as the reference code computes it, softmax(p - mean p)
+# (sc_jax.calibration.baselines.batch_calibration_reference), beside the paper's p / mean p.
+# "SC* (no trust region)": the bias-only fit without the trust region (tau = -1), as
+# the paper describes SC* and the reference code fits it; "SC*" keeps it.
+METHOD_NAMES = {"base": "Base", "cc": "CC", "dc": "DC", "bc": "BC", "bc_reference": "BC (code)",
+                "sc_star": "SC*", "sc_star_free": "SC* (no trust region)", "sc": "SC",
+                "sc_paper": "SC (paper, no guard)"}
+CSV_FIELDS = ("dataset", "model", "shots", "method", "seed", "accuracy", "macro_f1", "ece")
+
+
+def load_results(path: str | Path) -> dict:
+    path = Path(path)
+    if path.is_dir():
+        path = path / "results.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: pass the output directory of a run (the folder holding results.json)")
+    try:
+        res = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON ({e}); re-run `sc-jax run` to regenerate it") from e
+    problem = results_problem(res)
+    if problem:
+        raise ValueError(f"{path} is not an sc_jax results file: {problem}")
+    return res
+
+
+# What the tables and plots read from results.json: config keys, and per row / SC
+# param the keys and their types (bool is excluded from the numbers).
+_CONFIG_KEYS = ("model", "seeds", "test_size", "mode", "solver")
+_ROW_KEYS = {"dataset": str, "shots": int, "method": str, "seed": int,
+             "accuracy": float, "macro_f1": float, "ece": float}
+_PARAM_KEYS = {"method": str, "dataset": str, "shots": int, "size": int, "w": list, "b": list}
+
+
+def _wrong(value, kind) -> bool:
+    if kind is float:
+        return isinstance(value, bool) or not isinstance(value, (int, float))
+    if kind is int:
+        return isinstance(value, bool) or not isinstance(value, int)
+    return not isinstance(value, kind)
+
+
+def results_problem(res) -> str | None:
+    """What makes ``res`` (parsed results.json) unusable for :func:`write_report`, in a
+    few words naming the key or the row; None when it is usable."""
+    if not isinstance(res, dict):
+        return f"a JSON {type(res).__name__}, not an object"
+    if not isinstance(res.get("config"), dict) or not isinstance(res.get("rows"), list):
+        return "no 'config' object or no 'rows' list"
+    missing = [k for k in _CONFIG_KEYS if k not in res["config"]]
+    if missing:
+        return f"config has no {missing[0]!r}"
+    for what, items, keys in (("rows", res["rows"], _ROW_KEYS),
+                              ("params", res.get("params") or [], _PARAM_KEYS)):
+        if not isinstance(items, list):
+            return f"{what!r} is not a list"
+        for j, item in enumerate(items):
+            if not isinstance(item, dict):
+                return f"{what}[{j}] is not an object"
+            if what == "params" and item.get("method") != "sc":
+                continue  # only SC's parameters are plotted
+            for key, kind in keys.items():
+                if key not in item:
+                    return f"{what}[{j}] has no {key!r}"
+                if _wrong(item[key], kind):
+                    return f"{what}[{j}][{key!r}] is {item[key]!r}, not {'a number' if kind is float else kind.__name__}"
+                if kind is list and any(_wrong(v, float) for v in item[key]):
+                    return f"{what}[{j}][{key!r}] holds a value that is not a number"
+            if what == "rows" and item["method"] not in METHOD_NAMES:
+                return f"rows[{j}] has an unknown method {item['method']!r}"
+            if what == "rows":
+                for key in ("accuracy", "macro_f1", "ece"):  # fractions, each in [0, 1]
+                    if not 0.0 <= item[key] <= 1.0:
+                        return f"rows[{j}][{key!r}] is {item[key]!r}, not a fraction in [0, 1]"
+    if not res["rows"]:
+        return "'rows' is empty: the run recorded no result"
+    return None
+
+
+def summarize(rows) -> dict[tuple, dict]:
+    """``{(dataset, shots, method): {metric: (mean, std, n_seeds)}}``."""
+    groups = defaultdict(list)
+    for r in rows:
+        groups[(r["dataset"], r["shots"], r["method"])].append(r)
+    out = {}
+    for key, rs in groups.items():
+        out[key] = {m: (float(np.mean([r[m] for r in rs])), float(np.std([r[m] for r in rs])), len(rs))
+                    for m in ("accuracy", "macro_f1", "ece")}
+    return out
+
+
+# The baselines SC is compared with: the paper's. BC as the reference code computes it
+# (bc_reference) is weaker on multi-class tasks and reported beside BC, but never
+# chosen as the best baseline.
+BASELINES = ("base", "cc", "dc", "bc")
+
+
+def _by_task(rows, metric: str) -> dict:
+    """(dataset, shots) -> method -> {seed: value}."""
+    by = defaultdict(dict)
+    for r in rows:
+        by[(r["dataset"], r["shots"])].setdefault(r["method"], {})[r["seed"]] = r[metric]
+    return by
+
+
+def paired_bootstrap(a: dict, b: dict, rng, n_boot: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(d, means)``: d_s = a[s] - b[s] over the seeds both dicts have (sorted), and
+    ``[n_boot]`` means of d over resamples of those seeds with replacement (a paired
+    bootstrap; its 2.5 and 97.5 percentiles are the 95% interval)."""
+    seeds = sorted(set(a) & set(b))
+    diff = np.array([a[x] - b[x] for x in seeds])
+    return diff, diff[rng.integers(0, len(diff), (n_boot, len(diff)))].mean(axis=1)
+
+
+def _paired(a: dict, b: dict, rng, n_boot: int) -> dict:
+    """Mean of d_s = a_s - b_s over the seeds both have, and its 95% paired bootstrap
+    interval (see :func:`sc_against_best_baseline`)."""
+    diff, means = paired_bootstrap(a, b, rng, n_boot)
+    seeds = diff.size
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    outcome = "win" if lo > 0 else ("loss" if hi < 0 else "tie")
+    return dict(seeds=seeds, diff=float(diff.mean()), ci_low=float(lo),
+                ci_high=float(hi), outcome=outcome)
+
+
+def sc_against_best_baseline(rows, metric: str = "macro_f1", *, n_boot: int = 10000,
+                             seed: int = 0) -> list[dict]:
+    """SC minus the best baseline, per (dataset, shots), paired over seeds.
+
+    The best baseline is the one of Base, CC, DC and BC (the paper's p / mean p;
+    :data:`BASELINES`, never BC as the reference code computes it) present with the
+    highest mean ``metric`` over seeds on that (dataset, shots): chosen on the test
+    results themselves, which favours the baseline. Per seed s, d_s = SC_s - best_s
+    (the same test set and demonstrations); the 95% interval is the 2.5 and 97.5
+    percentiles of the mean of d over ``n_boot`` resamples of the seeds with
+    replacement (a paired bootstrap; with few seeds it is coarse, and with one seed it
+    is the point). The outcome is "win" if the interval lies above 0, "loss" if below,
+    else "tie". Returns one dict per (dataset, shots) with both methods' seeds.
+    """
+    rng = np.random.default_rng(seed)
+    out = []
+    for (d, k), methods in sorted(_by_task(rows, metric).items()):
+        if "sc" not in methods:
+            continue
+        candidates = [m for m in BASELINES if m in methods]
+        if not candidates:
+            continue
+        best = max(candidates, key=lambda m: np.mean(list(methods[m].values())))
+        out.append(dict(dataset=d, shots=k, best_baseline=best,
+                        **_paired(methods["sc"], methods[best], rng, n_boot)))
+    return out
+
+
+def sc_against(rows, baseline: str, metric: str = "macro_f1", *, n_boot: int = 10000,
+               seed: int = 0) -> list[dict]:
+    """SC minus one named ``baseline`` (e.g. "bc" and "bc_reference"), per (dataset,
+    shots) where both ran, paired over seeds as in :func:`sc_against_best_baseline`."""
+    rng = np.random.default_rng(seed)
+    return [dict(dataset=d, shots=k, baseline=baseline,
+                 **_paired(methods["sc"], methods[baseline], rng, n_boot))
+            for (d, k), methods in sorted(_by_task(rows, metric).items())
+            if "sc" in methods and baseline in methods]
+
+
+def _best_baseline_table(rows) -> list[str]:
+    """Markdown: :func:`sc_against_best_baseline` per (dataset, shots), and the win /
+    tie / loss count per shot count; empty without SC and a baseline."""
+    paired = sc_against_best_baseline(rows)
+    if not paired:
+        return []
+    out = ["## SC minus the best baseline (macro-F1, paired over seeds)", "",
+           ("The best of Base, CC, DC and BC (the paper's) by mean on the same test data; "
+            "95% paired bootstrap interval over seeds; win / loss when it excludes 0."), "",
+           "| Dataset | k | best baseline | SC - best | 95% CI | outcome |",
+           "|---|---|---|---|---|---|"]
+    for p in paired:
+        out.append(f"| {p['dataset']} | {p['shots']} | {METHOD_NAMES[p['best_baseline']]} | "
+                   f"{100 * p['diff']:+.1f} | [{100 * p['ci_low']:+.1f}, "
+                   f"{100 * p['ci_high']:+.1f}] | {p['outcome']} |")
+    for k in sorted({p["shots"] for p in paired}):
+        got = [p["outcome"] for p in paired if p["shots"] == k]
+        out.append(f"\n{k}-shot win / tie / loss over datasets: {got.count('win')} / "
+                   f"{got.count('tie')} / {got.count('loss')}")
+    return out + [""]
+
+
+def _margin_table(rows) -> list[str]:
+    """Markdown: SC minus BC as the paper defines it and as its code computes it, per
+    (dataset, shots); empty unless the rows hold SC and both forms of BC."""
+    pairs = {b: {(p["dataset"], p["shots"]): p for p in sc_against(rows, b)}
+             for b in ("bc", "bc_reference")}
+    keys = sorted(set(pairs["bc"]) & set(pairs["bc_reference"]))
+    if not keys:
+        return []
+    out = ["## SC minus BC, as the paper defines it and as its code computes it (macro-F1)", "",
+           ("BC: p / mean p over the test batch (the paper; the best-baseline comparison "
+            "above uses it). BC (code): softmax(p - mean p), the reference code's. Paired "
+            "over seeds, 95% bootstrap interval."), "",
+           "| Dataset | k | SC - BC | 95% CI | SC - BC (code) | 95% CI |",
+           "|---|---|---|---|---|---|"]
+    for key in keys:
+        a, b = pairs["bc"][key], pairs["bc_reference"][key]
+        out.append(f"| {key[0]} | {key[1]} | {100 * a['diff']:+.1f} | [{100 * a['ci_low']:+.1f}, "
+                   f"{100 * a['ci_high']:+.1f}] | {100 * b['diff']:+.1f} | "
+                   f"[{100 * b['ci_low']:+.1f}, {100 * b['ci_high']:+.1f}] |")
+    return out + [""]
+
+
+def markdown_tables(results: dict, records: list[dict] | None = None) -> str:
+    """table.md: the tables of the module docstring; with the run's per-sample
+    ``records`` (:mod:`sc_jax.experiment.samples`), also their check against the rows and SC
+    against both forms of BC query by query. Methods the records hold and the rows
+    do not (``bc_reference`` for a run that predates it) join the tables from them."""
+    rows = results["rows"]
+    extra = []
+    if records:
+        have = {r["method"] for r in rows}
+        extra = rows_from_samples(records, [m for m in METHOD_NAMES if m not in have])
+        rows = rows + extra
+    summ = summarize(rows)
+    datasets = sorted({r["dataset"] for r in rows})
+    shots = sorted({r["shots"] for r in rows})
+    methods = [m for m in METHOD_NAMES if any(r["method"] == m for r in rows)]
+    cfg = results["config"]
+    out = [f"# Results: {display_name(str(cfg['model']))}", "",
+           f"Seeds {list(cfg['seeds'])}, test size {cfg['test_size']}, mode {cfg['mode']}, "
+           f"solver {cfg['solver']}, lambda_inv {results.get('lambda_inv', cfg.get('lambda_inv'))}, "
+           f"guard {cfg.get('guard', 'none')}. "
+           "Cells: mean ± std over seeds (in %).", ""]
+    for metric, title in (("macro_f1", "Macro-F1"), ("accuracy", "Accuracy")):
+        for k in shots:
+            out += [f"## {title}, {k}-shot", "",
+                    "| Method | " + " | ".join(datasets) + " | Average |",
+                    "|---|" + "---|" * (len(datasets) + 1)]
+            for m in methods:
+                cells, means = [], []
+                for d in datasets:
+                    s = summ.get((d, k, m))
+                    if s is None:
+                        cells.append("–")
+                        continue
+                    mean, std, _ = s[metric]
+                    means.append(mean)
+                    cells.append(f"{100 * mean:.1f} ± {100 * std:.1f}")
+                avg = f"{100 * np.mean(means):.1f}" if len(means) == len(datasets) else "–"
+                out.append(f"| {METHOD_NAMES[m]} | " + " | ".join(cells) + f" | {avg} |")
+            out.append("")
+    out += _best_baseline_table(rows)
+    out += _margin_table(rows)
+    if records:
+        out += samples_markdown(records, results["rows"])
+        if extra:
+            names = ", ".join(METHOD_NAMES[m] for m in sorted({r["method"] for r in extra}))
+            out += [f"{names}: computed from the per-sample records (results.json predates it).",
+                    ""]
+    notes = results.get("notes") or []
+    if notes:
+        out += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
+    return "\n".join(out)
+
+
+def write_csv(results: dict, path: Path) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        for r in results["rows"]:
+            w.writerow(r)
+
+
+def plot_f1_bars(results: dict, path: Path) -> None:
+    rows = results["rows"]
+    shots = sorted({r["shots"] for r in rows})
+    methods = [m for m in METHOD_NAMES if any(r["method"] == m for r in rows)]
+    # matplotlib loads on first plot: it takes about 0.5 s to import, which every
+    # `sc-jax` command (and `import sc_jax.experiment.run`) would otherwise pay.
+    from matplotlib.figure import Figure  # noqa: PLC0415
+
+    # A bare Figure, not pyplot: no backend switch or global figure registry in the
+    # caller's process.
+    fig = Figure(figsize=(1.2 + 1.1 * len(methods) * len(shots) / 2, 3.6))
+    ax = fig.subplots()
+    width = 0.8 / max(len(shots), 1)
+    for j, k in enumerate(shots):
+        means, stds = [], []
+        for m in methods:
+            # Average over datasets per seed, then mean / std over seeds.
+            per_seed = defaultdict(list)
+            for r in rows:
+                if r["shots"] == k and r["method"] == m:
+                    per_seed[r["seed"]].append(r["macro_f1"])
+            vals = [np.mean(v) for v in per_seed.values()]
+            means.append(100 * np.mean(vals) if vals else np.nan)
+            stds.append(100 * np.std(vals) if vals else 0.0)
+        x = np.arange(len(methods)) + (j - (len(shots) - 1) / 2) * width
+        ax.bar(x, means, width, yerr=stds, capsize=3, label=f"{k}-shot")
+    ax.set_xticks(np.arange(len(methods)), [METHOD_NAMES[m] for m in methods])
+    ax.set_ylabel("macro-F1 (%)")
+    datasets = sorted({r["dataset"] for r in rows})
+    ax.set_title(f"{display_name(str(results['config']['model']))}: {', '.join(datasets)}",
+                 fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+
+
+def plot_params(results: dict, path: Path) -> bool:
+    """Learned SC parameters; returns False (and writes nothing) if there are none."""
+    fig = params_figure(results)
+    if fig is None:
+        return False
+    fig.savefig(path, dpi=130)
+    return True
+
+
+def params_figure(results: dict):
+    """The figure of :func:`plot_params` (a ``matplotlib.figure.Figure``), or None when
+    the results hold no SC parameters. An UNBOUNDED fit's (w, b) is wherever its
+    solver stopped along a ray, orders of magnitude beyond the others: such fits are
+    left out of the scatter and counted in their panel's title, so the rest stays
+    readable."""
+    params = [p for p in results.get("params", []) if p["method"] == "sc"]
+    if not params:
+        return None
+    panels = sorted({(p["dataset"], p["shots"]) for p in params})
+    # matplotlib loads on first plot (about 0.5 s to import; see plot_f1_bars).
+    import matplotlib  # noqa: PLC0415  (plotting only)
+    from matplotlib.figure import Figure  # noqa: PLC0415  (plotting only)
+
+    fig = Figure(figsize=(3.6 * len(panels), 3.8))
+    fig.suptitle(f"SC parameters, {display_name(str(results['config']['model']))}", fontsize=10)
+    axes = fig.subplots(1, len(panels), squeeze=False)
+    for ax, (d, k) in zip(axes[0], panels):
+        panel = [p for p in params if p["dataset"] == d and p["shots"] == k]
+        ps = [p for p in panel if p.get("status") != "UNBOUNDED"
+              and np.all(np.isfinite(p["w"])) and np.all(np.isfinite(p["b"]))]
+        hidden = len(panel) - len(ps)
+        sizes = sorted({p["size"] for p in ps})
+        cmap = matplotlib.colormaps["viridis"].resampled(max(len(sizes), 2))
+        for si, i in enumerate(sizes):
+            w = np.concatenate([p["w"] for p in ps if p["size"] == i])
+            b = np.concatenate([p["b"] for p in ps if p["size"] == i])
+            ax.scatter(w, b, s=14, color=cmap(si), label=f"i={i}", alpha=0.8)
+        ax.scatter([1], [0], marker="*", s=120, color="red", label="base (1, 0)", zorder=3)
+        ax.axvline(0, color="grey", lw=0.6)
+        ax.axhline(0, color="grey", lw=0.6)
+        ax.set_xlabel("w_c (slope)")
+        ax.set_ylabel("b_c (bias)")
+        ax.set_title(f"{d}, {k}-shot" + (f" ({hidden} unbounded fit{'s' * (hidden > 1)} "
+                                            "not shown)" if hidden else ""), fontsize=9)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def write_report(results: dict | str | Path, out_dir: str | Path | None = None) -> dict[str, Path]:
+    """Write table.md, results.csv and the plots. Returns ``{name: path}``. Per-sample
+    records (``samples.jsonl[.gz]``) in the run's directory (``results`` when it is a
+    path, else ``out_dir``) are checked against the rows and summarised in table.md."""
+    if not isinstance(results, dict):
+        src = Path(results)
+        run_dir = src if src.is_dir() else src.parent
+        out_dir = out_dir or run_dir
+        results = load_results(src)
+    else:
+        run_dir = Path(out_dir)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"table": out / "table.md", "csv": out / "results.csv", "f1_bars": out / "f1_bars.png"}
+    paths["table"].write_text(markdown_tables(results, read_samples(run_dir)))
+    write_csv(results, paths["csv"])
+    if results["rows"]:  # every (dataset, k) skipped: nothing to plot
+        plot_f1_bars(results, paths["f1_bars"])
+    else:
+        del paths["f1_bars"]
+    if plot_params(results, out / "sc_params.png"):
+        paths["sc_params"] = out / "sc_params.png"
+    return paths

@@ -1,0 +1,225 @@
+"""Per-sample records of a run: one JSON line per (dataset, k, seed, test query).
+
+``sc-jax run --log-samples`` writes them beside ``results.json``; ``sc-jax report DIR
+--log-samples`` writes them for a finished run from its score files
+(``DIR/scores/``) and the fitted parameters in its results.json, with no model
+(:func:`sc_jax.experiment.ablation.regenerate_samples`). A record::
+
+    {"dataset": str, "shots": k, "seed": int, "index": t (position in the test set),
+     "row": dataset row of the query or null, "text_sha256": first 16 hex digits of the
+     sha256 of its UTF-8 text or null, "gold": class id,
+     "probs": {method: [n] probabilities}, "pred": {method: class id},
+     "sc_sizes": {method: {"i": [n]}}}
+
+``probs`` holds every method's calibrated probabilities p(y | x) (``[n]``, rounded to
+:data:`DIGITS` significant digits; ``pred`` is the argmax of the unrounded ones).
+``sc_sizes`` holds, for SC and SC*, the per-size probabilities (1/m_i) sum_j
+f(m(x; C_i^(j)); theta_i) of Algorithm 2 that the ensemble averages.
+
+The file is ``samples.jsonl``, or ``samples.jsonl.gz`` above :data:`GZIP_ABOVE`
+bytes. :func:`check_samples` recomputes accuracy, macro-F1 and ECE from the records
+and compares them with results.json; :func:`paired_counts` gives per-query paired
+statistics (exact McNemar) that per-seed means cannot.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import math
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from sc_jax.experiment import metrics
+
+SAMPLES_FILE = "samples.jsonl"
+GZIP_ABOVE = 4 << 20  # bytes of JSONL; a 9-task, 3-seed, 128-query run is about 5 MB
+DIGITS = 8  # significant digits kept of each probability
+
+__all__ = ["SAMPLES_FILE", "check_samples", "paired_counts", "read_samples", "rows_from_samples",
+           "sample_paths", "samples_markdown", "seed_records", "text_hash", "write_samples"]
+
+
+def text_hash(text: str) -> str:
+    """First 16 hex digits of the sha256 of ``text`` (UTF-8): names a query without
+    copying the dataset into the log."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def _rounded(p: np.ndarray) -> list:
+    return [float(f"{v:.{DIGITS}g}") for v in np.asarray(p, np.float64).tolist()]
+
+
+def seed_records(dataset: str, shots: int, seed: int, gold, probs: Mapping[str, np.ndarray],
+                 sc_sizes: Mapping[str, Mapping[int, np.ndarray]] | None = None,
+                 rows: Sequence[int] | None = None,
+                 texts: Sequence[str] | None = None) -> list[dict]:
+    """The records of one (dataset, k, seed).
+
+    gold: ``[T]`` class ids; probs: method -> ``[T, n]``; sc_sizes: method -> size ->
+    ``[T, n]`` (SC's per-size probabilities); rows: ``[T]`` dataset rows of the test
+    queries and texts: their ``T`` texts (hashed with :func:`text_hash`), or None
+    where the dataset is not at hand.
+    """
+    gold = np.asarray(gold)
+    t = gold.shape[0]
+    for name, p in probs.items():
+        if np.shape(p)[:1] != (t,) or np.ndim(p) != 2:
+            raise ValueError(f"probs[{name!r}] must be [{t}, n], got shape {np.shape(p)}")
+    for what, seq in (("rows", rows), ("texts", texts)):
+        if seq is not None and len(seq) != t:
+            raise ValueError(f"{what} must have one entry per test query ({t}), got {len(seq)}")
+    preds = {m: np.asarray(p).argmax(-1) for m, p in probs.items()}
+    out = []
+    for j in range(t):
+        out.append({
+            "dataset": dataset, "shots": int(shots), "seed": int(seed), "index": j,
+            "row": None if rows is None else int(rows[j]),
+            "text_sha256": None if texts is None else text_hash(texts[j]),
+            "gold": int(gold[j]),
+            "probs": {m: _rounded(p[j]) for m, p in probs.items()},
+            "pred": {m: int(v[j]) for m, v in preds.items()},
+            "sc_sizes": {m: {str(i): _rounded(p[j]) for i, p in sorted(per.items())}
+                         for m, per in (sc_sizes or {}).items()},
+        })
+    return out
+
+
+def sample_paths(run_dir) -> tuple[Path, Path]:
+    """The two places a run's records may be: plain and gzipped JSONL."""
+    run_dir = Path(run_dir)
+    return run_dir / SAMPLES_FILE, run_dir / (SAMPLES_FILE + ".gz")
+
+
+def write_samples(run_dir, records: Sequence[dict]) -> Path:
+    """Write ``records`` into ``run_dir`` (plain, or gzip above :data:`GZIP_ABOVE`
+    bytes) atomically, removing the other form; returns the path."""
+    run_dir = Path(run_dir)
+    text = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records).encode()
+    plain, packed = sample_paths(run_dir)
+    path, other = (packed, plain) if len(text) > GZIP_ABOVE else (plain, packed)
+    tmp = path.with_name(f".tmp-{path.name}")
+    # mtime=0: the same records give the same bytes (reproducible, diffable files).
+    tmp.write_bytes(gzip.compress(text, mtime=0) if path is packed else text)
+    tmp.replace(path)
+    other.unlink(missing_ok=True)
+    return path
+
+
+def read_samples(run_dir) -> list[dict] | None:
+    """The records in ``run_dir`` (either form), or None when it has none. A file that
+    is not JSON lines raises ValueError naming it."""
+    run_dir = Path(run_dir)
+    for path in sample_paths(run_dir):
+        if path.exists():
+            try:
+                raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+                return [json.loads(line) for line in raw.decode().split("\n") if line]
+            except (OSError, EOFError, ValueError) as e:
+                raise ValueError(f"{path}: unreadable sample log ({type(e).__name__}: {e}); "
+                                 "rewrite it with `sc-jax report DIR --log-samples`") from e
+    return None
+
+
+def _groups(records) -> dict:
+    """(dataset, shots, seed) -> its records, in test order."""
+    out = defaultdict(list)
+    for r in records:
+        out[(r["dataset"], r["shots"], r["seed"])].append(r)
+    return out
+
+
+def rows_from_samples(records: Sequence[dict], methods: Sequence[str] | None = None) -> list[dict]:
+    """results.json-style rows (dataset, shots, seed, method, accuracy, macro_f1, ece)
+    recomputed from the records, for ``methods`` (None: every method they hold): e.g.
+    ``bc_reference`` for a run whose results.json predates it."""
+    out = []
+    for (d, k, seed), recs in sorted(_groups(records).items()):
+        gold = np.array([r["gold"] for r in recs])
+        for m in (methods if methods is not None else recs[0]["pred"]):
+            if m not in recs[0]["pred"]:
+                continue
+            pred = np.array([r["pred"][m] for r in recs])
+            probs = np.array([r["probs"][m] for r in recs])
+            out.append({"dataset": d, "shots": k, "seed": seed, "method": m,
+                        "accuracy": metrics.accuracy(gold, pred),
+                        "macro_f1": metrics.macro_f1(gold, pred, num_classes=probs.shape[-1]),
+                        "ece": metrics.expected_calibration_error(probs, gold)})
+    return out
+
+
+def check_samples(records: Sequence[dict], rows: Sequence[dict], *, tol: float = 1e-9,
+                  ece_tol: float = 1e-6) -> list[str]:
+    """Accuracy and macro-F1 (from ``pred``) and ECE (from the rounded ``probs``, hence
+    ``ece_tol``) recomputed per (dataset, shots, seed, method) from the records, against
+    results.json's ``rows``: one line per disagreement, and one per row that has no
+    records; empty when they agree. Methods in the records but not in the rows (e.g.
+    ``bc_reference`` regenerated for an older run) are not compared."""
+    got = {(r["dataset"], r["shots"], r["seed"], r["method"]): r
+           for r in rows_from_samples(records)}
+    problems = []
+    for row in rows:
+        key = (row["dataset"], row["shots"], row["seed"], row["method"])
+        where = f"{key[0]} k={key[1]} seed {key[2]} {key[3]}"
+        if key not in got:
+            problems.append(f"{where}: no per-sample records")
+            continue
+        for name in ("accuracy", "macro_f1", "ece"):
+            value = got[key][name]
+            if name in row and abs(value - row[name]) > (ece_tol if name == "ece" else tol):
+                problems.append(f"{where}: {name} {value:.6f} from the records, "
+                                f"{row[name]:.6f} in results.json")
+    return problems
+
+
+def _mcnemar_p(a: int, b: int) -> float:
+    """Exact two-sided McNemar p-value: 2 P(X <= min(a, b)), X ~ Bin(a + b, 1/2), capped at 1."""
+    n = a + b
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(a, b) + 1)) / 2.0 ** n
+    return min(1.0, 2.0 * tail)
+
+
+def paired_counts(records: Sequence[dict], a: str = "sc", b: str = "bc") -> list[dict]:
+    """Per (dataset, shots), pooled over seeds: ``n`` queries, ``a_only`` that method
+    ``a`` gets right and ``b`` wrong, ``b_only`` the reverse, and the exact McNemar
+    p-value of a_only against b_only. Seeds share the test set but not the
+    demonstrations, so pooling treats (seed, query) pairs as the units."""
+    tally = defaultdict(lambda: [0, 0, 0])
+    for r in records:
+        if a in r["pred"] and b in r["pred"]:
+            t = tally[(r["dataset"], r["shots"])]
+            ra, rb = r["pred"][a] == r["gold"], r["pred"][b] == r["gold"]
+            t[0] += 1
+            t[1] += int(ra and not rb)
+            t[2] += int(rb and not ra)
+    return [{"dataset": d, "shots": k, "a": a, "b": b, "n": n, "a_only": x, "b_only": y, "p": _mcnemar_p(x, y)}
+            for (d, k), (n, x, y) in sorted(tally.items())]
+
+
+def samples_markdown(records: Sequence[dict], rows: Sequence[dict]) -> list[str]:
+    """Report lines: whether the records reproduce results.json, and SC against BC in
+    both forms (and the best-baseline BC) query by query."""
+    problems = check_samples(records, rows)
+    out = ["## Per-sample records", "",
+           f"{len(records)} records (samples.jsonl). " + (
+               "Accuracy, macro-F1 and ECE recomputed from them match results.json."
+               if not problems else
+               f"{len(problems)} disagreements with results.json, e.g. {problems[0]}."), ""]
+    tables = [paired_counts(records, "sc", b) for b in ("bc", "bc_reference")]
+    if any(tables):
+        out += [("Query by query, pooled over seeds: queries SC gets right and the baseline "
+                 "wrong, the reverse, and the exact McNemar p-value."), "",
+                "| Dataset | k | baseline | queries | SC only | baseline only | p |",
+                "|---|---|---|---|---|---|---|"]
+        names = {"bc": "BC", "bc_reference": "BC (code)"}
+        for table in tables:
+            out += [f"| {c['dataset']} | {c['shots']} | {names[c['b']]} | {c['n']} | "
+                    f"{c['a_only']} | {c['b_only']} | {c['p']:.3g} |" for c in table]
+        out.append("")
+    return out

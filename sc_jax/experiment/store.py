@@ -1,0 +1,199 @@
+"""A run's files: the output directory (:func:`make_out_dir`, refusing another
+configuration's), its score files (:func:`save_scores` / :func:`load_scores`, tagged with
+the configuration that made them) and the JSON it writes atomically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata as md
+import json
+import os
+import platform
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from sc_jax.experiment.config import RunConfig
+from sc_jax.experiment.jobs import SeedScores
+
+
+def scores_path(out_dir, dataset: str, k: int, seed: int) -> Path:
+    """Where a run keeps the assembled scores of one (dataset, k, seed)."""
+    return Path(out_dir) / "scores" / f"{dataset}-k{k}-seed{seed}.npz"
+
+
+def config_tag(config_json: dict) -> str:
+    """A short hash of a run configuration as results.json holds it
+    (``RunConfig.to_json()`` through JSON): each score file carries its run's, so
+    refits never mix the scores of two configurations."""
+    return hashlib.sha256(json.dumps(config_json, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def save_scores(path: Path, s: SeedScores, tag: str | None = None) -> None:
+    """Write one seed's :class:`SeedScores` (a few hundred KB) atomically: refits
+    (``sc-jax ablate``) read these, with no model and no forward pass. ``tag``: the
+    run's :func:`config_tag`, stored beside the scores."""
+    arrays = {"base": s.base, "cc": s.cc, "dc": s.dc, "y_test": s.y_test}
+    if tag is not None:
+        arrays["config"] = np.asarray(tag)
+    for i, (lp, y, q) in s.surrogate.items():
+        arrays.update({f"surrogate{i}_logp": lp, f"surrogate{i}_labels": y,
+                       f"surrogate{i}_queries": q})
+    for i, t in s.test.items():
+        arrays[f"test{i}"] = t
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".tmp-{path.name}")
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+    tmp.replace(path)
+
+
+def load_scores(path: Path, tag: str | None = None) -> SeedScores:
+    """The :class:`SeedScores` written by :func:`save_scores`.
+
+    Raises ValueError naming ``path`` for a truncated or foreign file (the score cache
+    still holds the scores: rerunning the run's command rewrites it), or, given the
+    ``tag`` of the configuration expected, for a file saved by a run of another
+    configuration (files saved before tags existed carry none and are read as they are)."""
+    try:  # a damaged file: zipfile.BadZipFile (not an OSError), EOFError, ValueError, OSError
+        with np.load(path) as z:
+            a = {name: z[name] for name in z.files}
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError) as e:
+        raise ValueError(f"{path}: unreadable score file ({type(e).__name__}: {e}); rerun the "
+                         "same `sc-jax run` command to rewrite it from the score cache") from e
+    saved = str(a.pop("config")) if "config" in a else None
+    if tag is not None and saved is not None and saved != tag:
+        raise ValueError(f"{path} holds the scores of another configuration than the run's "
+                         f"results.json (a rerun with other settings stopped before it ended?): "
+                         "rerun the command of results.json with the same --out to rewrite them, "
+                         "or finish the other one")
+    try:
+        sizes = sorted(int(name[len("test"):]) for name in a if name.startswith("test"))
+        return SeedScores(
+            base=a["base"], cc=a["cc"], dc=a["dc"], y_test=a["y_test"],
+            surrogate={i: (a[f"surrogate{i}_logp"], a[f"surrogate{i}_labels"],
+                           a[f"surrogate{i}_queries"]) for i in sizes},
+            test={i: a[f"test{i}"] for i in sizes})
+    except (KeyError, ValueError) as e:  # a foreign archive: a key missing or misnamed
+        raise ValueError(f"{path}: unreadable score file ({type(e).__name__}: {e}); rerun the "
+                         "same `sc-jax run` command to rewrite it from the score cache") from e
+
+
+def check_output_file(path, option: str) -> Path:
+    """A file a command will write at its end (``option`` names it in the message):
+    refused now, as a ValueError, when it is a directory, lies under a file, or its
+    directory cannot be created or written, so no work is lost to a bad path."""
+    out = Path(path)
+    if str(path) == "" or out.is_dir():
+        raise ValueError(f"{option} {str(path)!r} is a directory (or empty), not a file: name a file")
+    make_out_dir(out.parent, option)
+    return out
+
+
+def make_out_dir(path, option: str = "--out") -> Path:
+    """Create the output directory ``path`` (and its parents) and return it; a
+    ValueError naming ``path`` (``--out``) when it is a file, lies under a file, or
+    cannot be created or written."""
+    if str(path) == "":  # Path("") is the current directory: a typo, not a choice
+        raise ValueError(f"{option} is empty: name a directory (e.g. {option} runs/default)")
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{option} {out} is an existing file, not a directory: choose a directory")
+    parent = out
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"{option} {out} lies under {parent}, which is a file, not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        # A directory can exist and still refuse files (read-only mounts, permissions).
+        probe = out / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        where = f"{parent} does not accept new files" if parent != out else f"{out} is not writable"
+        raise ValueError(f"{option} {out}: {where} ({e.strerror or e}); choose a writable "
+                         "directory") from e
+    return out
+
+
+def package_versions() -> dict[str, str]:
+    out = {"python": sys.version.split()[0], "platform": platform.platform()}
+    for pkg in ("sc-jax", "jax", "jaxlib", "flax", "jaxopt", "numpy", "scipy", "tokenizers",
+                "safetensors", "gguf"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+def write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
+
+
+#: What a run writes into --out besides run_config.json and results.json (and cache/).
+RUN_OUTPUTS = ("results.csv", "table.md", "f1_bars.png", "sc_params.png", "samples.jsonl",
+               "samples.jsonl.gz", "scores")
+
+
+RUN_CONFIG_FILE = "run_config.json"
+
+
+# Methods that runs made before them lack in their run_config.json and
+# results.json: resuming such a run with the default --methods only adds them.
+ADDED_METHODS = ("bc_reference", "sc_star_free", "sc_paper")
+
+
+def _config_differences(old: dict, new: dict) -> list[str]:
+    """``key: old there, new here`` for every key of two RunConfig JSONs that differs;
+    a key one of them lacks (written by another version) counts as its default. A run
+    whose methods lack only :data:`ADDED_METHODS` of the new ones is no other run:
+    methods do not change any score, every old row is recomputed as it was, and the
+    added methods' rows join them (so a run started before them resumes)."""
+    default = json.loads(json.dumps(RunConfig().to_json()))
+    out = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key, default.get(key)), new.get(key, default.get(key))
+        if key == "methods" and isinstance(a, list) and isinstance(b, list):
+            a = [m for m in a if m not in ADDED_METHODS]
+            b = [m for m in b if m not in ADDED_METHODS]
+        if a != b:
+            out.append(f"{key}: {a} there, {b} here")
+    return out
+
+
+def refuse_other_config(out: Path, config: RunConfig) -> None:
+    """A ValueError when ``out`` holds (or was last started with) another run
+    configuration: the tables, plots and scores/ would be replaced without a word."""
+    new = json.loads(json.dumps(config.to_json()))  # tuples as JSON lists
+    if not any((out / name).exists() for name in (RUN_CONFIG_FILE, "results.json")):
+        # No run of ours was here: files by the names a run writes are someone else's.
+        theirs = sorted(name for name in RUN_OUTPUTS if (out / name).exists())
+        if theirs:
+            raise ValueError(f"--out {out} holds {', '.join(theirs)}, which this run would "
+                             "replace, and no sc-jax run wrote them (no run_config.json): rerun "
+                             "with --overwrite to replace them, or choose another --out")
+        return
+    for name in (RUN_CONFIG_FILE, "results.json"):
+        path = out / name
+        if not path.exists():
+            continue
+        try:
+            old = json.loads(path.read_text())
+            old = old["config"] if name == "results.json" else old
+        except (OSError, ValueError, KeyError, TypeError):
+            raise ValueError(f"--out {out} holds an unreadable {name}; rerun with --overwrite "
+                             "to replace it, or choose another --out") from None
+        diff = _config_differences(old if isinstance(old, dict) else {}, new)
+        if diff:
+            raise ValueError(f"--out {out} holds a run with another configuration "
+                             f"({'; '.join(diff[:3])}{'; ...' if len(diff) > 3 else ''}): rerun "
+                             "with --overwrite to replace its results (the score cache is kept "
+                             "and reused), or choose another --out")
+        return
