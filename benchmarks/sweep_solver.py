@@ -4,11 +4,13 @@ Draws ``--per-family`` instances of every family of
 :func:`sc_jax.calibration.synthetic.solver_instance` (informative, partly flipped, apex =
 uninformative with strong invariance, near-separable, tight tau at K = 5 and 6, no
 trust region, strong invariance at n = 2, near the apex, multi-class with lambda_inv
-10; lambda_inv in {0, 0.1, 0.5, 1, 10}; N from 12 to 20,160 rows) and solves each
+10, and normal mixtures with heavy-tailed query shifts; lambda_inv in {0, 0.1, 0.5, 1,
+2, 10}; N from 12 to 20,160 rows) and solves each
 
   * with the augmented Lagrangian in float64 and float32 (``calibrators.fit_batch``:
     one compiled call per class count and dtype; by default one start where
-    lambda_inv < 0.5 and 96 where lambda_inv >= 0.5, as fit_batch does), and
+    lambda_inv < 0.5 and 96 where lambda_inv >= 0.5, as fit_batch does; or, with
+    ``--api calibrate``, ``sc_jax.calibrate`` per instance, with its defaults), and
   * with SciPy trust-constr (float64) from several starts: the identity, slopes 3
     and 0.3, and two random points; the best feasible end point is the reference
     (``solvers.scipy_best``).
@@ -28,7 +30,8 @@ instance, appended as it finishes, so an interrupted run resumes where it stoppe
 (delete the file to start over). Prints a table per family and every instance that
 misses a check.
 
-  python benchmarks/sweep_solver.py                      # 36 per family (324 instances)
+  python benchmarks/sweep_solver.py                      # 36 per family (360 instances)
+  python benchmarks/sweep_solver.py --families mixture near_apex --api calibrate
   python benchmarks/sweep_solver.py --per-family 4 --families apex flipped
   python benchmarks/sweep_solver.py --reference old.jsonl --out new.jsonl  # rerun JAX only
   python benchmarks/sweep_solver.py --reference old.jsonl --instances apex:7 flipped:3
@@ -42,15 +45,16 @@ import platform
 import sys
 import time
 from pathlib import Path
-
+from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 
-from sc_jax.calibration import calibrators
-
+import sc_jax  # noqa: E402
+from sc_jax.calibration import calibrators  # noqa: E402
 from sc_jax.calibration import solvers  # noqa: E402
 from sc_jax.calibration.objective import Params, objective  # noqa: E402
 from sc_jax.calibration.synthetic import FAMILIES, solver_instance  # noqa: E402
@@ -114,9 +118,24 @@ def checks(rec) -> dict:
     return {"ok64": bool(ok64), "ok32": bool(ok32)}
 
 
-def run(families, per_family, out: Path, options, references=None, instances=None):
+def calibrate_fit(instance, dtype: str, options):
+    """One instance through ``sc_jax.calibrate`` (the functional API, eager: one
+    compiled program per shape), as the fields of a ``FitResult`` the sweep reads."""
+    x, y, g, lam, tau = instance
+    with jax.enable_x64(dtype == "float64"):
+        cal = sc_jax.calibrate(np.asarray(x, dtype), y, g, lambda_inv=lam, tau=tau, dtype=dtype,
+                               options=options)
+        return SimpleNamespace(b=np.asarray(cal.b, np.float64), w=np.asarray(cal.w, np.float64),
+                               objective=float(cal.objective), status=solvers.Status(int(cal.status)),
+                               violation=float(cal.violation), iterations=int(cal.iterations))
+
+
+def run(families, per_family, out: Path, options, references=None, instances=None,
+        api: str = "fit_batch"):
     """``instances``: (family, seed) pairs to solve instead of the first
-    ``per_family`` seeds of every family. ``out`` exists, with its header line."""
+    ``per_family`` seeds of every family. ``out`` exists, with its header line.
+    ``api``: "fit_batch" (one compiled call per class count and dtype) or
+    "calibrate" (``sc_jax.calibrate`` per instance)."""
     references = references or {}
     done = {(r["family"], r["seed"]): r for r in instance_records(out)}
     keys = instances or [(f, s) for f in families for s in range(per_family)]
@@ -128,9 +147,12 @@ def run(families, per_family, out: Path, options, references=None, instances=Non
     fits, seconds = {}, {}
     for dtype in ("float64", "float32"):
         t = time.perf_counter()
-        res = calibrators.fit_batch([inst[k][:3] for k in todo],
-                                    lambda_inv=[inst[k][3] for k in todo],
-                                    tau=[inst[k][4] for k in todo], dtype=dtype, options=options)
+        if api == "calibrate":
+            res = [calibrate_fit(inst[k], dtype, options) for k in todo]
+        else:
+            res = calibrators.fit_batch([inst[k][:3] for k in todo],
+                                        lambda_inv=[inst[k][3] for k in todo],
+                                        tau=[inst[k][4] for k in todo], dtype=dtype, options=options)
         seconds[dtype] = time.perf_counter() - t
         print(f"JAX {dtype}: {len(todo)} fits in {seconds[dtype]:.1f}s "
               "(compile included)", flush=True)
@@ -205,6 +227,10 @@ def main(argv=None):
                    help="augmented-Lagrangian starts (SolverOptions.num_starts); default: "
                         "fit_batch's, 1 where lambda_inv < NONCONVEX_LAMBDA (0.5) and "
                         "NONCONVEX_STARTS (96) above")
+    p.add_argument("--api", choices=["fit_batch", "calibrate"], default="fit_batch",
+                   help="fit_batch: one compiled call per class count and dtype; calibrate: "
+                        "sc_jax.calibrate per instance, with its own default starts unless "
+                        "--num-starts is given")
     p.add_argument("--out", default=None,
                    help="JSON-lines file, resumed if it exists (default: "
                         "benchmarks/results/sweep_solver/<machine>.jsonl)")
@@ -236,7 +262,7 @@ def main(argv=None):
     records = run(args.families, args.per_family, out,
                   None if args.num_starts is None else
                   solvers.SolverOptions(num_starts=args.num_starts),
-                  load_references(args.reference), instances)
+                  load_references(args.reference), instances, api=args.api)
     table(records)
 
 

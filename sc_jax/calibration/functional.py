@@ -308,11 +308,14 @@ def calibrate(features: Array, labels: Array, query_ids: Array, *,
     dtype: None follows ``features`` under JAX's own convention: float64 NumPy input
         is solved in float32 unless 64-bit JAX is on. "float64" requires
         ``jax_enable_x64`` (it raises instead of silently solving in float32).
-    options: :class:`sc_jax.calibration.solvers.SolverOptions` (static). One start by default;
-        with lambda_inv >= 0.5 the objective is not convex and one start often ends
-        at a worse KKT point, so pass ``SolverOptions(num_starts=solvers.
-        NONCONVEX_STARTS)`` there (``calibrators.fit_batch`` does so itself; here
-        lambda_inv may be traced, so the choice is left to the caller).
+    options: :class:`sc_jax.calibration.solvers.SolverOptions` (static). None picks the
+        starts as ``calibrators.fit_batch`` does: one where lambda_inv is below
+        ``solvers.NONCONVEX_LAMBDA`` (0.5), where the objective is convex, and
+        ``solvers.NONCONVEX_STARTS`` (96) where a concrete lambda_inv reaches it: there
+        the objective has several basins and one start often ends in a worse one.
+        A traced lambda_inv (inside the caller's jit or grad) cannot be read, so it
+        gets one start: pass ``SolverOptions(num_starts=solvers.NONCONVEX_STARTS)``
+        where it may reach 0.5.
 
     Bad input (:mod:`sc_jax.calibration.validation`: no real rows, a non-finite feature, labels
     or query ids out of range, a class with no rows, tau outside [-1, 1],
@@ -334,16 +337,72 @@ def calibrate(features: Array, labels: Array, query_ids: Array, *,
     num_queries = _host_checks(features, labels, query_ids, mask, num_queries, lambda_inv, tau)
     features, labels, query_ids, mask = _as_arrays(features, labels, query_ids, mask, dtype)
     dtype = features.dtype
+    lambda_inv = jnp.asarray(lambda_inv, dtype)
+    tau = None if tau is None else jnp.asarray(tau, dtype)
+    args = (features, labels, query_ids, mask, lambda_inv, tau)
+    traced = any(isinstance(a, jax.core.Tracer) for a in args)
+    return _program(None if traced else jax.default_backend())(
+        *args, num_queries=int(num_queries), sc_star=bool(sc_star),
+        options=options or _default_options(lambda_inv))
+
+
+def _lockstep() -> bool:
+    """Whether :func:`calibrate` vmaps its leading axes (an accelerator) or maps over
+    them one instance after another (a CPU)."""
+    return jax.default_backend() != "cpu"
+
+
+def _default_options(lambda_inv) -> SolverOptions:
+    """:func:`calibrate`'s solver options where the caller gives none: the multi-start
+    of ``solvers.NONCONVEX_STARTS`` starts where a concrete lambda_inv reaches
+    ``solvers.NONCONVEX_LAMBDA``, else one start (as ``calibrators.fit_batch`` picks)."""
+    concrete = _concrete(lambda_inv)
+    if concrete is not None and np.any(concrete[0] >= solvers.NONCONVEX_LAMBDA):
+        return SolverOptions(num_starts=solvers.NONCONVEX_STARTS)
+    return SolverOptions()
+
+
+@functools.lru_cache(maxsize=None)
+def _program(backend: str | None):
+    """:func:`calibrate`'s array part as one jitted program. Called on concrete arrays
+    (``backend`` given), it carries the solver's compiler options for that backend
+    (:func:`sc_jax.calibration.solvers.compiler_options`), compiles the solver once, and a
+    second call of the same shapes reuses it (op by op, every vmapped ``while_loop`` was
+    compiled apart: the solver twice, anew in every call). Inside a caller's jit, vmap
+    or grad (``backend`` None) it is a plain nested jit, which JAX inlines, and which
+    may not carry compiler options."""
+    options = {} if backend is None else {"compiler_options": solvers.compiler_options(backend)}
+    return jax.jit(_calibrate_arrays, static_argnames=("num_queries", "sc_star", "options"),
+                   **options)
+
+
+def _calibrate_arrays(features, labels, query_ids, mask, lambda_inv, tau, *, num_queries: int,
+                      sc_star: bool, options: SolverOptions) -> Calibration:
+    """:func:`calibrate` on checked arrays (``tau`` None: the Appendix A schedule)."""
+    dtype = features.dtype
     batch, n1 = features.shape[:-2], features.shape[-1]
-    lambda_inv = jnp.broadcast_to(jnp.asarray(lambda_inv, dtype), batch)
+    lambda_inv = jnp.broadcast_to(lambda_inv, batch)
     if tau is None:
         tau = tau_schedule(base_accuracy(features, labels, mask), n1 + 1).astype(dtype)
-    tau = jnp.broadcast_to(jnp.asarray(tau, dtype), batch)
+    tau = jnp.broadcast_to(tau, batch)
     valid = valid_problem(features, labels, query_ids, mask, num_queries, lambda_inv, tau)
     labels1h = jax.nn.one_hot(labels, n1 + 1, dtype=dtype, axis=-2) * mask[..., None, :]
     groups = jax.nn.one_hot(query_ids, num_queries, dtype=dtype) * mask[..., None]
-    solve = _differentiable_solver(bool(sc_star), options or SolverOptions())
-    fn = functools.partial(_calibrate_one, solve=solve, sc_star=sc_star)
-    for _ in batch:
-        fn = jax.vmap(fn)
-    return fn(features, labels1h, groups, lambda_inv, tau, valid)
+    solve = _differentiable_solver(sc_star, options)
+    one = functools.partial(_calibrate_one, solve=solve, sc_star=sc_star)
+    args = (features, labels1h, groups, lambda_inv, tau, valid)
+    if not batch:
+        return one(*args)
+    if _lockstep():
+        # An accelerator solves the batch in lockstep: the vmap is what fills it.
+        fn = one
+        for _ in batch:
+            fn = jax.vmap(fn)
+        return fn(*args)
+    # A CPU solves the instances one after another either way; in lockstep each waits,
+    # at every step, for the batch's slowest, and under vmap the solver's lax.conds
+    # become selects that run both branches (sc_jax.calibration.solvers.resolve_batch_size).
+    size = math.prod(batch)
+    flat = jax.tree.map(lambda a: a.reshape((size,) + a.shape[len(batch):]), args)
+    out = jax.lax.map(lambda a: one(*a), flat)
+    return jax.tree.map(lambda a: a.reshape(batch + a.shape[1:]), out)

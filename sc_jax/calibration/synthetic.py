@@ -98,7 +98,7 @@ class World:
 # Solver test instances: the families a calibrator meets, drawn at random.
 
 FAMILIES = ("informative", "flipped", "apex", "near_separable", "tight_tau", "no_trust_region",
-            "strong_invariance", "near_apex", "multiclass_strong")
+            "strong_invariance", "near_apex", "multiclass_strong", "mixture")
 
 
 def solver_instance(family: str, seed: int):
@@ -132,6 +132,12 @@ def solver_instance(family: str, seed: int):
       informative, mixed-sign or near-uninformative slopes: the invariance term
       dominates, and a class is often switched off (theta_c near its apex) while
       the others carry the signal.
+    * ``mixture``: not from :class:`World` but drawn directly: n in {2, 3}, 8 queries
+      x 25 rows, each class's log-odds a two-component normal mixture whose
+      components may point opposite ways, per-query shifts from a heavy-tailed
+      (Student t, 2 degrees of freedom) law and per-component row noise;
+      lambda_inv in {0.5, 1, 2}, tau in {0.3, 0.5, 0.7}. The objective has several
+      basins here, and one start often ends in a worse one.
 
     lambda_inv is drawn from {0, 0.1, 1, 10} except where the family fixes it.
     """
@@ -221,8 +227,25 @@ def _multiclass_strong(rng):
     return x, y, g, 10.0, float(rng.choice([0.0, 0.3]))
 
 
+def _mixture(rng):
+    # Another generator than World's affine truth: per class two normal components
+    # (the second possibly mirrored), shifted per query by a heavy-tailed draw.
+    n = int(rng.choice([2, 2, 3]))
+    queries, per_query = 8, 25
+    y = rng.integers(0, n, queries * per_query)
+    g = np.repeat(np.arange(queries), per_query)
+    comp = (rng.uniform(size=len(y)) < rng.uniform(0.1, 0.9)).astype(int)
+    mu = rng.normal(size=(n, 2, n - 1)) * rng.uniform(0.1, 2.0)  # [class, component, n-1]
+    mu[:, 1] *= rng.choice([-1.0, 1.0])
+    shift = rng.standard_t(2, size=(queries, n - 1)) * rng.uniform(0.1, 2.0)
+    sd = rng.uniform(0.2, 2.0, 2)
+    x = mu[y, comp] + shift[g] + rng.normal(size=(len(y), n - 1)) * sd[comp][:, None]
+    return x, y, g, float(rng.choice([0.5, 1.0, 2.0])), float(rng.choice([0.3, 0.5, 0.7]))
+
+
 # The families whose invariance term weighs as much as the NLL or more: their optima
-# sit at or near a class's apex.
+# sit at or near a class's apex, or in one of several basins.
 _STRONG_INVARIANCE_FAMILIES = {"strong_invariance": _strong_invariance,
                                "near_apex": _near_apex,
-                               "multiclass_strong": _multiclass_strong}
+                               "multiclass_strong": _multiclass_strong,
+                               "mixture": _mixture}
