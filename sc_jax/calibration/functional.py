@@ -367,10 +367,10 @@ def _program(backend: str | None):
     """:func:`calibrate`'s array part as one jitted program. Called on concrete arrays
     (``backend`` given), it carries the solver's compiler options for that backend
     (:func:`sc_jax.calibration.solvers.compiler_options`), compiles the solver once, and a
-    second call of the same shapes reuses it (op by op, every vmapped ``while_loop`` was
-    compiled apart: the solver twice, anew in every call). Inside a caller's jit, vmap
-    or grad (``backend`` None) it is a plain nested jit, which JAX inlines, and which
-    may not carry compiler options."""
+    second call of the same shapes reuses it (run op by op, every vmapped
+    ``while_loop`` would compile on its own: the solver twice, anew in every call).
+    Inside a caller's jit, vmap or grad (``backend`` None) it is a plain nested jit,
+    which JAX inlines, and which may not carry compiler options."""
     options = {} if backend is None else {"compiler_options": solvers.compiler_options(backend)}
     return jax.jit(_calibrate_arrays, static_argnames=("num_queries", "sc_star", "options"),
                    **options)
