@@ -578,21 +578,27 @@ def _dispatch(args, argv) -> int:
     except KeyboardInterrupt as e:
         # Ctrl-C or SIGTERM: one line, not JAX's 65-line traceback.
         return _report_signal(args, argv, signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT)
-    except (ValueError, FileNotFoundError, WheelFileError, DataUnavailableError) as e:
-        # PlanError (memory) and DistributedError are ValueErrors: their messages name
-        # the numbers.
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except ImportError as e:
-        # A missing optional extra: its message names the pip install to run.
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
+    except (ValueError, FileNotFoundError, WheelFileError, DataUnavailableError, ImportError,
+            OSError) as e:
+        if _SIGNALS:
+            # The signal's exception, raised inside a library's callback (JAX's pytree
+            # comparison, say), came out wrapped in another one: still the signal.
+            return _report_signal(args, argv, _SIGNALS[-1])
+        return _one_line_error(args, argv, e)
+
+
+def _one_line_error(args, argv, e: Exception) -> int:
+    """Exit 2 with one ``error:`` line for bad input or a failed write."""
+    if isinstance(e, OSError) and not isinstance(e, FileNotFoundError):
         # A full disk (ENOSPC) or a directory made unwritable while a command writes:
         # one line naming the file; the run's lock is released on the way out.
         where = f"{e.filename}: " if e.filename else ""
         print(f"error: {_kept(args, argv, where + (e.strerror or str(e)))}", file=sys.stderr)
         return 2
+    # PlanError (memory) and DistributedError are ValueErrors: their messages name the
+    # numbers; a missing optional extra's ImportError names the pip install to run.
+    print(f"error: {e}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":
