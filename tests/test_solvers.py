@@ -1069,9 +1069,9 @@ def _family_subset(max_rows=1500):
     (FAMILY_FIXED) that the rule did not take."""
     out = []
     # "mixture" stays out: with its instances in this module's batch, jaxlib 0.12's CPU
-    # compiler aborts on a later compile in this module (strong_invariance-7's solve),
-    # reproduced here and in CI; jaxlib 0.10 does not. It is tested through calibrate
-    # (test_functional) and the sweep.
+    # compiler aborts on a later compile in this module (strong_invariance-7's solve);
+    # jaxlib 0.10 does not. It is tested through calibrate (test_functional) and the
+    # sweep.
     for fam in (f for f in synthetic.FAMILIES if f != "mixture"):
         seed = 0
         while len(synthetic.solver_instance(fam, seed)[1]) > max_rows:
