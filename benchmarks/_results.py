@@ -67,6 +67,11 @@ def machine(backend: str, device_kind: str = "cpu", device_count: int = 1) -> di
             "description": f"{device_count} x {device_kind}; host {cores}-core {cpu}"}
 
 
+#: The machine of a result whose children died before reporting theirs.
+UNREPORTED = {"id": "unreported", "description": "unreported (no child process said)",
+              "backend": "unknown"}
+
+
 def jax_machine() -> dict:
     """:func:`machine` of the devices this process sees (it starts jax's backend)."""
     import jax  # only where a backend may start; see the module docstring

@@ -46,10 +46,15 @@ one command (an H100, from earlier timings of each side: about 4 minutes):
       benchmarks/bench_peer.py --data-dir bench_out/prep/datasets --out $OUT/peer.json \
       --attention auto blocked dense
 (``auto`` is cuDNN's fused kernel there; ``dense`` is the engine's attention before
-block-sparse and fused paths existed, so one lease measures before and after.)
+block-sparse and fused paths existed, so one lease measures before and after.) HF's two
+passes, three compiles and three timed engines can take 450-700 s: near a command's 600 s
+limit, which is why the JSON is written as each section ends. ``benchmarks/gpu_check.py``
+runs one repeat of the chosen attention within its own budget.
 
 Writes ``benchmarks/results/bench_peer/<machine>.json`` (``<machine>_smoke.json`` for
-``--smoke``; ``--out``) and prints a table.
+``--smoke``; ``--out``) and prints a table. The JSON is written after each timed section
+(HF's passes, then each attention's engine), with ``unfinished`` until the last, so a
+command stopped at its limit keeps the sections it finished.
 """
 
 from __future__ import annotations
@@ -79,6 +84,8 @@ FULL = dict(model="random:qwen2-7b", dtype="bfloat16", k=8, max_size=4, test_siz
 SMOKE = dict(model="random:tiny-qwen2", dtype="float32", k=4, max_size=3, test_size=8,
              repeats=2, hf_batch_tokens=1024)
 SMOKE_TOLERANCE = 1e-3
+#: ``--attention``'s choices: the engine's own choice, or one implementation.
+ATTENTION = ("auto", "dense", "blocked", "cudnn")
 #: Parameters Hugging Face stores in our layout; key_map transposes or splits the others.
 AS_IS = ("embed", "lm_head")
 
@@ -248,7 +255,7 @@ def main(argv=None) -> int:
     ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "datasets"),
                     help="folder holding rotten_tomatoes.jsonl (not used by --smoke)")
     ap.add_argument("--attention", nargs="+", default=["auto"],
-                    choices=("auto", "dense", "blocked", "cudnn"),
+                    choices=ATTENTION,
                     help="the engine's attention (sc_jax.models.attention), each timed in turn; the "
                          "first is the engine of the headline figures (default: auto)")
     ap.add_argument("--repeats", type=int, help="timed runs of each side (default 2)")
@@ -299,6 +306,21 @@ def main(argv=None) -> int:
             "source": "--peak-tflops" if args.peak_tflops else f"JAX {args.dtype} matmul, measured",
             "jax_matmul_flops": jax_peak, "torch_matmul_flops": torch_peak}
 
+    machine = _results.jax_machine()
+    head = _results.header(machine, command=_results.command(__file__, argv), dtype=args.dtype,
+                           torch=torch.__version__, transformers=transformers.__version__,
+                           note="HF first, then the engine; XLA_PYTHON_CLIENT_PREALLOCATE="
+                                + os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"])
+    path = args.out or _results.default_path("bench_peer", machine["id"] + ("_smoke" if args.smoke else ""))
+    res = {
+        "smoke": args.smoke, "args": vars(args), "device": str(jax.devices()[0]), "mode": mode,
+        "workload": {"jobs": {t: len(p) for t, (_, p) in jobs.items()}, "prompts": len(prompts),
+                     "prompt_tokens": int(lengths.sum()), "longest_prompt": int(lengths.max())},
+        "flops_per_token": token_flops, "peak": peak, "unfinished": True, "engines": {}}
+
+    def save():
+        _results.write_json(path, {"header": head, **res})
+
     t = time.perf_counter()
     hf = hf_model(model, device, tdtype)
     build_s = time.perf_counter() - t
@@ -308,12 +330,19 @@ def main(argv=None) -> int:
     warm_s = time.perf_counter() - t
     hf_s, hf_runs, hf_out = timed(lambda: hf_pass(hf, prompts, batches, first, device), args.repeats)
     say(f"HF: built in {build_s:.1f} s, warm-up batch {warm_s:.1f} s, passes {hf_runs}")
+    res["hf"] = {"build_s": build_s, "warmup_batch_s": warm_s, "steady_s": hf_s, "runs_s": hf_runs,
+                 "batches": len(batches), "prompt_tokens": int(lengths.sum()),
+                 "padded_tokens": int(sum(len(b) * lengths[b[-1]] for b in batches)),
+                 "attn_implementation": "sdpa", "device": device,
+                 "tflops": token_flops * lengths.sum() / hf_s / 1e12,
+                 "mfu": token_flops * lengths.sum() / hf_s / peak["flops"]}
+    save()
     del hf
     gc.collect()
     if device == "cuda":
         torch.cuda.empty_cache()
 
-    engines = {}
+    engines = res["engines"]
     for impl in args.attention:
         engine = ScoringEngine(model, attention=impl, progress=False)
         t = time.perf_counter()
@@ -329,33 +358,18 @@ def main(argv=None) -> int:
             "tflops": token_flops * tokens / eng_s / 1e12,
             "mfu": token_flops * tokens / eng_s / peak["flops"],
             "speedup": hf_s / eng_s, "max_abs_diff": float(np.abs(eng_out - hf_out).max())}
+        save()
     main_engine = engines[args.attention[0]]
     eng_s, diff = main_engine["steady_s"], max(e["max_abs_diff"] for e in engines.values())
 
-    res = {
-        "smoke": args.smoke, "args": vars(args), "device": str(jax.devices()[0]), "mode": mode,
-        "workload": {"jobs": {t: len(p) for t, (_, p) in jobs.items()}, "prompts": len(prompts),
-                     "prompt_tokens": int(lengths.sum()), "longest_prompt": int(lengths.max())},
-        "flops_per_token": token_flops, "peak": peak,
-        "engine": main_engine, "engines": engines,
-        "hf": {"build_s": build_s, "warmup_batch_s": warm_s, "steady_s": hf_s, "runs_s": hf_runs,
-               "batches": len(batches), "prompt_tokens": int(lengths.sum()),
-               "padded_tokens": int(sum(len(b) * lengths[b[-1]] for b in batches)),
-               "attn_implementation": "sdpa", "device": device,
-               "tflops": token_flops * lengths.sum() / hf_s / 1e12,
-               "mfu": token_flops * lengths.sum() / hf_s / peak["flops"]},
-        "equivalent_tflops": token_flops * lengths.sum() / eng_s / 1e12,
-        "equivalent_mfu": token_flops * lengths.sum() / eng_s / peak["flops"],
-        "speedup": hf_s / eng_s, "max_abs_diff": diff,
-    }
+    del res["unfinished"]
+    res.update(engine=main_engine,
+               equivalent_tflops=token_flops * lengths.sum() / eng_s / 1e12,
+               equivalent_mfu=token_flops * lengths.sum() / eng_s / peak["flops"],
+               speedup=hf_s / eng_s, max_abs_diff=diff)
+    save()
     print(table(res))
-    machine = _results.jax_machine()
-    head = _results.header(machine, command=_results.command(__file__, argv), dtype=args.dtype,
-                           torch=torch.__version__, transformers=transformers.__version__,
-                           note="HF first, then the engine; XLA_PYTHON_CLIENT_PREALLOCATE="
-                                + os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"])
-    path = args.out or _results.default_path("bench_peer", machine["id"] + ("_smoke" if args.smoke else ""))
-    print(f"wrote {_results.write_json(path, {'header': head, **res})}")
+    print(f"wrote {path}")
     if args.smoke and args.dtype == "float32" and not diff <= SMOKE_TOLERANCE:
         print(f"bench_peer smoke: engine and HF differ by {diff:.2e} > {SMOKE_TOLERANCE}", file=sys.stderr)
         return 1

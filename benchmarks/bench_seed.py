@@ -27,6 +27,14 @@ Then, there, one device command runs both phases (an H100 about a few minutes):
   PYTHONPATH=/tmp/site:. SC_JAX_CACHE=DIR/sc_jax_cache \
       python benchmarks/bench_seed.py --data-dir DIR/datasets --out $OUT/seed.json
 
+Each phase has a deadline: ``--timeout`` seconds, and no more than what is left of
+``--budget-s`` (540: a device command may run 600 s); a phase past its deadline is killed
+with its process group and recorded as ``timeout``, one whose ``sc-jax run`` exits
+nonzero (or crashes) as ``failed`` with its exit code and the tail of its stderr, and the
+other phase still runs; the exit status is 1 unless both are ``ok``. The JSON is written
+after each phase, so a command killed mid-way keeps the phases it finished.
+``benchmarks/gpu_check.py`` runs both phases as two of its own.
+
 Writes ``benchmarks/results/bench_seed/<machine>.json`` (``<machine>_smoke.json`` for
 ``--smoke``; ``--out``) and prints a table.
 """
@@ -37,6 +45,7 @@ import argparse
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -66,7 +75,10 @@ from sc_jax.cli import main
 rc = main({argv!r})
 import _results
 print({mark!r} + json.dumps({{"rc": rc, "machine": _results.jax_machine()}}), flush=True)
+sys.exit(rc)
 """
+#: Characters of a failed child's stderr kept in its phase's record.
+TAIL = 3000
 
 
 def smoke_csv(path: Path) -> Path:
@@ -81,6 +93,14 @@ def smoke_csv(path: Path) -> Path:
         for j in range(60):
             w.writerow([" ".join(rng.choice(words) for _ in range(rng.randint(3, 9))), j % 2])
     return path
+
+
+def protocol_args(smoke: bool, data_dir: str, tmp: Path) -> list[str]:
+    """``sc-jax run``'s arguments besides the seed and --out: :data:`PROTOCOL` on
+    ``data_dir``, or :data:`SMOKE` on a synthetic CSV written into ``tmp``."""
+    if smoke:
+        return SMOKE + ["--data-file", f"rotten_tomatoes={smoke_csv(tmp / 'rt.csv')}"]
+    return PROTOCOL + ["--data-dir", data_dir]
 
 
 def prepare(folder: Path, data_dir: str) -> None:
@@ -109,44 +129,78 @@ def prepare(folder: Path, data_dir: str) -> None:
     print(f"bench_seed: {folder} holds the wheels, the tokenizer and the data to carry")
 
 
+def run_child(cmd: list[str], timeout: float, **popen) -> tuple[dict, str]:
+    """Run ``cmd`` in a process group of its own until it exits or ``timeout`` seconds
+    pass, then kill the whole group (a compile's helper processes too). Returns its
+    record, ``{"status": "ok" | "failed" | "timeout", "seconds": ...}`` (a failure with
+    ``exit_code`` and ``stderr_tail``), and its stdout."""
+    t = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True, **popen)
+    try:
+        out, err = p.communicate(timeout=max(timeout, 0.001))
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
+        return {"status": "timeout", "seconds": time.perf_counter() - t,
+                "deadline_s": timeout, "stderr_tail": err[-TAIL:]}, out
+    rec = {"status": "ok" if p.returncode == 0 else "failed", "seconds": time.perf_counter() - t}
+    if p.returncode:
+        rec.update(exit_code=p.returncode, stderr_tail=err[-TAIL:])
+    return rec, out
+
+
 def phase(name: str, seed: int, run_args: list[str], out: Path, xla_cache: Path, timeout: float,
           xla_flags: str | None = None) -> dict:
-    """One ``sc-jax run`` of one seed in a fresh process: its wall time and results.json's
-    timing, tokens and compile counts. ``xla_flags``: added to the child's XLA_FLAGS."""
+    """One ``sc-jax run`` of one seed in a fresh process, killed after ``timeout`` s: its
+    status (:func:`run_child`), wall time and results.json's timing, tokens, compile
+    counts and attention. ``xla_flags``: added to the child's XLA_FLAGS."""
     argv = ["run", *run_args, "--seed-list", str(seed), "--out", str(out), "--quiet"]
     env = dict(os.environ, SC_JAX_XLA_CACHE=str(xla_cache),
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     if xla_flags:
         env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {xla_flags}".strip()
     code = CHILD.format(root=str(ROOT), bench=str(ROOT / "benchmarks"), argv=argv, mark=MARK)
-    t = time.perf_counter()
-    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=timeout)
-    wall = time.perf_counter() - t
-    line = next((x for x in p.stdout.splitlines() if x.startswith(MARK)), None)
-    if p.returncode or line is None:
-        raise SystemExit(f"bench_seed: the {name} phase failed (exit {p.returncode}):\n"
-                         f"{p.stderr[-3000:]}")
-    child = json.loads(line[len(MARK):])
+    rec, stdout = run_child([sys.executable, "-c", code], timeout, env=env)
+    rec = {"phase": name, "seed": seed, **rec}
+    line = next((x for x in stdout.splitlines() if x.startswith(MARK)), None)
+    if line is not None:
+        rec["machine"] = json.loads(line[len(MARK):])["machine"]
+    if rec["status"] != "ok":
+        return rec
     t = json.loads((out / "results.json").read_text())["timing"]
     seeds = t["seeds"]
-    return {"phase": name, "seed": seed, "process_wall_s": wall, "run_total_s": t["total_s"],
-            "startup_s": wall - t["total_s"], **{key: t[key] for key in PARTS},
+    return {**rec, "process_wall_s": rec["seconds"], "run_total_s": t["total_s"],
+            "startup_s": rec["seconds"] - t["total_s"], **{key: t[key] for key in PARTS},
             "model_programs": t["model_programs"], "programs": t["programs"],
             "cache_hits": t["cache_hits"], "calls": sum(s["calls"] for s in seeds),
             "unique_tokens": sum(s["tokens"] for s in seeds),
             "executed_tokens": sum(s["executed_tokens"] for s in seeds),
-            "shape": seeds[0]["shape"] if seeds else None, "machine": child["machine"]}
+            "shape": seeds[0]["shape"] if seeds else None,
+            # .get: results.json records the attention chosen (and what it timed) from
+            # the engine's attention choice on.
+            "attention": seeds[0].get("attention") if seeds else None,
+            "attention_trials": seeds[0].get("attention_trials") if seeds else None}
+
+
+def check_smoke(rows: list[dict]) -> None:
+    """The checks CI makes of the two phases of ``--smoke``: both ran, their timing adds
+    up and the second process compiled no model program."""
+    for r in rows:
+        assert r["status"] == "ok", r
+        assert abs(r["unaccounted_s"]) <= 0.05 * r["run_total_s"], r
+    assert rows[1]["model_programs"] == 0, rows[1]
 
 
 def table(rows: list[dict]) -> str:
-    cols = ["phase", "seed", "process_wall_s", "startup_s", *PARTS, "model_programs", "cache_hits",
+    cols = ["phase", "seed", "status", "process_wall_s", "startup_s", *PARTS, "model_programs", "cache_hits",
             "calls", "unique_tokens", "executed_tokens"]
     out = ["| " + " | ".join(c.replace("_s", " s").replace("_", " ") for c in cols) + " |",
            "|" + "---|" * len(cols)]
     for r in rows:
-        out.append("| " + " | ".join(f"{r[c]:.1f}" if isinstance(r[c], float) else f"{r[c]:,}"
-                                     if isinstance(r[c], int) else str(r[c]) for c in cols) + " |")
+        cells = (r.get(c, "–") for c in cols)
+        out.append("| " + " | ".join(f"{v:.1f}" if isinstance(v, float) else f"{v:,}"
+                                     if isinstance(v, int) else str(v) for v in cells) + " |")
     return "\n".join(out)
 
 
@@ -158,7 +212,10 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, nargs=2, default=[0, 1], help="the cold and the second seed")
     ap.add_argument("--xla-cache", default=None,
                     help="persistent compilation cache to use (default: a new empty folder)")
-    ap.add_argument("--timeout", type=float, default=540, help="seconds per phase")
+    ap.add_argument("--timeout", type=float, default=540, help="seconds per phase at most")
+    ap.add_argument("--budget-s", type=float, default=540,
+                    help="seconds for both phases together; a phase gets what is left, at most "
+                         "--timeout")
     ap.add_argument("--xla-flags", default=None,
                     help="XLA flags for both phases, to compare compiler settings, e.g. "
                          "'--xla_gpu_autotune_level=1' (recorded in the result)")
@@ -169,34 +226,44 @@ def main(argv=None) -> int:
     if args.prepare:
         prepare(Path(args.prepare), args.data_dir)
         return 0
+    t0 = time.perf_counter()
+    rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="bench_seed_") as tmp:
         tmp = Path(tmp)
-        if args.smoke:
-            run_args = SMOKE + ["--data-file", f"rotten_tomatoes={smoke_csv(tmp / 'rt.csv')}"]
-        else:
-            run_args = PROTOCOL + ["--data-dir", args.data_dir]
+        run_args = protocol_args(args.smoke, args.data_dir, tmp)
         xla = Path(args.xla_cache) if args.xla_cache else tmp / "xla"
-        rows = []
         for name, seed in zip(("cold", "second"), args.seeds):
-            rows.append(phase(name, seed, run_args, tmp / name, xla, args.timeout, args.xla_flags))
-            print(f"bench_seed: {name} (seed {seed}): {rows[-1]['process_wall_s']:.1f} s", flush=True)
-    machine = rows[0].pop("machine")
-    rows[1].pop("machine")
+            left = args.budget_s - (time.perf_counter() - t0)
+            rows.append(phase(name, seed, run_args, tmp / name, xla, min(args.timeout, left),
+                              args.xla_flags))
+            print(f"bench_seed: {name} (seed {seed}): {rows[-1]['status']} in "
+                  f"{rows[-1]['seconds']:.1f} s", flush=True)
+            path = save(args, argv, run_args, rows)
     print(table(rows))
+    print(f"wrote {path}")
+    if any(r["status"] != "ok" for r in rows):
+        for r in rows:
+            if r["status"] != "ok":
+                print(f"bench_seed: the {r['phase']} phase: {r['status']} (exit "
+                      f"{r.get('exit_code')}):\n{r['stderr_tail']}", file=sys.stderr)
+        return 1
+    if args.smoke:
+        check_smoke(rows)
+        print("bench_seed smoke: timing adds up; the second process compiled no model program")
+    return 0
+
+
+def save(args, argv, run_args: list[str], rows: list[dict]) -> Path:
+    """Write the phases so far; the machine is the one the children reported."""
+    machine = next((r["machine"] for r in rows if "machine" in r), _results.UNREPORTED)
     data = {"header": _results.header(machine, command=_results.command(__file__, argv),
                                       dtype="float32" if args.smoke else "bfloat16",
                                       note="each phase a fresh process; one persistent compilation "
                                            "cache, empty before the cold phase"),
-            "smoke": args.smoke, "run_args": run_args, "xla_flags": args.xla_flags, "phases": rows}
+            "smoke": args.smoke, "run_args": run_args, "xla_flags": args.xla_flags,
+            "phases": [{k: v for k, v in r.items() if k != "machine"} for r in rows]}
     path = args.out or _results.default_path("bench_seed", machine["id"] + ("_smoke" if args.smoke else ""))
-    print(f"wrote {_results.write_json(path, data)}")
-    if args.smoke:  # the checks CI makes
-        for r in rows:
-            assert abs(r["unaccounted_s"]) <= 0.05 * r["run_total_s"], r
-        assert rows[1]["model_programs"] == 0, rows[1]
-        print("bench_seed smoke: timing adds up; the second process compiled no model program")
-    return 0
-
+    return _results.write_json(path, data)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -13,7 +13,8 @@
 #                                 sc_jax NOT installed but imported from the checkout
 #                                 (PYTHONPATH=.), running benchmarks/accelerator_suite.py
 #                                 --smoke exactly as benchmarks/RESULTS.md says to run the
-#                                 suite there, and benchmarks/bench_seed.py --smoke.
+#                                 suite there, and benchmarks/gpu_check.py --smoke (which
+#                                 runs bench_seed's two phases).
 #
 # Usage: tests/legs.sh [oldest|newest|gpu-image ...]   (no argument: all three, in that order)
 # Python 3.12 and 3.13 are found on PATH or under pyenv ($PYENV_ROOT, ~/.pyenv); set
@@ -81,10 +82,12 @@ for r in out["solvers"]:
 assert len(out["end_to_end"]["sc_macro_f1"]) == 1
 print("gpu-image: accelerator suite smoke checks passed on jax", out["device"]["jax"])
 EOF
-    # One seed end to end, cold and in a second process, as on a GPU machine: the script
-    # checks that the timing adds up and that the second process compiles no model program.
-    PYTHONPATH=. JAX_PLATFORMS=cpu .venv-gpu-image/bin/python benchmarks/bench_seed.py \
-        --smoke --out "$out/seed.json"
+    # The one device command of a lent GPU machine (benchmarks/gpu_check.py), every phase:
+    # the stack, the attention candidates, one seed cold and in a second process (the
+    # script makes bench_seed's checks: the timing adds up, the second process compiles no
+    # model program); the peer phase records that this stack has no torch.
+    PYTHONPATH=. JAX_PLATFORMS=cpu .venv-gpu-image/bin/python benchmarks/gpu_check.py \
+        --smoke --out "$out/gpu_check.json"
     rm -rf "$out"
     leg_end gpu-image
 }

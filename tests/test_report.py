@@ -93,6 +93,24 @@ def test_write_report_from_dir(tmp_path):
     assert len(lines) == 1 + len(_results()["rows"])
 
 
+def test_without_matplotlib_the_report_is_written_without_plots(tmp_path, monkeypatch, caplog):
+    # A machine without matplotlib (a bare GPU image) loses the plots, not the run.
+    import sys
+
+    from sc_jax.experiment.ablation import write_ablation
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises
+    (tmp_path / "results.json").write_text(json.dumps(_results()))
+    paths = write_report(tmp_path)
+    assert sorted(paths) == ["csv", "table"] and paths["table"].stat().st_size > 0
+    rows = [dict(study="sc_n", dataset="d", shots=4, setting="SC-1", sizes=1, seed=0,
+                 macro_f1=0.5, accuracy=0.6, ece=0.1)]
+    assert sorted(write_ablation(rows, tmp_path / "ablation")) == ["csv", "table"]
+    notes = [r.message for r in caplog.records if "matplotlib" in r.message]
+    assert notes and all(n.endswith("(pip install matplotlib)") for n in notes)
+    assert not list(tmp_path.rglob("*.png"))
+
+
 def test_bad_results(tmp_path):
     with pytest.raises(FileNotFoundError, match="results.json"):
         load_results(tmp_path)

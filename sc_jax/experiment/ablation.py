@@ -60,7 +60,7 @@ from sc_jax.experiment.config import METHODS, SC_FITS, RunConfig
 from sc_jax.experiment.data import DataUnavailableError
 from sc_jax.experiment.jobs import draw_split, load_datasets
 from sc_jax.experiment.predictions import method_probs, sc_size_probs
-from sc_jax.experiment.report import load_results
+from sc_jax.experiment.report import can_plot, load_results
 from sc_jax.experiment.store import config_tag, load_scores, scores_path
 from sc_jax.models.named_models import display_name
 
@@ -592,6 +592,8 @@ def write_ablation(rows, out_dir, diagnostics=None, model: str | None = None) ->
         w = csv.DictWriter(f, fieldnames=ROW_FIELDS)
         w.writeheader()
         w.writerows({k: r.get(k) for k in ROW_FIELDS} for r in rows)
+    if not can_plot():
+        return files
     if _plot_curve(rows, "sc_n", "sizes", "largest size N in the ensemble", out / "ablation_sc_n.png",
                    model):
         files["sc_n_plot"] = out / "ablation_sc_n.png"

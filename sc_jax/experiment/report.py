@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 from collections import defaultdict
 from pathlib import Path
 
@@ -23,6 +24,8 @@ import numpy as np
 
 from sc_jax.experiment.samples import read_samples, rows_from_samples, samples_markdown
 from sc_jax.models.named_models import display_name
+
+log = logging.getLogger(__name__)
 
 # "BC (code)": BC as the reference code computes it, softmax(p - mean p)
 # (sc_jax.calibration.baselines.batch_calibration_reference), beside the paper's p / mean p.
@@ -293,6 +296,17 @@ def write_csv(results: dict, path: Path) -> None:
             w.writerow(r)
 
 
+def can_plot() -> bool:
+    """Whether matplotlib imports. The plots are extras: a machine without it (a bare GPU
+    image) still gets its tables and results, and one log line says how to get them."""
+    try:
+        import matplotlib  # noqa: F401, PLC0415  (plotting only, optional)
+    except ImportError:
+        log.warning("plots skipped: matplotlib is not installed (pip install matplotlib)")
+        return False
+    return True
+
+
 def plot_f1_bars(results: dict, path: Path) -> None:
     rows = results["rows"]
     shots = sorted({r["shots"] for r in rows})
@@ -395,10 +409,11 @@ def write_report(results: dict | str | Path, out_dir: str | Path | None = None) 
     paths = {"table": out / "table.md", "csv": out / "results.csv", "f1_bars": out / "f1_bars.png"}
     paths["table"].write_text(markdown_tables(results, read_samples(run_dir)))
     write_csv(results, paths["csv"])
-    if results["rows"]:  # every (dataset, k) skipped: nothing to plot
+    plots = can_plot()
+    if results["rows"] and plots:  # every (dataset, k) skipped: nothing to plot
         plot_f1_bars(results, paths["f1_bars"])
     else:
         del paths["f1_bars"]
-    if plot_params(results, out / "sc_params.png"):
+    if plots and plot_params(results, out / "sc_params.png"):
         paths["sc_params"] = out / "sc_params.png"
     return paths

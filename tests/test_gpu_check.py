@@ -1,0 +1,64 @@
+"""benchmarks/gpu_check.py's runner with fake phases (no model, no jax in the children):
+a child past its deadline is killed with its process group and recorded, a failing child
+is recorded with its exit code, the next phase still runs, and the JSON holds every phase
+after each one. The phases themselves run in tests/legs.sh's gpu-image leg (--smoke)."""
+
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _gpu_check():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_run_child_kills_the_group_at_the_deadline_and_reports_a_failure():
+    gc = _gpu_check()
+    sleeper = "import subprocess, time; subprocess.Popen(['sleep', '60']); time.sleep(60)"
+    t = time.perf_counter()
+    rec, _ = gc.bench_seed.run_child([sys.executable, "-c", sleeper], 0.5)
+    assert rec["status"] == "timeout" and time.perf_counter() - t < 10, rec
+    rec, out = gc.bench_seed.run_child(
+        [sys.executable, "-c", "import sys; print('partial'); sys.exit('broken: 3')"], 30)
+    assert rec["status"] == "failed" and rec["exit_code"] == 1, rec
+    assert "broken: 3" in rec["stderr_tail"] and out == "partial\n"
+
+
+def test_a_phase_past_its_deadline_is_recorded_and_the_next_runs(tmp_path, monkeypatch):
+    gc = _gpu_check()
+    monkeypatch.setattr(gc, "FLOOR", 0.2)
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    written = []
+
+    def own_child(name, args, out, timeout, env):
+        if name == "attention":  # share 0.25 of a 4 s budget: killed after 1 s
+            return gc.bench_seed.run_child(sleeper, timeout)[0]
+        return {"status": "ok", "seconds": 0.0, "machine": gc._results.machine("cpu")}
+
+    def phase(name, seed, run_args, out, xla, timeout):
+        written.append(json.loads((tmp_path / "g.json").read_text())["phases"])
+        return {"status": "failed", "exit_code": 3, "stderr_tail": "x", "seconds": 0.0,
+                "attention": "blocked"} if name == "cold" else {"status": "ok", "seconds": 0.0}
+
+    summary = gc._summary  # the fakes' ok records hold none of the real ones' figures
+    monkeypatch.setattr(gc, "_summary", lambda n, r: "" if r["status"] == "ok" else summary(n, r))
+    monkeypatch.setattr(gc, "own_child", own_child)
+    monkeypatch.setattr(gc.bench_seed, "phase", phase)
+    monkeypatch.setattr(gc, "peer", lambda args, out, timeout, env, chosen: {
+        "status": "skipped", "why": f"chose {chosen}"})
+    assert gc.main(["--budget-s", "4", "--out", str(tmp_path / "g.json")]) == 1
+    assert [sorted(p) for p in written] == [["attention", "stack"], ["attention", "cold", "stack"]]
+    data = json.loads((tmp_path / "g.json").read_text())
+    p = data["phases"]
+    assert [p[n]["status"] for n in gc.PHASES] == ["ok", "timeout", "failed", "ok", "skipped"]
+    assert 0.9 < p["attention"]["seconds"] < 5 and p["attention"]["deadline_s"] == 1.0
+    assert p["cold"]["exit_code"] == 3 and p["peer"]["why"] == "chose blocked"
+    assert data["header"]["machine"] and "gpu_check.py" in data["header"]["command"]
