@@ -168,20 +168,36 @@ def _seed_timing(name: str, k: int, seed: int, wall: float, st: EngineStats) -> 
     compiled, of them ``model_programs``, and ``cache_hits`` from the persistent
     compilation cache), ``forward_s`` (the forward calls on the device), ``host_s``
     (everything else: prompts, the schedule, each call's arrays, the score cache and
-    files), adding up to ``wall_s``."""
+    files), adding up to ``wall_s``; ``attention``, the packed calls' attention, and
+    ``attention_trials``, the candidates timed to choose it (empty where nothing was
+    timed: a CPU, an attention asked for, or a decision read from the decision file,
+    ``attention_from_cache``)."""
     return dict(dataset=name, shots=k, seed=seed, wall_s=wall, compile_s=st.compile_s,
                 programs=st.compiled, model_programs=st.model_compiled, cache_hits=st.cache_hits,
                 forward_s=st.forward_s, host_s=max(0.0, wall - st.compile_s - st.forward_s),
                 engine_host_s=st.plan_s + st.host_s, calls=st.calls, tokens=st.tokens,
                 executed_tokens=st.padded_tokens,
-                shape=None if st.shape is None else dataclasses.asdict(st.shape))
+                shape=None if st.shape is None else dataclasses.asdict(st.shape),
+                attention=st.attention, attention_trials=st.attention_trials,
+                attention_from_cache=st.attention_from_cache)
 
 
 def _seed_line(t: dict) -> str:
     return (f"{t['wall_s']:.1f} s: compile {t['compile_s']:.1f} s ({t['programs']} programs, "
             f"{t['model_programs']} of the model; {t['cache_hits']} from the persistent cache), "
             f"forward {t['forward_s']:.1f} s, host {t['host_s']:.1f} s ({t['calls']} calls, "
-            f"{t['tokens']} tokens)")
+            f"{t['tokens']} tokens){_attention_note(t)}")
+
+
+def _attention_note(t: dict) -> str:
+    """The seed line's attention: the one used, and what choosing it measured."""
+    if not t.get("attention"):
+        return ""  # served from the score cache: no call ran
+    timed = ", ".join(f"{r['name']} {r['seconds'] * 1e3:.2f} ms" if r["seconds"] is not None
+                      else f"{r['name']} failed" for r in t.get("attention_trials", []))
+    if timed:
+        timed = f" (per layer: {timed}{'; decision kept from an earlier run' if t.get('attention_from_cache') else ''})"
+    return f", attention {t['attention']}{timed}"
 
 
 

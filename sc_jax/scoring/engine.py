@@ -55,6 +55,7 @@ from sc_jax.models.model import KVCache, Packing, empty_cache, positions_from_va
 from sc_jax.runtime.multihost import to_host
 from sc_jax.runtime.sharding import batch_sharded, kv_sharding
 from sc_jax.runtime.timing import CompileMeter
+from sc_jax.scoring.attention_choice import choose_attention, error_line, fallbacks
 from sc_jax.scoring.packing import MIN_CACHE, PackShape, Schedule, Stage
 from sc_jax.scoring.prompts import PromptPieces
 from sc_jax.scoring.schedule import MemoryPolicy, query_rows, round_up
@@ -301,7 +302,11 @@ class EngineStats:
     ``model_compiled`` model programs, and ``cache_hits`` served by the persistent
     compilation cache), ``host_s`` (building each call's arrays and filing its
     results) and ``forward_s`` (dispatching the calls and waiting for the device);
-    ``attention``: the packed calls' attention (:mod:`sc_jax.models.attention`)."""
+    ``attention``: the packed calls' attention (:mod:`sc_jax.models.attention`), with
+    the candidates timed on this device to choose it (``attention_trials``, one
+    :meth:`sc_jax.scoring.attention_choice.Trial.to_json` each; empty where nothing was
+    timed) and whether that decision was read from the decision file
+    (``attention_from_cache``); the choosing is part of ``compile_s``."""
 
     calls: int = 0
     tokens: int = 0
@@ -319,6 +324,8 @@ class EngineStats:
     model_compiled: int = 0
     cache_hits: int = 0
     attention: str = ""
+    attention_trials: list = dataclasses.field(default_factory=list)
+    attention_from_cache: bool = False
 
 
 class _Tokens:
@@ -429,11 +436,14 @@ class ScoringEngine:
     checked against it before anything compiles, and a
     :class:`sc_jax.scoring.schedule.PlanError` names the numbers if it cannot fit.
     ``attention``: the packed calls' attention, one of
-    :data:`sc_jax.models.attention.IMPLEMENTATIONS`, or ``"auto"``
-    (:func:`sc_jax.models.attention.choose`: cuDNN's fused kernel on a GPU in 16-bit floats,
-    the block-sparse XLA path on other accelerators, the dense one on a CPU). Where
-    the chosen kernel does not compile here (a cuDNN too old for the mask, say), the
-    engine says so in one warning and uses ``"blocked"``, then ``"dense"``.
+    :data:`sc_jax.models.attention.IMPLEMENTATIONS`, or ``"auto"``: on an accelerator,
+    each candidate timed on one layer at the call shape and the fastest that agrees with
+    ``"dense"`` kept (:func:`sc_jax.scoring.attention_choice.choose_attention`; the
+    decision is kept beside the persistent compilation cache, so a second process does
+    not time again), on a CPU the block-sparse path. Where the attention does not
+    compile or fails on its first run in the whole model program (a cuDNN that builds
+    no plan, say), the engine says so in one warning and uses the next (the other
+    trials that passed, fastest first, then ``"blocked"``, then ``"dense"``).
     ``progress``: a tqdm bar of query rows.
     """
 
@@ -445,8 +455,7 @@ class ScoringEngine:
             raise ValueError(f"attention must be 'auto' or one of {attn.IMPLEMENTATIONS}, "
                              f"got {attention!r}")
         self.model = model
-        self.attention = attn.choose(jax.default_backend(), model.dtype) if attention == "auto" \
-            else attention
+        self.attention = attention  # as asked; what each call shape uses: compile()
         self.policy = policy or MemoryPolicy.resolve(
             device_memory, n_devices=model.n_devices, model_shards=model.model_shards,
             max_tokens_per_batch=max_tokens_per_batch, max_cache_tokens=max_cache_tokens)
@@ -459,7 +468,10 @@ class ScoringEngine:
         # The call shape of the last schedule: later calls keep it where their items
         # fit (a process that met a longer item keeps its wider program).
         self._shape = None
-        self._warm: set = set()  # model programs this engine has compiled
+        # The attention chosen per call shape (name, trials, from the decision file), and
+        # the model programs compiled: (program, sequence) -> the attention they use.
+        self._choices: dict = {}
+        self._warm: dict = {}
 
     def plan(self, pieces: PromptPieces, jobs, mode: str) -> Schedule:
         """The packed schedule of ``jobs`` (checked inputs) under this engine's policy."""
@@ -489,14 +501,30 @@ class ScoringEngine:
                 put(a["valid"]), put(a["segment"]), put(a["slot"]), rep(a["readout"]),
                 rep(a["targets"]), rows_arg)
 
-    def compile(self, shape: PackShape, mode: str = "first_token") -> None:
+    def choice(self, shape: PackShape) -> tuple[str, list, bool]:
+        """The attention for calls of ``shape``: ``(name, trials, from_cache)``, decided
+        once per shape (:func:`sc_jax.scoring.attention_choice.choose_attention` for
+        ``"auto"``, timed on one device's share of the call's rows)."""
+        if shape.program not in self._choices:
+            m = self.model
+            if self.attention == "auto":
+                rows = max(1, shape.B // m.n_devices)
+                self._choices[shape.program] = choose_attention(m.config, m.dtype, shape, rows=rows)
+            else:
+                self._choices[shape.program] = (self.attention, [], False)
+        return self._choices[shape.program]
+
+    def compile(self, shape: PackShape, mode: str = "first_token") -> str:
         """Compile the model program of calls of ``shape`` now, ahead of time (once per
-        engine and shape; the program does not run), so that the first call of a stage
-        times the forward pass only. The arguments are those of a call of padding, so the
-        program is the one the calls then find in JAX's cache."""
+        engine and shape), so that the first call of a stage times the forward pass only;
+        returns the attention it uses. The arguments are those of a call of padding, so
+        the program is the one the calls then find in JAX's cache. Unless it is one of
+        the XLA paths on a CPU, the program also runs once on them: a kernel can compile
+        and still fail when it runs. A failure either way moves to
+        the next attention (:func:`sc_jax.scoring.attention_choice.fallbacks`)."""
         seq = mode == "sequence"
-        if (shape.program, seq, self.attention) in self._warm:
-            return
+        if (shape.program, seq) in self._warm:
+            return self._warm[shape.program, seq]
         m = self.model
         B, W = shape.B, shape.W
         a = dict(idx=np.zeros((B, 1), np.int32), tokens=np.zeros((B, W), np.int32),
@@ -505,19 +533,21 @@ class ScoringEngine:
                  readout=np.zeros(shape.R, np.int32), targets=np.zeros(shape.R, np.int32))
         rows_arg = None if seq else m.replicate(np.zeros(shape.labels, np.int32))
         args = self._args(empty_cache(m.config, 1, m.dtype), shape, a, MIN_CACHE, rows_arg)
-        while True:
+        name, trials, _ = self.choice(shape)
+        order = [name] + fallbacks(name, trials)
+        for i, cand in enumerate(order):
             try:
-                _packed.lower(*args, sequence=seq, attention=self.attention).compile()
+                _packed.lower(*args, sequence=seq, attention=cand).compile()
+                if cand not in ("dense", "blocked") or jax.default_backend() != "cpu":
+                    jax.block_until_ready(_packed(*args, sequence=seq, attention=cand))
                 break
-            except Exception as e:  # a fused kernel this backend cannot build: the next one
-                fallback = {"cudnn": "blocked", "blocked": "dense"}.get(self.attention)
-                if fallback is None:
+            except Exception as e:  # noqa: BLE001  (a kernel this backend cannot build or run)
+                if i + 1 == len(order):
                     raise
-                warnings.warn(f"attention {self.attention!r} does not compile here "
-                              f"({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
-                              f"using {fallback!r}", RuntimeWarning, stacklevel=2)
-                self.attention = fallback
-        self._warm.add((shape.program, seq, self.attention))
+                warnings.warn(f"attention {cand!r} does not compile or run here ({error_line(e)}); "
+                              f"using {order[i + 1]!r}", RuntimeWarning, stacklevel=2)
+        self._warm[shape.program, seq] = cand
+        return cand
 
     # -------------------------------------------------------------- main entry
     def score(self, pieces: PromptPieces, contexts, pairs, mode: str = "first_token") -> np.ndarray:
@@ -567,13 +597,15 @@ class ScoringEngine:
         try:
             with CompileMeter() as meter:
                 t = time.perf_counter()
-                self.compile(sched.shape, mode)
+                attention = self.compile(sched.shape, mode)
                 warm = time.perf_counter() - t
-                loop = self._run(run, rows_arg, bar)
+                loop = self._run(run, rows_arg, bar, attention)
         finally:
             if bar is not None:
                 bar.close()
-        st.attention = self.attention
+        st.attention = attention
+        _, trials, st.attention_from_cache = self.choice(sched.shape)
+        st.attention_trials = [t.to_json() for t in trials]
         st.compiled, st.cache_hits = meter.count()
         st.model_compiled = meter.count("_packed")[0]
         # Compiles happen inside dispatches: what the meter saw in the loop is compile
@@ -584,7 +616,7 @@ class ScoringEngine:
         st.seconds = time.perf_counter() - t0
         return {t: results[t] for t in jobs}
 
-    def _run(self, run: _Run, rows_arg, bar) -> float:
+    def _run(self, run: _Run, rows_arg, bar, attention: str) -> float:
         """Every call of the schedule, chunk by chunk and depth by depth; returns the
         loop's seconds (host work in ``stats.host_s``)."""
         m, st, sched = self.model, self.stats, run.sched
@@ -600,7 +632,7 @@ class ScoringEngine:
                     a = call_arrays(run.tok, sched.shape, stage, r0)
                     st.host_s += time.perf_counter() - t
                     res, kv = _packed(*self._args(parent, sched.shape, a, stage.S, rows_arg),
-                                      sequence=run.seq, attention=self.attention)
+                                      sequence=run.seq, attention=attention)
                     if a["n_children"]:
                         rep = m.replicate
                         level = _write_children(level, parent, kv, rep(a["child"]), rep(a["parent_row"]),

@@ -1,0 +1,274 @@
+"""Which packed attention (:mod:`sc_jax.models.attention`) a run's model program uses,
+chosen by measurement on the device it runs on.
+
+What is fastest depends on the device, its libraries and the call shape: a fused kernel
+may not build on one CUDA release, the block-sparse XLA path pays per tile what a kernel
+does not, and the dense path scores every key but in a few large products. So on an
+accelerator ``"auto"`` times every candidate (:func:`candidates`) on one layer at the
+run's call shape, checks its output against ``"dense"`` on the same input, and keeps
+the fastest that compiled, ran and agreed (:func:`choose_attention`). The decision is
+kept in a small JSON file beside JAX's persistent compilation cache, keyed by device
+kind, jax version, dtype, the model's attention geometry and the call shape, so a
+second process on the same machine reads it instead of timing again. On a CPU ``"auto"``
+is the block-sparse path without timing (measured the faster there:
+``benchmarks/RESULTS.md``).
+
+The layer's input is a packed call of the shape's ``B`` rows (per device), ``W`` new
+tokens and ``cache`` cached keys, laid out as the engine lays out a middle stage of
+the trie: four slots of ``cache / 4`` keys per row, each partly filled, and items of
+about ``W / 8`` tokens packed end to end after them, each continuing one slot.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import statistics
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sc_jax.models import attention as attn
+from sc_jax.runtime import multihost
+from sc_jax.scoring.packing import PackShape
+
+log = logging.getLogger(__name__)
+
+#: The file, in the cache folder, that keeps the decisions.
+CHOICES_FILE = "attention_choices.json"
+#: Largest difference from ``"dense"`` a candidate may show on the layer's input, per
+#: activation dtype: float32 rounding of two softmax orders (~1e-6 on outputs O(1)),
+#: bfloat16's 8 significant bits (2^-8 of the output, the probabilities rounded too).
+TOLERANCE = {"float32": 1e-4, "bfloat16": 3e-2, "float16": 1e-2}
+
+
+@dataclasses.dataclass(frozen=True)
+class Trial:
+    """One candidate timed on one layer: whether it ``compiled`` and ``ran``, its
+    median ``seconds`` per layer call, its largest difference from ``"dense"`` over
+    the real tokens (``max_diff``, against ``tolerance``), and the ``error`` that
+    stopped it, if any (its first line)."""
+
+    name: str
+    compiled: bool = False
+    ran: bool = False
+    seconds: float | None = None
+    max_diff: float | None = None
+    tolerance: float | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return (self.compiled and self.ran and self.max_diff is not None
+                and self.max_diff <= self.tolerance)
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def candidates(platform: str, dtype) -> tuple[str, ...]:
+    """The implementations worth timing on a backend: on a GPU the Pallas kernel,
+    cuDNN's fused kernel (16-bit floats only), the block-sparse and the dense XLA
+    paths; on a TPU the XLA paths; on a CPU the block-sparse path alone."""
+    if platform == "cpu":
+        return ("blocked",)
+    names = []
+    if platform in ("gpu", "cuda") and "pallas" in attn.IMPLEMENTATIONS:
+        names.append("pallas")
+    if platform in ("gpu", "cuda") and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
+        names.append("cudnn")
+    return tuple(names) + ("blocked", "dense")
+
+
+def layer_call(config, dtype, shape: PackShape, *, rows: int | None = None, seed: int = 0):
+    """The inputs of one layer's packed attention at ``shape``: ``(q [b, W, H, Dh], k, v
+    [b, W, K, Dh], ck, cv [b, cache, K, Dh])`` and the call's per-token arrays
+    (``q_pos``, ``q_valid``, ``segment``, ``slot`` ``[b, W]``; ``c_pos``, ``c_valid``,
+    ``c_slot`` ``[b, cache]``), with ``b = rows`` (default ``shape.B``). The layout is
+    the module docstring's; the values are normal draws."""
+    rng = np.random.default_rng(seed)
+    b, W, C = rows or shape.B, shape.W, shape.cache
+    H, K, Dh = config.num_heads, config.num_kv_heads, config.head_dim
+    m, S = 4, C // 4
+    item = max(1, W // 8)
+    seg, slot = np.full((b, W), -1, np.int32), np.zeros((b, W), np.int32)
+    pos, valid = np.zeros((b, W), np.int32), np.zeros((b, W), bool)
+    cpos, cvalid = np.zeros((b, C), np.int32), np.zeros((b, C), bool)
+    cslot = np.repeat(np.arange(m, dtype=np.int32), S)[None].repeat(b, 0)
+    for r in range(b):
+        lens = rng.integers(S // 2, S + 1, m)
+        for j in range(m):
+            cpos[r, j * S:j * S + lens[j]] = np.arange(lens[j])
+            cvalid[r, j * S:j * S + lens[j]] = True
+        o, n = 0, 0
+        while True:
+            length = int(rng.integers(item // 2 + 1, item + item // 2 + 1))
+            if o + length > W - item // 4:  # the row's end stays padding
+                break
+            j = min(m - 1, n * m * item // W)  # slots in order along the row
+            seg[r, o:o + length], slot[r, o:o + length], valid[r, o:o + length] = n, j, True
+            pos[r, o:o + length] = lens[j] + np.arange(length)
+            o, n = o + length, n + 1
+    key = jax.random.split(jax.random.PRNGKey(seed), 5)
+    normal = lambda k, *s: jax.random.normal(k, s, jnp.float32).astype(dtype)  # noqa: E731
+    arrays = (normal(key[0], b, W, H, Dh), normal(key[1], b, W, K, Dh), normal(key[2], b, W, K, Dh),
+              normal(key[3], b, C, K, Dh), normal(key[4], b, C, K, Dh))
+    meta = dict(q_pos=pos, q_valid=valid, segment=seg, slot=slot, c_pos=cpos, c_valid=cvalid,
+                c_slot=cslot)
+    return arrays, {n: jnp.asarray(x) for n, x in meta.items()}
+
+
+def _layer(implementation: str, windows: bool):
+    def f(q, k, v, ck, cv, meta, window):
+        masks = attn.packed_masks(**meta, windows=windows, implementation=implementation,
+                                  platform=jax.default_backend())
+        return attn.packed_attention(q, k, v, ck, cv, masks, window, implementation=implementation)
+    return jax.jit(f)
+
+
+def error_line(e: BaseException) -> str:
+    """An exception in one line: its type and the first line of its message."""
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:300] if text else ''}"
+
+
+def time_attention(config, dtype, shape: PackShape, names, *, rows: int | None = None,
+                   repeats: int = 5) -> list[Trial]:
+    """Each of ``names`` timed on one layer's packed attention at ``shape``
+    (:func:`layer_call`; ``rows`` per device, default ``shape.B``): compiled, run once
+    (a kernel can fail at run time), then ``repeats`` timed calls (median), its output
+    compared with ``"dense"``'s over the real tokens. ``"dense"`` is the reference and
+    must run. Returns one :class:`Trial` per name, in order."""
+    arrays, meta = layer_call(config, dtype, shape, rows=rows)
+    wins = [w for w in config.windows if w > 0]
+    window = jnp.int32(min(wins) if wins else 0)
+    windows = bool(wins)
+    real = np.asarray(meta["q_valid"])
+    tol = TOLERANCE.get(jnp.dtype(dtype).name, 3e-2)
+    want = np.asarray(_layer("dense", windows)(*arrays, meta, window), np.float32)
+    trials = []
+    for name in names:
+        fn = _layer(name, windows)
+        try:
+            compiled = fn.lower(*arrays, meta, window).compile()
+        except Exception as e:  # noqa: BLE001  (a candidate this backend cannot build)
+            trials.append(Trial(name, error=error_line(e)))
+            continue
+        try:
+            got = np.asarray(jax.block_until_ready(compiled(*arrays, meta, window)), np.float32)
+            times = []
+            for _ in range(repeats):
+                t = time.perf_counter()
+                jax.block_until_ready(compiled(*arrays, meta, window))
+                times.append(time.perf_counter() - t)
+        except Exception as e:  # noqa: BLE001  (compiled, but fails when it runs)
+            trials.append(Trial(name, compiled=True, error=error_line(e)))
+            continue
+        diff = float(np.abs(got[real] - want[real]).max()) if real.any() else 0.0
+        if not np.isfinite(got).all():
+            diff = float("inf")
+        trials.append(Trial(name, True, True, statistics.median(times), diff, tol))
+    return trials
+
+
+def decision_key(config, dtype, shape: PackShape, rows: int, platform: str) -> str:
+    """What a decision holds for: the device kind, jax's version, the dtype, the
+    attention geometry (heads, key/value heads, head dim, windows) and the call shape."""
+    kind = jax.devices()[0].device_kind
+    wins = sorted({w for w in config.windows if w > 0})
+    return (f"{platform}|{kind}|jax {jax.__version__}|{jnp.dtype(dtype).name}|H{config.num_heads} "
+            f"K{config.num_kv_heads} Dh{config.head_dim} windows{wins}|rows {rows} W {shape.W} "
+            f"cache {shape.cache}")
+
+
+def default_cache_dir() -> str | None:
+    """JAX's persistent compilation cache folder, where the decisions are kept beside
+    the programs they chose; None when that cache is off."""
+    return jax.config.jax_compilation_cache_dir or None
+
+
+def _read(path: str) -> dict:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _write(path: str, key: str, record: dict) -> None:
+    """Add one decision to the file, atomically (a reader never sees half a file)."""
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        data = _read(path)
+        data[key] = record
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".attention", suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1)
+        os.replace(tmp, path)
+    except OSError as e:  # a read-only cache costs the next process a timing, not this run
+        log.warning("could not keep the attention decision in %s (%s)", path, e)
+
+
+def _from_record(record) -> tuple[str, list[Trial]] | None:
+    try:
+        trials = [Trial(**t) for t in record["trials"]]
+        name = str(record["chosen"])
+    except (KeyError, TypeError):
+        return None
+    return (name, trials) if name in attn.IMPLEMENTATIONS else None
+
+
+def choose_attention(config, dtype, shape: PackShape, *, platform: str | None = None,
+                     rows: int | None = None, cache_dir: str | None = None,
+                     repeats: int = 5) -> tuple[str, list[Trial], bool]:
+    """The attention for calls of ``shape`` on this backend: ``(name, trials,
+    from_cache)``. On a CPU, ``"blocked"`` without timing (no trials). Elsewhere the
+    fastest :func:`candidates` trial that is :attr:`Trial.ok`, from the decision file
+    in ``cache_dir`` (default :func:`default_cache_dir`) if it holds this
+    :func:`decision_key`, else timed now and kept there. In a multi-process run every
+    process uses process 0's choice, so all compile the same program."""
+    platform = platform or jax.default_backend()
+    names = candidates(platform, dtype)
+    if platform == "cpu":
+        return names[0], [], False
+    rows = rows or shape.B
+    cache_dir = cache_dir if cache_dir is not None else default_cache_dir()
+    key = decision_key(config, dtype, shape, rows, platform)
+    path = os.path.join(cache_dir, CHOICES_FILE) if cache_dir else None
+    kept = _from_record(_read(path).get(key)) if path else None
+    if kept is not None:
+        name, trials = kept
+        from_cache = True
+    else:
+        trials = time_attention(config, dtype, shape, names, rows=rows, repeats=repeats)
+        good = sorted((t for t in trials if t.ok), key=lambda t: t.seconds)
+        if not good:
+            raise RuntimeError("no packed attention compiled and ran on this device: " +
+                               "; ".join(f"{t.name}: {t.error or t.max_diff}" for t in trials))
+        name, from_cache = good[0].name, False
+        if path and multihost.is_writer():
+            _write(path, key, {"chosen": name, "trials": [t.to_json() for t in trials]})
+    if multihost.is_multiprocess():
+        index = multihost.from_writer(np.asarray([attn.IMPLEMENTATIONS.index(name)], np.int32))
+        name = attn.IMPLEMENTATIONS[int(index[0])]
+    return name, trials, from_cache
+
+
+def fallbacks(name: str, trials: list[Trial]) -> list[str]:
+    """What to try after ``name`` fails to compile or run in the whole model program:
+    the other trials that passed, fastest first, then the block-sparse and dense paths
+    (nothing after ``"dense"``, the plain path)."""
+    if name == "dense":
+        return []
+    order = [t.name for t in sorted((t for t in trials if t.ok), key=lambda t: t.seconds)]
+    out = []
+    for n in order + ["blocked", "dense"]:
+        if n != name and n not in out:
+            out.append(n)
+    return out

@@ -1,0 +1,154 @@
+"""Choosing the packed attention by measurement (sc_jax.scoring.attention_choice) and the
+engine's fallback when the chosen one fails in the whole program: candidates that fail to
+compile, fail when they run, or disagree with the dense path are never chosen; the
+decision is kept per device and call shape and read back instead of timed again; the
+engine falls back on a failure at run time as well as at compile time and still scores
+what the plain path scores (float32: <= 1e-4, the tolerance of tests/test_scoring.py).
+
+The failing candidates are planted by wrapping the attention function: "broken" raises
+while tracing (a kernel that does not build), "fails_at_run" calls back into Python and
+raises there (a kernel that builds and then fails, as cuDNN without execution plans
+does), "wrong" returns twice the right answer.
+"""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import sc_jax
+from sc_jax.models import attention as attn
+from sc_jax.models import model as model_mod
+from sc_jax.scoring import attention_choice as ac
+from sc_jax.scoring import engine as engine_mod
+from sc_jax.scoring.enumeration import all_contexts, surrogate_pairs
+from sc_jax.scoring.packing import PackShape
+from sc_jax.scoring.prompts import Template, build_pieces
+
+SHAPE = PackShape(B=2, W=64, cache=128, R=8, C=8, labels=8)
+PLANTED = ("broken", "fails_at_run", "wrong")
+
+
+def _raise(x):
+    raise RuntimeError("no execution plan for this graph")
+
+
+def planted(real):
+    """``packed_attention`` with the three planted candidates beside the real ones."""
+    def packed_attention(q, k, v, ck, cv, masks, window, *, implementation):
+        if implementation not in PLANTED:
+            return real(q, k, v, ck, cv, masks, window, implementation=implementation)
+        if implementation == "broken":
+            raise ValueError("Mosaic GPU cannot lower this kernel")
+        out = real(q, k, v, ck, cv, masks, window, implementation="dense")
+        if implementation == "wrong":
+            return out * 2
+        spec = jax.ShapeDtypeStruct(out.shape, out.dtype)
+        return out + jax.pure_callback(_raise, spec, out)
+    return packed_attention
+
+
+@pytest.fixture
+def plant(monkeypatch):
+    monkeypatch.setattr(attn, "packed_attention", planted(attn.packed_attention))
+    monkeypatch.setattr(model_mod, "packed_attention", planted(model_mod.packed_attention))
+    monkeypatch.setattr(attn, "IMPLEMENTATIONS", attn.IMPLEMENTATIONS + PLANTED)
+
+
+@pytest.fixture(scope="module")
+def config():
+    return sc_jax.load_model("random:tiny-llama", seed=1).config
+
+
+def test_trials_record_each_failure_and_agree_where_they_ran(config, plant):
+    trials = {t.name: t for t in ac.time_attention(config, jnp.float32, SHAPE,
+                                                   ("blocked", "dense") + PLANTED, repeats=2)}
+    assert trials["dense"].ok and trials["dense"].max_diff == 0.0
+    assert trials["blocked"].ok and trials["blocked"].max_diff <= 1e-5
+    assert trials["blocked"].seconds > 0
+    assert not trials["broken"].compiled and "cannot lower" in trials["broken"].error
+    fails = trials["fails_at_run"]
+    assert fails.compiled and not fails.ran and not fails.ok and fails.error
+    wrong = trials["wrong"]
+    assert wrong.ran and not wrong.ok and wrong.max_diff > 0.5
+    assert json.loads(json.dumps(wrong.to_json()))["name"] == "wrong"
+
+
+def test_layer_call_packs_items_after_their_slots(config):
+    """The timed layer's input is a packed call: items continue the slot whose keys sit in
+    the row's cache, in order along the row, and the end of each row is padding."""
+    _, meta = ac.layer_call(config, jnp.float32, SHAPE)
+    g = {n: np.asarray(x) for n, x in meta.items()}
+    for r in range(SHAPE.B):
+        real = g["q_valid"][r]
+        assert real.sum() > SHAPE.W // 2 and not real[-1]
+        assert np.all(np.diff(g["slot"][r][real]) >= 0)
+        for j in np.unique(g["slot"][r][real]):
+            prefix = g["c_valid"][r] & (g["c_slot"][r] == j)
+            first = np.flatnonzero(real & (g["slot"][r] == j))[0]
+            assert g["q_pos"][r, first] == prefix.sum()  # positions continue the prefix
+
+
+def test_choice_is_the_fastest_good_trial_and_is_kept(config, plant, monkeypatch, tmp_path):
+    monkeypatch.setattr(ac, "candidates", lambda platform, dtype: PLANTED + ("blocked", "dense"))
+    name, trials, cached = ac.choose_attention(config, jnp.float32, SHAPE, platform="gpu",
+                                               cache_dir=str(tmp_path), repeats=2)
+    good = sorted((t for t in trials if t.ok), key=lambda t: t.seconds)
+    assert not cached and name == good[0].name and name in ("blocked", "dense")
+    assert {t.name for t in trials if not t.ok} == set(PLANTED)
+    kept = json.loads((tmp_path / ac.CHOICES_FILE).read_text())
+    (key, record), = kept.items()
+    assert record["chosen"] == name and "gpu|" in key and "W 64 cache 128" in key
+
+    def no_timing(*a, **k):
+        raise AssertionError("timed again")
+    monkeypatch.setattr(ac, "time_attention", no_timing)
+    again, trials2, cached = ac.choose_attention(config, jnp.float32, SHAPE, platform="gpu",
+                                                 cache_dir=str(tmp_path))
+    assert cached and again == name and trials2 == trials
+    # Another call shape is another decision.
+    with pytest.raises(AssertionError, match="timed again"):
+        ac.choose_attention(config, jnp.float32, PackShape(4, 64, 128, 8, 8, 8), platform="gpu",
+                            cache_dir=str(tmp_path))
+
+
+def test_cpu_keeps_blocked_without_timing(config, monkeypatch):
+    monkeypatch.setattr(ac, "time_attention", lambda *a, **k: pytest.fail("timed on a CPU"))
+    assert ac.choose_attention(config, jnp.float32, SHAPE, platform="cpu") == ("blocked", [], False)
+    assert ac.fallbacks("dense", []) == [] and ac.fallbacks("cudnn", []) == ["blocked", "dense"]
+
+
+def test_engine_falls_back_when_the_chosen_attention_fails_at_run_time(plant, monkeypatch):
+    model = sc_jax.load_model("random:tiny-llama", seed=1)
+    rng = np.random.default_rng(0)
+    words = "good bad movie plot fine dull".split()
+    texts = [" ".join(rng.choice(words, 4)) for _ in range(4)]
+    pieces = build_pieces(model.tokenizer, Template("review:", "sentiment:", ("negative", "positive")),
+                          [(t, i % 2) for i, t in enumerate(texts)], texts)
+    ctx = all_contexts(4, 2)
+    pairs = surrogate_pairs(ctx, 4)
+    trials = [ac.Trial("fails_at_run", True, True, 1e-4, 0.0, 1e-4),
+              ac.Trial("dense", True, True, 3e-4, 0.0, 1e-4)]
+    monkeypatch.setattr(engine_mod, "choose_attention", lambda *a, **k: ("fails_at_run", trials, False))
+    eng = engine_mod.ScoringEngine(model, attention="auto", progress=False)
+    with pytest.warns(RuntimeWarning, match="'fails_at_run' does not compile or run here.*using 'dense'"):
+        got = eng.score(pieces, ctx, pairs)
+    assert eng.stats.attention == "dense" and eng.attention == "auto"
+    assert [t["name"] for t in eng.stats.attention_trials] == ["fails_at_run", "dense"]
+    want = engine_mod.ScoringEngine(model, attention="blocked", progress=False).score(pieces, ctx, pairs)
+    assert np.abs(got - want).max() <= 1e-4
+
+
+def test_seed_line_names_the_attention_and_what_was_timed():
+    from sc_jax.experiment.run import _seed_line
+
+    t = dict(wall_s=9.0, compile_s=2.0, programs=3, model_programs=1, cache_hits=2, forward_s=5.0,
+             host_s=2.0, calls=10, tokens=5000, attention="pallas", attention_from_cache=False,
+             attention_trials=[ac.Trial("pallas", True, True, 4e-4, 0.01, 0.03).to_json(),
+                               ac.Trial("cudnn", True, error="XlaRuntimeError: no plan").to_json()])
+    line = _seed_line(t)
+    assert line.endswith("attention pallas (per layer: pallas 0.40 ms, cudnn failed)")
+    assert "decision kept" in _seed_line(dict(t, attention_from_cache=True))
+    assert "attention" not in _seed_line(dict(t, attention="", attention_trials=[]))
