@@ -180,7 +180,8 @@ def phase(name: str, seed: int, run_args: list[str], out: Path, xla_cache: Path,
             # .get: results.json records the attention chosen (and what it timed) from
             # the engine's attention choice on.
             "attention": seeds[0].get("attention") if seeds else None,
-            "attention_trials": seeds[0].get("attention_trials") if seeds else None}
+            "attention_trials": seeds[0].get("attention_trials") if seeds else None,
+            "attention_from_cache": seeds[0].get("attention_from_cache") if seeds else None}
 
 
 def check_smoke(rows: list[dict]) -> None:
