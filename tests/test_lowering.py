@@ -1,9 +1,10 @@
 """The engine's model program lowered for a GPU on this CPU host (``jax.export``): at the
 call shape of ``random:qwen2-7b`` in bfloat16 on an 80 GiB device (B = 16 rows of W = 512
 tokens after 2048 cached keys, 1024 readouts, 8 label rows), with abstract weights,
-every attention the engine may pick on an accelerator lowers, and none leaves a loop
-whose trip count is data: XLA's GPU runtime reads such a loop's predicate back to the
-host on every iteration (28 layers, hundreds of round trips per call).
+every attention the engine may pick on an accelerator lowers (for a GPU, and for a TPU
+where the path is XLA), and none leaves a loop whose trip count is data: XLA's GPU
+runtime reads such a loop's predicate back to the host on every iteration (28 layers,
+hundreds of round trips per call).
 
 A ``stablehlo.while`` is data-dependent unless its condition compares the induction
 variable with a constant; the CPU lowering of ``"blocked"``, which keeps its traced trip
@@ -60,9 +61,10 @@ def test_the_count_tells_a_traced_trip_count_from_a_constant():
 
 
 def _export(fn, args, kwargs, platform):
-    checks = [TRITON] if platform == "cuda" else []
+    if platform != "cuda":
+        return export.export(fn, platforms=[platform])(*args, **kwargs)
     with jax.sharding.use_abstract_mesh(H100):
-        return export.export(fn, platforms=[platform], disabled_checks=checks)(*args, **kwargs)
+        return export.export(fn, platforms=[platform], disabled_checks=[TRITON])(*args, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -81,16 +83,18 @@ def qwen2_7b_call():
 
 
 @pytest.mark.parametrize("attention,platform,loops", [
-    ("pallas", "cuda", 0), ("blocked", "cuda", 0), ("dense", "cuda", 0), ("blocked", "cpu", 2)])
-def test_engine_program_has_no_data_dependent_loop_on_a_gpu(qwen2_7b_call, attention, platform,
-                                                           loops):
-    """0 on a GPU for each attention; 2 (the blocked path's cache and packed-key loops,
-    inside the layer scan) where the CPU keeps traced trip counts."""
+    ("pallas", "cuda", 0), ("blocked", "cuda", 0), ("dense", "cuda", 0), ("pallas", "tpu", 0),
+    ("blocked", "tpu", 0), ("blocked", "cpu", 2)])
+def test_engine_program_has_no_data_dependent_loop_on_an_accelerator(qwen2_7b_call, attention,
+                                                                     platform, loops):
+    """0 on a GPU and a TPU for each attention ("pallas" on a TPU: the static-trip
+    blocked path); 2 (the blocked path's cache and packed-key loops, inside the layer
+    scan) where the CPU keeps traced trip counts."""
     exported = _export(_packed, qwen2_7b_call, dict(sequence=False, attention=attention), platform)
     mlir = exported.mlir_module()
     assert mlir.count("stablehlo.while") >= 1  # the layer scan, at least: the count looked
     assert data_dependent_whiles(mlir) == loops
-    assert ("xla.gpu.triton" in mlir) == (attention == "pallas")
+    assert ("xla.gpu.triton" in mlir) == (attention == "pallas" and platform == "cuda")
 
 
 @pytest.mark.parametrize("Dh", [128, 80])
