@@ -1,12 +1,15 @@
-"""Packed attention (sc_jax.models.attention): the dense and block-sparse paths against a
-float64 brute force that applies the rule token by token (a token sees the valid cached
-keys of its slot and the valid keys of its own segment, none later than itself, none
-outside a sliding window), and the block bounds against the keys a token may see.
+"""Packed attention (sc_jax.models.attention): the dense, block-sparse and Pallas paths
+(the kernel in Pallas' interpreter) against a float64 brute force that applies the rule
+token by token (a token sees the valid cached keys of its slot and the valid keys of its
+own segment, none later than itself, none outside a sliding window), and the block
+bounds against the keys a token may see.
 
 Tolerances: float32 inputs of size O(1), outputs O(1): rounding of a softmax over at
-most 384 keys and two products of 16 terms leaves ~1e-6; 1e-5 is the bound. bfloat16
+most 384 keys and two products of 16 terms leaves ~1e-6 (at most 7e-7 seen); 1e-5 is
+the bound. bfloat16
 inputs (8 significant bits) give outputs that round by up to 2^-8 of their size, with the
-probabilities rounded too: 3e-2 against the float64 result of the same bf16 inputs.
+probabilities rounded too: 3e-2 against the float64 result of the same bf16 inputs (at
+most 8e-3 seen).
 """
 
 import jax
@@ -14,15 +17,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from sc_jax.models import attention, pallas_attention
 from sc_jax.models.attention import BLOCKS, block_ranges, packed_attention, packed_masks
 
 B, W, C, H, K, Dh = 3, 128, 256, 4, 2, 16
 
 
-def packed_call(rng, S, dtype=jnp.float32, max_item=20):
+def packed_call(rng, S, dtype=jnp.float32, max_item=20, heads=(H, K), empty_rows=()):
     """A call of B rows: each row uses some of its C // S slots (S cached keys each, a
     random number of them real) and packs items (segments) after them, as the engine's
-    packing does: slots in order, each slot's items end to end."""
+    packing does: slots in order, each slot's items end to end. ``heads``: (query,
+    key/value) heads; ``empty_rows``: rows of padding only (no cache, no token)."""
     m = C // S
     seg = np.full((B, W), -1)
     slot, pos, valid = np.zeros((B, W), int), np.zeros((B, W), int), np.zeros((B, W), bool)
@@ -42,8 +47,11 @@ def packed_call(rng, S, dtype=jnp.float32, max_item=20):
                 seg[b, o:o + n], slot[b, o:o + n], valid[b, o:o + n] = item, j, True
                 pos[b, o:o + n] = lens[j] + np.arange(n)
                 o, item = o + n, item + 1
+    for b in empty_rows:
+        seg[b], valid[b], cvalid[b], cslot[b] = -1, False, False, -1
+    h, kv = heads
     f = lambda *shape: jnp.asarray(rng.normal(size=shape), dtype)  # noqa: E731
-    arrays = (f(B, W, H, Dh), f(B, W, K, Dh), f(B, W, K, Dh), f(B, C, K, Dh), f(B, C, K, Dh))
+    arrays = (f(B, W, h, Dh), f(B, W, kv, Dh), f(B, W, kv, Dh), f(B, C, kv, Dh), f(B, C, kv, Dh))
     meta = dict(q_pos=pos, q_valid=valid, segment=seg, slot=slot, c_pos=cpos, c_valid=cvalid,
                 c_slot=cslot)
     return arrays, {n: jnp.asarray(x, jnp.int32 if x.dtype != bool else bool) for n, x in meta.items()}
@@ -68,17 +76,41 @@ def brute_force(arrays, meta, window):
             cached, packed = visible_keys(meta, b, t, window)
             keys = np.concatenate([ck[b, cached], k[b, packed]])
             vals = np.concatenate([cv[b, cached], v[b, packed]])
-            for h in range(H):
-                s = keys[:, h // (H // K)] @ q[b, t, h] / np.sqrt(Dh)
+            G = q.shape[2] // k.shape[2]
+            for h in range(q.shape[2]):
+                s = keys[:, h // G] @ q[b, t, h] / np.sqrt(Dh)
                 p = np.exp(s - s.max())
-                out[b, t, h] = (p / p.sum()) @ vals[:, h // (H // K)]
+                out[b, t, h] = (p / p.sum()) @ vals[:, h // G]
     return out
 
 
 def run(arrays, meta, window, implementation, platform):
+    """The path on this CPU; ``"blocked-static"``: the blocked path with the full trip
+    counts it runs on an accelerator."""
+    static = implementation == "blocked-static"
+    implementation = "blocked" if static else implementation
     masks = packed_masks(**meta, windows=window > 0, implementation=implementation, platform=platform)
-    fn = jax.jit(lambda *a: packed_attention(*a, implementation=implementation))
+    if static:
+        fn = jax.jit(lambda *a: attention._blocked(*a, static=True))
+    else:
+        fn = jax.jit(lambda *a: packed_attention(*a, implementation=implementation))
     return np.asarray(fn(*arrays, masks, jnp.int32(window)), np.float64)
+
+
+def assert_equals_the_rule(arrays, meta, window, paths):
+    """Each (implementation, platform) of ``paths`` within its dtype's tolerance of the
+    brute force on the real tokens, and finite everywhere; returns the largest error."""
+    want = brute_force(arrays, meta, window)
+    real = np.asarray(meta["q_valid"])
+    tol = 1e-5 if arrays[0].dtype == jnp.float32 else 3e-2
+    worst = 0.0
+    for implementation, platform in paths:
+        got = run(arrays, meta, window, implementation, platform)
+        err = np.abs(got[real] - want[real]).max()
+        assert err <= tol, (implementation, platform, err)
+        assert np.isfinite(got).all(), (implementation, platform)  # padding queries included
+        worst = max(worst, err)
+    return worst
 
 
 @pytest.mark.parametrize("S,window,dtype", [(32, 0, jnp.float32), (96, 0, jnp.float32),
@@ -88,14 +120,22 @@ def test_every_path_equals_the_rule(S, window, dtype):
     cache blocks; a window of 7, shorter than the items and the cached prefixes."""
     rng = np.random.default_rng(S + window)
     arrays, meta = packed_call(rng, S, dtype)
-    want = brute_force(arrays, meta, window)
-    real = np.asarray(meta["q_valid"])
-    tol = 1e-5 if dtype == jnp.float32 else 3e-2
-    for implementation, platform in [("dense", "cpu"), ("blocked", "cpu"), ("blocked", "default")]:
-        got = run(arrays, meta, window, implementation, platform)
-        err = np.abs(got[real] - want[real]).max()
-        assert err <= tol, (implementation, platform, err)
-        assert np.isfinite(got).all()  # padding queries included
+    assert_equals_the_rule(arrays, meta, window, [
+        ("dense", "cpu"), ("blocked", "cpu"), ("blocked", "default"), ("blocked-static", "default"),
+        ("pallas", "cpu")])
+
+
+@pytest.mark.parametrize("heads,window,dtype", [
+    ((7, 1), 0, jnp.float32), ((14, 2), 5, jnp.bfloat16), ((2, 2), 9, jnp.float32)])
+def test_pallas_kernel_equals_the_rule(heads, window, dtype):
+    """The kernel (interpreted) with G = 7 (Qwen2-7B's grouping) and G = 1, sliding
+    windows, and a row of padding only, at the GPU's blocks (those of the 7B call):
+    two query blocks and four cache blocks per row."""
+    rng = np.random.default_rng(heads[0] + window)
+    arrays, meta = packed_call(rng, 64, dtype, heads=heads, empty_rows=(1,))
+    masks = packed_masks(**meta, windows=True, implementation="pallas")
+    assert (masks.bq, masks.bk) == pallas_attention.BLOCKS == pallas_attention.blocks(512, 2048)
+    assert_equals_the_rule(arrays, meta, window, [("pallas", "cpu"), ("blocked-static", "default")])
 
 
 @pytest.mark.parametrize("platform", ["cpu", "default"])

@@ -130,13 +130,15 @@ def test_cache_extend_equals_plain(checkpoints, name):
 
 @pytest.mark.parametrize("name,attention", [("llama_bias", "dense"), ("llama_bias", "blocked"),
                                             ("mistral_window", "dense"),
-                                            ("mistral_window", "blocked"), ("qwen2", "blocked")])
+                                            ("mistral_window", "blocked"), ("qwen2", "blocked"),
+                                            ("mistral_window", "pallas")])
 def test_packed_row_equals_plain(checkpoints, name, attention):
     """Packed rows (sc_jax.models.model.Packing): four segments end to end in one row, two
     after each of two cached prefixes laid side by side (slots, the shorter one
     padded), give at every position the logits of that prefix + segment run alone
     (sliding windows included: mistral_window's window of 5 is shorter than the
-    prompts), through the dense and the block-sparse attention (sc_jax.models.attention)."""
+    prompts), through the dense, the block-sparse and the Pallas kernel's attention
+    (sc_jax.models.attention; the kernel interpreted on this CPU)."""
     import jax.numpy as jnp
     from flax import nnx
 

@@ -74,9 +74,9 @@ def test_engine_equals_plain(model, setup, mode, i):
 
 
 def test_attention_paths_agree_and_cudnn_falls_back(model, setup):
-    """The engine's packed calls through each attention path (sc_jax.models.attention) give the
-    same scores; on a backend without cuDNN (this CPU) asking for it costs one warning and
-    the block-sparse path, not a failed run."""
+    """The engine's packed calls through each attention path (sc_jax.models.attention, the
+    Pallas kernel interpreted) give the same scores; on a backend without cuDNN (this
+    CPU) asking for it costs one warning and the block-sparse path, not a failed run."""
     k, pieces = setup
     ctx = all_contexts(k, 2)
     pairs = surrogate_pairs(ctx, k)
@@ -85,6 +85,8 @@ def test_attention_paths_agree_and_cudnn_falls_back(model, setup):
     a, b = dense.score(pieces, ctx, pairs), blocked.score(pieces, ctx, pairs)
     assert (dense.stats.attention, blocked.stats.attention) == ("dense", "blocked")
     assert np.abs(a - b).max() <= 1e-5
+    pallas = ScoringEngine(model, attention="pallas", progress=False)  # interpreted on a CPU
+    assert np.abs(pallas.score(pieces, ctx, pairs) - b).max() <= 1e-5
     cudnn = ScoringEngine(model, attention="cudnn", progress=False)
     with pytest.warns(RuntimeWarning, match="'cudnn' does not compile or run here"):
         c = cudnn.score(pieces, ctx, pairs)

@@ -6,7 +6,7 @@ row after ``C`` cached keys: the row's ``m`` slots of ``S`` keys side by side, p
 (``C`` is fixed for a run; ``m`` and ``S`` change with the stage). A token of slot ``j``
 may see ``S`` of the ``C`` cached keys and the earlier tokens of its own item, so the
 attention of a row over all ``C + W`` keys computes ``m`` times too many scores over
-the cache and most of the ``W`` packed ones (85-90% masked on a 7B plan). Three
+the cache and most of the ``W`` packed ones (85-90% masked on a 7B plan). Four
 implementations, one answer (to float rounding), chosen by :func:`choose`:
 
 * ``"dense"``: XLA, every key of the row scored and masked (the plain path the others
@@ -16,12 +16,24 @@ implementations, one answer (to float rounding), chosen by :func:`choose`:
 * ``"blocked"``: XLA, block-sparse with an online softmax (FlashAttention's
   recurrence): the queries in blocks of ``bq`` tokens, the keys in blocks; each query
   block scores only the key blocks that hold its slots' cached keys and its items'
-  earlier tokens (:func:`block_ranges`), in a loop whose trip count is the call's
-  largest such range, a traced number, so one program serves every stage. Scores
-  never exceed one ``[bq, bk]`` tile per block and head.
+  earlier tokens (:func:`block_ranges`). On a CPU the loops run to the call's largest
+  such range, a traced number, so one program serves every stage. On an accelerator
+  they run over every key block, the masks doing the skipping: a traced trip count
+  there would have the host read each iteration's predicate back from the device
+  (XLA's GPU while loop), hundreds of round trips per call. Scores never exceed one
+  ``[bq, bk]`` tile per block and head.
 * ``"cudnn"``: ``jax.nn.dot_product_attention(implementation="cudnn")`` over the row's
   ``C + W`` keys with the packed mask: cuDNN's fused flash kernel (GPU, bfloat16 or
   float16) never writes the scores to memory, at the price of scoring masked keys.
+* ``"pallas"``: one Pallas kernel (:mod:`sc_jax.models.pallas_attention`, Triton on a
+  GPU) that scores only the key blocks of ``"blocked"``, with the block bounds read
+  inside the kernel, so its loops never leave the device. On a CPU the same kernel
+  runs in Pallas' interpreter (slow: for tests); on a TPU, the accelerator form of
+  ``"blocked"``.
+
+Where a path differs by platform, ``jax.lax.platform_dependent`` picks the branch when
+the program is lowered for its platform, so a program exported for a GPU from a CPU
+host is the GPU's.
 
 Shapes: B rows, W new tokens, C cached keys, H query heads, K key/value heads,
 G = H / K, Dh head dim.
@@ -35,7 +47,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-IMPLEMENTATIONS = ("dense", "blocked", "cudnn")
+from sc_jax.models import pallas_attention
+
+IMPLEMENTATIONS = ("dense", "blocked", "cudnn", "pallas")
 #: Query and packed-key block of ``"blocked"`` (tokens; divides W) and its cache-key
 #: block (divides C). Small blocks skip more masked keys; large ones make larger
 #: matrix products. Per platform, as the call shape is.
@@ -58,7 +72,8 @@ class PackedMasks:
     ``q_seg``, ``k_valid`` ``[B, W]``; ``c_pos``, ``c_slot``, ``c_valid`` ``[B, C]``)
     and the block bounds of :func:`block_ranges` (``c_lo``, ``c_n``, ``n_lo``
     ``[B, W/bq]``, ``trips`` ``[2]``), for blocks of ``bq`` queries and ``bk`` cached
-    keys; ``windows``: some layer has a sliding window.
+    keys; ``windows``: some layer has a sliding window. Pallas: the blocked fields, at
+    the kernel's blocks.
     """
 
     cache: jax.Array | None = None
@@ -127,14 +142,18 @@ def block_ranges(q_valid, q_slot, q_seg, c_slot, bq: int, bk: int):
 
 def packed_masks(q_pos, q_valid, segment, slot, c_pos, c_valid, c_slot, *, windows: bool,
                  implementation: str, platform: str = "default") -> PackedMasks:
-    """The masks (and, for ``"blocked"``, the block bounds) of one packed call.
+    """The masks (and, for ``"blocked"`` and ``"pallas"``, the block bounds) of one packed
+    call.
 
     q_pos, q_valid, segment, slot: ``[B, W]``; c_pos, c_valid, c_slot: ``[B, C]``
     (one cached row per batch row). ``windows``: some layer has a sliding window."""
     W, C = q_pos.shape[1], c_pos.shape[1]
-    if implementation == "blocked":
-        bq, bk = BLOCKS.get(platform, BLOCKS["default"])
-        bq, bk = (bq if W % bq == 0 else W), (bk if C % bk == 0 else C)  # blocks that tile
+    if implementation in ("blocked", "pallas"):
+        if implementation == "pallas":  # one choice for every platform: see pallas_attention
+            bq, bk = pallas_attention.blocks(W, C)
+        else:
+            bq, bk = BLOCKS.get(platform, BLOCKS["default"])
+            bq, bk = (bq if W % bq == 0 else W), (bk if C % bk == 0 else C)  # blocks that tile
         c_lo, c_n, n_lo, trips = block_ranges(q_valid, slot, segment, c_slot, bq, bk)
         return PackedMasks(q_pos=q_pos, q_slot=slot, q_seg=segment, k_valid=q_valid, c_pos=c_pos,
                            c_slot=c_slot, c_valid=c_valid, c_lo=c_lo, c_n=c_n, n_lo=n_lo,
@@ -164,7 +183,16 @@ def packed_attention(q, k, v, ck, cv, masks: PackedMasks, window, *, implementat
     if implementation == "dense":
         return _dense(q, k, v, ck, cv, masks, window)
     if implementation == "blocked":
-        return _blocked(q, k, v, ck, cv, masks, window)
+        # Traced trip counts on a CPU (the fewest blocks); on an accelerator a loop
+        # predicate is read back by the host every iteration, so there the full ranges.
+        return jax.lax.platform_dependent(
+            cpu=lambda: _blocked(q, k, v, ck, cv, masks, window, static=False),
+            default=lambda: _blocked(q, k, v, ck, cv, masks, window, static=True))
+    if implementation == "pallas":
+        return jax.lax.platform_dependent(
+            cpu=lambda: _pallas(q, k, v, ck, cv, masks, window, interpret=True),
+            cuda=lambda: _pallas(q, k, v, ck, cv, masks, window, interpret=False),
+            default=lambda: _blocked(q, k, v, ck, cv, masks, window, static=True))
     if implementation == "cudnn":
         return _cudnn(q, k, v, ck, cv, masks, window)
     raise ValueError(f"attention implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
@@ -200,7 +228,17 @@ def _cudnn(q, k, v, ck, cv, masks, window):
                                         scale=1.0 / np.sqrt(q.shape[-1]), implementation="cudnn")
 
 
-def _blocked(q, k, v, ck, cv, masks, window):
+def _pallas(q, k, v, ck, cv, masks, window, *, interpret: bool):
+    big = pallas_attention.INVALID
+    return pallas_attention.packed_attention(
+        q, k, v, ck, cv, window, q_pos=masks.q_pos, q_slot=masks.q_slot, q_seg=masks.q_seg,
+        k_id=jnp.where(masks.k_valid, masks.q_seg, big), c_pos=masks.c_pos,
+        c_id=jnp.where(masks.c_valid, masks.c_slot, big), c_lo=masks.c_lo, c_n=masks.c_n,
+        n_lo=masks.n_lo, bq=masks.bq, bk=masks.bk, windows=masks.windows, interpret=interpret)
+
+
+def _blocked(q, k, v, ck, cv, masks, window, *, static: bool):
+    """``static``: loops over every key block (the masks skip), no traced trip count."""
     B, W, H, Dh = q.shape
     K, C = k.shape[2], ck.shape[1]
     G = H // K
@@ -257,7 +295,8 @@ def _blocked(q, k, v, ck, cv, masks, window):
             vis = vis & ((window <= 0) | (d < window))
         return update(state, take(k, idx, bq), take(v, idx, bq), vis)
 
-    state = jax.lax.fori_loop(0, masks.trips[0], cache_step, state)
-    m, l, acc = jax.lax.fori_loop(0, masks.trips[1], new_step, state)
+    n_c, n_n = (C // bk, nq) if static else (masks.trips[0], masks.trips[1])
+    state = jax.lax.fori_loop(0, n_c, cache_step, state)
+    m, l, acc = jax.lax.fori_loop(0, n_n, new_step, state)
     out = acc / jnp.where(l > 0, l, 1.0)[..., None]  # [B, nq, K, G, bq, Dh]
     return out.transpose(0, 1, 4, 2, 3, 5).reshape(B, W, H, Dh).astype(q.dtype)
