@@ -55,6 +55,7 @@ from sc_jax.experiment.report import load_results, write_report
 from sc_jax.experiment.run import run_experiment
 from sc_jax.experiment.store import check_output_file
 from sc_jax.models.hub import cached_models_lines
+from sc_jax.models import attention as attn
 from sc_jax.models.loading import load_model
 from sc_jax.models.named_models import MODELS
 from sc_jax.runtime.multihost import initialize_distributed, is_writer
@@ -395,9 +396,10 @@ def _add_plan_parser(sub) -> None:
     pl.add_argument("--bandwidth-gbs", type=float, default=None,
                     help="device memory bandwidth in GB/s for the memory-bound parts (default: "
                          "--accelerator's datasheet, the local accelerator's, or measured here)")
-    pl.add_argument("--attention", default="auto", choices=("auto", "dense", "blocked", "cudnn"),
-                    help="the engine's attention to plan for (auto: what the engine picks on the "
-                         "device: cuDNN on a GPU in bfloat16, block-sparse elsewhere)")
+    pl.add_argument("--attention", default="auto", choices=("auto",) + attn.IMPLEMENTATIONS,
+                    help="the engine's attention to plan for (auto: the Pallas kernel on a GPU, "
+                         "block-sparse elsewhere; the engine itself times the candidates on its "
+                         "device and keeps the fastest)")
     pl.add_argument("--no-xla", action="store_true",
                     help="skip compiling the worst program for XLA's memory figure")
     pl.add_argument("--no-compile-time", action="store_true",

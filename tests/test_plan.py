@@ -133,6 +133,11 @@ def test_cost_model_counts_the_keys_the_device_scores(platform):
             call_trips(st, r0, sh.B, sh.W, sh.cache, bq, bk), (st.depth, r0)
     dense = costs.replay(sched, model.config, attention="dense", platform=platform)
     blocked = costs.replay(sched, model.config, attention="blocked", platform=platform)
+    if platform != "cpu":
+        # An accelerator's blocked path visits every key block (static loops); the kernel
+        # is the block-sparse one there.
+        assert blocked["scored_keys"] == sh.cache + sh.W
+        blocked = costs.replay(sched, model.config, attention="pallas", platform=platform)
     assert dense["scored_keys"] == sh.cache + sh.W and blocked["scored_keys"] < dense["scored_keys"]
     assert blocked["dense_flops"] == dense["dense_flops"]
     assert blocked["flops"] == pytest.approx(blocked["dense_flops"] + blocked["attention_flops"])

@@ -21,6 +21,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from sc_jax.models import attention as attn
+from sc_jax.models import pallas_attention
 from sc_jax.models.model import Decoder, KVCache
 from sc_jax.runtime.sharding import kv_sharding, state_shardings
 from sc_jax.scoring import engine as scoring
@@ -56,8 +57,12 @@ def replay(sched: Schedule, config, *, attention: str = "dense", platform: str =
     and slots per row ``m``."""
     sh = sched.shape
     cost = CostModel.of(config, itemsize)
-    bq, bk = attn.BLOCKS.get(platform, attn.BLOCKS["default"])
-    bq, bk = (bq if sh.W % bq == 0 else sh.W), (bk if sh.cache % bk == 0 else sh.cache)
+    if attention == "pallas":
+        bq, bk = pallas_attention.blocks(sh.W, sh.cache)
+    else:
+        bq, bk = attn.BLOCKS.get(platform, attn.BLOCKS["default"])
+        bq, bk = (bq if sh.W % bq == 0 else sh.W), (bk if sh.cache % bk == 0 else sh.cache)
+    G = config.num_heads // config.num_kv_heads
     stages: dict[str, dict] = {}
     for _, st, r0 in sched.calls():
         a, b = np.searchsorted(st.row, [r0, r0 + sh.B])
@@ -68,8 +73,11 @@ def replay(sched: Schedule, config, *, attention: str = "dense", platform: str =
             "query_tokens": 0, "executed_tokens": 0, "padding_tokens": 0, "flops": 0.0,
             "dense_flops": 0.0, "dense_bytes": 0.0, "attention_flops": 0.0, "attention_bytes": 0.0,
             "scored_keys": 0.0})
-        trips = call_trips(st, r0, sh.B, sh.W, sh.cache, bq, bk) if attention == "blocked" else 0
-        scored, reads = attention_reads(attention, W=sh.W, C=sh.cache, scored=trips, bq=bq)
+        if attention == "pallas" or (attention == "blocked" and platform == "cpu"):
+            trips = call_trips(st, r0, sh.B, sh.W, sh.cache, bq, bk)
+        else:  # the accelerator's blocked path visits every key block (static loops)
+            trips = sh.cache + sh.W
+        scored, reads = attention_reads(attention, W=sh.W, C=sh.cache, scored=trips, bq=bq, G=G)
         d_flops, d_bytes = cost.dense(sh.B, sh.W)
         a_flops, a_bytes = cost.attention(sh.B, sh.W, scored, reads, attention)
         acc["calls"] += 1

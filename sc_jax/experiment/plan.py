@@ -112,10 +112,11 @@ def _plan_setting(pl: _Planner, name: str, ds, k: int) -> dict[str, Any]:
         setting["prompt_tokens_reference"] = _prompt_tokens(ref.pieces, ref.jobs, pl.run.mode)
         setting["stand_in_inflation"] = setting["prompt_tokens"] / setting["prompt_tokens_reference"]
     lowered = pl.mesh is not None or pl.model_shards * pl.n_devices == 1
-    # The program as the engine compiles it; cuDNN's kernel compiles on a GPU only, so
-    # elsewhere its XLA figures are the dense path's (more temporaries, not fewer).
-    lowered_attention = pl.attention if pl.attention != "cudnn" or jax.default_backend() == "gpu" \
-        else "dense"
+    # The program as the engine compiles it; the fused kernels compile on a GPU only (the
+    # Pallas one elsewhere is its interpreter), so elsewhere their XLA figures are the
+    # dense path's (more temporaries, not fewer).
+    gpu_only = pl.attention in ("cudnn", "pallas") and jax.default_backend() != "gpu"
+    lowered_attention = "dense" if gpu_only else pl.attention
     kw = {"mode": pl.run.mode, "mesh": pl.mesh, "attention": lowered_attention}
     setting["xla_attention"] = lowered_attention
     if pl.compile_time and lowered:
@@ -185,7 +186,7 @@ def plan_run(run_config, *, peak_flops: float | None = None, mfu: float = 0.4, x
     bandwidth, bandwidth_source = (bandwidth, "given") if bandwidth is not None \
         else device_bandwidth(accelerator)
     if attention == "auto":
-        attention = attn.choose("gpu" if accelerator else jax.default_backend(), dtype)
+        attention = attn.choose("gpu" if accelerator else jax.default_backend())
     # The attention's time is measured on this backend when the plan is for it (no
     # named accelerator, no given peak); else it is the roofline's.
     calibrate = accelerator is None and peak_flops_given is None and bandwidth_given is None

@@ -7,7 +7,8 @@ row after ``C`` cached keys: the row's ``m`` slots of ``S`` keys side by side, p
 may see ``S`` of the ``C`` cached keys and the earlier tokens of its own item, so the
 attention of a row over all ``C + W`` keys computes ``m`` times too many scores over
 the cache and most of the ``W`` packed ones (85-90% masked on a 7B plan). Four
-implementations, one answer (to float rounding), chosen by :func:`choose`:
+implementations, one answer (to float rounding), chosen on the device by timing them
+(:mod:`sc_jax.scoring.attention_choice`; :func:`choose` is what a plan assumes):
 
 * ``"dense"``: XLA, every key of the row scored and masked (the plain path the others
   are tested against). The masks are built once per call (:func:`packed_masks`) and
@@ -96,13 +97,13 @@ class PackedMasks:
     bk: int = dataclasses.field(default=0, metadata=dict(static=True))
 
 
-def choose(platform: str, dtype) -> str:
-    """The implementation for a backend and activation dtype: cuDNN's fused kernel on a
-    GPU in 16-bit floats (its only dtypes), the block-sparse XLA path elsewhere (on a
-    CPU too, where it is the faster: ``benchmarks/RESULTS.md``)."""
-    if platform in ("gpu", "cuda") and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
-        return "cudnn"
-    return "blocked"
+def choose(platform: str) -> str:
+    """The implementation a plan assumes where none was measured (``sc-jax plan``; the
+    engine measures on its device: :mod:`sc_jax.scoring.attention_choice`): the Pallas
+    kernel on a GPU (cuDNN's builds no plan on some CUDA releases, and scores masked
+    keys), the block-sparse XLA path elsewhere (on a CPU, where it is the faster:
+    ``benchmarks/RESULTS.md``)."""
+    return "pallas" if platform in ("gpu", "cuda") else "blocked"
 
 
 def _segment_first(segment):

@@ -348,7 +348,8 @@ class CostModel:
     def attention(self, B: int, W: int, scored: float, reads: float, implementation: str) -> tuple[float, float]:
         """(FLOPs, bytes) of a call's attention: ``scored`` keys per token, ``reads`` key
         reads per row (K and V of each key, once per query block that scores it)."""
-        score_bytes = self.itemsize if implementation == "cudnn" else 12 + 2 * self.itemsize
+        # The fused kernels keep their scores on chip; the XLA paths write and read them.
+        score_bytes = self.itemsize if implementation in ("cudnn", "pallas") else 12 + 2 * self.itemsize
         traffic = self.layers * (B * W * scored * self.heads * score_bytes + B * reads * self.kv)
         return B * W * scored * self.key, traffic
 
@@ -367,13 +368,15 @@ class Roofline:
         return max(flops / self.flops, nbytes / self.bytes)
 
 
-def attention_reads(implementation: str, *, W: int, C: int, scored: float, bq: int = 0) -> tuple[float, float]:
+def attention_reads(implementation: str, *, W: int, C: int, scored: float, bq: int = 0,
+                    G: int = 1) -> tuple[float, float]:
     """(scored keys per token, key reads per row) of one call: the dense paths score
     all ``C + W`` keys and read them once per row (cuDNN: once per 128-query tile);
-    the block-sparse path scores ``scored`` keys per query block of ``bq`` and reads
-    them once per block."""
-    if implementation == "blocked":
-        return scored, (W // bq) * scored
+    the block-sparse path (``scored`` keys per query block of ``bq``; on an
+    accelerator every key, ``scored = C + W``) reads them once per block, the Pallas
+    kernel once per block and query head of a group of ``G``."""
+    if implementation in ("blocked", "pallas"):
+        return scored, (W // bq) * scored * (G if implementation == "pallas" else 1)
     tiles = -(-W // 128) if implementation == "cudnn" else 1
     return float(C + W), float(tiles * (C + W))
 
