@@ -183,8 +183,9 @@ def _seed_timing(name: str, k: int, seed: int, wall: float, st: EngineStats) -> 
 
 
 def _seed_line(t: dict) -> str:
-    return (f"{t['wall_s']:.1f} s: compile {t['compile_s']:.1f} s ({t['programs']} programs, "
-            f"{t['model_programs']} of the model; {t['cache_hits']} from the persistent cache), "
+    return (f"{t['wall_s']:.1f} s: compile {t['compile_s']:.1f} s ({t['programs']} programs "
+            f"compiled, {t['model_programs']} of the model; {t['cache_hits']} read from the "
+            f"persistent cache), "
             f"forward {t['forward_s']:.1f} s, host {t['host_s']:.1f} s ({t['calls']} calls, "
             f"{t['tokens']} tokens){_attention_note(t)}")
 

@@ -56,9 +56,9 @@ from sc_jax.runtime.multihost import to_host
 from sc_jax.runtime.sharding import batch_sharded, kv_sharding
 from sc_jax.runtime.timing import CompileMeter
 from sc_jax.scoring.attention_choice import choose_attention, error_line, fallbacks
-from sc_jax.scoring.packing import MIN_CACHE, PackShape, Schedule, Stage
+from sc_jax.scoring.packing import MIN_CACHE, PackShape, Schedule, Stage, round_up
 from sc_jax.scoring.prompts import PromptPieces
-from sc_jax.scoring.schedule import MemoryPolicy, query_rows, round_up
+from sc_jax.scoring.schedule import MemoryPolicy, query_rows
 
 MODES = ("first_token", "sequence")
 
@@ -201,16 +201,21 @@ def _score_flat(graphdef, state, tokens, valid, gather, targets, tmask, rows, se
 
 # The engine's programs. The model program (`_packed`) has one shape for every call of
 # a run (its rows, width, cached keys, readouts and label rows: PackShape.program). The
-# gathers and in-place writes around it take the level shapes; they are model-free
-# and compile in milliseconds.
+# model-free gathers, writes and level buffers around it take the level shapes, which
+# the schedule buckets (sc_jax.scoring.packing.level_lengths, level_rows), and
+# arguments of the call shape, so that other seeds find them compiled (in memory or
+# in the persistent cache).
 @functools.partial(jax.jit, static_argnames=("S", "keys"))
 def _gather_slots(level: KVCache, idx, S: int, keys: int):
-    """The cache of a call: rows ``idx [B, m]`` of a level buffer, each padded to
-    ``S`` tokens and laid side by side, then padded to ``keys`` (never visible):
+    """The cache of a call: rows ``idx[:, :m]`` (``idx [B, keys // MIN_CACHE]``, one
+    shape for every stage; ``m = keys // S``) of a level buffer, each padded to ``S``
+    tokens and laid side by side, then padded to ``keys`` (never visible):
     ``[L, B, keys, K, Dh]``, and the slot of every cached key ``[B, keys]`` (-1 in
     the padding)."""
     COMPILES["gather"] += 1
-    B, m = idx.shape
+    m = max(1, keys // S)
+    idx = idx[:, :m]
+    B = idx.shape[0]
     flat = idx.reshape(-1)
     pad = S - level.length
     tail = keys - m * S
@@ -283,6 +288,7 @@ def _write_children(level: KVCache, parent: KVCache, kv: KVCache, child, parent_
 def _empty_level(config, rows: int, length: int, dtype, sharding=None):
     """A zeroed level buffer ``[L, rows, length, K, Dh]`` (all positions invalid),
     its rows split over the mesh's data axis when there is one."""
+    COMPILES["level"] += 1
     L, K, Dh = config.num_layers, config.num_kv_heads, config.head_dim
     z = jnp.zeros((L, rows, length, K, Dh), dtype)
     out = KVCache(z, z, jnp.zeros((rows, length), jnp.int32), jnp.zeros((rows, length), bool))
@@ -483,20 +489,28 @@ class ScoringEngine:
         self.max_cache_tokens = planned.budgets.max_cache_tokens
         return planned.schedule
 
-    def _level(self, rows: int, length: int) -> KVCache:
+    def _level(self, sched: Schedule, chunk: int, d: int) -> KVCache:
+        """The empty buffer of level ``d`` of ``chunk``, of the shape the plan counted
+        (:meth:`sc_jax.scoring.packing.Schedule.level_shape`)."""
         m = self.model
+        rows, length = sched.level_shape(chunk, d)
         sharding = None
         if m.mesh is not None:
             c = m.config
             kv = kv_sharding(m.mesh, (c.num_layers, rows, length, c.num_kv_heads, c.head_dim))
             sharding = KVCache(kv, kv, batch_sharded(m.mesh), batch_sharded(m.mesh))
-        return _empty_level(m.config, round_up(rows, m.n_devices), length, m.dtype, sharding)
+        return _empty_level(m.config, rows, length, m.dtype, sharding)
 
     def _args(self, parent: KVCache, shape: PackShape, a: dict, S: int, rows_arg):
         """The model program's arguments for one call (the cache gathered on the device)."""
         m = self.model
         put, rep = m.put, m.replicate
-        cache, cslot = _gather_slots(parent, put(a["idx"]), S=S, keys=shape.cache)
+        # The slots' nodes in one shape for every stage and for compile()'s call of
+        # padding: one transfer program, and one gather per level shape, not per slot
+        # count.
+        idx = np.zeros((len(a["idx"]), max(1, shape.cache // MIN_CACHE)), np.int32)
+        idx[:, :a["idx"].shape[1]] = a["idx"]
+        cache, cslot = _gather_slots(parent, put(idx), S=S, keys=shape.cache)
         return (m.graphdef, m.state, cache, cslot, put(a["tokens"]), put(a["positions"]),
                 put(a["valid"]), put(a["segment"]), put(a["slot"]), rep(a["readout"]),
                 rep(a["targets"]), rows_arg)
@@ -626,7 +640,7 @@ class ScoringEngine:
             parent = empty_cache(m.config, 1, m.dtype)
             for stage in sched.chunks[ci]:
                 d = stage.depth
-                level = self._level(ch.nodes(d), sched.level_len[d]) if d <= ch.depth else None
+                level = self._level(sched, ci, d) if d <= ch.depth else None
                 for r0 in range(0, stage.rows, sched.shape.B):
                     t = time.perf_counter()
                     a = call_arrays(run.tok, sched.shape, stage, r0)

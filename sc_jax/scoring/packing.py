@@ -31,8 +31,18 @@ same machine finds it in the persistent compilation cache. What varies per stage
 how a row's ``cache`` keys are cut into slots: stage d reads level d - 1, whose nodes
 hold ``S`` tokens each, so a row holds ``m = cache // S`` slots (many small nodes per
 row early in the trie, few long ones late). The model program sees only ``m x S``
-padded to ``cache``; the model-free gathers and writes around it take the level
-shapes and compile in milliseconds.
+padded to ``cache``.
+
+The model-free programs around it (a level's buffer, the gather of a call's slots,
+the write of its children) take the level shapes, so those are bucketed too
+(:func:`level_lengths`, :func:`level_rows`): level d holds ``d x s`` tokens per node
+with ``s`` the longest segment rounded up to a power of two, and its rows are the
+nodes rounded up to an eighth of their octave. Seeds whose longest demonstrations
+fall in one octave then share every program, within a process and through the
+persistent compilation cache. The cost: a level holds at most twice its nodes'
+tokens (the power of two) and 12.5% more rows; the planner counts the padded shapes
+(:func:`chunk_bounds`, :func:`sc_jax.scoring.schedule.level_peak_tokens`), so a plan
+stays an upper bound of what the engine allocates.
 """
 
 from __future__ import annotations
@@ -51,6 +61,19 @@ def round_up(x: int, m: int) -> int:
 
 def pow2_at_least(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def level_rows(nodes, n_devices: int = 1):
+    """Rows of the level buffer of ``nodes`` trie nodes (an int or an array of them):
+    rounded up to a multiple of an eighth of the largest power of two not above
+    ``nodes`` (at most 12.5% more, eight sizes per octave) and of ``n_devices`` (the
+    rows are split over the mesh's data axis). The engine allocates these rows and
+    the planner counts them."""
+    n = np.asarray(nodes, np.int64)
+    octave = np.left_shift(1, np.floor(np.log2(np.maximum(n, 1))).astype(np.int64))
+    step = np.lcm(np.maximum(octave // 8, 1), int(n_devices))
+    rows = -(-n // step) * step
+    return int(rows) if rows.ndim == 0 else rows
 
 
 # ------------------------------------------------------------------ the trie of several jobs
@@ -106,10 +129,12 @@ def _new_nodes(sorted_ctx: np.ndarray) -> np.ndarray:
     return diff & real
 
 
-def chunk_bounds(sorted_ctx: np.ndarray, level_len, max_cache_tokens: int) -> list[tuple[int, int]]:
+def chunk_bounds(sorted_ctx: np.ndarray, level_len, max_cache_tokens: int,
+                 n_devices: int = 1) -> list[tuple[int, int]]:
     """Cut the sorted contexts into runs whose every trie level fits
-    ``max_cache_tokens`` (nodes x level length; a level and its parent are alive
-    together, and the engine's budget counts each)."""
+    ``max_cache_tokens`` (the level buffer's rows, :func:`level_rows`, x level
+    length; a level and its parent are alive together, and the engine's budget
+    counts each)."""
     new = _new_nodes(sorted_ctx).astype(np.int64)
     cum = np.vstack([np.zeros((1, new.shape[1]), np.int64), np.cumsum(new, axis=0)])
     per = np.asarray(level_len[1:], np.int64)
@@ -119,7 +144,7 @@ def chunk_bounds(sorted_ctx: np.ndarray, level_len, max_cache_tokens: int) -> li
 
     def fits(s, e):  # contexts s..e-1: the first one creates every node of its own
         counts = cum[e] - cum[s] - new[s] + real[s]
-        return int((counts * per).max()) <= max_cache_tokens
+        return int((level_rows(counts, n_devices) * per).max()) <= max_cache_tokens
 
     while s < M:
         lo, hi = s + 1, M  # the largest e with fits(s, e); one context always runs
@@ -135,7 +160,7 @@ def chunk_bounds(sorted_ctx: np.ndarray, level_len, max_cache_tokens: int) -> li
 
 
 def build_chunks(jobs, nr: int, seg_len: np.ndarray, n_bos: int, level_len,
-                 max_cache_tokens: int) -> list[Chunk]:
+                 max_cache_tokens: int, n_devices: int = 1) -> list[Chunk]:
     """The chunks of the union trie of ``jobs`` (each ``(contexts [M_j, i_j], pairs
     [N_j, 2])``). Output index of job j's pair r, label row t: ``offset_j + r * nr + t``
     with ``offset_j`` the rows of the jobs before it."""
@@ -158,7 +183,7 @@ def build_chunks(jobs, nr: int, seg_len: np.ndarray, n_bos: int, level_len,
     by_ctx = np.argsort(pos, kind="stable")
     pos, qrow, dest = pos[by_ctx], qrow[by_ctx], dest[by_ctx]
     chunks = []
-    for s, e in chunk_bounds(sorted_ctx, level_len, max_cache_tokens):
+    for s, e in chunk_bounds(sorted_ctx, level_len, max_cache_tokens, n_devices):
         part = sorted_ctx[s:e]
         new = _new_nodes(part)
         node_of = np.cumsum(new, axis=0) - 1  # [C, D]: node index at each depth
@@ -429,14 +454,20 @@ def schedule_geometry(jobs, *, seg_len, n_bos: int, qlen) -> tuple[int, int]:
 @dataclasses.dataclass
 class Schedule:
     """Every call of one engine call: ``shape``, per chunk its stages (packed), the
-    level lengths ``level_len`` (tokens per node at each depth, padded) and the
-    count of output rows ``n_out``."""
+    level lengths ``level_len`` (tokens per node at each depth, padded), the
+    count of output rows ``n_out`` and the devices the levels' rows are split over."""
 
     shape: PackShape
     level_len: tuple[int, ...]
     chunks: list[list[Stage]]
     trie: list[Chunk]
     n_out: int
+    n_devices: int = 1
+
+    def level_shape(self, chunk: int, d: int) -> tuple[int, int]:
+        """(rows, tokens per row) of the buffer of level ``d`` of ``chunk``: what the
+        engine allocates and the planner counts."""
+        return level_rows(self.trie[chunk].nodes(d), self.n_devices), self.level_len[d]
 
     def calls(self):
         """(chunk index, stage, first row) of every call, in order."""
@@ -452,22 +483,29 @@ class Schedule:
         return {self.shape.program}
 
 
+def segment_slot(seg_max: int) -> int:
+    """Tokens each level adds per node: the longest segment ``seg_max`` (BOS included)
+    rounded up to a power of two, at least :data:`MIN_CACHE`. A power of two, not a
+    multiple of 32, so that seeds of one dataset (whose longest demonstrations differ
+    by a few tokens) get the same level shapes, hence the same model-free programs."""
+    return max(MIN_CACHE, pow2_at_least(seg_max))
+
+
 def level_lengths(seg_max: int, depth: int) -> tuple[int, ...]:
-    """Tokens per node of each level, padded: level d holds its parent's row and one
-    segment slot of ``seg_max`` tokens, rounded up to a multiple of 32."""
-    lens = [0]
-    for _ in range(depth):
-        lens.append(round_up(lens[-1] + seg_max, 32))
-    return tuple(lens)
+    """Tokens per node of each level 0..depth, padded: level d holds its parent's row
+    and one slot of :func:`segment_slot` tokens, ``d x segment_slot(seg_max)``."""
+    s = segment_slot(seg_max)
+    return tuple(d * s for d in range(depth + 1))
 
 
 def build_schedule(jobs, *, shape: PackShape, nr: int, seg_len, n_bos: int, qlen, readouts,
-                   max_cache_tokens: int) -> Schedule:
+                   max_cache_tokens: int, n_devices: int = 1) -> Schedule:
     """The packed schedule of ``jobs`` in calls of ``shape`` (see the module docstring).
 
     seg_len ``[k]``: tokens of each demonstration's segment (no BOS); qlen ``[Rq]``:
     tokens of each query row; readouts ``[Rq]``: positions read out per query row;
-    ``max_cache_tokens``: tokens of one trie level. ``shape`` must hold the longest
+    ``max_cache_tokens``: tokens of one trie level (its buffer's rows split over
+    ``n_devices``, :func:`level_rows`). ``shape`` must hold the longest
     item (``W``) and the deepest level (``cache``): :func:`schedule_geometry`. Its
     ``R`` and ``C`` grow (powers of two) where a call needs more.
     """
@@ -480,7 +518,7 @@ def build_schedule(jobs, *, shape: PackShape, nr: int, seg_len, n_bos: int, qlen
         raise ValueError(f"a call of {shape} cannot hold an item of {longest} tokens and a "
                          f"cached context of {deepest}")
     slots = slot_lengths(level_len)
-    trie = build_chunks(jobs, nr, seg_len, n_bos, level_len, max_cache_tokens)
+    trie = build_chunks(jobs, nr, seg_len, n_bos, level_len, max_cache_tokens, n_devices)
     chunks = []
     for ch in trie:
         stages = []
@@ -501,4 +539,4 @@ def build_schedule(jobs, *, shape: PackShape, nr: int, seg_len, n_bos: int, qlen
                 C = max(C, int((sel & (st.kind == 0)).sum()))
     shape = dataclasses.replace(shape, R=pow2_at_least(R), C=pow2_at_least(C))
     n_out = sum(len(np.asarray(p).reshape(-1, 2)) for _, p in jobs) * nr
-    return Schedule(shape, level_len, chunks, trie, n_out)
+    return Schedule(shape, level_len, chunks, trie, n_out, n_devices)

@@ -63,10 +63,6 @@ READOUT_SPACING = 8
 
 
 # ------------------------------------------------------------------ query rows
-def round_up(x: int, m: int) -> int:
-    return -(-x // m) * m
-
-
 def query_rows(pieces: PromptPieces, mode: str, queries):
     """Per query (and label, in sequence mode): the tokens to run after the context,
     gather offsets (relative to the row start) and target tokens.
@@ -188,12 +184,13 @@ class Planned:
 
 
 def level_peak_tokens(sched) -> int:
-    """Most cached tokens alive at once: a level and its parent (the root: none)."""
+    """Most cached tokens alive at once: a level and its parent (the root: none), as
+    the engine allocates them (:meth:`sc_jax.scoring.packing.Schedule.level_shape`)."""
     best = 0
-    for ch in sched.trie:
+    for ci, ch in enumerate(sched.trie):
         for d in range(1, ch.depth + 1):
-            prev = ch.nodes(d - 1) * sched.level_len[d - 1] if d > 1 else 0
-            best = max(best, prev + ch.nodes(d) * sched.level_len[d])
+            prev = int(np.prod(sched.level_shape(ci, d - 1))) if d > 1 else 0
+            best = max(best, prev + int(np.prod(sched.level_shape(ci, d))))
     return best
 
 
@@ -346,7 +343,7 @@ def plan_schedule(config, dtype, pieces: PromptPieces, jobs, mode: str, *, budge
             and (fits is None or fits(prefer)):
         shape = prefer
     sched = build_schedule(jobs, shape=shape, nr=len(pieces.labels) if seq else 1,
-                           max_cache_tokens=cache, **inputs)
+                           max_cache_tokens=cache, n_devices=n_devices, **inputs)
     t = temp(sched.shape)
     levels = level_peak_tokens(sched) * kvb
     b = Budgets(int(budget_bytes), w, kvb, int(tokens), int(cache), t, w + levels + t, levels)
