@@ -314,9 +314,10 @@ def prepare(folder: Path, data_dir: str) -> None:
 
 def device_command(prep: str) -> str:
     """The one command a lent GPU machine runs, from the checkout's root, with ``prep``
-    (from :func:`prepare`) carried; what it writes lands in $OUT."""
+    (from :func:`prepare`) carried; what it writes lands in $OUT. ``pipefail``: the
+    command's status is gpu_check's (1 where a phase failed), not ``tee``'s."""
     p = shlex.quote(prep)
-    return (f"python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "
+    return (f"set -o pipefail; python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "
             f"{p}/wheels/*.whl && PYTHONPATH=/tmp/site:. SC_JAX_CACHE={p}/sc_jax_cache "
             f"PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py --data-dir {p}/datasets "
             f"--out $OUT/gpu_check.json 2>&1 | tee $OUT/gpu_check.log")

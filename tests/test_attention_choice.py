@@ -92,7 +92,7 @@ def test_layer_call_packs_items_after_their_slots(config):
 
 
 def test_choice_is_the_fastest_good_trial_and_is_kept(config, plant, monkeypatch, tmp_path):
-    monkeypatch.setattr(ac, "candidates", lambda platform, dtype: PLANTED + ("blocked", "dense"))
+    monkeypatch.setattr(ac, "candidates", lambda platform, dtype, devices=1: PLANTED + ("blocked", "dense"))
     name, trials, cached = ac.choose_attention(config, jnp.float32, SHAPE, platform="gpu",
                                                cache_dir=str(tmp_path), repeats=2)
     good = sorted((t for t in trials if t.ok), key=lambda t: t.seconds)
@@ -114,10 +114,33 @@ def test_choice_is_the_fastest_good_trial_and_is_kept(config, plant, monkeypatch
                             cache_dir=str(tmp_path))
 
 
+def test_a_kept_decision_is_checked_before_it_is_used(config, plant, tmp_path):
+    """A decision file edited by hand or written by another version (a trial without
+    its figures, a chosen name that did not pass) is timed again, not trusted."""
+    name, trials, _ = ac.choose_attention(config, jnp.float32, SHAPE, platform="gpu",
+                                          cache_dir=str(tmp_path), repeats=1)
+    path = tmp_path / ac.CHOICES_FILE
+    (key, record), = json.loads(path.read_text()).items()
+    assert ac._from_record(record) == (name, trials)
+    partial = dict(record, trials=[dict(t, tolerance=None) for t in record["trials"]])
+    failed = dict(record, chosen="cudnn")
+    for bad in (partial, failed, {"chosen": name}, [1, 2]):
+        assert ac._from_record(bad) is None
+    path.write_text(json.dumps({key: partial}))
+    again, _, cached = ac.choose_attention(config, jnp.float32, SHAPE, platform="gpu",
+                                           cache_dir=str(tmp_path), repeats=1)
+    assert not cached and again in ac.candidates("gpu", jnp.float32)
+    assert ac._from_record(json.loads(path.read_text())[key]) is not None  # written whole again
+    assert not list(tmp_path.glob(".attention*.tmp"))
+
+
 def test_cpu_keeps_blocked_without_timing(config, monkeypatch):
     monkeypatch.setattr(ac, "time_attention", lambda *a, **k: pytest.fail("timed on a CPU"))
     assert ac.choose_attention(config, jnp.float32, SHAPE, platform="cpu") == ("blocked", [], False)
     assert ac.fallbacks("dense", []) == [] and ac.fallbacks("cudnn", []) == ["blocked", "dense"]
+    # A Pallas call has no rule to be split over a mesh: timed on one device only.
+    assert "pallas" in ac.candidates("gpu", jnp.bfloat16)
+    assert "pallas" not in ac.candidates("gpu", jnp.bfloat16, devices=2)
 
 
 def test_engine_falls_back_when_the_chosen_attention_fails_at_run_time(plant, monkeypatch):

@@ -87,6 +87,7 @@ def test_attention_paths_agree_and_cudnn_falls_back(model, setup):
     assert np.abs(a - b).max() <= 1e-5
     pallas = ScoringEngine(model, attention="pallas", progress=False)  # interpreted on a CPU
     assert np.abs(pallas.score(pieces, ctx, pairs) - b).max() <= 1e-5
+    assert pallas.stats.attention == "pallas"  # not a silent fallback
     cudnn = ScoringEngine(model, attention="cudnn", progress=False)
     with pytest.warns(RuntimeWarning, match="'cudnn' does not compile or run here"):
         c = cudnn.score(pieces, ctx, pairs)

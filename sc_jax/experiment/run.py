@@ -170,8 +170,8 @@ def _seed_timing(name: str, k: int, seed: int, wall: float, st: EngineStats) -> 
     (everything else: prompts, the schedule, each call's arrays, the score cache and
     files), adding up to ``wall_s``; ``attention``, the packed calls' attention, and
     ``attention_trials``, the candidates timed to choose it (empty where nothing was
-    timed: a CPU, an attention asked for, or a decision read from the decision file,
-    ``attention_from_cache``)."""
+    timed: a CPU or an attention asked for; read back with the decision where that came
+    from the decision file, ``attention_from_cache``)."""
     return dict(dataset=name, shots=k, seed=seed, wall_s=wall, compile_s=st.compile_s,
                 programs=st.compiled, model_programs=st.model_compiled, cache_hits=st.cache_hits,
                 forward_s=st.forward_s, host_s=max(0.0, wall - st.compile_s - st.forward_s),

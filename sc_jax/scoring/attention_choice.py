@@ -21,7 +21,11 @@ about ``W / 8`` tokens packed end to end after them, each continuing one slot.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
+import functools
+import hashlib
 import json
 import logging
 import os
@@ -34,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sc_jax.models import attention as attn
+from sc_jax.models import pallas_attention
 from sc_jax.runtime import multihost
 from sc_jax.scoring.packing import PackShape
 
@@ -71,14 +76,16 @@ class Trial:
         return dataclasses.asdict(self)
 
 
-def candidates(platform: str, dtype) -> tuple[str, ...]:
-    """The implementations worth timing on a backend: on a GPU the Pallas kernel,
-    cuDNN's fused kernel (16-bit floats only), the block-sparse and the dense XLA
-    paths; on a TPU the XLA paths; on a CPU the block-sparse path alone."""
+def candidates(platform: str, dtype, devices: int = 1) -> tuple[str, ...]:
+    """The implementations worth timing on a backend: on a GPU the Pallas kernel (on one
+    device: XLA has no rule to split a Pallas call over a mesh, so it would gather the
+    whole batch onto every device), cuDNN's fused kernel (16-bit floats only), the
+    block-sparse and the dense XLA paths; on a TPU the XLA paths; on a CPU the
+    block-sparse path alone."""
     if platform == "cpu":
         return ("blocked",)
     names = []
-    if platform in ("gpu", "cuda") and "pallas" in attn.IMPLEMENTATIONS:
+    if platform in ("gpu", "cuda") and devices == 1 and "pallas" in attn.IMPLEMENTATIONS:
         names.append("pallas")
     if platform in ("gpu", "cuda") and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
         names.append("cudnn")
@@ -169,21 +176,35 @@ def time_attention(config, dtype, shape: PackShape, names, *, rows: int | None =
         except Exception as e:  # noqa: BLE001  (compiled, but fails when it runs)
             trials.append(Trial(name, compiled=True, error=error_line(e)))
             continue
+        if not np.isfinite(got).all():  # JSON has no infinity: no difference, an error
+            trials.append(Trial(name, True, True, statistics.median(times), None, tol,
+                                "the output is not finite"))
+            continue
         diff = float(np.abs(got[real] - want[real]).max()) if real.any() else 0.0
-        if not np.isfinite(got).all():
-            diff = float("inf")
         trials.append(Trial(name, True, True, statistics.median(times), diff, tol))
     return trials
 
 
 def decision_key(config, dtype, shape: PackShape, rows: int, platform: str) -> str:
-    """What a decision holds for: the device kind, jax's version, the dtype, the
+    """What a decision holds for: the device kind, jax's version and the attention code
+    (:func:`code_digest`: a changed kernel is timed and checked again), the dtype, the
     attention geometry (heads, key/value heads, head dim, windows) and the call shape."""
     kind = jax.devices()[0].device_kind
     wins = sorted({w for w in config.windows if w > 0})
-    return (f"{platform}|{kind}|jax {jax.__version__}|{jnp.dtype(dtype).name}|H{config.num_heads} "
+    return (f"{platform}|{kind}|jax {jax.__version__}|code {code_digest()}|"
+            f"{jnp.dtype(dtype).name}|H{config.num_heads} "
             f"K{config.num_kv_heads} Dh{config.head_dim} windows{wins}|rows {rows} W {shape.W} "
             f"cache {shape.cache}")
+
+
+@functools.cache
+def code_digest() -> str:
+    """The first 12 hex digits of the SHA-256 of the attention's source files."""
+    h = hashlib.sha256()
+    for module in (attn, pallas_attention):
+        with open(module.__file__, "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()[:12]
 
 
 def default_cache_dir() -> str | None:
@@ -201,63 +222,104 @@ def _read(path: str) -> dict:
         return {}
 
 
+@contextlib.contextmanager
+def _locked(path: str):
+    """An advisory ``flock`` on ``path + ".lock"``: processes sharing a cache folder add
+    their decisions one at a time, none lost (the kernel drops the lock of a process
+    that dies)."""
+    fd = os.open(path + ".lock", os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def _write(path: str, key: str, record: dict) -> None:
     """Add one decision to the file, atomically (a reader never sees half a file)."""
+    folder = os.path.dirname(path) or "."
+    tmp = None
     try:
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        data = _read(path)
-        data[key] = record
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".attention", suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1)
-        os.replace(tmp, path)
+        os.makedirs(folder, exist_ok=True)
+        with _locked(path):
+            data = _read(path)
+            data[key] = record
+            fd, tmp = tempfile.mkstemp(dir=folder, prefix=".attention", suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                json.dump(data, f, indent=1)
+            os.replace(tmp, path)
+            tmp = None
     except OSError as e:  # a read-only cache costs the next process a timing, not this run
         log.warning("could not keep the attention decision in %s (%s)", path, e)
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and np.isfinite(x)
 
 
 def _from_record(record) -> tuple[str, list[Trial]] | None:
+    """A kept decision, checked: its name an implementation, every trial whole (a
+    passing one with numeric seconds, difference and tolerance), the chosen one among
+    those that passed. None (time again) for anything else: a hand edit, a file of
+    another version."""
     try:
         trials = [Trial(**t) for t in record["trials"]]
         name = str(record["chosen"])
     except (KeyError, TypeError):
         return None
-    return (name, trials) if name in attn.IMPLEMENTATIONS else None
+    for t in trials:
+        if t.compiled and t.ran and t.error is None and not all(
+                _number(x) for x in (t.seconds, t.max_diff, t.tolerance)):
+            return None
+    if name not in attn.IMPLEMENTATIONS or name not in {t.name for t in trials if t.ok}:
+        return None
+    return name, trials
 
 
 def choose_attention(config, dtype, shape: PackShape, *, platform: str | None = None,
-                     rows: int | None = None, cache_dir: str | None = None,
+                     rows: int | None = None, devices: int = 1, cache_dir: str | None = None,
                      repeats: int = 5) -> tuple[str, list[Trial], bool]:
-    """The attention for calls of ``shape`` on this backend: ``(name, trials,
-    from_cache)``. On a CPU, ``"blocked"`` without timing (no trials). Elsewhere the
-    fastest :func:`candidates` trial that is :attr:`Trial.ok`, from the decision file
-    in ``cache_dir`` (default :func:`default_cache_dir`) if it holds this
-    :func:`decision_key`, else timed now and kept there. In a multi-process run every
-    process uses process 0's choice, so all compile the same program."""
+    """The attention for calls of ``shape`` on this backend, ``rows`` per device over
+    ``devices`` (the model's mesh): ``(name, trials, from_cache)``. On a CPU,
+    ``"blocked"`` without timing (no trials). Elsewhere the fastest :func:`candidates`
+    trial that is :attr:`Trial.ok`, from the decision file in ``cache_dir`` (default
+    :func:`default_cache_dir`) if it holds this :func:`decision_key`, else timed now
+    and kept there. In a multi-process run process 0 decides and every process uses
+    its choice (the others keep no trials), so all compile the same program; an error
+    there stops every process (:func:`sc_jax.runtime.multihost.on_writer`)."""
     platform = platform or jax.default_backend()
-    names = candidates(platform, dtype)
+    names = candidates(platform, dtype, devices)
     if platform == "cpu":
         return names[0], [], False
     rows = rows or shape.B
     cache_dir = cache_dir if cache_dir is not None else default_cache_dir()
-    key = decision_key(config, dtype, shape, rows, platform)
+    key = decision_key(config, dtype, shape, rows, platform) + f"|devices {devices}"
     path = os.path.join(cache_dir, CHOICES_FILE) if cache_dir else None
-    kept = _from_record(_read(path).get(key)) if path else None
-    if kept is not None:
-        name, trials = kept
-        from_cache = True
-    else:
+
+    def decide():
+        kept = _from_record(_read(path).get(key)) if path else None
+        if kept is not None:
+            return kept + (True,)
         trials = time_attention(config, dtype, shape, names, rows=rows, repeats=repeats)
         good = sorted((t for t in trials if t.ok), key=lambda t: t.seconds)
         if not good:
             raise RuntimeError("no packed attention compiled and ran on this device: " +
                                "; ".join(f"{t.name}: {t.error or t.max_diff}" for t in trials))
-        name, from_cache = good[0].name, False
-        if path and multihost.is_writer():
-            _write(path, key, {"chosen": name, "trials": [t.to_json() for t in trials]})
-    if multihost.is_multiprocess():
-        index = multihost.from_writer(np.asarray([attn.IMPLEMENTATIONS.index(name)], np.int32))
-        name = attn.IMPLEMENTATIONS[int(index[0])]
-    return name, trials, from_cache
+        if path:
+            _write(path, key, {"chosen": good[0].name, "trials": [t.to_json() for t in trials]})
+        return good[0].name, trials, False
+
+    decided = multihost.on_writer(decide)
+    if not multihost.is_multiprocess():
+        return decided
+    index = -1 if decided is None else attn.IMPLEMENTATIONS.index(decided[0])
+    index = multihost.from_writer(np.asarray([index], np.int32))
+    name = attn.IMPLEMENTATIONS[int(index[0])]
+    return decided if decided is not None else (name, [], False)
 
 
 def fallbacks(name: str, trials: list[Trial]) -> list[str]:
