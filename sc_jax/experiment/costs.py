@@ -25,6 +25,7 @@ from sc_jax.models import pallas_attention
 from sc_jax.models.model import Decoder, KVCache
 from sc_jax.runtime.sharding import kv_sharding, state_shardings
 from sc_jax.scoring import engine as scoring
+from sc_jax.scoring.attention_choice import layer_call
 from sc_jax.scoring.packing import CostModel, PackShape, Schedule, attention_reads, call_trips
 from sc_jax.scoring.schedule import (
     Planned,
@@ -362,35 +363,21 @@ def measured_attention(config, dtype, shape: PackShape, attention: str, *, platf
                        rows: int = 4, repeats: int = 5) -> float:
     """Seconds per scored (token, query head, key) of one layer's packed attention
     (:func:`sc_jax.models.attention.packed_attention`) on the default device, measured: a call
-    of ``min(rows, B)`` rows of the ``shape``'s W tokens after its ``cache`` keys, cut
-    into four slots three quarters full, items of 32 tokens; the median of ``repeats``
+    of ``min(rows, B)`` rows of the ``shape``'s W tokens after its ``cache`` keys, laid
+    out as the engine's attention choice times it
+    (:func:`sc_jax.scoring.attention_choice.layer_call`); the median of ``repeats``
     timings after a compile. What calibrates `plan`'s attention time to this backend
     (the dense path's float32 scores cost more than their bytes on a CPU)."""
     c = config
     B, W, C = min(rows, shape.B), shape.W, shape.cache
-    S = C // 4
-    col = np.arange(W)
-    slot = np.minimum(col * 4 // W, 3)
-    seg = col // 32
-    fill = (3 * S) // 4
-    pos = fill + col - np.searchsorted(slot, slot)  # each slot's items continue its prefix
-    cs = np.repeat(np.arange(4), S)
-    cpos = np.tile(np.arange(S), 4)
-    rep = lambda x, dt: jnp.asarray(np.broadcast_to(x, (B,) + x.shape), dt)  # noqa: E731
-    masks = attn.packed_masks(rep(pos, jnp.int32), jnp.ones((B, W), bool), rep(seg, jnp.int32),
-                         rep(slot, jnp.int32), rep(cpos, jnp.int32), rep(cpos < fill, bool),
-                         rep(cs, jnp.int32), windows=False, implementation=attention,
-                         platform=platform)
-    key = jax.random.PRNGKey(0)
-    q = jax.random.normal(key, (B, W, c.num_heads, c.head_dim), dtype)
-    k = jax.random.normal(key, (B, W, c.num_kv_heads, c.head_dim), dtype)
-    ck = jax.random.normal(key, (B, C, c.num_kv_heads, c.head_dim), dtype)
+    (q, k, v, ck, cv), meta = layer_call(config, dtype, shape, rows=B)
+    masks = attn.packed_masks(**meta, windows=False, implementation=attention, platform=platform)
     f = jax.jit(lambda *a: attn.packed_attention(*a, implementation=attention))
-    f(q, k, k, ck, ck, masks, 0).block_until_ready()
+    f(q, k, v, ck, cv, masks, 0).block_until_ready()
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
-        f(q, k, k, ck, ck, masks, 0).block_until_ready()
+        f(q, k, v, ck, cv, masks, 0).block_until_ready()
         times.append(time.perf_counter() - t)
     trips = masks.trips
     # The keys it scored, counted as replay() counts them: the traced trips of the CPU's
