@@ -1,9 +1,19 @@
-"""Decoder configuration: one frozen dataclass covers Llama-2, Mistral and Qwen2.
+"""Decoder configuration: one frozen dataclass covers Llama 2 and 3, Mistral, Qwen2,
+Qwen3 and Gemma 3 (text).
 
-The three architectures differ only in fields here (q/k/v biases, sliding window,
-rotary theta and scaling, tied embeddings), never in code. A config is built from a
-Hugging Face ``config.json`` with :meth:`ModelConfig.from_hf`, or from a preset with
-:func:`preset`.
+The families differ only in fields here (q/k/v biases, q/k norms, sandwich norms and
+their ``1 + w`` scale, the MLP's activation, scaled embeddings, the attention's scale,
+sliding windows and per-layer rotary bases, rotary scaling, tied embeddings), never in
+code. A config is built from a Hugging Face ``config.json`` with
+:meth:`ModelConfig.from_hf`, or from a preset with :func:`preset`. Whatever of a
+family's config the decoder does not compute (a rope type, soft-capping, experts) is
+refused there, naming the field.
+
+Adding a family: teach :func:`_supported_model_type` its ``model_type``, map its fields
+in :meth:`ModelConfig.from_hf`, its tensor names in
+:func:`sc_jax.models.checkpoint.key_map` (and GGUF's in :mod:`sc_jax.models.gguf`), then
+add a tiny random case to ``tests/hf_models.py``: ``tests/test_model.py``'s parity tests
+run every case against transformers.
 """
 
 from __future__ import annotations
@@ -16,7 +26,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+#: Activations of the gated MLP: ``act(x W_gate) * (x W_up)``.
+ACTIVATIONS = ("silu", "gelu_tanh")
+_HF_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 _SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -28,6 +41,22 @@ class ModelConfig:
     ``layer_windows`` holds, per layer, the sliding-window length (a key at position
     j is visible from a query at position i iff ``0 <= i - j < window``) or 0 for full
     causal attention.
+
+    The later families' fields (defaults: the Llama block):
+
+    * ``qk_norm``: RMSNorm over each head's ``head_dim`` of q and k, before the
+      rotation (Qwen3, Gemma 3);
+    * ``sandwich_norm``: norms after attention and after the MLP as well as before
+      (Gemma's ``post_attention_layernorm`` and ``post_feedforward_layernorm``);
+    * ``norm_offset``: every RMSNorm scales by ``norm_offset + w`` (Gemma stores
+      ``w`` around 0 and scales by ``1 + w``; 0 elsewhere);
+    * ``hidden_act``: the gated MLP's activation, one of :data:`ACTIVATIONS`;
+    * ``embed_scale``: embeddings multiplied by it (Gemma: ``sqrt(hidden_size)``);
+    * ``attn_scale``: the query-key scale (Gemma 3: ``query_pre_attn_scalar ** -0.5``),
+      None for ``head_dim ** -0.5``;
+    * ``local_rope_theta``: the rotary base of the sliding-window layers (Gemma 3's
+      local layers, unscaled), None for every layer on ``rope_theta`` and
+      ``rope_scaling``.
     """
 
     vocab_size: int
@@ -49,6 +78,13 @@ class ModelConfig:
     model_type: str = "llama"
     bos_token_id: int | None = None
     eos_token_id: int | None = None
+    qk_norm: bool = False
+    sandwich_norm: bool = False
+    norm_offset: float = 0.0
+    hidden_act: str = "silu"
+    embed_scale: float | None = None
+    attn_scale: float | None = None
+    local_rope_theta: float | None = None
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
@@ -68,6 +104,9 @@ class ModelConfig:
         if self.layer_windows is not None and len(self.layer_windows) != self.num_layers:
             raise ValueError(f"layer_windows has {len(self.layer_windows)} entries for "
                              f"{self.num_layers} layers")
+        if self.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"hidden_act {self.hidden_act!r} is not supported; supported: "
+                             f"{', '.join(ACTIVATIONS)}")
         if self.rope_scaling is not None:
             rtype = dict(self.rope_scaling).get("rope_type", "default")
             if rtype not in _SUPPORTED_ROPE_TYPES:
@@ -91,6 +130,12 @@ class ModelConfig:
         per_layer = d * hd * (h + 2 * kv) + h * hd * d + 3 * d * f + 2 * d
         if self.qkv_bias:
             per_layer += hd * (h + 2 * kv)
+        if self.o_bias:
+            per_layer += d
+        if self.qk_norm:
+            per_layer += 2 * hd
+        if self.sandwich_norm:
+            per_layer += 2 * d
         embed = self.vocab_size * d * (1 if self.tie_word_embeddings else 2)
         return per_layer * self.num_layers + embed + d
 
@@ -101,11 +146,16 @@ class ModelConfig:
 
         Raises ValueError, naming the field, for unsupported architectures or values.
         """
+        cfg = _text_config(cfg)
         mtype = _supported_model_type(cfg)
         heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
         head_dim = cfg.get("head_dim") or hidden // heads
-        theta, scaling = _rope_settings(cfg)
+        gemma = mtype == "gemma3_text"
+        if gemma:
+            theta, scaling, local_theta = _gemma3_rope(cfg)
+        else:
+            (theta, scaling), local_theta = _rope_settings(cfg), None
         if cfg.get("partial_rotary_factor", 1.0) != 1.0:
             raise ValueError("partial_rotary_factor != 1 is not supported")
 
@@ -113,6 +163,7 @@ class ModelConfig:
         windows = _layer_windows(cfg, mtype, n_layers)
         qkv_bias = mtype == "qwen2" or bool(cfg.get("attention_bias", False))
         o_bias = mtype != "qwen2" and bool(cfg.get("attention_bias", False))
+        qpas = cfg.get("query_pre_attn_scalar") if gemma else None
 
         return cls(
             vocab_size=int(cfg["vocab_size"]),
@@ -133,6 +184,13 @@ class ModelConfig:
             model_type=mtype,
             bos_token_id=_token_id(cfg.get("bos_token_id")),
             eos_token_id=_token_id(cfg.get("eos_token_id")),
+            qk_norm=mtype in ("qwen3", "gemma3_text"),
+            sandwich_norm=gemma,
+            norm_offset=1.0 if gemma else 0.0,
+            hidden_act=_HF_ACTIVATIONS[_activation(cfg)],
+            embed_scale=math.sqrt(hidden) if gemma else None,
+            attn_scale=float(qpas) ** -0.5 if qpas else None,
+            local_rope_theta=local_theta,
         )
 
     @classmethod
@@ -143,6 +201,41 @@ class ModelConfig:
         except json.JSONDecodeError as e:
             raise ValueError(f"{path} is not valid JSON: {e}") from e
         return cls.from_hf(cfg)
+
+
+def _text_config(cfg):
+    """A multimodal ``gemma3`` config's text tower (``text_config``); any other config
+    as it is."""
+    if isinstance(cfg, Mapping) and cfg.get("model_type") == "gemma3":
+        text = cfg.get("text_config")
+        if not isinstance(text, Mapping):
+            raise ValueError("a gemma3 config.json without a text_config: sc_jax runs the "
+                             "text tower of Gemma 3 only")
+        return {**text, "model_type": "gemma3_text", "_text_tower_of": "gemma3"}
+    return cfg
+
+
+# Fields whose non-default value asks for computation this decoder does not do:
+# (field, the value that is fine (also None, False or 0), what it is).
+_REFUSED_FIELDS = (
+    ("attn_logit_softcapping", None, "attention logit soft-capping"),
+    ("final_logit_softcapping", None, "final logit soft-capping"),
+    ("use_bidirectional_attention", False, "bidirectional attention"),
+    ("num_experts", None, "a mixture of experts"),
+    ("num_local_experts", None, "a mixture of experts"),
+    ("n_routed_experts", None, "a mixture of experts"),
+    ("mlp_bias", False, "MLP biases"),
+)
+
+
+def _activation(cfg: Mapping[str, Any]) -> str:
+    # Gemma names its activation hidden_activation; the others hidden_act.
+    key = "hidden_activation" if cfg.get("hidden_activation") is not None else "hidden_act"
+    act = cfg.get(key) or "silu"
+    if act not in _HF_ACTIVATIONS:
+        raise ValueError(f"{key} {act!r} is not supported (supported: "
+                         f"{', '.join(sorted(_HF_ACTIVATIONS))})")
+    return act
 
 
 def _supported_model_type(cfg) -> str:
@@ -161,11 +254,11 @@ def _supported_model_type(cfg) -> str:
     missing = [k for k in required if k not in cfg]
     if missing:
         raise ValueError(f"config.json lacks required field(s) {missing}")
-    act = cfg.get("hidden_act", "silu")
-    if act not in ("silu", "swish"):
-        raise ValueError(f"hidden_act {act!r} is not supported (only silu / SwiGLU)")
-    if cfg.get("mlp_bias"):
-        raise ValueError("mlp_bias=True is not supported")
+    for field, _, what in _REFUSED_FIELDS:
+        if cfg.get(field) not in (None, False, 0):
+            raise ValueError(f"config.json field {field}={cfg[field]!r} asks for {what}, "
+                             f"which sc_jax does not compute ({mtype} models without it load)")
+    _activation(cfg)
     return mtype
 
 
@@ -185,6 +278,31 @@ def _rope_settings(cfg: Mapping[str, Any]) -> tuple[float, dict[str, Any]]:
     return theta, scaling
 
 
+def _gemma3_rope(cfg: Mapping[str, Any]) -> tuple[float, dict[str, Any], float]:
+    """(global theta, global scaling, local theta) of a Gemma 3 config.
+
+    transformers 5 writes ``rope_parameters`` per layer type (``full_attention``,
+    ``sliding_attention``); 4.x wrote ``rope_theta``, ``rope_scaling`` (the global
+    layers') and ``rope_local_base_freq``.
+    """
+    rp = cfg.get("rope_parameters")
+    if isinstance(rp, Mapping) and ("full_attention" in rp or "sliding_attention" in rp):
+        full = dict(rp.get("full_attention") or {})
+        local = dict(rp.get("sliding_attention") or {})
+        theta, scaling = _rope_settings({"rope_parameters": full,
+                                         "rope_theta": cfg.get("rope_theta", 1000000.0)})
+        local_theta, local_scaling = _rope_settings(
+            {"rope_parameters": local, "rope_theta": cfg.get("rope_local_base_freq", 10000.0)})
+    else:
+        theta, scaling = _rope_settings({"rope_theta": cfg.get("rope_theta", 1000000.0),
+                                         "rope_scaling": cfg.get("rope_scaling")})
+        local_theta, local_scaling = float(cfg.get("rope_local_base_freq", 10000.0)), {}
+    if local_scaling:
+        raise ValueError(f"rope scaling {local_scaling.get('rope_type')!r} on the sliding-window "
+                         "layers is not supported (sc_jax scales the global layers' rotary only)")
+    return theta, scaling, local_theta
+
+
 def _token_id(v) -> int | None:
     """A special token id of ``config.json``: an int, a list (its first) or None."""
     if isinstance(v, list):
@@ -194,7 +312,15 @@ def _token_id(v) -> int | None:
 
 def _layer_windows(cfg: Mapping[str, Any], mtype: str, n_layers: int) -> tuple[int, ...] | None:
     sw = cfg.get("sliding_window")
-    if mtype == "qwen2":
+    if mtype == "gemma3_text":
+        types = cfg.get("layer_types")
+        if types is None:
+            # transformers 4.x: every pattern-th layer is global, the others slide.
+            pattern = int(cfg.get("sliding_window_pattern", cfg.get("_sliding_window_pattern", 6)))
+            types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+                     for i in range(n_layers)]
+        return _windows_of_types(types, sw, n_layers)
+    if mtype in ("qwen2", "qwen3"):
         if not cfg.get("use_sliding_window", False) or not sw:
             return None
         types = cfg.get("layer_types")
@@ -202,10 +328,25 @@ def _layer_windows(cfg: Mapping[str, Any], mtype: str, n_layers: int) -> tuple[i
             first = int(cfg.get("max_window_layers", n_layers))
             types = ["full_attention" if i < first else "sliding_attention"
                      for i in range(n_layers)]
-        return tuple(int(sw) if t == "sliding_attention" else 0 for t in types)
+        return _windows_of_types(types, sw, n_layers)
     if mtype == "mistral" and sw:
         return (int(sw),) * n_layers
     return None
+
+
+def _windows_of_types(types, sw, n_layers: int) -> tuple[int, ...] | None:
+    if len(types) != n_layers:
+        raise ValueError(f"config.json's layer_types has {len(types)} entries for "
+                         f"num_hidden_layers {n_layers}")
+    unknown = sorted({t for t in types} - {"full_attention", "sliding_attention"})
+    if unknown:
+        raise ValueError(f"config.json's layer_types holds {unknown}; sc_jax computes "
+                         "full_attention and sliding_attention layers")
+    if "sliding_attention" in types and not sw:
+        raise ValueError("config.json's layer_types has sliding_attention layers but no "
+                         "sliding_window")
+    wins = tuple(int(sw) if t == "sliding_attention" else 0 for t in types)
+    return wins if any(wins) else None
 
 
 # ------------------------------------------------------------------ presets
@@ -255,6 +396,71 @@ _PRESETS: dict[str, dict[str, Any]] = {
                        num_key_value_heads=3, rms_norm_eps=1e-6, rope_theta=10000.0,
                        max_position_embeddings=512, tie_word_embeddings=True,
                        bos_token_id=1, eos_token_id=2),
+    # Tiny cases of the later families, odd sizes again (head_dim 16 with hidden 60 / 6
+    # heads: head_dim is not hidden / heads) and Gemma 3's interleaving: sliding
+    # windows of 8 on layers 0, 1, 3, a global layer 2, two rotary bases.
+    "tiny-llama3": dict(model_type="llama", vocab_size=613, hidden_size=70,
+                        intermediate_size=97, num_hidden_layers=3, num_attention_heads=7,
+                        num_key_value_heads=1, rms_norm_eps=1e-5,
+                        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0,
+                                         "factor": 8.0, "low_freq_factor": 1.0,
+                                         "high_freq_factor": 4.0,
+                                         "original_max_position_embeddings": 64},
+                        max_position_embeddings=512, bos_token_id=1, eos_token_id=2),
+    "tiny-qwen3": dict(model_type="qwen3", vocab_size=613, hidden_size=60,
+                       intermediate_size=83, num_hidden_layers=3, num_attention_heads=6,
+                       num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
+                       rope_theta=1000000.0, max_position_embeddings=512,
+                       tie_word_embeddings=True, bos_token_id=1, eos_token_id=2),
+    "tiny-gemma3": dict(model_type="gemma3_text", vocab_size=613, hidden_size=60,
+                        intermediate_size=83, num_hidden_layers=4, num_attention_heads=6,
+                        num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24,
+                        rms_norm_eps=1e-6, sliding_window=8,
+                        layer_types=["sliding_attention", "sliding_attention",
+                                     "full_attention", "sliding_attention"],
+                        rope_theta=1000000.0, rope_local_base_freq=10000.0,
+                        rope_scaling={"rope_type": "linear", "factor": 2.0},
+                        hidden_activation="gelu_pytorch_tanh", max_position_embeddings=512,
+                        tie_word_embeddings=True, bos_token_id=1, eos_token_id=2),
+    # The 2024-25 families' published configurations (text towers), for plans and
+    # throughput with random weights.
+    "llama-3.1-8b": dict(model_type="llama", vocab_size=128256, hidden_size=4096,
+                         intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                         num_key_value_heads=8, rms_norm_eps=1e-5,
+                         rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0,
+                                          "factor": 8.0, "low_freq_factor": 1.0,
+                                          "high_freq_factor": 4.0,
+                                          "original_max_position_embeddings": 8192},
+                         max_position_embeddings=131072, bos_token_id=128000,
+                         eos_token_id=128001),
+    "qwen3-8b": dict(model_type="qwen3", vocab_size=151936, hidden_size=4096,
+                     intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
+                     rope_theta=1000000.0, max_position_embeddings=40960,
+                     tie_word_embeddings=False, bos_token_id=151643, eos_token_id=151645),
+    "gemma-3-270m": dict(model_type="gemma3_text", vocab_size=262144, hidden_size=640,
+                         intermediate_size=2048, num_hidden_layers=18, num_attention_heads=4,
+                         num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=256,
+                         rms_norm_eps=1e-6, sliding_window=512, sliding_window_pattern=6,
+                         rope_theta=1000000.0, rope_local_base_freq=10000.0,
+                         hidden_activation="gelu_pytorch_tanh", max_position_embeddings=32768,
+                         tie_word_embeddings=True, bos_token_id=2, eos_token_id=1),
+    "gemma-3-4b": dict(model_type="gemma3_text", vocab_size=262208, hidden_size=2560,
+                       intermediate_size=10240, num_hidden_layers=34, num_attention_heads=8,
+                       num_key_value_heads=4, head_dim=256, query_pre_attn_scalar=256,
+                       rms_norm_eps=1e-6, sliding_window=1024, sliding_window_pattern=6,
+                       rope_theta=1000000.0, rope_local_base_freq=10000.0,
+                       rope_scaling={"rope_type": "linear", "factor": 8.0},
+                       hidden_activation="gelu_pytorch_tanh", max_position_embeddings=131072,
+                       tie_word_embeddings=True, bos_token_id=2, eos_token_id=1),
+    "gemma-3-12b": dict(model_type="gemma3_text", vocab_size=262208, hidden_size=3840,
+                        intermediate_size=15360, num_hidden_layers=48, num_attention_heads=16,
+                        num_key_value_heads=8, head_dim=256, query_pre_attn_scalar=256,
+                        rms_norm_eps=1e-6, sliding_window=1024, sliding_window_pattern=6,
+                        rope_theta=1000000.0, rope_local_base_freq=10000.0,
+                        rope_scaling={"rope_type": "linear", "factor": 8.0},
+                        hidden_activation="gelu_pytorch_tanh", max_position_embeddings=131072,
+                        tie_word_embeddings=True, bos_token_id=2, eos_token_id=1),
     # Dimensions that a model axis of 2, 4 or 8 divides (heads 8, key/value heads 4,
     # MLP 128, vocabulary 640): for tests of model-parallel sharding.
     "tiny-llama-8h": dict(model_type="llama", vocab_size=640, hidden_size=64,
@@ -269,6 +475,10 @@ _PRESETS: dict[str, dict[str, Any]] = {
 }
 
 PRESETS = tuple(_PRESETS)
+#: The transformers class of each model_type (``architectures`` of a preset's config).
+HF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                    "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                    "gemma3_text": "Gemma3ForCausalLM"}
 
 
 def preset_hf_config(name: str) -> dict[str, Any]:
@@ -276,8 +486,7 @@ def preset_hf_config(name: str) -> dict[str, Any]:
     if name not in _PRESETS:
         raise ValueError(f"unknown preset {name!r}; available: {', '.join(PRESETS)}")
     cfg = dict(_PRESETS[name])
-    arch = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-            "qwen2": "Qwen2ForCausalLM"}[cfg["model_type"]]
+    arch = HF_ARCHITECTURES[cfg["model_type"]]
     cfg.setdefault("architectures", [arch])
     return cfg
 
@@ -285,6 +494,18 @@ def preset_hf_config(name: str) -> dict[str, Any]:
 def preset(name: str) -> ModelConfig:
     """A :class:`ModelConfig` for a named preset (see :data:`PRESETS`)."""
     return ModelConfig.from_hf(preset_hf_config(name))
+
+
+def layer_inv_freq(config: ModelConfig):
+    """Rotary inverse frequencies of every layer ``[L, head_dim // 2]`` (float64 NumPy):
+    :func:`rope_inv_freq` on the global layers, and on the sliding-window layers too
+    unless ``local_rope_theta`` gives them their own (unscaled) base, as Gemma 3 does."""
+    glob = rope_inv_freq(config)
+    if config.local_rope_theta is None:
+        return np.broadcast_to(glob, (config.num_layers, glob.size)).copy()
+    d = config.head_dim
+    local = 1.0 / (config.local_rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+    return np.stack([local if w > 0 else glob for w in config.windows])
 
 
 def rope_inv_freq(config: ModelConfig):
