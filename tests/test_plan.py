@@ -31,7 +31,7 @@ import sc_jax
 from sc_jax import cli
 from sc_jax.models import loading
 from sc_jax.experiment import costs, plan
-from sc_jax.models.config import preset
+from sc_jax.models.config import ModelConfig, preset, preset_hf_config
 from sc_jax.scoring.enumeration import all_contexts, surrogate_pairs
 from sc_jax.experiment.config import RunConfig
 from sc_jax.scoring.schedule import MemoryPolicy, PlanError, weight_bytes
@@ -39,7 +39,9 @@ from sc_jax.models.loading import load_config_and_tokenizer
 from sc_jax.models.named_models import MODELS, ModelFetchError, cache_root, tokenizer_file
 from sc_jax.scoring.prompts import TEMPLATES, Template, build_pieces
 from sc_jax.scoring.engine import COMPILES, ScoringEngine
-from sc_jax.models.tokenizer import ByteTokenizer
+from sc_jax.models.tokenizer import ByteTokenizer, Tokenizer
+
+from hf_models import write_numpy_checkpoint, write_tokenizer
 
 GIB = 2 ** 30
 WORDS = "a gorgeous witty moving film the plot is a mess and jokes never land dull superb".split()
@@ -341,7 +343,9 @@ def test_plan_measures_the_byte_stand_ins_inflation(data_dir):
                       compile_time=False, peak_flops=1e12)
     assert q["tokenizer"] == f"real ({QWEN}'s tokenizer.json)" and "stand_in_inflation" not in q
     assert q["settings"][0]["flat_tokens"] * 1.5 < s["flat_tokens"]
-    assert f"\ntokenizer: real ({QWEN}'s tokenizer.json)\n" in plan.plan_table(q)
+    assert q["tokenizer_tokens"] == 151936 and q["embedding_rows"] == 152064
+    assert (f"\ntokenizer: real ({QWEN}'s tokenizer.json), 151,936 tokens for 152,064 embedding "
+            f"rows ({q['tokenizer_file']})\n") in plan.plan_table(q)
 
 
 def test_plan_says_when_the_inflation_is_not_measured(data_dir, monkeypatch):
@@ -402,3 +406,117 @@ def test_tokenizer_from_the_gguf_without_converting(tmp_path):
     text = "review: a gorgeous, witty film 你好\nsentiment: positive"
     assert ours.encode(text).ids == HFTokenizer.from_file(str(_qwen2_vocabulary())).encode(text).ids
     assert tokenizer_file(QWEN, tmp_path, fetch=False) == path
+
+
+# ------------------------------------------------------------------ random:PATH, the vocabulary check
+def _config_dir(path, name="tiny-qwen3", **fields):
+    """A directory with a preset's config.json (``fields`` over it) and the byte-level
+    BPE tokenizer.json of tests/hf_models.py (256 tokens), no weights."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps({**preset_hf_config(name), **fields}))
+    write_tokenizer(path)
+    return path
+
+
+def test_random_path_runs_the_directorys_config_with_its_tokenizer(tmp_path):
+    d = _config_dir(tmp_path / "q3")
+    m = sc_jax.load_model(f"random:{d}")
+    assert m.config == preset("tiny-qwen3") and m.source == f"random:{d}"
+    assert not isinstance(m.tokenizer, ByteTokenizer) and m.tokenizer.vocab_size == 256
+    out = m.last_logits([m.tokenizer.encode("review: fine\nsentiment:")])
+    assert out.shape == (1, 613) and np.isfinite(out).all()
+    # The identity follows the files' content and the seed, not the directory's name.
+    again = _config_dir(tmp_path / "elsewhere")
+    assert sc_jax.load_model(f"random:{again}").identity == m.identity
+    assert sc_jax.load_model(f"random:{d}", seed=1).identity != m.identity
+    wider = _config_dir(tmp_path / "wider", intermediate_size=84)
+    assert sc_jax.load_model(f"random:{wider}").identity != m.identity
+
+
+def test_random_path_never_reads_the_weights_a_directory_has(tmp_path):
+    d = write_numpy_checkpoint(tmp_path / "llama")
+    ids = [[5, 6, 7, 8]]
+    real, rand = sc_jax.load_model(d), sc_jax.load_model(f"random:{d}")
+    assert rand.source == f"random:{d}" and real.source == str(d)
+    assert np.abs(real.last_logits(ids) - rand.last_logits(ids)).max() > 1e-3
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing", "does not exist; random:PATH takes a directory holding config.json and tokenizer.json"),
+    ("no config", "has no config.json (the model's configuration); random:PATH needs"),
+    ("no tokenizer", "has no tokenizer.json (its fast tokenizer"),
+    ("gpt2", "unsupported model_type 'gpt2'"),
+    ("a name", "unknown preset 'gpt-5'; available: llama-2-7b"),
+])
+def test_random_path_errors_are_one_line(tmp_path, data_dir, capsys, case, message):
+    d = tmp_path / "m"
+    if case == "no config":
+        _config_dir(d)
+        (d / "config.json").unlink()
+    elif case == "no tokenizer":
+        _config_dir(d)
+        (d / "tokenizer.json").unlink()
+    elif case == "gpt2":
+        _config_dir(d, model_type="gpt2")
+    model = "random:gpt-5" if case == "a name" else f"random:{d}"
+    with pytest.raises((ValueError, FileNotFoundError)) as e:
+        sc_jax.load_model(model)
+    assert message in str(e.value)
+    rc = cli.main(["plan", "--model", model, "--dataset", "rotten_tomatoes", "--data-dir",
+                   str(data_dir), "--shots", "4", "--seeds", "1", "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_plan_of_a_random_path(tmp_path, data_dir, capsys):
+    # Byte-level tokens: a k = 4 prompt is longer than the preset's 512 positions.
+    d = _config_dir(tmp_path / "g3", "tiny-gemma3", max_position_embeddings=4096)
+    out = tmp_path / "p.json"
+    # Sequence mode: the byte-level labels share their first token (a space).
+    rc = cli.main(["plan", "--model", f"random:{d}", "--mode", "sequence", "--dataset", "rotten_tomatoes", "--data-dir",
+                   str(data_dir), "--shots", "4", "--seeds", "1", "--test-size", "16", "--m-cap", "2",
+                   "--max-size", "1", "--device-memory", "2GiB", "--no-xla", "--no-compile-time",
+                   "--peak-tflops", "1", "--bandwidth-gbs", "10", "--quiet", "--json", str(out)])
+    assert rc == 0
+    p = json.loads(out.read_text())
+    assert p["tokenizer"] == "the model's own" and p["tokenizer_file"] == str(d / "tokenizer.json")
+    assert (p["tokenizer_tokens"], p["embedding_rows"]) == (256, 613)
+    assert p["settings"][0]["unique_tokens"] > 0
+    assert f"\ntokenizer: the model's own, 256 tokens for 613 embedding rows ({d / 'tokenizer.json'})\n" \
+        in capsys.readouterr().out
+
+
+def test_a_tokenizer_larger_than_the_embedding_is_refused_before_the_weights(tmp_path, monkeypatch,
+                                                                            data_dir, capsys):
+    """A checkpoint (and a random:PATH) whose tokenizer has ids past its embedding's
+    rows: one line naming both sizes and both files, before any weight is read."""
+    d = write_numpy_checkpoint(tmp_path / "small", vocab_size=200)  # 256 tokens, 200 rows
+    monkeypatch.setattr(loading, "read_safetensors", lambda *a: pytest.fail("weights read"))
+    message = (f"{d / 'tokenizer.json'} has 256 tokens, more than the 200 embedding rows of "
+               f"{d / 'config.json'}: use the tokenizer that belongs to this model")
+    for source in (d, f"random:{d}"):
+        with pytest.raises(ValueError) as e:
+            sc_jax.load_model(source)
+        assert str(e.value) == message
+    rc = cli.main(["plan", "--model", str(d), "--dataset", "rotten_tomatoes", "--data-dir",
+                   str(data_dir), "--shots", "4", "--seeds", "1", "--quiet"])
+    assert rc == 2 and capsys.readouterr().err == f"error: {message}\n"
+    # As many tokens as rows is the usual case; fewer leaves padding rows.
+    for rows in (256, 300):
+        e = write_numpy_checkpoint(tmp_path / f"rows{rows}", vocab_size=rows)
+        assert loading.load_model_parts(str(e)).config.vocab_size == rows
+
+
+def test_special_tokens_past_the_embedding_are_tolerated(tmp_path, caplog):
+    """Gemma 3's tokenizer.json lists a special token past the text embedding's rows:
+    tolerated, with a warning; an ordinary token past them is not."""
+    config = ModelConfig.from_hf({**preset_hf_config("tiny-llama"), "vocab_size": 256})
+    write_tokenizer(tmp_path)
+    hf = HFTokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    hf.add_special_tokens(["<image_soft_token>"])
+    with caplog.at_level("WARNING", logger="sc_jax.models.loading"):
+        loading.check_vocabulary(config, Tokenizer(hf), tokenizer_file="t.json", config_file="c.json")
+    assert "1 special token(s) past the 256 embedding rows of c.json (<image_soft_token>)" in caplog.text
+    hf.add_tokens(["plain"])
+    with pytest.raises(ValueError, match="t.json has 258 tokens, more than the 256 embedding rows"):
+        loading.check_vocabulary(config, Tokenizer(hf), tokenizer_file="t.json", config_file="c.json")

