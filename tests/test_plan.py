@@ -146,6 +146,47 @@ def test_cost_model_counts_the_keys_the_device_scores(platform):
     assert blocked["attention_bytes"] < dense["attention_bytes"]
 
 
+def test_readout_cost_at_gemma_3s_262k_vocabulary():
+    """The readout of a call's R positions: first-token mode multiplies the label rows
+    alone, sequence mode the whole 262k-row table, with its float32 logits [R, V] twice
+    in the call's temporaries (logits, log-softmax). Gemma 3's head_dim (256, not
+    hidden / heads = 240) sizes the KV cache and the attention; its sliding windows
+    mask keys the engine still scores, so they leave the attention's cost as it is."""
+    import dataclasses
+
+    import jax.numpy as jnp
+
+    from sc_jax.scoring.schedule import kv_bytes_per_token, packed_temp_bytes
+
+    cfg = preset("gemma-3-12b")
+    L, H, K, D, V = cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.hidden_size, cfg.vocab_size
+    assert (V, cfg.head_dim, cfg.min_window) == (262208, 256, 1024) and D // H == 240
+    rng = np.random.default_rng(4)
+    texts = _reviews(rng, 12)
+    pieces = build_pieces(ByteTokenizer(V), Template("review:", "sentiment:", ("neg", "pos")),
+                          list(zip(texts[:4], [0, 1, 0, 1])), texts)
+    ctx = all_contexts(4, 2)
+    sched = MemoryPolicy(80 * GIB, enforced=True).plan(
+        cfg, jnp.bfloat16, pieces, [(ctx, surrogate_pairs(ctx, 4))], "first_token").schedule
+    sh = sched.shape
+    first = costs.replay(sched, cfg, itemsize=2)
+    seq = costs.replay(sched, cfg, itemsize=2, mode="sequence")
+    calls = first["calls"]
+    assert first["readout_flops"] == calls * 2 * sh.R * D * sh.labels
+    assert seq["readout_flops"] == calls * 2 * sh.R * D * V
+    assert seq["readout_bytes"] > calls * (V * D * 2 + sh.R * V * 4)  # the table, the logits
+    assert seq["dense_flops"] - first["dense_flops"] == pytest.approx(
+        seq["readout_flops"] - first["readout_flops"])
+    assert seq["flops"] == pytest.approx(seq["dense_flops"] + seq["attention_flops"])
+    temp = {mode: packed_temp_bytes(cfg, jnp.bfloat16, sh.B, sh.W, sh.cache, R=sh.R,
+                                    sequence=mode == "sequence") for mode in ("first", "sequence")}
+    assert temp["sequence"] - temp["first"] == 2 * sh.R * V * 4
+    assert kv_bytes_per_token(cfg, jnp.bfloat16) == 2 * L * K * 256 * 2 + 5
+    assert costs.CostModel.of(cfg, 2).key == 4 * L * H * 256
+    unwindowed = costs.replay(sched, dataclasses.replace(cfg, layer_windows=None), itemsize=2)
+    assert unwindowed["attention_flops"] == first["attention_flops"] > 0
+
+
 def test_context_that_cannot_fit_fails_before_compiling():
     model = sc_jax.load_model("random:tiny-llama", seed=1)
     rng = np.random.default_rng(1)
@@ -481,7 +522,9 @@ def test_plan_of_a_random_path(tmp_path, data_dir, capsys):
     p = json.loads(out.read_text())
     assert p["tokenizer"] == "the model's own" and p["tokenizer_file"] == str(d / "tokenizer.json")
     assert (p["tokenizer_tokens"], p["embedding_rows"]) == (256, 613)
-    assert p["settings"][0]["unique_tokens"] > 0
+    s = p["settings"][0]
+    # Sequence mode reads out against the whole vocabulary, in every call.
+    assert s["readout_flops"] == s["calls"] * 2 * s["shape"]["R"] * 60 * 613
     assert f"\ntokenizer: the model's own, 256 tokens for 613 embedding rows ({d / 'tokenizer.json'})\n" \
         in capsys.readouterr().out
 

@@ -44,14 +44,16 @@ def stage_name(depth: int) -> str:
 
 
 def replay(sched: Schedule, config, *, attention: str = "dense", platform: str = "default",
-           itemsize: int = 4) -> dict[str, Any]:
+           itemsize: int = 4, mode: str = "first_token") -> dict[str, Any]:
     """Every call of ``sched`` as the engine runs it, counted: ``calls``, ``rows``
     (rows holding at least one item), ``unique_tokens`` (the items' real tokens: each
     trie node's segment once per chunk, every query row), ``executed_tokens`` (calls
     x B x W), ``padding_tokens``, ``programs`` (distinct model programs: one), and
     what the calls cost (:class:`CostModel`, activations of ``itemsize`` bytes, the
     packed calls' ``attention`` with ``platform``'s blocks): ``dense_flops``,
-    ``dense_bytes``, ``attention_flops``, ``attention_bytes``, ``scored_keys`` (keys
+    ``dense_bytes`` (projections, MLP and the readout, of which ``readout_flops`` and
+    ``readout_bytes``: every call's ``R`` readouts against the label rows, or in
+    ``mode`` "sequence" the whole vocabulary), ``attention_flops``, ``attention_bytes``, ``scored_keys`` (keys
     scored per executed token, on average) and ``flops`` (their sum); per stage
     (:func:`stage_name`, in depth order) the same with ``segment_tokens`` /
     ``query_tokens`` (the unique tokens of each kind), the stage's slot length ``S``
@@ -73,13 +75,17 @@ def replay(sched: Schedule, config, *, attention: str = "dense", platform: str =
             "S": st.S, "m": st.m, "calls": 0, "rows": 0, "unique_tokens": 0, "segment_tokens": 0,
             "query_tokens": 0, "executed_tokens": 0, "padding_tokens": 0, "flops": 0.0,
             "dense_flops": 0.0, "dense_bytes": 0.0, "attention_flops": 0.0, "attention_bytes": 0.0,
-            "scored_keys": 0.0})
+            "readout_flops": 0.0, "readout_bytes": 0.0, "scored_keys": 0.0})
         if attention == "pallas" or (attention == "blocked" and platform == "cpu"):
             trips = call_trips(st, r0, sh.B, sh.W, sh.cache, bq, bk)
         else:  # the accelerator's blocked path visits every key block (static loops)
             trips = sh.cache + sh.W
         scored, reads = attention_reads(attention, W=sh.W, C=sh.cache, scored=trips, bq=bq, G=G)
         d_flops, d_bytes = cost.dense(sh.B, sh.W)
+        r_flops, r_bytes = cost.readout(sh.R, sh.labels, mode == "sequence")
+        d_flops, d_bytes = d_flops + r_flops, d_bytes + r_bytes
+        acc["readout_flops"] += r_flops
+        acc["readout_bytes"] += r_bytes
         a_flops, a_bytes = cost.attention(sh.B, sh.W, scored, reads, attention)
         acc["calls"] += 1
         acc["rows"] += min(sh.B, st.rows - r0)
@@ -99,7 +105,7 @@ def replay(sched: Schedule, config, *, attention: str = "dense", platform: str =
     stages = dict(sorted(stages.items(), key=lambda kv: int(kv[0][2:])))
     total = {key: sum(s[key] for s in stages.values()) for key in (
         "calls", "rows", "unique_tokens", "executed_tokens", "padding_tokens", "flops", "dense_flops",
-        "dense_bytes", "attention_flops", "attention_bytes")}
+        "dense_bytes", "attention_flops", "attention_bytes", "readout_flops", "readout_bytes")}
     total["scored_keys"] = sum(s["scored_keys"] * s["executed_tokens"] for s in stages.values()) \
         / max(total["executed_tokens"], 1)
     return dict(total, programs=len(sched.programs), attention=attention, stages=stages)

@@ -86,10 +86,11 @@ def _plan_setting(pl: _Planner, name: str, ds, k: int) -> dict[str, Any]:
     planned = pl.policy.plan(pl.config, pl.dtype, sj.pieces, jobs, pl.run.mode)
     sched, b = planned.schedule, planned.budgets
     r = replay(sched, pl.config, attention=pl.attention, platform=pl.policy.platform,
-               itemsize=jnp.dtype(pl.dtype).itemsize)
+               itemsize=jnp.dtype(pl.dtype).itemsize, mode=pl.run.mode)
     sh = sched.shape
     setting = {"attention": r["attention"], "scored_keys": r["scored_keys"],
-        **{key: r[key] for key in ("dense_flops", "dense_bytes", "attention_flops", "attention_bytes")},
+        **{key: r[key] for key in ("dense_flops", "dense_bytes", "attention_flops", "attention_bytes",
+                                   "readout_flops", "readout_bytes")},
         "dataset": name, "k": k, "pairs": int(sum(len(p) for _, p in jobs)),
         "job_pairs": {tag: len(p) for tag, (_, p) in sj.jobs.items()},
         "unique_tokens": r["unique_tokens"], "executed_tokens": r["executed_tokens"],
@@ -413,7 +414,7 @@ def plan_table(plan: dict[str, Any]) -> str:
              f"{plan['peak_flops'] / 1e12:.3g} TFLOP/s per device "
              f"({plan.get('peak_source', 'given')}), memory {plan['bandwidth'] / 1e9:,.0f} GB/s "
              f"({plan['bandwidth_source']}); {plan['attention_source']} "
-             "(dense s: projections and MLP; attention s: scores, softmax, values)",
+             "(dense s: projections, MLP and readout; attention s: scores, softmax, values)",
              _tokenizer_line(plan), "",
              "| dataset | k | pairs | unique tokens | executed tokens | padding tokens | executed/unique | "
              f"flat/unique | TFLOP | calls | call shape B x W | programs | compile s ({backend}) | "

@@ -341,7 +341,9 @@ class CostModel:
     key and layer) and moves, per (token, head, scored key), scores and probabilities: XLA's paths write the float32 scores, read them for the
     maximum and again for the exponentials, and write and read the probabilities in the
     value dtype (12 + 2 x itemsize bytes); cuDNN's fused kernel keeps them on chip and
-    reads only the mask's bias (itemsize bytes). Times follow from a :class:`Roofline`.
+    reads only the mask's bias (itemsize bytes). The readout (:meth:`readout`) is the
+    unembedding of the call's ``R`` readout positions, against the label rows or the
+    whole vocabulary. Times follow from a :class:`Roofline`.
     """
 
     token: float
@@ -352,6 +354,8 @@ class CostModel:
     itemsize: int = 4
     layers: int = 1
     heads: int = 1
+    hidden: int = 0
+    vocab: int = 0
 
     @classmethod
     def of(cls, config, itemsize: int = 4) -> CostModel:
@@ -364,11 +368,23 @@ class CostModel:
         return cls(token, 4.0 * c.num_layers * c.num_heads * c.head_dim,
                    weights=float((c.num_params() - embed) * e), act=float(act),
                    kv=2.0 * c.num_kv_heads * c.head_dim * e, itemsize=e, layers=c.num_layers,
-                   heads=c.num_heads)
+                   heads=c.num_heads, hidden=c.hidden_size, vocab=c.vocab_size)
 
     def dense(self, B: int, W: int) -> tuple[float, float]:
         """(FLOPs, bytes) of a call's dense work: projections, MLP, norms."""
         return B * W * self.token, self.weights + B * W * self.act
+
+    def readout(self, R: int, labels: int, sequence: bool) -> tuple[float, float]:
+        """(FLOPs, bytes) of a call's readout: ``R`` hidden states ``[R, D]`` against
+        the output embedding. First-token mode multiplies the ``labels`` rows of the
+        table alone (``[R, labels]`` float32 logits); sequence mode the whole table
+        ``[V, D]`` (read once per call), its float32 logits ``[R, V]`` written, then
+        read by the log-softmax's maximum and its sum, and its result written and read
+        by the gather of the targets."""
+        rows = self.vocab if sequence else labels
+        flops = 2.0 * R * self.hidden * rows
+        passes = 5 if sequence else 1
+        return flops, rows * self.hidden * self.itemsize + passes * R * rows * 4.0
 
     def attention(self, B: int, W: int, scored: float, reads: float, implementation: str) -> tuple[float, float]:
         """(FLOPs, bytes) of a call's attention: ``scored`` keys per token, ``reads`` key
