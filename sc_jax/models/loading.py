@@ -336,7 +336,7 @@ def locate(source, revision: str | None = None, *, weights: bool = True) -> Mode
         raise TypeError(f"source must be a path or a string, got {type(source).__name__}")
     source = str(source)
     if source.startswith("random:"):
-        _no_revision(source, revision, "a random model")
+        _no_revision(source, revision, "a random preset or directory")
         return _random_source(source)
     if source == "default" or source in MODELS:
         _no_revision(source, revision, "a named model")
