@@ -130,7 +130,9 @@ def stack() -> dict:
             "bytes_limit": stats.get("bytes_limit") if isinstance(stats, dict) else None}
 
 
-def attention(smoke: bool) -> dict:
+def attention(smoke: bool, model: str | None = None) -> dict:
+    """The candidates' trials at :data:`SHAPE` (:data:`SMOKE_SHAPE`), with ``model`` (a
+    preset's name) in place of the shape's model where given."""
     import jax
     import jax.numpy as jnp
 
@@ -138,7 +140,9 @@ def attention(smoke: bool) -> dict:
     from sc_jax.scoring.attention_choice import candidates, time_attention
     from sc_jax.scoring.packing import PackShape
 
-    s = SMOKE_SHAPE if smoke else SHAPE
+    s = dict(SMOKE_SHAPE if smoke else SHAPE)
+    if model:
+        s["model"] = model
     config = ModelConfig.from_hf(preset_hf_config(s["model"]))
     dtype = jnp.dtype(s["dtype"])
     backend = jax.default_backend()
@@ -151,7 +155,8 @@ def attention(smoke: bool) -> dict:
             "fastest": min(ok, key=lambda t: t.seconds).name if ok else None}
 
 
-CHILDREN = {"stack": lambda args: stack(), "attention": lambda args: attention(args.smoke)}
+CHILDREN = {"stack": lambda args: stack(),
+            "attention": lambda args: attention(args.smoke, args.attention_model)}
 
 
 # ---------------------------------------------------------------- the parent
@@ -335,6 +340,7 @@ def main(argv=None) -> int:
                     help="gather what a bare GPU machine lacks into DIR, print the device command, stop")
     ap.add_argument("--child", choices=tuple(CHILDREN), help=argparse.SUPPRESS)
     ap.add_argument("--child-out", help=argparse.SUPPRESS)
+    ap.add_argument("--attention-model", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         _results.write_json(args.child_out, CHILDREN[args.child](args))

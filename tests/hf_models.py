@@ -22,6 +22,23 @@ CASES = {
         "rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0})),
     "mistral_window": ("mistral", dict(sliding_window=5)),
     "qwen2": ("qwen2", dict(num_key_value_heads=3, tie_word_embeddings=True)),
+    # Llama 3.1 as published: untied, 3 of 6 heads per KV head, llama3 rope scaling.
+    "llama3": ("llama", dict(num_key_value_heads=3, rope_parameters={
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 32})),
+    # Qwen3: q/k norms, head_dim 16 with hidden 60 / 6 heads, no biases, untied.
+    "qwen3": ("qwen3", dict(head_dim=16, tie_word_embeddings=False)),
+    # Gemma 3 text: windows of 5 on layers 0, 1, 3 and a global layer 2, each kind with
+    # its rotary base (the global one linearly scaled), query_pre_attn_scalar 24 with
+    # head_dim 16, GELU-tanh, sandwich and q/k norms of 1 + w, sqrt(D) embeddings, tied.
+    "gemma3": ("gemma3_text", dict(
+        num_hidden_layers=4, head_dim=16, query_pre_attn_scalar=24, sliding_window=5,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention",
+                     "sliding_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "linear", "factor": 2.0,
+                                            "rope_theta": 1000000.0}},
+        hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True, pad_token_id=0)),
 }
 
 
@@ -48,6 +65,8 @@ def make_checkpoint(name: str, out: Path, *, seed: int = 0, max_shard_size=None)
         "llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
         "mistral": (tf.MistralConfig, tf.MistralForCausalLM),
         "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
+        "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM),
+        "gemma3_text": (tf.Gemma3TextConfig, tf.Gemma3ForCausalLM),
     }[arch]
     kw = dict(vocab_size=VOCAB, hidden_size=60, intermediate_size=37, num_hidden_layers=3,
               num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=256,

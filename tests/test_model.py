@@ -131,7 +131,8 @@ def test_cache_extend_equals_plain(checkpoints, name):
 @pytest.mark.parametrize("name,attention", [("llama_bias", "dense"), ("llama_bias", "blocked"),
                                             ("mistral_window", "dense"),
                                             ("mistral_window", "blocked"), ("qwen2", "blocked"),
-                                            ("mistral_window", "pallas")])
+                                            ("mistral_window", "pallas"), ("gemma3", "blocked"),
+                                            ("qwen3", "dense")])
 def test_packed_row_equals_plain(checkpoints, name, attention):
     """Packed rows (sc_jax.models.model.Packing): four segments end to end in one row, two
     after each of two cached prefixes laid side by side (slots, the shorter one

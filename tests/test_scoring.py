@@ -331,3 +331,31 @@ def test_parse_mesh_and_single_process_distributed(monkeypatch):
         initialize_distributed()
     with pytest.raises(ValueError, match="needs 16 devices"):
         make_mesh(2, model=8)
+
+
+@pytest.mark.parametrize("preset", ["tiny-qwen3", "tiny-gemma3"])
+def test_later_families_engine_equals_plain(preset):
+    """Qwen3 (q/k norms, head_dim 16 != hidden / heads) and Gemma 3 (windows of 8 on three
+    of four layers, two rotary bases, sandwich norms, scaled embeddings and queries):
+    the packed engine through each attention path equals the plain path, with prompts
+    longer than Gemma's window so cached keys leave it."""
+    model = sc_jax.load_model(f"random:{preset}", seed=5)
+    rng = np.random.default_rng(6)
+    k = 4
+    demos = list(zip(_texts(rng, k, 3, 7), rng.integers(0, 3, k).tolist()))
+    pieces = build_pieces(model.tokenizer, TEMPLATE, demos, [t for t, _ in demos])
+    ctx = all_contexts(k, 2)
+    pairs = surrogate_pairs(ctx, k)
+    sub = _subsample(pairs, 8, seed=1)
+    assert max(len(pieces.prompt(ctx[c], q)) for c, q in sub) > 8
+    plain = score_plain(model, pieces, ctx, sub)
+    # The scores must vary across prompts by far more than the tolerance, or a wrong
+    # mask could hide under it.
+    assert np.ptp(plain, axis=0).max() > 100 * TOL
+    lookup = {(int(c), int(q)): r for r, (c, q) in enumerate(pairs)}
+    rows = [lookup[(int(c), int(q))] for c, q in sub]
+    for attention in ("dense", "blocked", "pallas"):
+        eng = ScoringEngine(model, attention=attention, progress=False)
+        got = eng.score(pieces, ctx, pairs)
+        assert eng.stats.attention == attention
+        assert np.abs(got[rows] - plain).max() <= TOL, attention

@@ -18,12 +18,35 @@ import numpy as np
 from flax import nnx
 from safetensors import safe_open
 
-from sc_jax.models.config import ModelConfig, rope_inv_freq
+from sc_jax.models.config import ModelConfig, layer_inv_freq
 from sc_jax.models.model import LAYER_PARAMS, Decoder
 from sc_jax.runtime.multihost import put_global
 
 # Keys some checkpoints carry that hold no weights we need (recomputed buffers).
 _IGNORABLE_SUFFIXES = ("rotary_emb.inv_freq",)
+# A multimodal Gemma 3 checkpoint (Gemma3ForConditionalGeneration) holds the text tower
+# under these prefixes (transformers 5, then 4.x) beside the vision tower's tensors,
+# which the text tower does not read.
+_TEXT_TOWER_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
+                        ("language_model.lm_head.", "lm_head."))
+_VISION_PREFIXES = ("model.vision_tower.", "model.multi_modal_projector.", "vision_tower.",
+                    "multi_modal_projector.")
+
+
+def text_tower_names(keys: Iterable[str]) -> dict[str, str]:
+    """``{our HF name: the checkpoint's name}`` of a checkpoint's text tensors: a
+    multimodal Gemma 3 checkpoint's language-model tensors renamed to a text model's,
+    its vision tensors left out; any other checkpoint's keys unchanged."""
+    keys = list(keys)
+    if not any(k.startswith(p) for k in keys for p, _ in _TEXT_TOWER_PREFIXES):
+        return {k: k for k in keys}
+    out = {}
+    for k in keys:
+        if k.startswith(_VISION_PREFIXES):
+            continue
+        new = next((to + k[len(p):] for p, to in _TEXT_TOWER_PREFIXES if k.startswith(p)), k)
+        out[new] = k
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +88,17 @@ def key_map(config: ModelConfig) -> dict[str, KeyRule]:
     for i in range(c.num_layers):
         p = f"model.layers.{i}."
         m[p + "input_layernorm.weight"] = KeyRule("attn_norm", i, (D,), ident)
-        m[p + "post_attention_layernorm.weight"] = KeyRule("mlp_norm", i, (D,), ident)
+        if c.sandwich_norm:
+            # Gemma: post_attention_layernorm follows attention; the MLP's input norm
+            # is pre_feedforward_layernorm (in Llama's names it is post_attention's).
+            m[p + "post_attention_layernorm.weight"] = KeyRule("post_attn_norm", i, (D,), ident)
+            m[p + "pre_feedforward_layernorm.weight"] = KeyRule("mlp_norm", i, (D,), ident)
+            m[p + "post_feedforward_layernorm.weight"] = KeyRule("post_mlp_norm", i, (D,), ident)
+        else:
+            m[p + "post_attention_layernorm.weight"] = KeyRule("mlp_norm", i, (D,), ident)
+        if c.qk_norm:
+            m[p + "self_attn.q_norm.weight"] = KeyRule("q_norm", i, (Dh,), ident)
+            m[p + "self_attn.k_norm.weight"] = KeyRule("k_norm", i, (Dh,), ident)
         m[p + "self_attn.q_proj.weight"] = KeyRule("wq", i, (H * Dh, D), heads_in(H))
         m[p + "self_attn.k_proj.weight"] = KeyRule("wk", i, (K * Dh, D), heads_in(K))
         m[p + "self_attn.v_proj.weight"] = KeyRule("wv", i, (K * Dh, D), heads_in(K))
@@ -187,9 +220,11 @@ def read_safetensors(config: ModelConfig, files: list[Path]) -> dict[str, np.nda
                     raise ValueError(f"tensor {k} appears in both {where[k].name} and {f.name}")
                 where[k] = f
                 shapes[k] = tuple(h.get_slice(k).get_shape())
-        check_keys(config, shapes, source=str(files[0].parent))
+        names = text_tower_names(shapes)
+        check_keys(config, {ours: shapes[theirs] for ours, theirs in names.items()},
+                   source=str(files[0].parent))
         by_file = {f: h for f, h in zip(files, handles)}
-        return convert(config, lambda k: by_file[where[k]].get_tensor(k))
+        return convert(config, lambda k: by_file[where[names[k]]].get_tensor(names[k]))
     finally:
         handles.clear()
 
@@ -230,7 +265,7 @@ def decoder_from_arrays(config: ModelConfig, arrays: Mapping[str, np.ndarray], *
         var.set_value(put(arr, name))
         if consume:
             del arrays[name], arr  # host copy freed as soon as the device has it
-    consts = {"inv_freq": np.asarray(rope_inv_freq(config), np.float32),
+    consts = {"inv_freq": np.asarray(layer_inv_freq(config), np.float32),
               "windows": np.asarray(config.windows, np.int32)}
     for name, val in consts.items():
         getattr(model, name).set_value(jnp.asarray(val) if sharding is None else put_global(val, where(name, val.shape)))

@@ -34,7 +34,7 @@ import numpy as np
 from flax import nnx
 
 from sc_jax.models.attention import packed_attention, packed_masks
-from sc_jax.models.config import ModelConfig, rope_inv_freq
+from sc_jax.models.config import ModelConfig, layer_inv_freq
 
 # Finite, so a row with no visible key (a padded query) gives a uniform softmax
 # rather than NaN; its output is never read.
@@ -100,8 +100,8 @@ def _normal(rngs: nnx.Rngs, shape, dtype, std=0.02):
 
 # Stacked per-layer parameters, in checkpoint order; the biases exist only when the
 # config asks for them.
-LAYER_PARAMS = ("attn_norm", "wq", "wk", "wv", "bq", "bk", "bv", "wo", "bo", "mlp_norm",
-                "w_gate", "w_up", "w_down")
+LAYER_PARAMS = ("attn_norm", "wq", "wk", "wv", "bq", "bk", "bv", "q_norm", "k_norm", "wo", "bo",
+                "post_attn_norm", "mlp_norm", "w_gate", "w_up", "w_down", "post_mlp_norm")
 
 
 class Layers(nnx.Module):
@@ -111,7 +111,9 @@ class Layers(nnx.Module):
         c = config
         L, D, H, K, Dh, F = (c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads,
                              c.head_dim, c.intermediate_size)
-        self.attn_norm = nnx.Param(jnp.ones((L, D), dtype))
+        # A norm's scale is norm_offset + w: w starts where the scale is 1.
+        norm = lambda n: nnx.Param(jnp.full((L, n), 1.0 - c.norm_offset, dtype))  # noqa: E731
+        self.attn_norm = norm(D)
         self.wq = _normal(rngs, (L, D, H, Dh), dtype)
         self.wk = _normal(rngs, (L, D, K, Dh), dtype)
         self.wv = _normal(rngs, (L, D, K, Dh), dtype)
@@ -122,7 +124,11 @@ class Layers(nnx.Module):
             self.bv = _normal(rngs, (L, K, Dh), dtype)
         if c.o_bias:
             self.bo = _normal(rngs, (L, D), dtype)
-        self.mlp_norm = nnx.Param(jnp.ones((L, D), dtype))
+        if c.qk_norm:
+            self.q_norm, self.k_norm = norm(Dh), norm(Dh)
+        if c.sandwich_norm:
+            self.post_attn_norm, self.post_mlp_norm = norm(D), norm(D)
+        self.mlp_norm = norm(D)
         self.w_gate = _normal(rngs, (L, D, F), dtype)
         self.w_up = _normal(rngs, (L, D, F), dtype)
         self.w_down = _normal(rngs, (L, F, D), dtype)
@@ -138,23 +144,27 @@ class Decoder(nnx.Module):
         self.dtype = dtype
         self.embed = _normal(rngs, (config.vocab_size, config.hidden_size), dtype)
         self.layers = Layers(config, dtype=dtype, rngs=rngs)
-        self.final_norm = nnx.Param(jnp.ones((config.hidden_size,), dtype))
+        self.final_norm = nnx.Param(jnp.full((config.hidden_size,), 1.0 - config.norm_offset, dtype))
         if not config.tie_word_embeddings:
             self.lm_head = _normal(rngs, (config.vocab_size, config.hidden_size), dtype)
-        # Constants, not parameters: rotary inverse frequencies and per-layer windows.
-        self.inv_freq = nnx.Variable(jnp.asarray(rope_inv_freq(config), jnp.float32))
+        # Constants, not parameters: rotary inverse frequencies [L, Dh/2] (Gemma 3's
+        # local and global layers turn at different bases) and per-layer windows.
+        self.inv_freq = nnx.Variable(jnp.asarray(layer_inv_freq(config), jnp.float32))
         self.windows = nnx.Variable(jnp.asarray(config.windows, jnp.int32))
 
     # ------------------------------------------------------------------ blocks
     def _rms_norm(self, x, w):
-        # float32 statistics regardless of the activation dtype (parity, bf16 safety).
+        """RMSNorm over the last axis, scaled by ``norm_offset + w`` (Gemma's 1 + w)."""
+        # float32 statistics regardless of the activation dtype (parity, bf16 safety);
+        # the offset is added in float32 too, where 1 + w keeps w's small digits.
         xf = x.astype(jnp.float32)
         xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.config.rms_norm_eps)
-        return (xf * w.astype(jnp.float32)).astype(self.dtype)
+        return (xf * (self.config.norm_offset + w.astype(jnp.float32))).astype(self.dtype)
 
-    def _rope(self, x, positions):
-        """x: ``[B, T, N, Dh]``; positions: ``[B, T]``. Rotate-half layout."""
-        ang = positions.astype(jnp.float32)[..., None] * self.inv_freq[...]  # [B, T, Dh/2]
+    def _rope(self, x, positions, inv_freq):
+        """x: ``[B, T, N, Dh]``; positions: ``[B, T]``; inv_freq: ``[Dh/2]`` (this
+        layer's). Rotate-half layout."""
+        ang = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, Dh/2]
         cos = jnp.cos(ang)[:, :, None, :]
         sin = jnp.sin(ang)[:, :, None, :]
         xf = x.astype(jnp.float32)
@@ -226,6 +236,14 @@ class Decoder(nnx.Module):
         """
         c = self.config
         x = self.embed[...][tokens].astype(self.dtype)  # [B, T, D]
+        if c.embed_scale is not None:
+            # Gemma: sqrt(D), rounded to the activation dtype as transformers does.
+            x = x * jnp.asarray(c.embed_scale, self.dtype)
+        # Every attention implementation scales q k^T by Dh^-1/2; a config's own scale
+        # (Gemma 3's query_pre_attn_scalar^-1/2) is folded into q, once per layer.
+        q_mult = None if c.attn_scale is None else c.attn_scale * float(np.sqrt(c.head_dim))
+        act = jax.nn.silu if c.hidden_act == "silu" else (
+            lambda g: jax.nn.gelu(g, approximate=True))
         lp = {n: getattr(self.layers, n)[...] for n in LAYER_PARAMS if hasattr(self.layers, n)}
         masks = None
         if packing is not None:
@@ -241,7 +259,11 @@ class Decoder(nnx.Module):
             v = jnp.einsum("btd,dhk->bthk", h, w["wv"])
             if c.qkv_bias:
                 q, k, v = q + w["bq"], k + w["bk"], v + w["bv"]
-            q, k = self._rope(q, positions), self._rope(k, positions)
+            if c.qk_norm:  # per head, over Dh, before the rotation (Qwen3, Gemma 3)
+                q, k = self._rms_norm(q, w["q_norm"]), self._rms_norm(k, w["k_norm"])
+            q, k = self._rope(q, positions, xs["inv_freq"]), self._rope(k, positions, xs["inv_freq"])
+            if q_mult is not None and q_mult != 1.0:
+                q = (q.astype(jnp.float32) * q_mult).astype(q.dtype)
             if masks is not None:
                 a = packed_attention(q, k, v, xs["ck"], xs["cv"], masks, xs["window"],
                                      implementation=attention)
@@ -253,14 +275,19 @@ class Decoder(nnx.Module):
             o = jnp.einsum("bthk,hkd->btd", a, w["wo"])
             if c.o_bias:
                 o = o + w["bo"]
+            if c.sandwich_norm:
+                o = self._rms_norm(o, w["post_attn_norm"])
             x = x + o
             h = self._rms_norm(x, w["mlp_norm"])
             g = jnp.einsum("btd,df->btf", h, w["w_gate"])
             u = jnp.einsum("btd,df->btf", h, w["w_up"])
-            x = x + jnp.einsum("btf,fd->btd", jax.nn.silu(g) * u, w["w_down"])
+            m = jnp.einsum("btf,fd->btd", act(g) * u, w["w_down"])
+            if c.sandwich_norm:
+                m = self._rms_norm(m, w["post_mlp_norm"])
+            x = x + m
             return x, (k, v)
 
-        xs = {"w": lp, "window": self.windows[...]}
+        xs = {"w": lp, "window": self.windows[...], "inv_freq": self.inv_freq[...]}
         if cache is not None:
             xs["ck"], xs["cv"] = cache.k, cache.v
         with jax.named_scope("blocks"):

@@ -60,7 +60,11 @@ PARAM_AXES: dict[str, tuple[str | None, ...]] = {
     "w_gate": ("layers", "embed", "mlp"),
     "w_up": ("layers", "embed", "mlp"),
     "w_down": ("layers", "mlp", "embed"),
-    "inv_freq": ("head_dim",),
+    "q_norm": ("layers", "head_dim"),
+    "k_norm": ("layers", "head_dim"),
+    "post_attn_norm": ("layers", "embed"),
+    "post_mlp_norm": ("layers", "embed"),
+    "inv_freq": ("layers", "head_dim"),
     "windows": ("layers",),
 }
 
