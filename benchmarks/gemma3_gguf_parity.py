@@ -26,6 +26,7 @@ import transformers  # noqa: E402
 
 import sc_jax  # noqa: E402
 from sc_jax.models import named_models  # noqa: E402
+from sc_jax.scoring.prompts import tokenizer_adds_bos  # noqa: E402
 
 PROMPTS = [
     "Hi",
@@ -42,7 +43,9 @@ def main() -> None:
     torch.set_num_threads(os.cpu_count() or 1)
     start = time.perf_counter()
     ours = sc_jax.load_model(str(path))
-    ids = [ours.tokenizer.encode(p) for p in PROMPTS]
+    # BOS first, as the engine's prompts start (the file says add_bos_token).
+    assert tokenizer_adds_bos(ours.tokenizer)
+    ids = [[ours.tokenizer.bos_token_id, *ours.tokenizer.encode(p)] for p in PROMPTS]
     got = ours.last_logits(ids)
     print(f"ours: {time.perf_counter() - start:.1f} s (load, convert, run)")
     start = time.perf_counter()

@@ -24,8 +24,12 @@ transformers reading the same .gguf (PyTorch, float32):
 (d) the tokenizer, token for token on texts with leading spaces, whitespace runs,
     digits, newlines, special tokens and the datasets' label words; BOS `<bos>` (id 2)
     first;
-(e) last-position logits of our Flax decoder on a few prompts: max |diff| <= 5e-4
-    (18 layers, logits up to ~40 in magnitude; as for the other two real models).
+(e) last-position logits of our Flax decoder, loaded by name ("gemma3-270m": four
+    sha256-checked part wheels, joined, converted once), on BOS-first prompts: max |diff|
+    <= 5e-4 (as for the other two real models; 18 layers, logits up to ~30), argmax
+    equal. Measured 2.7e-5 here, 4.4e-5 over benchmarks/gemma3_gguf_parity.py's five
+    prompts (2 CPU threads). transformers' GGUF loader leaves query_pre_attn_scalar at
+    256 whatever the file; right for this model (head_dim 256), not for 27B (168).
 """
 
 from __future__ import annotations
@@ -302,3 +306,75 @@ def test_gemma3_tiny_matches_transformers(tmp_path):
         with torch.no_grad():
             want = ref(torch.tensor([seq])).logits[0, -1].numpy()
         np.testing.assert_allclose(row, want, atol=2e-5 * np.abs(want).max())
+
+
+# --------------------------------------------------------------------------- (c)-(e) the real file
+
+needs_gemma3 = pytest.mark.skipif(
+    os.environ.get("SC_JAX_TEST_GEMMA3") != "1",
+    reason="the real Gemma 3 270M: set SC_JAX_TEST_GEMMA3=1 (downloads 238 MB once; about 95 s "
+           "on 2 cores)")
+GEMMA3 = "gemma3-270m"
+REAL_TOL = 5e-4
+REAL_PROMPTS = [
+    "Hi",
+    "Review: a gripping, beautifully shot film\nSentiment: positive\n\n"
+    "Review: two hours I will never get back\nSentiment:",
+    "Question: What is the population of Tokyo?\nAnswer type:",
+]
+REAL_TEXTS = GEMMA_TEXTS + LLAMA3_TEXTS + [
+    "Hello world", "  two spaces", "\tTab", "digits 12345 and 3.14 and 1,000,000",
+    "line\nbreak\n\nend\n", "negative", "positive", " negative", " positive", "World", "Sports",
+    "Business", "Sci/Tech", "entailment", "contradiction", "neutral", "<start_of_turn>user\nhi<end_of_turn>",
+]
+
+
+@pytest.fixture(scope="module")
+def gemma_gguf():
+    from sc_jax.models import named_models
+
+    return named_models.gguf_path(GEMMA3)
+
+
+@pytest.fixture(scope="module")
+def gemma_hf(gemma_gguf):
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        gemma_gguf.parent, gguf_file=gemma_gguf.name, dtype=torch.float32)
+    return model.eval()
+
+
+@needs_gemma3
+@needs_torch
+def test_gemma3_270m_matches_transformers(gemma_gguf, gemma_hf):
+    """Tensors bit for bit, config, tokens, and our decoder's last-position logits."""
+    import sc_jax
+    from sc_jax.models.named_models import MODELS
+
+    assert "ai.google.dev/gemma/terms" in MODELS[GEMMA3].title
+    ck = read_gguf(gemma_gguf)
+    types = {gguf.GGMLQuantizationType(t.tensor_type).name for t in gguf.GGUFReader(gemma_gguf).tensors}
+    assert types == {"F32", "Q5_0", "Q8_0", "Q4_K", "Q6_K"}  # all of them transformers reads
+    state = {k: v.numpy() for k, v in gemma_hf.state_dict().items() if k != "lm_head.weight"}
+    assert set(state) == set(ck.tensors)
+    for name, w in state.items():
+        assert np.array_equal(ck.tensors[name], w), name
+    rc = gemma_hf.config
+    assert rc.layer_types == ck.config["layer_types"]
+    assert rc.query_pre_attn_scalar == ck.config["query_pre_attn_scalar"] == 256
+
+    ref_tok = transformers.AutoTokenizer.from_pretrained(gemma_gguf.parent, gguf_file=gemma_gguf.name)
+    for text in REAL_TEXTS:
+        assert ck.tokenizer.encode(text).ids == ref_tok(text).input_ids, text
+    assert ck.tokenizer.encode("Hello world").ids == [2, 9259, 1902]
+
+    ours = sc_jax.load_model(GEMMA3)
+    ids = [[2, *ours.tokenizer.encode(p)] for p in REAL_PROMPTS]
+    got = ours.last_logits(ids)
+    worst = 0.0
+    for prompt, seq, row in zip(REAL_PROMPTS, ids, got):
+        with torch.no_grad():
+            want = gemma_hf(torch.tensor([seq])).logits[0, -1].numpy()
+        assert np.argmax(row) == np.argmax(want), prompt
+        worst = max(worst, float(np.abs(row - want).max()))
+    print(f"gemma3-270m vs transformers: max |logit diff| = {worst:.2e}")
+    assert worst <= REAL_TOL
