@@ -747,7 +747,7 @@ def _build_tokenizer(meta: _Metadata, arch: str) -> tuple[tokenizers.Tokenizer, 
 
 
 def read_gguf(path: str | os.PathLike) -> GGUFCheckpoint:
-    """Reads a llama or qwen2 .gguf file into HF config, float32 weights and tokenizer.
+    """Reads a llama, qwen2 or gemma3 .gguf file into HF config, float32 weights and tokenizer.
 
     All validation (file integrity, architecture, features, tensor names and shapes,
     quantisation types, tokenizer metadata) happens before the first weight is
@@ -755,7 +755,8 @@ def read_gguf(path: str | os.PathLike) -> GGUFCheckpoint:
 
     Args:
       path: a single-file GGUF v2/v3 checkpoint with `general.architecture` "llama" or
-        "qwen2" and a byte-level BPE (`gpt2`) tokenizer.
+        "qwen2" and a byte-level BPE (`gpt2`) tokenizer, or "gemma3" (either tokenizer;
+        Gemma's own is SentencePiece).
     Returns:
       A `GGUFCheckpoint`; see its docstring for names, shapes and layouts.
     Raises:
