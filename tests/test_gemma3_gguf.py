@@ -10,6 +10,13 @@ Cheap, on tiny files written here with gguf's `GGUFWriter`:
     tokenizer.json do); transformers' GGUF path applies the merges and can stop short
     of it. The vocabulary here has `Ġthe` but no merge reaching it, so exactly the
     strings holding " the" differ.
+(a') Llama 3.1 / 3.2 rope scaling: llama.cpp's converter writes HF's
+    `rope_scaling` {"rope_type": "llama3", ...} as the tensor `rope_freqs.weight`
+    (one divisor per rotary frequency; restated here from convert_hf_to_gguf.py). The
+    reader gives back the setting, not the tensor, and the .gguf computes the logits of
+    the same weights as an HF directory with that setting (our decoder both ways,
+    transformers on the directory). transformers' own GGUF loader drops the tensor and
+    keeps the rotary unscaled. Divisors of no known setting are refused.
 (b) gemma3: HF-layout tensors written the way llama.cpp's converter writes them (norm
     weights + 1, q/k rows unpermuted) come back bit for bit; the config follows
     llama.cpp's hard-coded Gemma 3 hyperparameters (every 6th layer global, local rotary
@@ -34,6 +41,8 @@ transformers reading the same .gguf (PyTorch, float32):
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 
 import numpy as np
@@ -48,7 +57,9 @@ from test_gguf import _tiny_hf_tensors, _to_gguf_names, needs_torch, torch  # no
 from transformers.convert_slow_tokenizer import bytes_to_unicode  # noqa: E402
 from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer  # noqa: E402
 
-from sc_jax.models.gguf import GGUFError, read_gguf  # noqa: E402
+from safetensors import safe_open  # noqa: E402
+
+from sc_jax.models.gguf import GGUFError, read_gguf, write_hf_dir  # noqa: E402
 
 TINY = dict(hidden=32, heads=4, kv_heads=2, head_dim=8, ff=64, layers=2)
 
@@ -66,10 +77,12 @@ def _llama3_vocab():
     return tokens, merges, types
 
 
-def _write_tiny_llama3(path, *, add_bos=None):
+def _write_tiny_llama3(path, *, add_bos=None, extra_kv=(), rope_freqs=None):
     tokens, merges, types = _llama3_vocab()
     hf = _tiny_hf_tensors(len(tokens))
     w = gguf.GGUFWriter(str(path), "llama")
+    for add in extra_kv:
+        add(w)
     for key, value in (("block_count", TINY["layers"]), ("context_length", 128),
                        ("embedding_length", TINY["hidden"]), ("feed_forward_length", TINY["ff"]),
                        ("attention.head_count", TINY["heads"]),
@@ -86,6 +99,8 @@ def _write_tiny_llama3(path, *, add_bos=None):
     w.add_eos_token_id(1)
     if add_bos is not None:
         w.add_add_bos_token(add_bos)
+    if rope_freqs is not None:
+        w.add_tensor("rope_freqs.weight", np.asarray(rope_freqs, np.float32))  # first, as llama.cpp
     for name, t in _to_gguf_names(hf).items():
         w.add_tensor(name, t)
     w.write_header_to_file()
@@ -138,6 +153,134 @@ def test_llama3_round_trip(tmp_path):
     assert set(ck.tensors) == set(hf)
     for name, w in hf.items():
         assert np.array_equal(ck.tensors[name], w), name
+
+
+# --------------------------------------------------------------------------- Llama 3.1/3.2 rope_freqs
+
+LLAMA31_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192}
+LLAMA32_ROPE = LLAMA31_ROPE | {"factor": 32.0}
+
+
+def _llama_cpp_rope_freqs(scaling, theta=500000.0, dim=TINY["head_dim"]):
+    """convert_hf_to_gguf.py's LlamaModel.generate_extra_tensors restated (float32
+    frequencies as torch computes them there; a divisor of each)."""
+    freqs = np.float32(1.0) / np.float32(theta) ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim))
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old = scaling["original_max_position_embeddings"]
+    out = []
+    for freq in freqs:
+        wavelen = 2 * np.pi / float(freq)
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, np.float32)
+
+
+def test_llama3_rope_freqs_divisors():
+    """The tiny head (8 dims, theta 500000) has all three bands: 1, smoothed, factor."""
+    assert np.allclose(_llama_cpp_rope_freqs(LLAMA31_ROPE), [1, 1, 2.6945, 8], rtol=1e-4)
+    assert np.allclose(_llama_cpp_rope_freqs(LLAMA32_ROPE), [1, 1, 3.2923, 32], rtol=1e-4)
+
+
+@pytest.mark.parametrize("scaling", [LLAMA31_ROPE, LLAMA32_ROPE], ids=["3.1", "3.2"])
+def test_llama3_rope_freqs_become_rope_scaling(tmp_path, scaling):
+    """llama.cpp's divisors are read back as the HF setting; the tensor is no HF weight."""
+    hf, *_ = _write_tiny_llama3(tmp_path / "r.gguf", rope_freqs=_llama_cpp_rope_freqs(scaling))
+    ck = read_gguf(tmp_path / "r.gguf")
+    assert ck.config["rope_scaling"] == scaling
+    assert set(ck.tensors) == set(hf)
+    out = write_hf_dir(ck, tmp_path / "dir")
+    assert json.loads((out / "config.json").read_text())["rope_scaling"] == scaling
+    with safe_open(out / "model.safetensors", "np") as f:
+        assert "rope_freqs.weight" not in f.keys() and set(f.keys()) == set(hf)
+
+
+def test_llama3_rope_freqs_stated_in_metadata(tmp_path):
+    """A factor and original context the file states (with scaling type none, so llama.cpp
+    applies no linear scaling besides) are tried first."""
+    mine = LLAMA31_ROPE | {"factor": 16.0, "original_max_position_embeddings": 4096}
+    _write_tiny_llama3(tmp_path / "m.gguf", rope_freqs=_llama_cpp_rope_freqs(mine), extra_kv=(
+        lambda w: w.add_rope_scaling_type(gguf.RopeScalingType.NONE),
+        lambda w: w.add_rope_scaling_factor(16.0),
+        lambda w: w.add_rope_scaling_orig_ctx_len(4096)))
+    assert read_gguf(tmp_path / "m.gguf").config["rope_scaling"] == mine
+
+
+def test_rope_scaling_factor_without_type_is_linear(tmp_path):
+    """llama.cpp's reading: a stated factor with no scaling type is linear (its default
+    type), a factor of 1 no scaling."""
+    _write_tiny_llama3(tmp_path / "f.gguf", extra_kv=(lambda w: w.add_rope_scaling_factor(4.0),))
+    assert read_gguf(tmp_path / "f.gguf").config["rope_scaling"] == {"rope_type": "linear", "factor": 4.0}
+    _write_tiny_llama3(tmp_path / "one.gguf", extra_kv=(lambda w: w.add_rope_scaling_factor(1.0),))
+    assert read_gguf(tmp_path / "one.gguf").config["rope_scaling"] is None
+
+
+@needs_torch
+def test_llama3_rope_freqs_logits(tmp_path):
+    """The .gguf with Llama 3.1's rope_freqs computes what the same weights do as an HF
+    directory with Llama 3.1's rope_scaling: our decoder both ways, and transformers on
+    the directory. transformers' GGUF loader drops rope_freqs.weight and leaves the
+    rotary unscaled, so it computes the plain rotation instead."""
+    import sc_jax
+
+    _write_tiny_llama3(tmp_path / "plain.gguf")
+    _write_tiny_llama3(tmp_path / "r.gguf", rope_freqs=_llama_cpp_rope_freqs(LLAMA31_ROPE))
+    plain = read_gguf(tmp_path / "plain.gguf")
+    # The same weights with HF's statement of the scaling, not through rope_freqs.
+    hf_dir = write_hf_dir(dataclasses.replace(plain, config=plain.config | {"rope_scaling": LLAMA31_ROPE}),
+                          tmp_path / "hf")
+    # Long enough that the scaled frequencies turn far from the plain ones (0.14 rad apart
+    # at the last position of the smoothed one).
+    rng = np.random.default_rng(0)
+    ids = [rng.integers(2, 263, 100).tolist(), rng.integers(2, 263, 37).tolist()]
+    ours = sc_jax.load_model(str(tmp_path / "r.gguf")).last_logits(ids)
+    from_dir = sc_jax.load_model(str(hf_dir)).last_logits(ids)
+    unscaled = sc_jax.load_model(str(tmp_path / "plain.gguf")).last_logits(ids)
+    np.testing.assert_allclose(ours, from_dir, rtol=1e-5, atol=1e-5 * np.abs(from_dir).max())
+    assert np.abs(ours - unscaled).max() > 1e-2 * np.abs(unscaled).max()
+
+    ref = transformers.AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
+    theirs_gguf = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path, gguf_file="r.gguf", dtype=torch.float32).eval()
+    assert theirs_gguf.config.rope_parameters.get("rope_type", "default") == "default"
+    for seq, row, plain_row in zip(ids, ours, unscaled):
+        with torch.no_grad():
+            want = ref(torch.tensor([seq])).logits[0, -1].numpy()
+            gguf_row = theirs_gguf(torch.tensor([seq])).logits[0, -1].numpy()
+        np.testing.assert_allclose(row, want, atol=2e-5 * np.abs(want).max())
+        np.testing.assert_allclose(plain_row, gguf_row, atol=2e-5 * np.abs(gguf_row).max())
+
+
+def test_llama3_rope_freqs_refused(tmp_path, monkeypatch):
+    """Divisors of no known setting, a misshapen tensor, and linear scaling on top are
+    refused in one line naming the tensor, with nothing but rope_freqs.weight read."""
+    calls = []
+    real = gguf.quants.dequantize
+    monkeypatch.setattr(gguf.quants, "dequantize", lambda data, q: calls.append(data.size) or real(data, q))
+    made_up = _llama_cpp_rope_freqs(LLAMA31_ROPE) * np.float32([1, 1, 1.01, 1])
+    _write_tiny_llama3(tmp_path / "x.gguf", rope_freqs=made_up)
+    refusal = (r"rope_freqs\.weight matches no known Llama 3 rope scaling \(closest: Llama 3\.1, "
+               r".*max relative difference 0\.01 > 1e-05\)")
+    with pytest.raises(GGUFError, match=refusal) as err:
+        read_gguf(tmp_path / "x.gguf")
+    assert "\n" not in str(err.value)
+    # rope_freqs.weight's 16 bytes (and the 4-byte probe of its type) only: no weight.
+    assert calls and max(calls) == 4 * TINY["head_dim"] // 2
+
+    _write_tiny_llama3(tmp_path / "s.gguf", rope_freqs=np.ones(TINY["head_dim"], np.float32))
+    with pytest.raises(GGUFError, match=r"corrupt: rope_freqs\.weight has shape \(8,\), not \(4,\)"):
+        read_gguf(tmp_path / "s.gguf")
+    _write_tiny_llama3(tmp_path / "l.gguf", rope_freqs=_llama_cpp_rope_freqs(LLAMA31_ROPE),
+                       extra_kv=(lambda w: w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR),
+                                 lambda w: w.add_rope_scaling_factor(2.0)))
+    with pytest.raises(GGUFError, match=r"linear rope scaling on top of rope_freqs\.weight"):
+        read_gguf(tmp_path / "l.gguf")
+    assert max(calls) == 4 * TINY["head_dim"] // 2
 
 
 # --------------------------------------------------------------------------- (b) gemma3

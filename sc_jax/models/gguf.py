@@ -31,13 +31,18 @@ What differs from an HF checkpoint, and who undoes it:
 5. Norm weights (gemma3 only). Gemma's RMSNorm scales by `1 + w` and HF stores w;
    llama.cpp's converter stores `w + 1` for every `*norm.weight` (q/k norms included),
    so the reader subtracts 1 again, in float32 as transformers' GGUF loader does.
-6. What the metadata leaves out (gemma3). llama.cpp hard-codes, per architecture, what
+6. Llama 3.1/3.2 rope scaling (llama only). HF states it as `rope_scaling`
+   {"rope_type": "llama3", ...}; llama.cpp's converter writes instead the tensor
+   `rope_freqs.weight`, one divisor per rotary frequency. `_llama3_rope_scaling` finds
+   the known setting with those divisors and puts it in the config; the tensor itself
+   is not among the HF weights.
+7. What the metadata leaves out (gemma3). llama.cpp hard-codes, per architecture, what
    HF's config.json states: every 6th layer global and the others sliding, a rotary base
    of 10000 on the sliding layers, the query scale `head_dim ** -0.5` (27B: `(hidden /
    heads) ** -0.5`), the tanh-approximated GELU. `_gemma3_fields` writes those into the
    config; a file that does state them (`sliding_window_pattern`, `rope.freq_base_swa`)
    is read instead.
-7. The tokenizer. transformers builds it from the metadata
+8. The tokenizer. transformers builds it from the metadata
    (`convert_gguf_tokenizer`, which needs no torch); `_build_tokenizer` corrects it
    where it differs from the model's own tokenizer (see there).
 
@@ -66,7 +71,7 @@ from safetensors.numpy import save_file
 from tokenizers import normalizers, pre_tokenizers, processors
 
 from sc_jax.models.checkpoint import check_keys, key_map
-from sc_jax.models.config import ModelConfig
+from sc_jax.models.config import ModelConfig, rope_inv_freq
 
 try:
     import gguf
@@ -374,8 +379,9 @@ def _unsupported_features(meta: _Metadata, arch: str, tensor_names: set[str], n_
         unsupported.append(f"{n_heads} query heads not a multiple of {n_kv} KV heads")
     if int(meta.get(key("expert_count"), 0)) > 0:
         unsupported.append("mixture of experts")
-    if "rope_freqs.weight" in tensor_names:
-        unsupported.append("Llama-3.1-style rope scaling (rope_freqs.weight)")
+    if _ROPE_FREQS in tensor_names and arch != "llama":
+        # llama.cpp applies the per-frequency divisors only in its llama graph.
+        unsupported.append(f"per-frequency rotary divisors ({_ROPE_FREQS}) in a {arch} model")
     if int(meta.get("split.count", 1)) > 1:
         unsupported.append(
             "a model split over several .gguf files (merge them with llama-gguf-split --merge)"
@@ -385,12 +391,81 @@ def _unsupported_features(meta: _Metadata, arch: str, tensor_names: set[str], n_
 
 def _rope_scaling(meta: _Metadata, arch: str) -> tuple[dict | None, str | None]:
     """The HF `rope_scaling` of the file, and what is unsupported about it (or None)."""
-    scaling_type = meta.get(f"{arch}.rope.scaling.type", "none")
+    factor = meta.get(f"{arch}.rope.scaling.factor")
+    # llama.cpp reads a file that states a factor but no type as linear scaling (its
+    # default type), and a factor of 0 or 1 as no scaling at all.
+    scaling_type = meta.get(f"{arch}.rope.scaling.type", "linear" if factor not in (None, 0, 1) else "none")
     if scaling_type == "linear":
         return {"rope_type": "linear", "factor": float(meta.need(f"{arch}.rope.scaling.factor"))}, None
     if scaling_type != "none":
         return None, f"rope scaling of type {scaling_type!r}"
     return None, None
+
+
+# llama.cpp's converter turns HF's `rope_scaling` {"rope_type": "llama3", ...} into the
+# tensor `rope_freqs.weight` (generate_extra_tensors in convert_hf_to_gguf.py): one float32
+# per rotary frequency j, 1 for short wavelengths, `factor` for long ones, smoothed in
+# between, and its rope computes the angle pos * theta^(-2j/d) / rope_freqs[j]. That is
+# HF's unscaled inverse frequency over its llama3-scaled one, so the HF setting is
+# recovered by computing those ratios for the known settings and finding the file's.
+_ROPE_FREQS = "rope_freqs.weight"
+_LLAMA3_ROPE_SETTINGS = {
+    "Llama 3.1": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                  "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+    "Llama 3.2": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                  "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+}
+# float32 divisors against ones computed in float64: the converter's own float32 rounding
+# stays below 1e-6 relative; a different setting differs by far more.
+_ROPE_FREQS_RTOL = 1e-5
+
+
+def _llama3_rope_divisors(config: dict, scaling: dict) -> np.ndarray:
+    """llama.cpp's `rope_freqs` for the HF `config` with llama3 `scaling` (float64)."""
+    model = ModelConfig.from_hf(config | {"rope_scaling": scaling})
+    plain = ModelConfig.from_hf(config | {"rope_scaling": None})
+    return rope_inv_freq(plain) / rope_inv_freq(model)
+
+
+def _llama3_rope_scaling(meta: _Metadata, config: dict, info: _TensorInfo) -> dict:
+    """The HF llama3 `rope_scaling` whose divisors are the file's `rope_freqs.weight`
+    (``info``), which this reads: a few hundred bytes, before any weight.
+
+    Tried in order: the file's own `llama.rope.scaling.factor` and
+    `.original_context_length`, where it states either (llama.cpp's converter writes
+    neither for llama3; the rest as in Llama 3.1), then Llama 3.1's and 3.2's settings.
+    """
+    if info.shape != (config["head_dim"] // 2,):
+        raise GGUFError(
+            f"{meta.path} is corrupt: {_ROPE_FREQS} has shape {info.shape}, not "
+            f"({config['head_dim'] // 2},) (one divisor per rotary frequency)."
+        )
+    _check_dequantizable(meta.path, [info])
+    divisors = _Tensors(meta.path, {_ROPE_FREQS: info}, {})[_ROPE_FREQS]
+    candidates = {}
+    factor = meta.get("llama.rope.scaling.factor")
+    context = meta.get("llama.rope.scaling.original_context_length")
+    if factor is not None or context is not None:
+        stated = dict(_LLAMA3_ROPE_SETTINGS["Llama 3.1"])
+        if factor is not None:
+            stated["factor"] = _float32_shortest(factor)
+        if context is not None:
+            stated["original_max_position_embeddings"] = int(context)
+        candidates["the file's llama.rope.scaling.* keys"] = stated
+    candidates |= _LLAMA3_ROPE_SETTINGS
+    errors = {}
+    for name, scaling in candidates.items():
+        want = _llama3_rope_divisors(config, scaling).astype(np.float32)
+        error = float(np.max(np.abs(divisors - want) / want))
+        errors[name] = error if math.isfinite(error) else math.inf  # NaN in a corrupt file
+        if errors[name] <= _ROPE_FREQS_RTOL:
+            return dict(scaling)
+    closest = min(errors, key=errors.get)
+    raise GGUFError(
+        f"{meta.path}: {_ROPE_FREQS} matches no known Llama 3 rope scaling (closest: "
+        f"{closest}, {candidates[closest]}, max relative difference {errors[closest]:.2g} > "
+        f"{_ROPE_FREQS_RTOL:g}); the GGUF reader cannot state its rotations as an HF config."
+    )
 
 
 def _vocab_size(meta: _Metadata, arch: str) -> int:
@@ -415,7 +490,7 @@ def _special_token_ids(meta: _Metadata) -> dict[str, int]:
 
 def _gemma3_fields(meta: _Metadata, hidden: int, n_heads: int, head_dim: int, n_layers: int) -> dict:
     """The gemma3 config.json fields llama.cpp derives rather than reads (see the module
-    docstring, item 6), in transformers 4.x spelling, which 5.x and ModelConfig read.
+    docstring, item 7), in transformers 4.x spelling, which 5.x and ModelConfig read.
 
     Mirrors llama.cpp's `llama_model::load_hparams` for LLM_ARCH_GEMMA3: layer `il`
     slides when `il % pattern < pattern - 1` (pattern 6 unless the file states
@@ -453,14 +528,19 @@ def _gemma3_fields(meta: _Metadata, hidden: int, n_heads: int, head_dim: int, n_
     }
 
 
-def _hf_config(meta: _Metadata, arch: str, tensor_names: set[str]) -> dict:
-    """The HF `config.json` of a llama, qwen2 or gemma3 file, from its `<arch>.*` keys."""
+def _hf_config(meta: _Metadata, arch: str, infos: list[_TensorInfo]) -> dict:
+    """The HF `config.json` of a llama, qwen2 or gemma3 file, from its `<arch>.*` keys
+    (and a llama file's `rope_freqs.weight`: :func:`_llama3_rope_scaling`)."""
+    tensor_names = {t.name for t in infos}
     key = lambda name: f"{arch}.{name}"  # noqa: E731
     hidden, n_heads, n_kv, head_dim = _attention_dims(meta, arch)
     unsupported = _unsupported_features(meta, arch, tensor_names, n_heads, n_kv, head_dim)
     rope_scaling, scaling_problem = _rope_scaling(meta, arch)
     if scaling_problem:
         unsupported.append(scaling_problem)
+    if _ROPE_FREQS in tensor_names and arch == "llama" and rope_scaling is not None:
+        # llama.cpp would apply both; HF's llama3 type has no linear factor on top.
+        unsupported.append(f"{rope_scaling['rope_type']} rope scaling on top of {_ROPE_FREQS}")
     for softcap in ("final_logit_softcapping", "attn_logit_softcapping"):
         if meta.get(key(softcap)):
             unsupported.append(f"{softcap.replace('_', ' ')} ({key(softcap)})")
@@ -500,6 +580,9 @@ def _hf_config(meta: _Metadata, arch: str, tensor_names: set[str]) -> dict:
     else:
         config |= _gemma3_fields(meta, hidden, n_heads, head_dim, n_layers)
     config |= _special_token_ids(meta)
+    if _ROPE_FREQS in tensor_names and arch == "llama":
+        rope_freqs = next(t for t in infos if t.name == _ROPE_FREQS)
+        config["rope_scaling"] = _llama3_rope_scaling(meta, config, rope_freqs)
     return config
 
 
@@ -775,7 +858,10 @@ def read_gguf(path: str | os.PathLike) -> GGUFCheckpoint:
             f"architecture {', '.join(map(repr, SUPPORTED_ARCHITECTURES))} only. For other models "
             "pass their Hugging Face directory (config.json + safetensors)."
         )
-    config = _hf_config(meta, arch, {t.name for t in infos})
+    config = _hf_config(meta, arch, infos)
+    if arch == "llama":
+        # HF has no such tensor: what it holds is now the config's rope_scaling.
+        infos = [t for t in infos if t.name != _ROPE_FREQS]
     by_hf = _hf_names(path, config, infos, arch)
     tokenizer, tokenizer_config = _build_tokenizer(meta, arch)
     tokenizer_config["model_max_length"] = config["max_position_embeddings"]
