@@ -32,7 +32,8 @@ def test_info_lists_the_named_models(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "smollm2-135m (default): SmolLM2-135M-Instruct" in out
     assert "qwen2.5-0.5b: Qwen2.5-Coder-0.5B-Instruct" in out
-    assert out.count("not converted yet") == 2 and "6 wheels, 491 MB" in out
+    assert "gemma3-270m: Gemma 3 270M" in out and "ai.google.dev/gemma/terms" in out
+    assert out.count("not converted yet") == 3 and "6 wheels, 491 MB" in out
     assert not any(tmp_path.iterdir())  # listing fetches nothing
 
 
