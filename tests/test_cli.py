@@ -218,7 +218,8 @@ def test_scores_of_two_configurations_are_never_mixed(tmp_path, capsys):
     config = json.loads((run / "results.json").read_text())["config"]
     config["seeds"] = [0, 1]
     data = json.loads((run / "results.json").read_text())
-    (run / "results.json").write_text(json.dumps({**data, "config": config}))
+    rows = [_ROW, _ROW | {"seed": 1}]  # every seed of the config, as a run writes them
+    (run / "results.json").write_text(json.dumps({**data, "config": config, "rows": rows}))
     logp = np.log(np.full((4, 2), 0.5))
     scores = SeedScores(base=logp, cc=logp, dc=logp, y_test=np.array([0, 1, 0, 1]),
                         surrogate={1: (logp, np.array([0, 1, 0, 1]), np.array([0, 1, 2, 3]))},
@@ -557,3 +558,38 @@ def test_a_rerun_with_another_configuration_is_refused_unless_overwrite(tmp_path
     # The same configuration resumes; --overwrite replaces.
     for command in (argv, other + ["--overwrite"]):
         assert cli.main(command) == 2 and _one_error(capsys) == "error: stopped at the model"
+
+
+def _two_seed_results(tmp_path, rows):
+    config = {"model": "random:tiny-llama", "datasets": ["rotten_tomatoes"], "shots": [4],
+              "seeds": [0, 1], "test_size": 8, "mode": "first_token",
+              "solver": "augmented_lagrangian"}
+    (tmp_path / "results.json").write_text(json.dumps({"config": config, "rows": rows,
+                                                       "params": []}))
+    return tmp_path
+
+
+@pytest.mark.parametrize("case, problem", [
+    # Issue 64, case 2: each was reported (exit 0) under "Seeds [0, 1]".
+    ("duplicate", "row (method sc, dataset rotten_tomatoes, k 4, seed 0) appears more than once"),
+    ("missing", "row (method sc, dataset rotten_tomatoes, k 4, seed 1) is missing "
+                "(config 'seeds' [0, 1])"),
+    ("foreign", "row (method base, dataset rotten_tomatoes, k 4, seed 2) has a seed that config "
+                "'seeds' [0, 1] does not list"),
+])
+def test_report_and_ablate_refuse_rows_that_disagree_with_the_config(tmp_path, capsys, case,
+                                                                     problem):
+    rows = [_ROW | {"method": m, "seed": s} for m in ("base", "sc") for s in (0, 1)]
+    if case == "duplicate":
+        rows.append(_ROW | {"method": "sc", "seed": 0, "macro_f1": 0.9})
+    elif case == "missing":
+        rows.remove(_ROW | {"method": "sc", "seed": 1})
+    else:
+        rows.append(_ROW | {"seed": 2})
+    run = _two_seed_results(tmp_path, rows)
+    for argv in (["report", str(run)], ["ablate", str(run), "--quiet"]):
+        assert cli.main(argv) == 2
+        err = _one_error(capsys)
+        assert err.startswith(f"error: {run / 'results.json'}: {problem}; "), err
+        assert "rerun the `sc-jax run` command" in err
+    assert not (run / "table.md").exists()

@@ -50,7 +50,49 @@ def load_results(path: str | Path) -> dict:
     problem = results_problem(res)
     if problem:
         raise ValueError(f"{path} is not an sc_jax results file: {problem}")
+    problem = rows_against_config(res)
+    if problem:
+        raise ValueError(f"{path}: {problem}; the tables would average the wrong seeds: rerun "
+                         "the `sc-jax run` command of its config with the same --out to rewrite "
+                         "it (every score is read from the cache)")
     return res
+
+
+def _row_name(r: dict) -> str:
+    return f"(method {r['method']}, dataset {r['dataset']}, k {r['shots']}, seed {r['seed']})"
+
+
+def rows_against_config(res: dict) -> str | None:
+    """What makes the rows of ``res`` (a results.json that passed
+    :func:`results_problem`) disagree with its config, naming the row; None when they
+    agree. A run writes one row per method, dataset, k and seed, for every seed of
+    ``config.seeds``: a repeated row would be averaged in twice, a missing seed would
+    leave a method's mean over fewer seeds than the header says, and a seed the config
+    does not list was not part of the run (issue 64, case 2)."""
+    cfg = res["config"]
+    seeds = cfg["seeds"]
+    if not isinstance(seeds, (list, tuple)) or not seeds or any(_wrong(s, int) for s in seeds):
+        return f"config 'seeds' is {seeds!r}, not a list of whole numbers"
+    listed = {"dataset": cfg.get("datasets"), "shots": cfg.get("shots")}
+    seen, groups = set(), defaultdict(set)
+    for r in res["rows"]:
+        if r["seed"] not in seeds:
+            return f"row {_row_name(r)} has a seed that config 'seeds' {list(seeds)} does not list"
+        for key, values in listed.items():  # older results.json may lack them: not checked
+            if isinstance(values, (list, tuple)) and r[key] not in values:
+                return (f"row {_row_name(r)} has a {key} that config "
+                        f"'{key if key == 'shots' else 'datasets'}' {list(values)} does not list")
+        key = (r["method"], r["dataset"], r["shots"], r["seed"])
+        if key in seen:
+            return f"row {_row_name(r)} appears more than once"
+        seen.add(key)
+        groups[key[:3]].add(r["seed"])
+    for (method, dataset, k), have in sorted(groups.items()):
+        for s in seeds:
+            if s not in have:
+                name = _row_name(dict(method=method, dataset=dataset, shots=k, seed=s))
+                return f"row {name} is missing (config 'seeds' {list(seeds)})"
+    return None
 
 
 # What the tables and plots read from results.json: config keys, and per row / SC
