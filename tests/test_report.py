@@ -245,3 +245,31 @@ def test_ablate_reads_a_committed_run_and_reports_both_bcs(tmp_path):
     assert bc[0]["macro_f1"] == pytest.approx(
         next(r["macro_f1"] for r in res["rows"] if r["method"] == "bc"))
     assert "BC (reference code" in ablation.markdown(rows)
+
+
+def test_two_seeds_give_the_per_seed_differences_and_no_verdict():
+    """Issue 64, case 5: with two seeds the table printed a "95% paired bootstrap
+    interval" such as [+0.0, +0.0] and called SC's margin a loss or a tie. Now fewer
+    than MIN_SEEDS_FOR_VERDICT seeds give the per-seed differences and no verdict, and
+    the table says what ± is."""
+    from sc_jax.experiment.report import MIN_SEEDS_FOR_VERDICT
+
+    assert MIN_SEEDS_FOR_VERDICT == 3
+    rows = []
+    for m, vals in (("sc", [0.70, 0.60]), ("bc", [0.65, 0.62]), ("bc_reference", [0.5, 0.5])):
+        rows += [{"dataset": "t", "shots": 4, "method": m, "seed": s, "macro_f1": v,
+                  "accuracy": v, "ece": 0.0} for s, v in enumerate(vals)]
+    (p,) = sc_against_best_baseline(rows)
+    assert p["outcome"] is None and p["ci_low"] is None and p["diffs"] == pytest.approx([0.05, -0.02])
+    table = markdown_tables({"config": {"model": "m", "seeds": [0, 1], "test_size": 4,
+                                        "mode": "first_token", "solver": "s"}, "rows": rows})
+    assert "| t | 4 | BC | +1.5 | per seed +5.0, -2.0 | none (2 seeds; needs 3) |" in table
+    assert "4-shot win / tie / loss over datasets: 0 / 0 / 0 (1 without a verdict" in table
+    assert "| t | 4 | +1.5 | per seed +5.0, -2.0 | +15.0 | per seed +20.0, +10.0 |" in table
+    assert "[" not in table.split("## SC minus the best baseline")[1]  # no interval at all
+    assert "population standard deviation (ddof = 0" in table
+    # One seed: its value alone, not "± 0.0".
+    one = markdown_tables({"config": {"model": "m", "seeds": [0], "test_size": 4,
+                                      "mode": "first_token", "solver": "s"},
+                           "rows": [r for r in rows if r["seed"] == 0]})
+    assert "| SC | 70.0 | 70.0 |" in one and "± 0.0" not in one

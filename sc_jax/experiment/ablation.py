@@ -519,7 +519,7 @@ def markdown(rows) -> str:
     summ = summarize(rows)
     datasets = sorted({r["dataset"] for r in rows})
     out = ["# Ablations (refitted from saved scores; no forward pass)", "",
-           "Cells: macro-F1, mean ± std over seeds (in %). lambda_inv=paper is the paper's "
+           "Cells: macro-F1, mean ± std over seeds (in %; the population std, ddof = 0). lambda_inv=paper is the paper's "
            "summed-objective weight 10 on our mean scale (10 P / N per problem).", ""]
     for study in STUDIES:
         for k in sorted({r["shots"] for r in rows if r["study"] == study}):

@@ -1,8 +1,11 @@
 """Tables and plots from a run's ``results.json`` (no model needed).
 
-* ``table.md``: macro-F1 and accuracy, mean ± std over seeds, one table per shot
-  count, methods as rows and datasets (plus their average) as columns, like the
-  paper's Tables 2-4.
+* ``table.md``: macro-F1 and accuracy, mean ± std over seeds (population std,
+  ddof = 0; one seed: the value alone), one table per shot count, methods as rows
+  and datasets (plus their average) as columns, like the paper's Tables 2-4; then SC
+  against the best baseline, paired over seeds: a 95% paired bootstrap interval and a
+  win / tie / loss verdict with at least :data:`MIN_SEEDS_FOR_VERDICT` seeds, the
+  per-seed differences and no verdict with fewer.
 * ``results.csv``: one row per dataset x model x shots x method x seed.
 * ``f1_bars.png``: macro-F1 per method averaged over datasets, one group per shot
   count, error bars = std over seeds (the paper's Figure 3).
@@ -183,15 +186,41 @@ def paired_bootstrap(a: dict, b: dict, rng, n_boot: int) -> tuple[np.ndarray, np
     return diff, diff[rng.integers(0, len(diff), (n_boot, len(diff)))].mean(axis=1)
 
 
+#: The fewest paired seeds with which the tables give a 95% interval and a win / tie /
+#: loss verdict. With one seed the bootstrap "interval" is the point itself, and with
+#: two it is one of three values ([d_1, d_2] at best): neither says anything about
+#: the spread, so such comparisons list the per-seed differences and no verdict
+#: (issue 64, case 5). With 3 to about 5 seeds the percentile interval is still
+#: coarse (close to the range of the per-seed differences): read it as such.
+MIN_SEEDS_FOR_VERDICT = 3
+
+
 def _paired(a: dict, b: dict, rng, n_boot: int) -> dict:
-    """Mean of d_s = a_s - b_s over the seeds both have, and its 95% paired bootstrap
-    interval (see :func:`sc_against_best_baseline`)."""
+    """Mean of d_s = a_s - b_s over the seeds both have, the per-seed ``diffs``, and,
+    with at least :data:`MIN_SEEDS_FOR_VERDICT` seeds, its 95% paired bootstrap interval
+    and outcome (see :func:`sc_against_best_baseline`); with fewer, ``ci_low``,
+    ``ci_high`` and ``outcome`` are None."""
     diff, means = paired_bootstrap(a, b, rng, n_boot)
     seeds = diff.size
-    lo, hi = np.percentile(means, [2.5, 97.5])
-    outcome = "win" if lo > 0 else ("loss" if hi < 0 else "tie")
-    return dict(seeds=seeds, diff=float(diff.mean()), ci_low=float(lo),
-                ci_high=float(hi), outcome=outcome)
+    out = dict(seeds=seeds, diff=float(diff.mean()), diffs=[float(x) for x in diff],
+               ci_low=None, ci_high=None, outcome=None)
+    if seeds >= MIN_SEEDS_FOR_VERDICT:
+        lo, hi = np.percentile(means, [2.5, 97.5])
+        out.update(ci_low=float(lo), ci_high=float(hi),
+                   outcome="win" if lo > 0 else ("loss" if hi < 0 else "tie"))
+    return out
+
+
+def _interval(p: dict) -> str:
+    """A comparison's interval cell: the 95% interval, or, with too few seeds for one,
+    the per-seed differences (in %)."""
+    if p["outcome"] is None:
+        return "per seed " + ", ".join(f"{100 * d:+.1f}" for d in p["diffs"])
+    return f"[{100 * p['ci_low']:+.1f}, {100 * p['ci_high']:+.1f}]"
+
+
+def _no_verdict(p: dict) -> str:
+    return f"none ({p['seeds']} seed{'s' * (p['seeds'] != 1)}; needs {MIN_SEEDS_FOR_VERDICT})"
 
 
 def sc_against_best_baseline(rows, metric: str = "macro_f1", *, n_boot: int = 10000,
@@ -204,9 +233,11 @@ def sc_against_best_baseline(rows, metric: str = "macro_f1", *, n_boot: int = 10
     results themselves, which favours the baseline. Per seed s, d_s = SC_s - best_s
     (the same test set and demonstrations); the 95% interval is the 2.5 and 97.5
     percentiles of the mean of d over ``n_boot`` resamples of the seeds with
-    replacement (a paired bootstrap; with few seeds it is coarse, and with one seed it
-    is the point). The outcome is "win" if the interval lies above 0, "loss" if below,
-    else "tie". Returns one dict per (dataset, shots) with both methods' seeds.
+    replacement (a paired bootstrap; with few seeds it is coarse). The outcome is "win"
+    if the interval lies above 0, "loss" if below, else "tie". With fewer than
+    :data:`MIN_SEEDS_FOR_VERDICT` seeds there is no interval and no outcome (None):
+    only the per-seed differences ``diffs``. Returns one dict per (dataset, shots) with
+    both methods' seeds.
     """
     rng = np.random.default_rng(seed)
     out = []
@@ -241,17 +272,24 @@ def _best_baseline_table(rows) -> list[str]:
         return []
     out = ["## SC minus the best baseline (macro-F1, paired over seeds)", "",
            ("The best of Base, CC, DC and BC (the paper's) by mean on the same test data; "
-            "95% paired bootstrap interval over seeds; win / loss when it excludes 0."), "",
+            "SC - best is the mean over seeds of the per-seed difference; 95% paired "
+            "bootstrap interval over seeds (percentiles of 10,000 resamples); win / loss "
+            f"when it excludes 0. With fewer than {MIN_SEEDS_FOR_VERDICT} seeds no interval "
+            "or verdict is given, only the per-seed differences."), "",
            "| Dataset | k | best baseline | SC - best | 95% CI | outcome |",
            "|---|---|---|---|---|---|"]
     for p in paired:
         out.append(f"| {p['dataset']} | {p['shots']} | {METHOD_NAMES[p['best_baseline']]} | "
-                   f"{100 * p['diff']:+.1f} | [{100 * p['ci_low']:+.1f}, "
-                   f"{100 * p['ci_high']:+.1f}] | {p['outcome']} |")
+                   f"{100 * p['diff']:+.1f} | {_interval(p)} | "
+                   f"{p['outcome'] or _no_verdict(p)} |")
     for k in sorted({p["shots"] for p in paired}):
         got = [p["outcome"] for p in paired if p["shots"] == k]
-        out.append(f"\n{k}-shot win / tie / loss over datasets: {got.count('win')} / "
-                   f"{got.count('tie')} / {got.count('loss')}")
+        line = (f"\n{k}-shot win / tie / loss over datasets: {got.count('win')} / "
+                f"{got.count('tie')} / {got.count('loss')}")
+        if None in got:
+            line += (f" ({got.count(None)} without a verdict: fewer than "
+                     f"{MIN_SEEDS_FOR_VERDICT} seeds)")
+        out.append(line)
     return out + [""]
 
 
@@ -266,15 +304,22 @@ def _margin_table(rows) -> list[str]:
     out = ["## SC minus BC, as the paper defines it and as its code computes it (macro-F1)", "",
            ("BC: p / mean p over the test batch (the paper; the best-baseline comparison "
             "above uses it). BC (code): softmax(p - mean p), the reference code's. Paired "
-            "over seeds, 95% bootstrap interval."), "",
+            "over seeds, 95% bootstrap interval (with fewer than "
+            f"{MIN_SEEDS_FOR_VERDICT} seeds: the per-seed differences)."), "",
            "| Dataset | k | SC - BC | 95% CI | SC - BC (code) | 95% CI |",
            "|---|---|---|---|---|---|"]
     for key in keys:
         a, b = pairs["bc"][key], pairs["bc_reference"][key]
-        out.append(f"| {key[0]} | {key[1]} | {100 * a['diff']:+.1f} | [{100 * a['ci_low']:+.1f}, "
-                   f"{100 * a['ci_high']:+.1f}] | {100 * b['diff']:+.1f} | "
-                   f"[{100 * b['ci_low']:+.1f}, {100 * b['ci_high']:+.1f}] |")
+        out.append(f"| {key[0]} | {key[1]} | {100 * a['diff']:+.1f} | {_interval(a)} | "
+                   f"{100 * b['diff']:+.1f} | {_interval(b)} |")
     return out + [""]
+
+
+# What a cell of the main tables holds (issue 64, case 5: the table did not say).
+_CELLS = ("mean ± standard deviation over seeds, in %; the population standard deviation "
+          "(ddof = 0, numpy's np.std) of the per-seed values, which spreads the seeds, not "
+          "a confidence interval; a single seed's value stands alone. Average: the mean of "
+          "the dataset means.")
 
 
 def markdown_tables(results: dict, records: list[dict] | None = None) -> str:
@@ -297,7 +342,7 @@ def markdown_tables(results: dict, records: list[dict] | None = None) -> str:
            f"Seeds {list(cfg['seeds'])}, test size {cfg['test_size']}, mode {cfg['mode']}, "
            f"solver {cfg['solver']}, lambda_inv {results.get('lambda_inv', cfg.get('lambda_inv'))}, "
            f"guard {cfg.get('guard', 'none')}. "
-           "Cells: mean ± std over seeds (in %).", ""]
+           f"Cells: {_CELLS}", ""]
     for metric, title in (("macro_f1", "Macro-F1"), ("accuracy", "Accuracy")):
         for k in shots:
             out += [f"## {title}, {k}-shot", "",
@@ -310,9 +355,11 @@ def markdown_tables(results: dict, records: list[dict] | None = None) -> str:
                     if s is None:
                         cells.append("–")
                         continue
-                    mean, std, _ = s[metric]
+                    mean, std, n = s[metric]
                     means.append(mean)
-                    cells.append(f"{100 * mean:.1f} ± {100 * std:.1f}")
+                    # One seed has no spread: its value alone, not "± 0.0".
+                    cells.append(f"{100 * mean:.1f} ± {100 * std:.1f}" if n > 1
+                                 else f"{100 * mean:.1f}")
                 avg = f"{100 * np.mean(means):.1f}" if len(means) == len(datasets) else "–"
                 out.append(f"| {METHOD_NAMES[m]} | " + " | ".join(cells) + f" | {avg} |")
             out.append("")
