@@ -60,7 +60,7 @@ from sc_jax.experiment.config import METHODS, SC_FITS, RunConfig
 from sc_jax.experiment.data import DataUnavailableError
 from sc_jax.experiment.jobs import draw_split, load_datasets
 from sc_jax.experiment.predictions import method_probs, sc_size_probs
-from sc_jax.experiment.report import can_plot, load_results
+from sc_jax.experiment.report import can_plot, load_results, save_figure
 from sc_jax.experiment.store import (config_tag, load_scores, make_out_dir,
                                      refuse_foreign_outputs, scores_path)
 from sc_jax.models.named_models import display_name
@@ -546,10 +546,12 @@ def markdown(rows) -> str:
 
 def _plot_curve(rows, study: str, x_field: str, xlabel: str, path: Path,
                 model: str | None = None) -> bool:
+    """The curve of :func:`curve_figure` as ``path`` (PNG), PDF and SVG
+    (:func:`sc_jax.experiment.report.save_figure`); False when the study has no rows."""
     fig = curve_figure(rows, study, x_field, xlabel, model)
     if fig is None:
         return False
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
     return True
 
 

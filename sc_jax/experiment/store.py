@@ -161,7 +161,8 @@ def write_json(path: Path, data: dict) -> None:
 
 
 #: What a run writes into --out besides run_config.json and results.json (and cache/).
-RUN_OUTPUTS = ("results.csv", "table.md", "f1_bars.png", "sc_params.png", "samples.jsonl",
+RUN_OUTPUTS = ("results.csv", "results.tex", "table.md", "f1_bars.png", "f1_bars.pdf",
+               "f1_bars.svg", "sc_params.png", "sc_params.pdf", "sc_params.svg", "samples.jsonl",
                "samples.jsonl.gz", "scores")
 
 
