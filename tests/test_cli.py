@@ -657,7 +657,7 @@ def test_ablate_out_a_file_and_m_values_beyond_the_run_are_refused_up_front(tmp_
     assert _one_error(capsys) == f"error: --out {file} is an existing file, not a directory: choose a directory"
     monkeypatch.setattr("sc_jax.cli.ablate", ablation.ablate)
     monkeypatch.setattr(ablation._Refit, "fit", lambda *a, **k: pytest.fail("refitted"))
-    assert cli.main(["ablate", str(run), "--m-values", "1", "100", "--quiet"]) == 2
+    assert cli.main(["ablate", str(run), "--m-values", "100", "--quiet"]) == 2
     assert _one_error(capsys) == ("error: --m-values 100: the run scored at most 1 test-time "
                                   "sub-contexts per size; give values up to 1")
 
