@@ -47,11 +47,12 @@ import numpy as np
 from sc_jax import __version__
 from sc_jax.calibration.calibrators import GUARDS
 from sc_jax.calibration.objective import log_odds
-from sc_jax.experiment.ablation import ablate, diagnose, regenerate_samples, write_ablation
+from sc_jax.experiment.ablation import (ablate, check_ablation_out, diagnose, regenerate_samples,
+                                        write_ablation)
 from sc_jax.experiment.config import METHODS, RunConfig
 from sc_jax.experiment.costs import ACCELERATOR_PEAK_FLOPS
 from sc_jax.experiment.data import DEFAULT_TEST_SEED, TASKS, DataUnavailableError
-from sc_jax.experiment.plan import plan_run, plan_table
+from sc_jax.experiment.plan import plan_run, plan_table, written_by_plan
 from sc_jax.experiment.report import load_results, write_report
 from sc_jax.experiment.run import run_experiment
 from sc_jax.experiment.store import check_output_file
@@ -185,7 +186,8 @@ def _bytes(text: str) -> int:
 def _plan(args) -> int:
     config = _run_config(args)  # its device memory and mesh are the plan's memory policy
     if args.json:  # checked now, not after the whole plan is computed
-        check_output_file(args.json, "--json")
+        check_output_file(args.json, "--json", ours=None if args.overwrite else written_by_plan,
+                          command="plan", sign="not a plan's JSON")
     plan = plan_run(config, peak_flops=None if args.peak_tflops is None else args.peak_tflops * 1e12,
                     accelerator=args.accelerator, mfu=args.mfu, xla=not args.no_xla,
                     compile_time=not args.no_compile_time, attention=args.attention,
@@ -244,11 +246,13 @@ def _lambda_grid(values):
 
 
 def _ablate(args) -> int:
-    rows = ablate(args.dir, lambda_invs=_lambda_grid(args.lambda_inv),
-                  m_values=tuple(args.m_values), solver=args.solver, guard=args.guard,
-                  progress=not args.quiet)
+    lambdas = _lambda_grid(args.lambda_inv)
+    out = Path(args.dir) / "ablation" if args.out is None else args.out
+    check_ablation_out(out, args.overwrite)  # before the refits, not after them
+    rows = ablate(args.dir, lambda_invs=lambdas,
+                  m_values=None if args.m_values is None else tuple(args.m_values),
+                  solver=args.solver, guard=args.guard, progress=not args.quiet)
     diag = diagnose(args.dir, solver=args.solver)
-    out = args.out or str(Path(args.dir) / "ablation")
     files = write_ablation(rows, out, diagnostics=diag,
                            model=load_results(args.dir)["config"]["model"])
     print(files["table"].read_text())
@@ -390,6 +394,9 @@ def _add_plan_parser(sub) -> None:
                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     _add_run_options(pl)
     pl.add_argument("--json", default=None, help="also write the plan as JSON here")
+    pl.add_argument("--overwrite", action="store_true",
+                    help="replace an existing --json file that is not a plan's JSON (without it "
+                         "such a file is refused; a plan's own is replaced)")
     pl.add_argument("--quiet", action="store_true", help="no per-setting progress lines")
     pl.add_argument("--peak-tflops", type=float, default=None,
                     help="device peak for the time estimate (default: --accelerator's datasheet, "
@@ -420,13 +427,17 @@ def _add_ablate_parser(sub) -> None:
     a.add_argument("--lambda-inv", nargs="+", default=["0", "run", "1", "paper"],
                    help="lambda_inv grid: numbers, 'run' (the run's value) and 'paper' (the "
                         "paper's weight 10 on our mean scale)")
-    a.add_argument("--m-values", type=int, nargs="+", default=[1, 2, 4, 8, 16, 24],
-                   help="test-time sub-contexts per size, up to what the run scored")
+    a.add_argument("--m-values", type=int, nargs="+", default=None,
+                   help="test-time sub-contexts per size, up to what the run scored (default: "
+                        "those of 1 2 4 8 16 24 it scored; a larger value is refused)")
     a.add_argument("--solver", default=None, choices=["augmented_lagrangian", "projected", "scipy"],
                    help="default: the run's")
     a.add_argument("--guard", default=None, choices=list(GUARDS),
                    help="the guard of every study but the guard study (default: the run's)")
     a.add_argument("--out", default=None, help="default: DIR/ablation")
+    a.add_argument("--overwrite", action="store_true",
+                   help="replace files by the names ablate writes in --out that no sc-jax "
+                        "ablate wrote (without it such a directory is refused)")
     a.add_argument("--quiet", action="store_true")
     a.set_defaults(fn=_ablate)
 

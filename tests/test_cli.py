@@ -219,7 +219,8 @@ def test_scores_of_two_configurations_are_never_mixed(tmp_path, capsys):
     config = json.loads((run / "results.json").read_text())["config"]
     config["seeds"] = [0, 1]
     data = json.loads((run / "results.json").read_text())
-    (run / "results.json").write_text(json.dumps({**data, "config": config}))
+    rows = [_ROW, _ROW | {"seed": 1}]  # every seed of the config, as a run writes them
+    (run / "results.json").write_text(json.dumps({**data, "config": config, "rows": rows}))
     logp = np.log(np.full((4, 2), 0.5))
     scores = SeedScores(base=logp, cc=logp, dc=logp, y_test=np.array([0, 1, 0, 1]),
                         surrogate={1: (logp, np.array([0, 1, 0, 1]), np.array([0, 1, 2, 3]))},
@@ -558,3 +559,125 @@ def test_a_rerun_with_another_configuration_is_refused_unless_overwrite(tmp_path
     # The same configuration resumes; --overwrite replaces.
     for command in (argv, other + ["--overwrite"]):
         assert cli.main(command) == 2 and _one_error(capsys) == "error: stopped at the model"
+
+
+def _two_seed_results(tmp_path, rows):
+    config = {"model": "random:tiny-llama", "datasets": ["rotten_tomatoes"], "shots": [4],
+              "seeds": [0, 1], "test_size": 8, "mode": "first_token",
+              "solver": "augmented_lagrangian"}
+    (tmp_path / "results.json").write_text(json.dumps({"config": config, "rows": rows,
+                                                       "params": []}))
+    return tmp_path
+
+
+@pytest.mark.parametrize("case, problem", [
+    # Issue 64, case 2: each was reported (exit 0) under "Seeds [0, 1]".
+    ("duplicate", "row (method sc, dataset rotten_tomatoes, k 4, seed 0) appears more than once"),
+    ("missing", "row (method sc, dataset rotten_tomatoes, k 4, seed 1) is missing "
+                "(config 'seeds' [0, 1])"),
+    ("foreign", "row (method base, dataset rotten_tomatoes, k 4, seed 2) has a seed that config "
+                "'seeds' [0, 1] does not list"),
+])
+def test_report_and_ablate_refuse_rows_that_disagree_with_the_config(tmp_path, capsys, case,
+                                                                     problem):
+    rows = [_ROW | {"method": m, "seed": s} for m in ("base", "sc") for s in (0, 1)]
+    if case == "duplicate":
+        rows.append(_ROW | {"method": "sc", "seed": 0, "macro_f1": 0.9})
+    elif case == "missing":
+        rows.remove(_ROW | {"method": "sc", "seed": 1})
+    else:
+        rows.append(_ROW | {"seed": 2})
+    run = _two_seed_results(tmp_path, rows)
+    for argv in (["report", str(run)], ["ablate", str(run), "--quiet"]):
+        assert cli.main(argv) == 2
+        err = _one_error(capsys)
+        assert err.startswith(f"error: {run / 'results.json'}: {problem}; "), err
+        assert "rerun the `sc-jax run` command" in err
+    assert not (run / "table.md").exists()
+
+
+def _run_with_scores(tmp_path):
+    """A one-seed results.json and its score file (one test-time sub-context of size 1)."""
+    from sc_jax.experiment.jobs import SeedScores
+    from sc_jax.experiment.store import config_tag, save_scores, scores_path
+
+    (tmp_path / "run").mkdir()
+    run = _results(tmp_path / "run")
+    config = json.loads((run / "results.json").read_text())["config"]
+    logp = np.log(np.full((4, 2), 0.5))
+    scores = SeedScores(base=logp, cc=logp, dc=logp, y_test=np.array([0, 1, 0, 1]),
+                        surrogate={1: (logp, np.array([0, 1, 0, 1]), np.array([0, 1, 2, 3]))},
+                        test={1: logp[None]})
+    save_scores(scores_path(run, "rotten_tomatoes", 4, 0), scores, config_tag(config))
+    return run
+
+
+def test_ablate_refuses_an_out_holding_a_users_files_before_any_refit(tmp_path, capsys,
+                                                                      monkeypatch):
+    """Issue 64, case 6: `ablate --out DIR` replaced a user's ablation.md and
+    diagnostics.csv without a word; now refused as `run --out` refuses, unless
+    --overwrite, and before the refits."""
+    run = _run_with_scores(tmp_path)
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "ablation.md").write_text("my notes")
+    (out / "diagnostics.csv").write_text("my,numbers")
+    monkeypatch.setattr("sc_jax.cli.ablate", lambda *a, **k: pytest.fail("refitted"))
+    assert cli.main(["ablate", str(run), "--out", str(out), "--quiet"]) == 2
+    assert _one_error(capsys) == (
+        f"error: --out {out} holds ablation.md, diagnostics.csv, which this ablate would replace, "
+        "and no sc-jax ablate wrote them (no ablation.csv with its header): rerun with "
+        "--overwrite to replace them, or choose another --out")
+    assert (out / "ablation.md").read_text() == "my notes"
+
+    def reached(*a, **k):
+        raise ValueError("reached the refit")
+
+    monkeypatch.setattr("sc_jax.cli.ablate", reached)
+    assert cli.main(["ablate", str(run), "--out", str(out), "--overwrite", "--quiet"]) == 2
+    assert _one_error(capsys) == "error: reached the refit"
+    # A directory an earlier ablate wrote (its ablation.csv's header) is replaced freely.
+    from sc_jax.experiment.ablation import ROW_FIELDS
+
+    (out / "ablation.csv").write_text(",".join(ROW_FIELDS) + "\n")
+    assert cli.main(["ablate", str(run), "--out", str(out), "--quiet"]) == 2
+    assert _one_error(capsys) == "error: reached the refit"
+
+
+def test_ablate_out_a_file_and_m_values_beyond_the_run_are_refused_up_front(tmp_path, capsys,
+                                                                            monkeypatch):
+    """Issue 64, case 9: `ablate --out FILE` failed only after the whole refit, and
+    `--m-values 100` on a run that scored fewer dropped the m_i section without a word."""
+    from sc_jax.experiment import ablation
+
+    run = _run_with_scores(tmp_path)
+    file = tmp_path / "taken"
+    file.write_text("")
+    monkeypatch.setattr("sc_jax.cli.ablate", lambda *a, **k: pytest.fail("refitted"))
+    assert cli.main(["ablate", str(run), "--out", str(file), "--quiet"]) == 2
+    assert _one_error(capsys) == f"error: --out {file} is an existing file, not a directory: choose a directory"
+    monkeypatch.setattr("sc_jax.cli.ablate", ablation.ablate)
+    monkeypatch.setattr(ablation._Refit, "fit", lambda *a, **k: pytest.fail("refitted"))
+    assert cli.main(["ablate", str(run), "--m-values", "100", "--quiet"]) == 2
+    assert _one_error(capsys) == ("error: --m-values 100: the run scored at most 1 test-time "
+                                  "sub-contexts per size; give values up to 1")
+
+
+def test_plan_json_refuses_a_users_file(tmp_path, capsys, monkeypatch):
+    """Issue 64, deliverable 3: `plan --json FILE` replaced any existing file; now only
+    a plan's own JSON, or any file with --overwrite."""
+    monkeypatch.setattr("sc_jax.experiment.plan.load_model_parts",
+                        lambda *a, **k: pytest.fail("planned"))
+    mine = tmp_path / "notes.json"
+    mine.write_text('{"my": "notes"}')
+    argv = ["plan", "--data-file", str(_data(tmp_path))] + TINY[:-1] + ["--json", str(mine)]
+    assert cli.main(argv) == 2
+    assert _one_error(capsys) == (f"error: --json {mine} exists and no sc-jax plan wrote it (not "
+                                  "a plan's JSON): rerun with --overwrite to replace it, or "
+                                  "choose another --json")
+    with pytest.raises(pytest.fail.Exception, match="planned"):
+        cli.main(argv + ["--overwrite"])
+    mine.write_text(json.dumps({"model": "m", "budget_bytes": 1, "attention_source": "a",
+                                "settings": []}))
+    with pytest.raises(pytest.fail.Exception, match="planned"):
+        cli.main(argv)

@@ -86,11 +86,54 @@ def test_named_models_are_reported_under_their_own_names():
 def test_write_report_from_dir(tmp_path):
     (tmp_path / "results.json").write_text(json.dumps(_results()))
     paths = write_report(tmp_path)
-    for name in ("table", "csv", "f1_bars", "sc_params"):
+    for name in ("table", "csv", "latex", "f1_bars", "sc_params"):
         assert paths[name].exists() and paths[name].stat().st_size > 0
     lines = paths["csv"].read_text().splitlines()
-    assert lines[0] == "dataset,model,shots,method,seed,accuracy,macro_f1,ece"
+    assert lines[0] == "dataset,model,shots,method,seed,accuracy,macro_f1,ece,model_source"
     assert len(lines) == 1 + len(_results()["rows"])
+
+
+def test_figures_and_tables_a_paper_can_use(tmp_path):
+    """Issue 64, deliverable 5: per-dataset bars beside the average, tick labels that do
+    not overlap at the paper's method names, PDF and SVG beside PNG, a booktabs LaTeX
+    table, and results.csv naming the model loaded rather than "default"."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from sc_jax.experiment.report import METHOD_NAMES, f1_bars_figure
+
+    res = _results()
+    res["config"]["model"] = "default"
+    res["model_source"] = "/hub/smollm2-135m"
+    for r in res["rows"]:
+        r["model"] = "default"
+    # Every method, the long names included, on every (dataset, k, seed).
+    res["rows"] = [dict(r, method=m) for r in res["rows"] if r["method"] == "base"
+                   for m in METHOD_NAMES]
+    (tmp_path / "results.json").write_text(json.dumps(res))
+    paths = write_report(tmp_path)
+    for name in ("f1_bars", "sc_params"):
+        for ext in ("pdf", "svg"):
+            assert paths[f"{name}_{ext}"] == tmp_path / f"{name}.{ext}"
+            assert paths[f"{name}_{ext}"].stat().st_size > 0
+    assert (tmp_path / "f1_bars.pdf").read_bytes().startswith(b"%PDF")
+    assert "<svg" in (tmp_path / "f1_bars.svg").read_text()
+    fig = f1_bars_figure(res)
+    titles = [ax.get_title() for ax in fig.axes if ax.get_visible()]
+    assert titles == ["rotten_tomatoes", "sst2", "Average over datasets"]
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    for ax in fig.axes[:3]:
+        boxes = [t.get_window_extent(renderer) for t in ax.get_xticklabels() if t.get_text()]
+        assert len(boxes) == len(METHOD_NAMES)
+        assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    tex = paths["latex"].read_text()
+    assert "\\toprule" in tex and "\\midrule" in tex and "\\bottomrule" in tex
+    assert "Method & rotten\\_tomatoes & sst2 & Average \\\\" in tex
+    assert "SC (paper, no guard) & " in tex and "$\\pm$" in tex and "\\textbf{" in tex
+    assert tex.count("\\begin{tabular}") == 2  # k = 4 and 8
+    line = paths["csv"].read_text().splitlines()[1].split(",")
+    assert line[1] == "smollm2-135m" and line[-1] == "/hub/smollm2-135m"
 
 
 def test_without_matplotlib_the_report_is_written_without_plots(tmp_path, monkeypatch, caplog):
@@ -102,7 +145,7 @@ def test_without_matplotlib_the_report_is_written_without_plots(tmp_path, monkey
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises
     (tmp_path / "results.json").write_text(json.dumps(_results()))
     paths = write_report(tmp_path)
-    assert sorted(paths) == ["csv", "table"] and paths["table"].stat().st_size > 0
+    assert sorted(paths) == ["csv", "latex", "table"] and paths["table"].stat().st_size > 0
     rows = [dict(study="sc_n", dataset="d", shots=4, setting="SC-1", sizes=1, seed=0,
                  macro_f1=0.5, accuracy=0.6, ece=0.1)]
     assert sorted(write_ablation(rows, tmp_path / "ablation")) == ["csv", "table"]
@@ -245,3 +288,31 @@ def test_ablate_reads_a_committed_run_and_reports_both_bcs(tmp_path):
     assert bc[0]["macro_f1"] == pytest.approx(
         next(r["macro_f1"] for r in res["rows"] if r["method"] == "bc"))
     assert "BC (reference code" in ablation.markdown(rows)
+
+
+def test_two_seeds_give_the_per_seed_differences_and_no_verdict():
+    """Issue 64, case 5: with two seeds the table printed a "95% paired bootstrap
+    interval" such as [+0.0, +0.0] and called SC's margin a loss or a tie. Now fewer
+    than MIN_SEEDS_FOR_VERDICT seeds give the per-seed differences and no verdict, and
+    the table says what ± is."""
+    from sc_jax.experiment.report import MIN_SEEDS_FOR_VERDICT
+
+    assert MIN_SEEDS_FOR_VERDICT == 3
+    rows = []
+    for m, vals in (("sc", [0.70, 0.60]), ("bc", [0.65, 0.62]), ("bc_reference", [0.5, 0.5])):
+        rows += [{"dataset": "t", "shots": 4, "method": m, "seed": s, "macro_f1": v,
+                  "accuracy": v, "ece": 0.0} for s, v in enumerate(vals)]
+    (p,) = sc_against_best_baseline(rows)
+    assert p["outcome"] is None and p["ci_low"] is None and p["diffs"] == pytest.approx([0.05, -0.02])
+    table = markdown_tables({"config": {"model": "m", "seeds": [0, 1], "test_size": 4,
+                                        "mode": "first_token", "solver": "s"}, "rows": rows})
+    assert "| t | 4 | BC | +1.5 | per seed +5.0, -2.0 | none (2 seeds; needs 3) |" in table
+    assert "4-shot win / tie / loss over datasets: 0 / 0 / 0 (1 without a verdict" in table
+    assert "| t | 4 | +1.5 | per seed +5.0, -2.0 | +15.0 | per seed +20.0, +10.0 |" in table
+    assert "[" not in table.split("## SC minus the best baseline")[1]  # no interval at all
+    assert "population standard deviation (ddof = 0" in table
+    # One seed: its value alone, not "± 0.0".
+    one = markdown_tables({"config": {"model": "m", "seeds": [0], "test_size": 4,
+                                      "mode": "first_token", "solver": "s"},
+                           "rows": [r for r in rows if r["seed"] == 0]})
+    assert "| SC | 70.0 | 70.0 |" in one and "± 0.0" not in one

@@ -60,8 +60,9 @@ from sc_jax.experiment.config import METHODS, SC_FITS, RunConfig
 from sc_jax.experiment.data import DataUnavailableError
 from sc_jax.experiment.jobs import draw_split, load_datasets
 from sc_jax.experiment.predictions import method_probs, sc_size_probs
-from sc_jax.experiment.report import can_plot, load_results
-from sc_jax.experiment.store import config_tag, load_scores, scores_path
+from sc_jax.experiment.report import can_plot, load_results, save_figure
+from sc_jax.experiment.store import (config_tag, load_scores, make_out_dir,
+                                     refuse_foreign_outputs, scores_path)
 from sc_jax.models.named_models import display_name
 
 log = logging.getLogger(__name__)
@@ -265,7 +266,7 @@ def _guard_rows(r: _Refit, default_fits: dict) -> list[dict]:
     return rows
 
 
-def ablate(run_dir, *, lambda_invs=(0.0, None, 1.0, "paper"), m_values=M_VALUES,
+def ablate(run_dir, *, lambda_invs=(0.0, None, 1.0, "paper"), m_values=None,
            solver: str | None = None, dtype: str = "float32", guard: str | None = None,
            progress: bool = False) -> list[dict]:
     """Refit SC from the scores of the run in ``run_dir`` under the settings of every
@@ -274,14 +275,18 @@ def ablate(run_dir, *, lambda_invs=(0.0, None, 1.0, "paper"), m_values=M_VALUES,
 
     lambda_invs: the grid of the ``lambda_trust`` study; None stands for the run's
         lambda_inv and "paper" for :func:`paper_lambda_inv`.
-    m_values: test-time sub-contexts per size for the ``m_i`` study; values above
-        the largest m_i the run scored are left out (sizes with fewer use all theirs).
+    m_values: test-time sub-contexts per size for the ``m_i`` study; None: those of
+        :data:`M_VALUES` up to what the run scored. A (dataset, k) whose run scored fewer
+        than a value leaves that value out (sizes with fewer use all theirs); a value
+        above what any (dataset, k) scored is left out; when every value is, the study
+        would be empty and they are refused,
+        before any fit; values above it beside others are left out with a warning.
     solver: None uses the run's. Every fit of one setting is one ``fit_batch`` call.
     guard: the guard of every study but ``guard`` ("none" or "bias_only", see
         :func:`sc_jax.calibration.calibrators.fit_batch`); None uses the run's.
     No model is loaded and no LLM forward pass is made.
     """
-    bad = [m for m in m_values if int(m) != m or m < 1]
+    bad = [m for m in m_values or () if int(m) != m or m < 1]
     if bad:
         raise ValueError(f"m_values (--m-values) are test-time sub-contexts per size and must be "
                          f"whole numbers of at least 1, got {bad}")
@@ -291,6 +296,21 @@ def ablate(run_dir, *, lambda_invs=(0.0, None, 1.0, "paper"), m_values=M_VALUES,
                          f"'paper', got {bad}")
     run_dir = Path(run_dir)
     results, runs = _load_run(run_dir)
+    # The most test-time sub-contexts of one size any (dataset, k, seed) scored.
+    scored = max(t.shape[0] for per_seed in runs.values() for s in per_seed.values()
+                 for t in s.test.values())
+    if m_values is None:
+        m_values = tuple(m for m in M_VALUES if m <= scored)
+    bad = [m for m in m_values if m > scored]
+    # Issue 64, found case 9: values above what the run scored were dropped without a
+    # word, and with none left the m_i section with them. No value left: refused;
+    # some: said (the documented `--m-values 1 2 4 8` on an m_i cap 4 run keeps 1 2 4).
+    if bad and len(bad) == len(m_values):
+        raise ValueError(f"--m-values {' '.join(map(str, bad))}: the run scored at most {scored} "
+                         f"test-time sub-contexts per size; give values up to {scored}")
+    if bad:
+        log.warning("--m-values %s left out: the run scored at most %d test-time sub-contexts "
+                    "per size", " ".join(map(str, bad)), scored)
     config = results["config"]
     shared = dict(
         run_lambda=results.get("lambda_inv", DEFAULT_LAMBDA_INV),
@@ -506,7 +526,7 @@ def markdown(rows) -> str:
     summ = summarize(rows)
     datasets = sorted({r["dataset"] for r in rows})
     out = ["# Ablations (refitted from saved scores; no forward pass)", "",
-           "Cells: macro-F1, mean ± std over seeds (in %). lambda_inv=paper is the paper's "
+           "Cells: macro-F1, mean ± std over seeds (in %; the population std, ddof = 0). lambda_inv=paper is the paper's "
            "summed-objective weight 10 on our mean scale (10 P / N per problem).", ""]
     for study in STUDIES:
         for k in sorted({r["shots"] for r in rows if r["study"] == study}):
@@ -533,10 +553,12 @@ def markdown(rows) -> str:
 
 def _plot_curve(rows, study: str, x_field: str, xlabel: str, path: Path,
                 model: str | None = None) -> bool:
+    """The curve of :func:`curve_figure` as ``path`` (PNG), PDF and SVG
+    (:func:`sc_jax.experiment.report.save_figure`); False when the study has no rows."""
     fig = curve_figure(rows, study, x_field, xlabel, model)
     if fig is None:
         return False
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
     return True
 
 
@@ -570,6 +592,34 @@ def curve_figure(rows, study: str, x_field: str, xlabel: str, model: str | None 
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+#: What ``sc-jax ablate`` writes into its --out (the plots also as PDF and SVG).
+ABLATION_OUTPUTS = ("ablation.md", "ablation.csv", "diagnostics.md", "diagnostics.csv") + tuple(
+    f"ablation_{name}.{ext}" for name in ("sc_n", "m") for ext in ("png", "pdf", "svg"))
+
+
+def written_by_ablate(out_dir) -> bool:
+    """Whether ``out_dir``'s files are sc-jax ablate's: its ablation.csv opens with the
+    header every ablate writes (:data:`ROW_FIELDS`), which versions before this test
+    wrote too, so their outputs are replaced by a rerun as before."""
+    try:
+        with open(Path(out_dir) / "ablation.csv") as f:
+            return f.readline().rstrip("\r\n") == ",".join(ROW_FIELDS)
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def check_ablation_out(out_dir, overwrite: bool = False) -> Path:
+    """``ablate --out``, checked before any refit: a directory (created if need be; a
+    file there is refused, issue 64 case 9) that holds no user's file by the names
+    ablate writes, unless ``overwrite`` (the rule of ``run --out``,
+    :func:`sc_jax.experiment.store.refuse_foreign_outputs`; issue 64 case 6)."""
+    out = make_out_dir(out_dir, "--out")
+    if not overwrite:
+        refuse_foreign_outputs(out, ABLATION_OUTPUTS, written_by_ablate(out), command="ablate",
+                               sign="no ablation.csv with its header")
+    return out
 
 
 def write_ablation(rows, out_dir, diagnostics=None, model: str | None = None) -> dict[str, Path]:

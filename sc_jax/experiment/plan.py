@@ -25,8 +25,10 @@ The memory model itself (:func:`~sc_jax.scoring.schedule.plan_schedule`,
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -127,6 +129,20 @@ def _plan_setting(pl: _Planner, name: str, ds, k: int) -> dict[str, Any]:
     if pl.xla and lowered:
         setting.update(xla_peak_bytes(pl.config, pl.dtype, planned, model_shards=pl.model_shards, **kw))
     return setting
+
+
+#: Keys every plan's JSON holds (``sc-jax plan --json``): an existing file with them is a
+#: plan of ours, which a new plan replaces; any other file is a user's, refused.
+PLAN_KEYS = ("model", "budget_bytes", "attention_source", "settings")
+
+
+def written_by_plan(path) -> bool:
+    """Whether the file ``path`` is a plan's JSON (:data:`PLAN_KEYS`) that sc-jax wrote."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and all(k in data for k in PLAN_KEYS)
 
 
 def plan_run(run_config, *, peak_flops: float | None = None, mfu: float = 0.4, xla: bool = True,

@@ -386,6 +386,7 @@ def _run_locked(config: RunConfig, out: Path, progress: bool, log_samples: bool)
     with parts("report"):
         notes += _fit_notes(params)
         data = {"config": config.to_json(), "lambda_inv": lam, "model_identity": model.identity,
+                "model_source": model.source,
                 "versions": package_versions(), "rows": rows, "params": params, "splits": splits,
                 "skipped": skipped, "notes": notes, "timing": {},
                 "cache": {"hits": cache.hits, "misses": cache.misses, "corrupt": cache.corrupt},

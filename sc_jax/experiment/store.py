@@ -82,15 +82,38 @@ def load_scores(path: Path, tag: str | None = None) -> SeedScores:
                          "same `sc-jax run` command to rewrite it from the score cache") from e
 
 
-def check_output_file(path, option: str) -> Path:
+def check_output_file(path, option: str, ours=None, command: str = "", sign: str = "") -> Path:
     """A file a command will write at its end (``option`` names it in the message):
     refused now, as a ValueError, when it is a directory, lies under a file, or its
-    directory cannot be created or written, so no work is lost to a bad path."""
+    directory cannot be created or written, so no work is lost to a bad path.
+
+    ``ours``: given, a test of an existing file (``ours(path) -> bool``) that tells a
+    file sc-jax ``command`` wrote (replaced freely: a rerun) from a user's (refused,
+    ``sign`` saying how ours are recognised; the caller skips the check on --overwrite)."""
     out = Path(path)
     if str(path) == "" or out.is_dir():
         raise ValueError(f"{option} {str(path)!r} is a directory (or empty), not a file: name a file")
     make_out_dir(out.parent, option)
+    if ours is not None and out.exists() and not ours(out):
+        raise ValueError(f"{option} {out} exists and no sc-jax {command} wrote it ({sign}): rerun "
+                         f"with --overwrite to replace it, or choose another {option}")
     return out
+
+
+def refuse_foreign_outputs(out: Path, names, ours: bool, *, command: str, sign: str,
+                           option: str = "--out") -> None:
+    """A ValueError when directory ``out`` holds any of ``names`` (the files ``command``
+    writes there) and ``ours`` is False: sc-jax did not write them (``sign``: what
+    would have marked them as its own), so they are a user's, and are not replaced
+    without --overwrite (the caller skips this check then). Every command that writes
+    into a directory (``run --out``, ``ablate --out``) refuses through this one test."""
+    if ours:
+        return
+    theirs = sorted(name for name in names if (out / name).exists())
+    if theirs:
+        raise ValueError(f"{option} {out} holds {', '.join(theirs)}, which this {command} would "
+                         f"replace, and no sc-jax {command} wrote them ({sign}): rerun with "
+                         f"--overwrite to replace them, or choose another {option}")
 
 
 def make_out_dir(path, option: str = "--out") -> Path:
@@ -138,7 +161,8 @@ def write_json(path: Path, data: dict) -> None:
 
 
 #: What a run writes into --out besides run_config.json and results.json (and cache/).
-RUN_OUTPUTS = ("results.csv", "table.md", "f1_bars.png", "sc_params.png", "samples.jsonl",
+RUN_OUTPUTS = ("results.csv", "results.tex", "table.md", "f1_bars.png", "f1_bars.pdf",
+               "f1_bars.svg", "sc_params.png", "sc_params.pdf", "sc_params.svg", "samples.jsonl",
                "samples.jsonl.gz", "scores")
 
 
@@ -174,11 +198,7 @@ def refuse_other_config(out: Path, config: RunConfig) -> None:
     new = json.loads(json.dumps(config.to_json()))  # tuples as JSON lists
     if not any((out / name).exists() for name in (RUN_CONFIG_FILE, "results.json")):
         # No run of ours was here: files by the names a run writes are someone else's.
-        theirs = sorted(name for name in RUN_OUTPUTS if (out / name).exists())
-        if theirs:
-            raise ValueError(f"--out {out} holds {', '.join(theirs)}, which this run would "
-                             "replace, and no sc-jax run wrote them (no run_config.json): rerun "
-                             "with --overwrite to replace them, or choose another --out")
+        refuse_foreign_outputs(out, RUN_OUTPUTS, False, command="run", sign="no run_config.json")
         return
     for name in (RUN_CONFIG_FILE, "results.json"):
         path = out / name
