@@ -307,3 +307,51 @@ def test_optax_tunes_lambda_inv_through_the_implicit_derivatives(x64):
     # minimum, the default) and 1.73 at 0.001; a wrong sign would climb from 3.43.
     assert all(b < a for a, b in zip(losses, losses[1:])), losses
     assert losses[-1] < losses[0] - 0.5 and float(jnp.exp(log_lam)) < 1.0
+
+
+def test_the_functional_api_refuses_what_it_cannot_answer():
+    """Issue 64, case 3: ensemble_proba with weights [0, 0] gave NaN and with [1, -2]
+    "probabilities" 1.19 and -0.19; calibrated_log_probs broadcast 2-class parameters
+    over 3-class rows into a 3-class answer; tau_schedule(0.5, 1) divided by zero. Each
+    is now one ValueError naming the argument, before anything is compiled."""
+    b, w = jnp.zeros((2, 1)), jnp.ones((2, 1))
+    feats = [jnp.zeros((1, 3, 1)), jnp.zeros((2, 3, 1))]
+    for weights in ([0.0, 0.0], [1.0, -2.0], [1.0, np.nan]):
+        with pytest.raises(ValueError, match="weights must be finite, >= 0 and not all zero"):
+            sc_jax.ensemble_proba(b, w, feats, jnp.asarray(weights))
+    with pytest.raises(ValueError, match=r"weights must be \[S\] = \[2\]"):
+        sc_jax.ensemble_proba(b, w, feats, jnp.ones(3))
+    with pytest.raises(ValueError, match=r"features\[1\] must be \[m_i, T, 1\] with m_i >= 1"):
+        sc_jax.ensemble_proba(b, w, [feats[0], jnp.zeros((0, 3, 1))])
+    with pytest.raises(ValueError, match=r"b and w must be \[S, n-1\] with S = 2"):
+        sc_jax.ensemble_proba(b[:1], w[:1], feats)
+    np.testing.assert_allclose(sc_jax.ensemble_proba(b, w, feats, jnp.array([1.0, 0.0])),
+                               np.full((3, 2), 0.5), atol=1e-6)
+    with pytest.raises(ValueError, match=r"b and w are for 2 classes .* features have 2 log-odds"):
+        sc_jax.calibrated_log_probs(jnp.zeros(1), jnp.ones(1), jnp.zeros((5, 2)))
+    with pytest.raises(ValueError, match="b holds NaN"):
+        sc_jax.calibrated_log_probs(jnp.array([np.nan]), jnp.ones(1), jnp.zeros((5, 1)))
+    with pytest.raises(ValueError, match="features hold NaN"):
+        sc_jax.calibrated_log_probs(jnp.zeros(1), jnp.ones(1), jnp.array([[np.nan]]))
+    with pytest.raises(ValueError, match="b and w are for 2 classes"):  # shapes: even traced
+        jax.jit(sc_jax.calibrated_log_probs)(jnp.zeros(1), jnp.ones(1), jnp.zeros((5, 2)))
+    assert jax.jit(sc_jax.calibrated_log_probs)(jnp.zeros(1), jnp.ones(1),
+                                                jnp.zeros((5, 1))).shape == (5, 2)
+    for k in (1, 0, 2.0):
+        with pytest.raises(ValueError, match="num_classes must be an integer >= 2"):
+            sc_jax.tau_schedule(0.5, k)
+
+
+def test_a_fit_that_did_not_converge_warns_and_status_is_an_exported_enum():
+    """Issue 64, case 4: separable data end UNBOUNDED (NaN gradients) without a word, and
+    the Status enum was not exported. Now calibrate warns where the status is concrete,
+    calibrated_log_probs(cal, x) does too, and cal.status compares to sc_jax.Status."""
+    x = np.array([[-2.0], [-1.0], [1.0], [2.0], [-1.5], [1.5]], np.float32)
+    y, q = np.array([0, 0, 1, 1, 0, 1]), np.arange(6)
+    with pytest.warns(RuntimeWarning, match="calibrate: the fit's status is UNBOUNDED"):
+        cal = sc_jax.calibrate(x, y, q, tau=-1.0)
+    assert sc_jax.Status is Status and issubclass(sc_jax.Status, int)
+    assert bool(cal.status == sc_jax.Status.UNBOUNDED) and not bool(cal.converged)
+    assert sc_jax.Status(int(cal.status)).name == "UNBOUNDED"
+    with pytest.warns(RuntimeWarning, match="calibrated_log_probs: the fit's status is UNBOUNDED"):
+        sc_jax.calibrated_log_probs(cal, jnp.zeros((2, 1)))
