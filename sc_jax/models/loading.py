@@ -308,7 +308,7 @@ def load_model(source: str, *, dtype: str = "float32", mesh=None, seed: int = 0,
         ident = _hash_file_identity([src.path], dtype)
     else:
         files = safetensors_files(src.path)
-        arrays = read_safetensors(config, files)
+        config, arrays = read_safetensors(config, files)  # untied if the file's head differs
         ident = _hash_file_identity([src.path / "config.json"] + files, dtype)
     module = decoder_from_arrays(config, arrays, dtype=jdtype, sharding=sharding, consume=True)
     return LoadedModel(module, tok, mesh=mesh, source=str(src.path), identity=ident)
@@ -593,7 +593,9 @@ def file_sha256(path) -> str:
     except (OSError, ValueError):
         known = {}
     hit = known.get(str(path)) if isinstance(known, dict) else None
-    if isinstance(hit, dict) and hit.get("stamp") == stamp:
+    # An entry without a well-formed hash (hand-edited, or written by another tool) is
+    # treated as stale and rehashed, not trusted or a KeyError.
+    if isinstance(hit, dict) and hit.get("stamp") == stamp and _is_sha256(hit.get("sha256")):
         return hit["sha256"]
     digest = sha256_of(path)
     try:  # best effort: a read-only cache costs the next load a re-read, nothing else
@@ -606,6 +608,10 @@ def file_sha256(path) -> str:
     except OSError:
         pass
     return digest
+
+
+def _is_sha256(value) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
 
 
 def _hash_file_identity(files, dtype) -> str:
