@@ -100,6 +100,11 @@ def make_mesh(data: int | None = None, devices=None, *, model: int = 1):
     if model < 1:
         raise ValueError(f"the model axis must be positive, got {model}")
     d = len(devs) // model if not data else int(data)
+    if model > len(devs):
+        # "data 0 x model 3" named a data axis nobody asked for.
+        raise ValueError(f"a model axis of {model} needs {model} devices; {len(devs)} "
+                         f"{'is' if len(devs) == 1 else 'are'} available: use --mesh model="
+                         f"{len(devs)} or fewer")
     if d < 1 or d * model > len(devs):
         raise ValueError(f"a mesh of data {d} x model {model} needs {max(d, 1) * model} devices; "
                          f"{len(devs)} are available")
