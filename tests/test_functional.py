@@ -355,3 +355,38 @@ def test_a_fit_that_did_not_converge_warns_and_status_is_an_exported_enum():
     assert sc_jax.Status(int(cal.status)).name == "UNBOUNDED"
     with pytest.warns(RuntimeWarning, match="calibrated_log_probs: the fit's status is UNBOUNDED"):
         sc_jax.calibrated_log_probs(cal, jnp.zeros((2, 1)))
+
+
+def test_public_functions_refuse_input_they_answered_with_garbage():
+    """Issue 64, deliverable 2, found by trying each public function of sc_jax: log_odds
+    returned NaN features for NaN scores and an empty answer for one class; tau_schedule
+    read accuracy NaN as "below 0.5" and 2.0 as "above 0.9"; make_mesh(2.5) made a mesh
+    of 2; calibrated_log_probs of strings was a TypeError."""
+    for bad, match in ((np.array([[np.nan, 1.0]]), "logprobs hold 1 NaN"),
+                       (np.array(0.3), r"logprobs must be \[..., n\]"),
+                       (np.array([[0.0]]), "n >= 2 classes"),
+                       (np.array([["a", "b"]]), "logprobs must be real numbers")):
+        with pytest.raises(ValueError, match=match):
+            sc_jax.log_odds(bad)
+    np.testing.assert_allclose(sc_jax.log_odds(np.log([[0.25, 0.75]])), [[np.log(3.0)]])
+    for acc in (np.nan, 2.0, -0.1):
+        with pytest.raises(ValueError, match=r"accuracy must be a fraction in \[0, 1\]"):
+            sc_jax.tau_schedule(acc, 3)
+    assert jax.jit(sc_jax.tau_schedule, static_argnums=1)(0.95, 3).shape == ()  # traced: no check
+    with pytest.raises(ValueError, match="data must be a whole number of devices, got 2.5"):
+        sc_jax.make_mesh(2.5)
+    with pytest.raises(ValueError, match="b must be real numbers"):
+        sc_jax.calibrated_log_probs(np.array(["a"]), np.ones(1), np.zeros((2, 1)))
+
+
+def test_last_logits_refuses_float_token_ids_and_rows_outside_the_vocabulary():
+    """Float token ids were truncated (1.5 read as 1) and rows past the vocabulary
+    clamped by the gather: logits of other tokens, without a word."""
+    model = sc_jax.load_model("random:tiny-llama")
+    with pytest.raises(ValueError, match="token ids must be integers, got 1.5"):
+        model.last_logits([[1.5, 2]])
+    with pytest.raises(ValueError, match="rows must be a list of integer token ids"):
+        model.last_logits([[1, 2]], rows=[1.5])
+    with pytest.raises(ValueError, match=r"rows name token ids outside the vocabulary \[0, 613\)"):
+        model.last_logits([[1, 2]], rows=[10**6])
+    assert model.last_logits([[1, 2]], rows=[3, 4]).shape == (1, 2)

@@ -136,6 +136,13 @@ def tau_schedule(accuracy: Array, num_classes: int) -> Array:
         # K = 1 divided by zero in the 1/(K-1) root.
         raise ValueError(f"num_classes must be an integer >= 2 (the number of classes K), "
                          f"got {num_classes!r}")
+    concrete = _concrete(accuracy)
+    if concrete is not None:
+        acc = np.asarray(concrete[0])
+        # NaN read as "below 0.5" (tau = -1) and 2.0 as "above 0.9", without a word.
+        if not (np.issubdtype(acc.dtype, np.floating) or np.issubdtype(acc.dtype, np.integer)) \
+                or not np.all((acc >= 0) & (acc <= 1)):
+            raise ValueError(f"accuracy must be a fraction in [0, 1], got {acc.tolist()!r}")
     levels = tau_levels(num_classes)
     accuracy = jnp.asarray(accuracy)
     tau = levels[-1]
@@ -167,6 +174,9 @@ def _check_params(b, w, n1: int | None, where: str = "") -> None:
                          "classes): pass parameters fitted on features of this width")
     for name, arr in (("b", b), ("w", w)):
         concrete = _concrete(arr)
+        if concrete is not None and not (np.issubdtype(concrete[0].dtype, np.floating)
+                                         or np.issubdtype(concrete[0].dtype, np.integer)):
+            raise ValueError(f"{name}{where} must be real numbers, got dtype {concrete[0].dtype}")
         if concrete is not None and not np.all(np.isfinite(concrete[0])):
             raise ValueError(f"{name}{where} holds NaN or infinite values: it is not a fit (check "
                              "the fit's status: sc_jax.Status)")

@@ -547,7 +547,8 @@ def _to_dataset(columns: Mapping[str, Sequence], spec: TaskSpec, text_column: st
     # rows without text are, rather than dropped: the rows a run uses stay the file's.
     blank = [i for i, t in enumerate(texts_raw) if not t.strip()]
     if blank:
-        raise ValueError(f"{where}: {len(blank)} rows have an empty or whitespace-only text in column "
+        raise ValueError(f"{where}: {len(blank)} {'row has' if len(blank) == 1 else 'rows have'} "
+                         f"an empty or whitespace-only text in column "
                          f"{text_column!r} (rows {[i + 1 for i in blank[:5]]}); remove them")
     labels = _encode_labels(labels_raw, spec, where, label_column)
     return Dataset(tuple(texts_raw), labels, spec, source)

@@ -213,10 +213,19 @@ class LoadedModel:
         ``[batch, vocab]`` (or ``[batch, len(rows)]``). Sequences are run in batches
         of at most ``max_tokens_per_batch`` padded tokens, sorted by length.
         """
-        token_ids = [list(map(int, s)) for s in token_ids]
+        token_ids = [list(map(_token_int, s)) for s in token_ids]
         if not token_ids:
             raise ValueError("last_logits needs at least one sequence")
         self.check_tokens(token_ids)
+        if rows is not None:
+            rows_arr = np.asarray(rows)
+            V = self.config.vocab_size
+            # Float rows were truncated and rows past the vocabulary clamped by the
+            # gather: logits of other tokens, without a word.
+            if rows_arr.ndim != 1 or rows_arr.size and not np.issubdtype(rows_arr.dtype, np.integer):
+                raise ValueError(f"rows must be a list of integer token ids, got {rows!r}")
+            if rows_arr.size and (rows_arr.min() < 0 or rows_arr.max() >= V):
+                raise ValueError(f"rows name token ids outside the vocabulary [0, {V}): {rows_arr.tolist()}")
         order = np.argsort([len(s) for s in token_ids], kind="stable")
         out = [None] * len(token_ids)
         i = 0
@@ -233,6 +242,13 @@ class LoadedModel:
                 out[k] = res[r]
             i = j
         return np.stack(out).astype(np.float32)
+
+
+def _token_int(t) -> int:
+    """A token id as int; a float or other non-integer (int(1.5) read as 1) is refused."""
+    if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)):
+        raise ValueError(f"token ids must be integers, got {t!r}")
+    return int(t)
 
 
 # ------------------------------------------------------------------ loading

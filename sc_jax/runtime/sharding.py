@@ -96,6 +96,11 @@ def make_mesh(data: int | None = None, devices=None, *, model: int = 1):
     Built with ``AxisType.Auto``: the newer default (Explicit) breaks the embedding
     gather (FIELD_NOTES)."""
     devs = list(devices if devices is not None else jax.devices())
+    for name, value in (("data", data), ("model", model)):
+        # int(2.5) planned a mesh of 2 without a word.
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))
+                                  or value < 0):
+            raise ValueError(f"{name} must be a whole number of devices, got {value!r}")
     model = int(model)
     if model < 1:
         raise ValueError(f"the model axis must be positive, got {model}")
