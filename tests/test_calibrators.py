@@ -164,6 +164,12 @@ def test_predict_proba_refuses_what_it_cannot_answer_and_warns_on_a_fit_that_did
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         predict_proba(fits, feats)  # converged fits: no warning
+    # Found by trying predict_proba's other arguments: an AttributeError, and a size of
+    # 1.5 weighted as size 1.
+    with pytest.raises(ValueError, match=r"fits\[1\] must be a FitResult \(from fit or fit_batch\), got NoneType"):
+        predict_proba([fits[0], None], feats)
+    with pytest.raises(ValueError, match=r"sizes must be integers, got \[1, 1.5\]"):
+        predict_proba(fits, feats, size_weights="reference", shots=4, sizes=[1, 1.5])
 
 
 def test_compilations_do_not_grow_with_batch_contents():

@@ -614,6 +614,11 @@ def reference_size_weights(shots: int, sizes: Sequence[int]) -> np.ndarray:
     * (k - i), 15000)``). It does not depend on the budget: at k = 8 with the default
     budget 5000 the fitted sizes have 56, 336, 1680, 5000, 5000 rows but weights 56,
     336, 1680, 6720, 15000."""
+    # int(1.5) read a size of 1: the weight of another size, without a word.
+    if isinstance(shots, bool) or not isinstance(shots, (int, np.integer)):
+        raise ValueError(f"shots (k) must be an integer, got {shots!r}")
+    if any(isinstance(i, bool) or not isinstance(i, (int, np.integer)) for i in sizes):
+        raise ValueError(f"sizes must be integers, got {list(sizes)}")
     sizes = [int(i) for i in sizes]
     if any(not 1 <= i < shots for i in sizes):
         raise ValueError(f"sizes must lie in 1..k-1 = 1..{shots - 1}, got {sizes}")
@@ -647,6 +652,9 @@ def predict_proba(fits: Sequence[FitResult], features: Sequence[np.ndarray], *,
         raise ValueError(f"size_weights must be 'uniform' or 'reference', got {size_weights!r}")
     feats_all = []
     for i, (fit_i, feats) in enumerate(zip(fits, features)):
+        if not isinstance(fit_i, FitResult):
+            raise ValueError(f"fits[{i}] must be a FitResult (from fit or fit_batch), got "
+                             f"{type(fit_i).__name__}")
         if not np.all(np.isfinite(fit_i.b)) or not np.all(np.isfinite(fit_i.w)):
             raise ValueError(f"fits[{i}] has NaN or infinite parameters (status "
                              f"{Status(int(fit_i.status)).name}): it is not a fit; refit that size")
