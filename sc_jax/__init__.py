@@ -32,6 +32,9 @@ _LAZY = {
     "fit_batch": "sc_jax.calibration.calibrators",
     "predict_proba": "sc_jax.calibration.calibrators",
     "FitResult": "sc_jax.calibration.calibrators",
+    # A fit's result code (CONVERGED, MAX_ITERATIONS, INFEASIBLE, NONFINITE, UNBOUNDED,
+    # INVALID_INPUT): Calibration.status and FitResult.status compare to it.
+    "Status": "sc_jax.calibration.solvers.types",
     "ScoringEngine": "sc_jax.scoring.engine",
     "RunConfig": "sc_jax.experiment.config",
     "run_experiment": "sc_jax.experiment.run",

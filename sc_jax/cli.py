@@ -47,6 +47,7 @@ import numpy as np
 from sc_jax import __version__
 from sc_jax.calibration.calibrators import GUARDS
 from sc_jax.calibration.objective import log_odds
+from sc_jax.calibration.solvers.batching import threads_from_env
 from sc_jax.experiment.ablation import (ablate, check_ablation_out, diagnose, regenerate_samples,
                                         write_ablation)
 from sc_jax.experiment.config import METHODS, RunConfig
@@ -586,6 +587,10 @@ def _dispatch(args, argv) -> int:
     try:
         if args.command in MULTIPROCESS_COMMANDS and initialize_distributed() and not is_writer():
             logging.getLogger("sc_jax").setLevel(logging.WARNING)  # process 0 reports
+        # Read at the first fit, after all the scoring: checked before any work.
+        threads_from_env()
+        if args.command in ("run", "plan"):  # the commands that download into it
+            _check_cache_env()
         return args.fn(args)
     except BrokenPipeError:
         # `sc-jax plan | head`: the reader has gone, and Python would report the flush
@@ -604,8 +609,51 @@ def _dispatch(args, argv) -> int:
         return _one_line_error(args, argv, e)
 
 
+def _cache_env_line(e: OSError) -> str | None:
+    """The line for a failed write under ``$SC_JAX_CACHE``, naming the variable (the
+    run's "scores are saved ...; run the same command to resume" would fail the same
+    way), or None for a write elsewhere."""
+    env = os.environ.get("SC_JAX_CACHE")
+    if not env or not e.filename:
+        return None
+    root = Path(env).expanduser().absolute()
+    target = Path(str(e.filename)).expanduser().absolute()
+    if target != root and root not in target.parents:
+        return None
+    return (f"error: $SC_JAX_CACHE ({env}) cannot be written ({target}: {e.strerror or e}): "
+            "set SC_JAX_CACHE to a writable directory, or unset it for ~/.cache/sc_jax")
+
+
+def _check_cache_env() -> None:
+    """A ``$SC_JAX_CACHE`` that cannot be created or written, refused before any work
+    (it holds downloaded data and models, file hashes, attention choices)."""
+    env = os.environ.get("SC_JAX_CACHE")
+    if not env:
+        return
+    root = Path(env).expanduser()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / f".write-test.{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        if e.filename is None:
+            e.filename = str(root)
+        raise _CacheEnvError(_cache_env_line(e) or f"error: $SC_JAX_CACHE ({env}): {e}") from None
+
+
+class _CacheEnvError(ValueError):
+    """An unusable ``$SC_JAX_CACHE``: its message is the whole line."""
+
+
 def _one_line_error(args, argv, e: Exception) -> int:
     """Exit 2 with one ``error:`` line for bad input or a failed write."""
+    if isinstance(e, _CacheEnvError):
+        print(str(e), file=sys.stderr)
+        return 2
+    if isinstance(e, OSError) and _cache_env_line(e):
+        print(_cache_env_line(e), file=sys.stderr)
+        return 2
     if isinstance(e, OSError) and not isinstance(e, FileNotFoundError):
         # A full disk (ENOSPC) or a directory made unwritable while a command writes:
         # one line naming the file; the run's lock is released on the way out.

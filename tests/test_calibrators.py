@@ -139,6 +139,39 @@ def test_two_level_ensemble():
         predict_proba(fits, feats, size_weights="paper")
 
 
+def test_predict_proba_refuses_what_it_cannot_answer_and_warns_on_a_fit_that_did_not_converge():
+    """Issue 64, cases 3 and 4: a size with no sub-contexts gave all-NaN probabilities,
+    NaN parameters NaN ones, and a fit's status was never read."""
+    import warnings
+    rng = np.random.default_rng(0)
+    fits = [_fit_result([0.5, -0.2], [1.2, 0.7], 56), _fit_result([0.1, 0.3], [0.8, 1.5], 20)]
+    feats = [rng.normal(size=(3, 4, 2)), rng.normal(size=(2, 4, 2))]
+    with pytest.raises(ValueError, match=r"features\[1\] has no sub-contexts \(m_i = 0"):
+        predict_proba(fits, [feats[0], np.zeros((0, 4, 2))])
+    nan_fit = dataclasses.replace(fits[0], b=np.array([np.nan, 0.0]), status=Status.NONFINITE)
+    with pytest.raises(ValueError, match=r"fits\[0\] has NaN or infinite parameters \(status NONFINITE"):
+        predict_proba([nan_fit, fits[1]], feats)
+    with pytest.raises(ValueError, match="b holds NaN"):
+        nan_fit.predict_proba(feats[0])
+    with pytest.raises(ValueError, match=r"features\[0\] must be \[m_i, T, 2\]"):
+        predict_proba(fits, [rng.normal(size=(3, 4, 3)), feats[1]])
+    unbounded = dataclasses.replace(fits[1], status=Status.UNBOUNDED)
+    with pytest.warns(RuntimeWarning, match=r"fits\[1\].*status is UNBOUNDED, not CONVERGED"):
+        out = predict_proba([fits[0], unbounded], feats)
+    assert np.all(np.isfinite(out))
+    with pytest.warns(RuntimeWarning, match="MAX_ITERATIONS"):
+        dataclasses.replace(fits[0], status=Status.MAX_ITERATIONS).predict_proba(feats[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        predict_proba(fits, feats)  # converged fits: no warning
+    # Found by trying predict_proba's other arguments: an AttributeError, and a size of
+    # 1.5 weighted as size 1.
+    with pytest.raises(ValueError, match=r"fits\[1\] must be a FitResult \(from fit or fit_batch\), got NoneType"):
+        predict_proba([fits[0], None], feats)
+    with pytest.raises(ValueError, match=r"sizes must be integers, got \[1, 1.5\]"):
+        predict_proba(fits, feats, size_weights="reference", shots=4, sizes=[1, 1.5])
+
+
 def test_compilations_do_not_grow_with_batch_contents():
     world = World((1.0, 0.5), 3)
     sur = list(world.surrogate(8, (1, 2, 3)).values())  # 56, 336, 1680 rows

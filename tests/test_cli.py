@@ -345,15 +345,80 @@ def _stop_at_the_model(monkeypatch):
     monkeypatch.setattr("sc_jax.models.loading.load_model", stop)
 
 
+# Another run holding the lock: a process of its own that takes the flock of out/.lock,
+# writes the given holder line (its own pid and host by default) and says so.
+_FLOCK_HOLDER = """
+import fcntl, os, socket, sys, time
+fd = os.open(sys.argv[1], os.O_CREAT | os.O_RDWR)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.write(fd, (sys.argv[2] if len(sys.argv) > 2 else f"{os.getpid()} {socket.gethostname()}\\n").encode())
+print("holding", flush=True)
+time.sleep(60)
+"""
+
+
+def _hold_flock(out, line=None):
+    proc = subprocess.Popen([sys.executable, "-c", _FLOCK_HOLDER, str(out / ".lock")]
+                            + ([line] if line else []), stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "holding"
+    return proc
+
+
+def test_the_lock_tells_a_live_run_from_a_dead_one_whatever_the_pid_says(tmp_path, capsys,
+                                                                         monkeypatch):
+    """Issue 64, case 7: the lock was judged by pid and host only, so a live run in another
+    pid namespace (its pid absent here) was taken over, and a dead run's lock whose pid had
+    been reused by another process refused every later run. Now the flock decides."""
+    _stop_at_the_model(monkeypatch)
+    out = tmp_path / "run"
+    out.mkdir()
+    argv = ["run", "--out", str(out), "--data-file", str(_data(tmp_path))] + TINY
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    # A live run whose pid (from its own namespace) names no process here.
+    live = _hold_flock(out, f"{dead.pid} {socket.gethostname()}\n")
+    try:
+        assert cli.main(argv) == 2
+        assert "is in use by another sc-jax run" in _one_error(capsys)
+    finally:
+        live.kill()
+        live.wait()
+    # A dead run's lock naming a pid that is alive again (here: this very process).
+    (out / ".lock").write_text(f"{os.getppid()} {socket.gethostname()}\n")
+    assert cli.main(argv) == 2 and _one_error(capsys) == "error: stopped at the model"
+    assert not (out / ".lock").exists()
+
+
+def test_a_lock_that_cannot_be_judged_says_how_to_clear_it(tmp_path, monkeypatch):
+    """Issue 64, case 7: on a filesystem without flock the lock file is all there is: the
+    refusal names the file to delete once its run has ended."""
+    import errno
+    import fcntl
+    from sc_jax.runtime import runlock
+
+    def no_flock(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    (tmp_path / ".lock").write_text("4242 elsewhere\n")
+    with pytest.raises(ValueError, match=r"names pid 4242 on elsewhere and this filesystem has no "
+                                         r"flock .* if it has ended, delete .*\.lock"):
+        with runlock.run_lock(tmp_path):
+            pass
+    (tmp_path / ".lock").unlink()
+    with runlock.run_lock(tmp_path):  # no lock file: taken by creating it
+        assert (tmp_path / ".lock").read_text().startswith(f"{os.getpid()} ")
+    assert not (tmp_path / ".lock").exists()
+
+
 def test_a_second_run_into_a_locked_out_is_refused_and_a_stale_lock_is_taken_over(
         tmp_path, capsys, monkeypatch):
     _stop_at_the_model(monkeypatch)
     out = tmp_path / "run"
     out.mkdir()
     argv = ["run", "--out", str(out), "--data-file", str(_data(tmp_path))] + TINY
-    live = subprocess.Popen(["sleep", "60"])  # another run, still going
+    live = _hold_flock(out)  # another run, still going
     try:
-        (out / ".lock").write_text(f"{live.pid} {socket.gethostname()}\n")
         assert cli.main(argv) == 2
         assert _one_error(capsys) == (f"error: --out {out} is in use by another sc-jax run (pid "
                                       f"{live.pid} on {socket.gethostname()}; lock file "
@@ -431,7 +496,7 @@ def test_a_lock_the_disk_could_not_hold(tmp_path, capsys, monkeypatch):
         m.setattr(Path, "write_text", full)
         assert cli.main(argv) == 2
     assert "could not write the lock file" in _one_error(capsys)
-    assert not [p.name for p in out.iterdir() if p.name.startswith(".lock") and p.name != ".lock.guard"]
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".lock")]
     (out / ".lock").write_bytes(b"")
     assert cli.main(argv) == 2 and _one_error(capsys) == "error: stopped at the model"
     assert not (out / ".lock").exists()

@@ -307,3 +307,86 @@ def test_optax_tunes_lambda_inv_through_the_implicit_derivatives(x64):
     # minimum, the default) and 1.73 at 0.001; a wrong sign would climb from 3.43.
     assert all(b < a for a, b in zip(losses, losses[1:])), losses
     assert losses[-1] < losses[0] - 0.5 and float(jnp.exp(log_lam)) < 1.0
+
+
+def test_the_functional_api_refuses_what_it_cannot_answer():
+    """Issue 64, case 3: ensemble_proba with weights [0, 0] gave NaN and with [1, -2]
+    "probabilities" 1.19 and -0.19; calibrated_log_probs broadcast 2-class parameters
+    over 3-class rows into a 3-class answer; tau_schedule(0.5, 1) divided by zero. Each
+    is now one ValueError naming the argument, before anything is compiled."""
+    b, w = jnp.zeros((2, 1)), jnp.ones((2, 1))
+    feats = [jnp.zeros((1, 3, 1)), jnp.zeros((2, 3, 1))]
+    for weights in ([0.0, 0.0], [1.0, -2.0], [1.0, np.nan]):
+        with pytest.raises(ValueError, match="weights must be finite, >= 0 and not all zero"):
+            sc_jax.ensemble_proba(b, w, feats, jnp.asarray(weights))
+    with pytest.raises(ValueError, match=r"weights must be \[S\] = \[2\]"):
+        sc_jax.ensemble_proba(b, w, feats, jnp.ones(3))
+    with pytest.raises(ValueError, match=r"features\[1\] must be \[m_i, T, 1\] with m_i >= 1"):
+        sc_jax.ensemble_proba(b, w, [feats[0], jnp.zeros((0, 3, 1))])
+    with pytest.raises(ValueError, match=r"b and w must be \[S, n-1\] with S = 2"):
+        sc_jax.ensemble_proba(b[:1], w[:1], feats)
+    np.testing.assert_allclose(sc_jax.ensemble_proba(b, w, feats, jnp.array([1.0, 0.0])),
+                               np.full((3, 2), 0.5), atol=1e-6)
+    with pytest.raises(ValueError, match=r"b and w are for 2 classes .* features have 2 log-odds"):
+        sc_jax.calibrated_log_probs(jnp.zeros(1), jnp.ones(1), jnp.zeros((5, 2)))
+    with pytest.raises(ValueError, match="b holds NaN"):
+        sc_jax.calibrated_log_probs(jnp.array([np.nan]), jnp.ones(1), jnp.zeros((5, 1)))
+    with pytest.raises(ValueError, match="features hold NaN"):
+        sc_jax.calibrated_log_probs(jnp.zeros(1), jnp.ones(1), jnp.array([[np.nan]]))
+    with pytest.raises(ValueError, match="b and w are for 2 classes"):  # shapes: even traced
+        jax.jit(sc_jax.calibrated_log_probs)(jnp.zeros(1), jnp.ones(1), jnp.zeros((5, 2)))
+    assert jax.jit(sc_jax.calibrated_log_probs)(jnp.zeros(1), jnp.ones(1),
+                                                jnp.zeros((5, 1))).shape == (5, 2)
+    for k in (1, 0, 2.0):
+        with pytest.raises(ValueError, match="num_classes must be an integer >= 2"):
+            sc_jax.tau_schedule(0.5, k)
+
+
+def test_a_fit_that_did_not_converge_warns_and_status_is_an_exported_enum():
+    """Issue 64, case 4: separable data end UNBOUNDED (NaN gradients) without a word, and
+    the Status enum was not exported. Now calibrate warns where the status is concrete,
+    calibrated_log_probs(cal, x) does too, and cal.status compares to sc_jax.Status."""
+    x = np.array([[-2.0], [-1.0], [1.0], [2.0], [-1.5], [1.5]], np.float32)
+    y, q = np.array([0, 0, 1, 1, 0, 1]), np.arange(6)
+    with pytest.warns(RuntimeWarning, match="calibrate: the fit's status is UNBOUNDED"):
+        cal = sc_jax.calibrate(x, y, q, tau=-1.0)
+    assert sc_jax.Status is Status and issubclass(sc_jax.Status, int)
+    assert bool(cal.status == sc_jax.Status.UNBOUNDED) and not bool(cal.converged)
+    assert sc_jax.Status(int(cal.status)).name == "UNBOUNDED"
+    with pytest.warns(RuntimeWarning, match="calibrated_log_probs: the fit's status is UNBOUNDED"):
+        sc_jax.calibrated_log_probs(cal, jnp.zeros((2, 1)))
+
+
+def test_public_functions_refuse_input_they_answered_with_garbage():
+    """Issue 64, deliverable 2, found by trying each public function of sc_jax: log_odds
+    returned NaN features for NaN scores and an empty answer for one class; tau_schedule
+    read accuracy NaN as "below 0.5" and 2.0 as "above 0.9"; make_mesh(2.5) made a mesh
+    of 2; calibrated_log_probs of strings was a TypeError."""
+    for bad, match in ((np.array([[np.nan, 1.0]]), "logprobs hold 1 NaN"),
+                       (np.array(0.3), r"logprobs must be \[..., n\]"),
+                       (np.array([[0.0]]), "n >= 2 classes"),
+                       (np.array([["a", "b"]]), "logprobs must be real numbers")):
+        with pytest.raises(ValueError, match=match):
+            sc_jax.log_odds(bad)
+    np.testing.assert_allclose(sc_jax.log_odds(np.log([[0.25, 0.75]])), [[np.log(3.0)]])
+    for acc in (np.nan, 2.0, -0.1):
+        with pytest.raises(ValueError, match=r"accuracy must be a fraction in \[0, 1\]"):
+            sc_jax.tau_schedule(acc, 3)
+    assert jax.jit(sc_jax.tau_schedule, static_argnums=1)(0.95, 3).shape == ()  # traced: no check
+    with pytest.raises(ValueError, match="data must be a whole number of devices, got 2.5"):
+        sc_jax.make_mesh(2.5)
+    with pytest.raises(ValueError, match="b must be real numbers"):
+        sc_jax.calibrated_log_probs(np.array(["a"]), np.ones(1), np.zeros((2, 1)))
+
+
+def test_last_logits_refuses_float_token_ids_and_rows_outside_the_vocabulary():
+    """Float token ids were truncated (1.5 read as 1) and rows past the vocabulary
+    clamped by the gather: logits of other tokens, without a word."""
+    model = sc_jax.load_model("random:tiny-llama")
+    with pytest.raises(ValueError, match="token ids must be integers, got 1.5"):
+        model.last_logits([[1.5, 2]])
+    with pytest.raises(ValueError, match="rows must be a list of integer token ids"):
+        model.last_logits([[1, 2]], rows=[1.5])
+    with pytest.raises(ValueError, match=r"rows name token ids outside the vocabulary \[0, 613\)"):
+        model.last_logits([[1, 2]], rows=[10**6])
+    assert model.last_logits([[1, 2]], rows=[3, 4]).shape == (1, 2)

@@ -319,3 +319,33 @@ def test_duplicate_tensor_across_shards(tmp_path):
     save_file(b, str(shards[1]))
     with pytest.raises(ValueError, match=f"tensor {dup} appears in both"):
         sc_jax.load_model(path)
+
+
+def test_a_tied_config_over_a_checkpoint_with_its_own_head(tmp_path):
+    """Issue 64, case 1: config.json says tie_word_embeddings but the file carries an
+    lm_head.weight of its own: the embedding was used as the head (logits off by up to
+    0.77 from transformers'). Now, as transformers 5: the file's head, and a warning;
+    a head equal to the embedding stays tied, without a word."""
+    import warnings
+
+    from safetensors.numpy import load_file, save_file
+
+    from hf_models import write_numpy_checkpoint
+
+    d = write_numpy_checkpoint(tmp_path / "untied")
+    ids = [[5, 17, 42, 7]]
+    want = sc_jax.load_model(str(d), dtype="float32").last_logits(ids)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": True}))
+    with pytest.warns(UserWarning, match="lm_head.weight differs from model.embed_tokens.weight; "
+                                         "using the file's head"):
+        model = sc_jax.load_model(str(d), dtype="float32")
+    assert not model.config.tie_word_embeddings
+    np.testing.assert_allclose(model.last_logits(ids), want, atol=1e-5)
+    tensors = load_file(str(d / "model.safetensors"))
+    tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].copy()
+    save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        tied = sc_jax.load_model(str(d), dtype="float32")
+    assert tied.config.tie_word_embeddings

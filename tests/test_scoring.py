@@ -256,6 +256,27 @@ def test_empty_demos_and_bad_sizes(model):
         build_pieces(model.tokenizer, TEMPLATE, [("a", 7)], ["q"])
 
 
+def test_float_indices_and_contexts_outside_the_demonstrations_are_refused(model):
+    """Issue 64, case 3: float pair indices were truncated ([[0.7, 3.2]] scored pair
+    (0, 3)), and surrogate_pairs took contexts naming demonstration k or more."""
+    pieces = build_pieces(model.tokenizer, TEMPLATE, [("a", 0), ("b", 1), ("c", 2)], ["q"])
+    before = sum(COMPILES.values())
+    with pytest.raises(ValueError, match=r"pairs must hold integer indices, got dtype float64"):
+        ScoringEngine(model, progress=False).score(pieces, [[0]], [[0.7, 3.2]])
+    with pytest.raises(ValueError, match=r"contexts must hold integer indices"):
+        ScoringEngine(model, progress=False).score(pieces, [[0.0]], [[0, 1]])
+    assert sum(COMPILES.values()) == before
+    with pytest.raises(ValueError, match=r"contexts name demonstration 5, outside \[0, k=3\)"):
+        surrogate_pairs(np.array([[0], [5]]), 3)
+    with pytest.raises(ValueError, match=r"contexts name demonstration -1"):
+        surrogate_pairs(np.array([[-1]]), 3)
+    with pytest.raises(ValueError, match="distinct"):
+        surrogate_pairs(np.array([[1, 1]]), 3)
+    with pytest.raises(ValueError, match="integer"):
+        surrogate_pairs(np.array([[1.5]]), 3)
+    assert surrogate_pairs(np.array([[2]]), 3).tolist() == [[0, 0], [0, 1]]
+
+
 def test_mesh_of_six_devices(setup):
     """A mesh size that is not a power of two: batches are padded to a multiple of it."""
     k, pieces = setup

@@ -53,9 +53,12 @@ import numpy as np
 from sc_jax.calibration import functional, solvers
 from sc_jax.calibration.functional import (
     DEFAULT_LAMBDA_INV,
+    _check_features,
+    _check_params,
     calibrated_log_probs,
     ensemble_proba,
     tau_schedule,
+    warn_unless_converged,
 )
 from sc_jax.calibration.objective import Problem
 from sc_jax.calibration.solvers import (
@@ -181,7 +184,10 @@ class FitResult:
         return self.b.shape[0] + 1
 
     def predict_proba(self, features: np.ndarray) -> np.ndarray:
-        """``[..., n-1]`` log-odds -> ``[..., n]`` calibrated probabilities."""
+        """``[..., n-1]`` log-odds -> ``[..., n]`` calibrated probabilities. Warns
+        (RuntimeWarning) when the fit's status is not CONVERGED; raises ValueError for
+        NaN parameters or features of another width."""
+        warn_unless_converged(np.int32(self.status), "FitResult.predict_proba")
         return calibrated_proba(self.b, self.w, features)
 
 
@@ -193,6 +199,11 @@ def _calibrated_proba(b, w, features):
 def calibrated_proba(b: np.ndarray, w: np.ndarray, features: np.ndarray) -> np.ndarray:
     """f(m; theta) of Eq. affine_logit_model_formal: ``[..., n-1]`` -> ``[..., n]``,
     :func:`sc_jax.calibration.functional.calibrated_log_probs` in float64."""
+    b, w, features = (np.asarray(a, np.float64) for a in (b, w, features))
+    # The checks of calibrated_log_probs run here, where the arrays are concrete (inside
+    # the jit they could only check shapes).
+    _check_features(features)
+    _check_params(b, w, features.shape[-1])
     with jax.enable_x64(True):
         return np.asarray(_calibrated_proba(*(jnp.asarray(a, jnp.float64) for a in (b, w, features))))
 
@@ -603,6 +614,11 @@ def reference_size_weights(shots: int, sizes: Sequence[int]) -> np.ndarray:
     * (k - i), 15000)``). It does not depend on the budget: at k = 8 with the default
     budget 5000 the fitted sizes have 56, 336, 1680, 5000, 5000 rows but weights 56,
     336, 1680, 6720, 15000."""
+    # int(1.5) read a size of 1: the weight of another size, without a word.
+    if isinstance(shots, bool) or not isinstance(shots, (int, np.integer)):
+        raise ValueError(f"shots (k) must be an integer, got {shots!r}")
+    if any(isinstance(i, bool) or not isinstance(i, (int, np.integer)) for i in sizes):
+        raise ValueError(f"sizes must be integers, got {list(sizes)}")
     sizes = [int(i) for i in sizes]
     if any(not 1 <= i < shots for i in sizes):
         raise ValueError(f"sizes must lie in 1..k-1 = 1..{shots - 1}, got {sizes}")
@@ -635,13 +651,24 @@ def predict_proba(fits: Sequence[FitResult], features: Sequence[np.ndarray], *,
     else:
         raise ValueError(f"size_weights must be 'uniform' or 'reference', got {size_weights!r}")
     feats_all = []
-    for fit_i, feats in zip(fits, features):
+    for i, (fit_i, feats) in enumerate(zip(fits, features)):
+        if not isinstance(fit_i, FitResult):
+            raise ValueError(f"fits[{i}] must be a FitResult (from fit or fit_batch), got "
+                             f"{type(fit_i).__name__}")
+        if not np.all(np.isfinite(fit_i.b)) or not np.all(np.isfinite(fit_i.w)):
+            raise ValueError(f"fits[{i}] has NaN or infinite parameters (status "
+                             f"{Status(int(fit_i.status)).name}): it is not a fit; refit that size")
+        warn_unless_converged(np.int32(fit_i.status), f"predict_proba (fits[{i}])")
         feats = np.asarray(feats, np.float64)
         if feats.ndim == 2:
             feats = feats[None]
         if feats.ndim != 3 or feats.shape[-1] != fit_i.num_classes - 1:
-            raise ValueError(f"features per size must be [m_i, T, {fit_i.num_classes - 1}], "
+            raise ValueError(f"features[{i}] must be [m_i, T, {fit_i.num_classes - 1}], "
                              f"got {feats.shape}")
+        if feats.shape[0] == 0:
+            # A mean over no sub-contexts was NaN for every query.
+            raise ValueError(f"features[{i}] has no sub-contexts (m_i = 0, shape {feats.shape}): "
+                             "score the test queries under at least one context of that size")
         if not np.all(np.isfinite(feats)):
             raise ValueError("test features contain NaN or infinite values")
         if feats_all and feats.shape[1] != feats_all[0].shape[1]:

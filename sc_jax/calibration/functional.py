@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from typing import NamedTuple, Sequence
 
 import jax
@@ -70,7 +71,9 @@ class Calibration(NamedTuple):
     """What :func:`calibrate` returns; leading batch axes as the inputs had.
 
     b, w: ``[..., n-1]`` the affine map (w is all ones for SC*).
-    status: int32 :class:`sc_jax.calibration.solvers.Status` code.
+    status: int32 :class:`sc_jax.Status` code (an ``IntEnum``: ``cal.status ==
+        sc_jax.Status.CONVERGED`` compares, ``sc_jax.Status(int(cal.status))`` names it).
+        Only CONVERGED parameters are a fit; their derivatives are meaningful only then.
     objective: mean NLL + lambda_inv * InvPenalty at (b, w).
     constraint: mean cosine (1/(n-1)) sum_c w_c / ||(b_c, w_c)||.
     violation: max(0, tau - constraint).
@@ -89,6 +92,28 @@ class Calibration(NamedTuple):
     iterations: Array
     tau: Array
 
+    @property
+    def converged(self) -> Array:
+        """``[...]`` bool: status == CONVERGED (traceable)."""
+        return jnp.asarray(self.status) == Status.CONVERGED
+
+
+def warn_unless_converged(status, what: str, stacklevel: int = 3) -> None:
+    """Warn (at the Python level, where ``status`` is concrete; nothing under a trace,
+    where no value can be read) when a fit's status is not CONVERGED: its parameters
+    are the last iterate of a solve that did not end at a minimum, or NaN."""
+    concrete = _concrete(status)
+    if concrete is None:
+        return
+    codes = np.atleast_1d(np.asarray(concrete[0]))
+    bad = sorted({int(c) for c in codes.ravel() if int(c) != Status.CONVERGED})
+    if bad:
+        names = ", ".join(Status(c).name if c in Status._value2member_map_ else str(c) for c in bad)
+        warnings.warn(f"{what}: the fit's status is {names}, not CONVERGED: its parameters are not a "
+                      "minimum of the calibration objective (and gradients through it are not "
+                      "meaningful); check Calibration.status / FitResult.status first",
+                      RuntimeWarning, stacklevel=stacklevel)
+
 
 def tau_levels(num_classes: int) -> tuple[float, ...]:
     """The trust-region levels tau = cos(alpha degrees) of :data:`TAU_SCHEDULE` for K =
@@ -106,6 +131,18 @@ def tau_schedule(accuracy: Array, num_classes: int) -> Array:
     >= 0.5; otherwise 180 (tau = -1, no trust region). ``accuracy`` may be traced and
     batched; ``num_classes`` (K) is static. The levels are :func:`tau_levels`.
     """
+    if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) \
+            or num_classes < 2:
+        # K = 1 divided by zero in the 1/(K-1) root.
+        raise ValueError(f"num_classes must be an integer >= 2 (the number of classes K), "
+                         f"got {num_classes!r}")
+    concrete = _concrete(accuracy)
+    if concrete is not None:
+        acc = np.asarray(concrete[0])
+        # NaN read as "below 0.5" (tau = -1) and 2.0 as "above 0.9", without a word.
+        if not (np.issubdtype(acc.dtype, np.floating) or np.issubdtype(acc.dtype, np.integer)) \
+                or not np.all((acc >= 0) & (acc <= 1)):
+            raise ValueError(f"accuracy must be a fraction in [0, 1], got {acc.tolist()!r}")
     levels = tau_levels(num_classes)
     accuracy = jnp.asarray(accuracy)
     tau = levels[-1]
@@ -123,9 +160,59 @@ def base_accuracy(features: Array, labels: Array, mask: Array | None = None) -> 
     return (hit * mask).sum(axis=-1) / (mask.sum(axis=-1)).clip(min=1.0)
 
 
-def calibrated_log_probs(b: Array, w: Array, features: Array) -> Array:
+def _check_params(b, w, n1: int | None, where: str = "") -> None:
+    """b and w ``[..., n-1]`` of one shape, ``n-1`` matching the features' last axis
+    (shapes: checked even when traced), and finite where concrete."""
+    b_shape, w_shape = np.shape(b), np.shape(w)
+    if len(b_shape) < 1 or b_shape != w_shape:
+        raise ValueError(f"b{where} and w{where} must be [..., n-1] arrays of one shape, got "
+                         f"{b_shape} and {w_shape}")
+    if n1 is not None and b_shape[-1] != n1:
+        # Broadcasting [1] over [..., n-1] gave an n-class answer from 2-class parameters.
+        raise ValueError(f"b{where} and w{where} are for {b_shape[-1] + 1} classes ([..., "
+                         f"{b_shape[-1]}]) but features have {n1} log-odds per row ({n1 + 1} "
+                         "classes): pass parameters fitted on features of this width")
+    for name, arr in (("b", b), ("w", w)):
+        concrete = _concrete(arr)
+        if concrete is not None and not (np.issubdtype(concrete[0].dtype, np.floating)
+                                         or np.issubdtype(concrete[0].dtype, np.integer)):
+            raise ValueError(f"{name}{where} must be real numbers, got dtype {concrete[0].dtype}")
+        if concrete is not None and not np.all(np.isfinite(concrete[0])):
+            raise ValueError(f"{name}{where} holds NaN or infinite values: it is not a fit (check "
+                             "the fit's status: sc_jax.Status)")
+
+
+def _check_features(features, where: str = "") -> None:
+    if np.ndim(features) < 1 or np.shape(features)[-1] < 1:
+        raise ValueError(f"features{where} must be [..., n-1] log-odds with n >= 2, got shape "
+                         f"{np.shape(features)}")
+    concrete = _concrete(features)
+    if concrete is not None:
+        arr = np.asarray(concrete[0])
+        if not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
+            raise ValueError(f"features{where} must be real numbers, got dtype {arr.dtype}")
+        if not np.all(np.isfinite(arr)):
+            raise ValueError(f"features{where} hold NaN or infinite values")
+
+
+def calibrated_log_probs(b: Array | Calibration, w: Array | None = None,
+                         features: Array | None = None) -> Array:
     """log f(m; theta) of Eq. affine_logit_model_formal: ``[..., n-1]`` log-odds ->
-    ``[..., n]`` log-probabilities (b, w ``[n-1]`` broadcast against features)."""
+    ``[..., n]`` log-probabilities (b, w ``[..., n-1]`` broadcast against features'
+    leading axes; their last axis must equal the features').
+
+    Also ``calibrated_log_probs(cal, features)`` with a :class:`Calibration`: then a
+    concrete status other than CONVERGED warns (RuntimeWarning). Bad input raises
+    ValueError naming the argument: parameters of another class count, NaN or
+    infinite parameters or features (where concrete)."""
+    if isinstance(b, Calibration):
+        cal, features = b, w
+        warn_unless_converged(cal.status, "calibrated_log_probs")
+        b, w = cal.b, cal.w
+    if w is None or features is None:
+        raise ValueError("calibrated_log_probs takes (b, w, features) or (calibration, features)")
+    _check_features(features)
+    _check_params(b, w, np.shape(features)[-1])
     return _log_probs(Params(b, w), features)
 
 
@@ -138,7 +225,38 @@ def ensemble_proba(b: Array, w: Array, features: Sequence[Array],
         under each of the m_i sampled sub-contexts of size i (m_i may differ).
     weights: ``[S]`` size weights a_i (normalised here); None is uniform, the paper.
     Returns ``[T, n]``: sum_i a_i (1/m_i) sum_j f(m(x; C_i^(j)); theta_i).
+
+    Raises ValueError naming the argument for: b, w not ``[S, n-1]``; a size with no
+    sub-contexts (m_i = 0: a mean over nothing) or other T or n-1; weights not ``[S]``,
+    negative, all zero or not finite (where concrete); NaN parameters or features.
     """
+    if isinstance(features, (jax.Array, np.ndarray)):
+        features = list(features)
+    S = len(features)
+    if S == 0:
+        raise ValueError("features must hold one [m_i, T, n-1] array per fitted size, got none")
+    if np.ndim(b) != 2 or np.shape(b)[0] != S:
+        raise ValueError(f"b and w must be [S, n-1] with S = {S} (one row per feature array), got "
+                         f"{np.shape(b)}")
+    n1 = np.shape(b)[-1]
+    _check_params(b, w, n1)
+    T = None
+    for i, f in enumerate(features):
+        shape = np.shape(f)
+        if len(shape) != 3 or shape[-1] != n1 or shape[0] < 1 or T is not None and shape[1] != T:
+            raise ValueError(f"features[{i}] must be [m_i, T, {n1}] with m_i >= 1 and the same T "
+                             f"for every size, got {shape}")
+        T = shape[1]
+        _check_features(f, f"[{i}]")
+    if weights is not None:
+        if np.shape(weights) != (S,):
+            raise ValueError(f"weights must be [S] = [{S}], got shape {np.shape(weights)}")
+        concrete = _concrete(weights)
+        if concrete is not None:
+            wts = np.asarray(concrete[0], np.float64)
+            # [0, 0] divided by zero (NaN); [1, -2] gave "probabilities" above 1 and below 0.
+            if not np.all(np.isfinite(wts)) or np.any(wts < 0) or wts.sum() <= 0:
+                raise ValueError(f"weights must be finite, >= 0 and not all zero, got {wts.tolist()}")
     per_size = jnp.stack([jnp.mean(jnp.exp(calibrated_log_probs(b[i], w[i], f)), axis=0)
                           for i, f in enumerate(features)])  # [S, T, n]
     if weights is None:
@@ -330,7 +448,15 @@ def calibrate(features: Array, labels: Array, query_ids: Array, *,
     the objective) with respect to features, lambda_inv and tau come from implicit
     differentiation of the KKT conditions (jaxopt ``custom_root``), not from
     unrolling the solver's loop. They are those of the solution's active set, and
-    meaningful for status CONVERGED.
+    meaningful for status CONVERGED only: an UNBOUNDED fit (separable data) gives NaN
+    gradients. Called on concrete arrays, a status other than CONVERGED warns; inside
+    ``jax.grad`` or ``jit`` no value can be read, so check first, outside the trace::
+
+        cal = sc_jax.calibrate(features, labels, query_ids)
+        assert bool(jnp.all(cal.status == sc_jax.Status.CONVERGED)), sc_jax.Status(int(cal.status))
+        jax.grad(loss)(features, ...)
+
+    or return ``cal.status`` as ``has_aux`` output of ``jax.value_and_grad`` and read it.
     """
     dtype = _check_solver_and_dtype(solver, dtype)
     # Host checks first, on whatever is concrete: nothing has been compiled yet.
@@ -341,9 +467,14 @@ def calibrate(features: Array, labels: Array, query_ids: Array, *,
     tau = None if tau is None else jnp.asarray(tau, dtype)
     args = (features, labels, query_ids, mask, lambda_inv, tau)
     traced = any(isinstance(a, jax.core.Tracer) for a in args)
-    return _program(None if traced else jax.default_backend())(
+    out = _program(None if traced else jax.default_backend())(
         *args, num_queries=int(num_queries), sc_star=bool(sc_star),
         options=options or _default_options(lambda_inv))
+    # Concrete (not under the caller's jit or grad): say so when a fit did not converge.
+    # Under a trace no value can be read: the docstring says to check status first.
+    if not traced:
+        warn_unless_converged(out.status, "calibrate")
+    return out
 
 
 def _lockstep() -> bool:

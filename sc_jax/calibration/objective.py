@@ -103,8 +103,20 @@ class Problem:
 
 
 def log_odds(logprobs: np.ndarray) -> np.ndarray:
-    """Features m_c = log p_c - log p_0 for c = 1..n-1: ``[..., n] -> [..., n-1]``."""
+    """Features m_c = log p_c - log p_0 for c = 1..n-1: ``[..., n] -> [..., n-1]``.
+
+    ValueError naming ``logprobs`` for what has no log-odds: fewer than 2 classes on
+    the last axis (a scalar, or ``[..., 1]`` gave an empty answer), other than real
+    numbers, or NaN (which came back as NaN features)."""
     logprobs = np.asarray(logprobs)
+    if logprobs.ndim < 1 or logprobs.shape[-1] < 2:
+        raise ValueError(f"logprobs must be [..., n] log-probabilities of n >= 2 classes, got shape "
+                         f"{logprobs.shape}")
+    if not (np.issubdtype(logprobs.dtype, np.floating) or np.issubdtype(logprobs.dtype, np.integer)):
+        raise ValueError(f"logprobs must be real numbers, got dtype {logprobs.dtype}")
+    if np.isnan(logprobs).any():
+        raise ValueError(f"logprobs hold {int(np.isnan(logprobs).sum())} NaN values: the scores "
+                         "that produced them are not usable")
     return logprobs[..., 1:] - logprobs[..., :1]
 
 

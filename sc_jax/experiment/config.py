@@ -47,6 +47,11 @@ LABEL_MODES = ("first_token", "sequence")
 MAX_SHOTS = 32
 
 
+#: The least --device-memory accepted: below it no model's weights and activations fit,
+#: and a figure that small is a unit typo (1KiB for 1GiB).
+MIN_DEVICE_MEMORY = 64 << 20
+
+
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
     """Everything a run depends on (written into results.json)."""
@@ -115,6 +120,21 @@ class RunConfig:
                             ("max_tokens_per_batch", self.max_tokens_per_batch)):
             if value is not None and value < 1:
                 raise ValueError(f"{name} (--{name.replace('_', '-')}) must be at least 1, got {value}")
+        if self.test_seed is not None and self.test_seed < 0:
+            # NumPy's "expected non-negative integer" named no option.
+            raise ValueError(f"test_seed (--test-seed) must be 0 or more, got {self.test_seed}")
+        if self.budget is not None and self.budget < max(self.shots):
+            # Below k, the largest size i = k - 1 keeps fewer than its k contexts (one held-out
+            # demonstration each): a demonstration's class can go unseen, and the fit failed
+            # only after all the scoring, without naming --budget.
+            raise ValueError(f"budget (--budget) must be at least the largest --shots k = "
+                             f"{max(self.shots)} (each size's surrogate data must hold every "
+                             f"demonstration out at least once), got {self.budget}")
+        if self.device_memory is not None and self.device_memory < MIN_DEVICE_MEMORY:
+            # 1KiB planned against "0.00 GiB usable": a typo for GiB, not a device.
+            raise ValueError(f"device_memory (--device-memory) of {self.device_memory} bytes is "
+                             f"below {MIN_DEVICE_MEMORY >> 20} MiB, too small for any model: give "
+                             "the memory per device, e.g. 80GiB (a bare number is GiB)")
         if self.test_size < 1:
             raise ValueError(f"test_size must be positive, got {self.test_size}")
         if self.tau is not None and not -1.0 <= self.tau < 1.0:

@@ -542,6 +542,14 @@ def _to_dataset(columns: Mapping[str, Sequence], spec: TaskSpec, text_column: st
         raise ValueError(f"{where}: {len(not_text)} rows hold something other than text in column "
                          f"{text_column!r} (row {i + 1}: a {type(texts_raw[i]).__name__}, "
                          f"{str(texts_raw[i])[:40]!r}); the texts must be strings")
+    # An empty or whitespace-only text is no example: as a demonstration it teaches
+    # nothing, and as a test query it is scored and counted like any other. Refused, as
+    # rows without text are, rather than dropped: the rows a run uses stay the file's.
+    blank = [i for i, t in enumerate(texts_raw) if not t.strip()]
+    if blank:
+        raise ValueError(f"{where}: {len(blank)} {'row has' if len(blank) == 1 else 'rows have'} "
+                         f"an empty or whitespace-only text in column "
+                         f"{text_column!r} (rows {[i + 1 for i in blank[:5]]}); remove them")
     labels = _encode_labels(labels_raw, spec, where, label_column)
     return Dataset(tuple(texts_raw), labels, spec, source)
 

@@ -270,6 +270,17 @@ def score_seed(model, engine, cache, dataset, split, config: RunConfig, k: int, 
     def scored(tag):
         return got[tag]
 
+    # NaN label log-probs come from the model (overflowing weights, a bad checkpoint),
+    # not from the data: the fit's "features contain NaN ... clip the probabilities"
+    # sent the user to the wrong place.
+    nan = [(tag, int(np.isnan(a).any(axis=-1).sum()), len(a)) for tag, a in got.items()
+           if np.isnan(np.asarray(a, np.float64)).any()]
+    if nan:
+        where = ", ".join(f"{_stage(tag)}: {bad} of {rows} prompts" for tag, bad, rows in nan[:3])
+        raise ValueError(f"{label + ' ' if label else ''}the model produced NaN scores ({where}): "
+                         f"check its checkpoint ({model.source or 'the model'}) and dtype "
+                         "(--dtype float32); the scores are not usable")
+
     base, cc, dc = scored("base"), scored("cc"), scored("dc")
     surrogate, test = {}, {}
     labels = np.asarray(split.demo_labels)

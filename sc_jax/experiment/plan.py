@@ -212,6 +212,11 @@ def plan_run(run_config, *, peak_flops: float | None = None, mfu: float = 0.4, x
     # The attention's time is measured on this backend when the plan is for it (no
     # named accelerator, no given peak); else it is the roofline's.
     calibrate = accelerator is None and peak_flops_given is None and bandwidth_given is None
+    if calibrate and attention == "cudnn" and jax.default_backend() != "gpu":
+        # Timing it here ended in "RuntimeError: cuDNN is not detected" and a traceback.
+        raise ValueError(f"--attention cudnn runs on an NVIDIA GPU only and this machine's "
+                         f"backend is {jax.default_backend()}: plan for a GPU with --accelerator "
+                         "(e.g. --accelerator h100), or choose another --attention")
     # The run's own memory policy: its device memory (or the device's figure) and mesh.
     # A dry run: every process computes the same plan and process 0 reports it, so no
     # collective over the processes' memory figures.

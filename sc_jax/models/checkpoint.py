@@ -4,12 +4,21 @@
 Every expected key is listed from the config, every shape is asserted, and unknown,
 missing or duplicate keys are refused by name *before* any weight is read (shapes
 come from the safetensors headers). No torch: safetensors reads straight into NumPy.
+
+Tied embeddings with a head in the file: a ``config.json`` that says
+``tie_word_embeddings: true`` over a checkpoint that also carries ``lm_head.weight``.
+If that tensor equals the embedding (exporters often write the tied copy), the model
+stays tied. If it differs, sc_jax follows transformers 5: the file's head is used
+(the model is loaded untied, ``tie_word_embeddings=False``) and a warning says so.
+Using the embedding as the head there gave logits that differed from transformers'
+by up to 0.77 and another top token, without a word (issue 64, case 1).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
@@ -202,9 +211,30 @@ def safetensors_files(model_dir: Path) -> list[Path]:
                             "model.safetensors.index.json")
 
 
-def read_safetensors(config: ModelConfig, files: list[Path]) -> dict[str, np.ndarray]:
+def untie_distinct_head(config: ModelConfig, shapes: Mapping[str, tuple[int, ...]],
+                        get: Callable[[str], np.ndarray], *, source: str) -> ModelConfig:
+    """``config`` untied when it says tied but the checkpoint's ``lm_head.weight`` (of
+    the embedding's shape, :func:`check_keys`) differs from the embedding: the file's
+    head is used, as transformers 5 does, with a warning (see the module docstring).
+    Otherwise ``config`` as it is."""
+    if not config.tie_word_embeddings or "lm_head.weight" not in shapes:
+        return config
+    if tuple(shapes["lm_head.weight"]) != tuple(shapes.get("model.embed_tokens.weight", ())):
+        return config  # check_keys refuses it
+    if np.array_equal(np.asarray(get("lm_head.weight")), np.asarray(get("model.embed_tokens.weight"))):
+        return config
+    warnings.warn(f"{source}: config.json says tie_word_embeddings but the checkpoint's "
+                  "lm_head.weight differs from model.embed_tokens.weight; using the file's head "
+                  "(as transformers does). Set tie_word_embeddings to false in config.json to "
+                  "silence this.", UserWarning, stacklevel=3)
+    return dataclasses.replace(config, tie_word_embeddings=False)
+
+
+def read_safetensors(config: ModelConfig, files: list[Path]) -> tuple[ModelConfig, dict[str, np.ndarray]]:
     """Validate headers (keys, shapes, duplicates across shards), then read and
-    convert. Returns ``{our_name: array}`` in the checkpoint's dtype."""
+    convert. Returns the config the weights are for (:func:`untie_distinct_head`:
+    untied when a tied config's file carries a head of its own) and ``{our_name:
+    array}`` in the checkpoint's dtype."""
     where: dict[str, Path] = {}
     shapes: dict[str, tuple[int, ...]] = {}
     handles = []
@@ -224,7 +254,13 @@ def read_safetensors(config: ModelConfig, files: list[Path]) -> dict[str, np.nda
         check_keys(config, {ours: shapes[theirs] for ours, theirs in names.items()},
                    source=str(files[0].parent))
         by_file = {f: h for f, h in zip(files, handles)}
-        return convert(config, lambda k: by_file[where[names[k]]].get_tensor(names[k]))
+
+        def get(k):
+            return by_file[where[names[k]]].get_tensor(names[k])
+
+        ours = {o: shapes[t] for o, t in names.items()}
+        config = untie_distinct_head(config, ours, get, source=str(files[0].parent))
+        return config, convert(config, get)
     finally:
         handles.clear()
 

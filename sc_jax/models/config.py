@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import numbers
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -148,9 +149,9 @@ class ModelConfig:
         """
         cfg = _text_config(cfg)
         mtype = _supported_model_type(cfg)
-        heads = int(cfg["num_attention_heads"])
-        hidden = int(cfg["hidden_size"])
-        head_dim = cfg.get("head_dim") or hidden // heads
+        heads = _number(cfg, "num_attention_heads", int)
+        hidden = _number(cfg, "hidden_size", int)
+        head_dim = _number(cfg, "head_dim", int, None) or hidden // heads
         gemma = mtype == "gemma3_text"
         if gemma:
             theta, scaling, local_theta = _gemma3_rope(cfg)
@@ -159,24 +160,24 @@ class ModelConfig:
         if cfg.get("partial_rotary_factor", 1.0) != 1.0:
             raise ValueError("partial_rotary_factor != 1 is not supported")
 
-        n_layers = int(cfg["num_hidden_layers"])
+        n_layers = _number(cfg, "num_hidden_layers", int)
         windows = _layer_windows(cfg, mtype, n_layers)
         qkv_bias = mtype == "qwen2" or bool(cfg.get("attention_bias", False))
         o_bias = mtype != "qwen2" and bool(cfg.get("attention_bias", False))
-        qpas = cfg.get("query_pre_attn_scalar") if gemma else None
+        qpas = _number(cfg, "query_pre_attn_scalar", float, None) if gemma else None
 
         return cls(
-            vocab_size=int(cfg["vocab_size"]),
+            vocab_size=_number(cfg, "vocab_size", int),
             hidden_size=hidden,
-            intermediate_size=int(cfg["intermediate_size"]),
+            intermediate_size=_number(cfg, "intermediate_size", int),
             num_layers=n_layers,
             num_heads=heads,
-            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            num_kv_heads=_number(cfg, "num_key_value_heads", int, None) or heads,
             head_dim=int(head_dim),
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rms_norm_eps=_number(cfg, "rms_norm_eps", float, 1e-6),
             rope_theta=theta,
             rope_scaling=tuple(sorted(scaling.items())) or None,
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+            max_position_embeddings=_number(cfg, "max_position_embeddings", int, 4096),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=qkv_bias,
             o_bias=o_bias,
@@ -201,6 +202,27 @@ class ModelConfig:
         except json.JSONDecodeError as e:
             raise ValueError(f"{path} is not valid JSON: {e}") from e
         return cls.from_hf(cfg)
+
+
+_MISSING = object()
+
+
+def _number(cfg: Mapping[str, Any], key: str, kind, default=_MISSING):
+    """``cfg[key]`` as ``kind`` (int or float), ``default`` if absent or null; a value
+    that is not a number raises ValueError naming the field (``float("abc")`` named
+    neither field nor file)."""
+    value = cfg.get(key)
+    if value is None:
+        if default is _MISSING:
+            raise ValueError(f"field {key!r} is missing")
+        return default
+    # numbers.Real: GGUF metadata comes as NumPy scalars.
+    bad = isinstance(value, bool) or not isinstance(value, numbers.Real) or (
+        kind is int and float(value) != int(value)) or not math.isfinite(value)
+    if bad:
+        what = "an integer" if kind is int else "a number"
+        raise ValueError(f"field {key!r} must be {what}, got {json.dumps(value)}")
+    return kind(value)
 
 
 def _text_config(cfg):

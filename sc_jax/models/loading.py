@@ -213,10 +213,19 @@ class LoadedModel:
         ``[batch, vocab]`` (or ``[batch, len(rows)]``). Sequences are run in batches
         of at most ``max_tokens_per_batch`` padded tokens, sorted by length.
         """
-        token_ids = [list(map(int, s)) for s in token_ids]
+        token_ids = [list(map(_token_int, s)) for s in token_ids]
         if not token_ids:
             raise ValueError("last_logits needs at least one sequence")
         self.check_tokens(token_ids)
+        if rows is not None:
+            rows_arr = np.asarray(rows)
+            V = self.config.vocab_size
+            # Float rows were truncated and rows past the vocabulary clamped by the
+            # gather: logits of other tokens, without a word.
+            if rows_arr.ndim != 1 or rows_arr.size and not np.issubdtype(rows_arr.dtype, np.integer):
+                raise ValueError(f"rows must be a list of integer token ids, got {rows!r}")
+            if rows_arr.size and (rows_arr.min() < 0 or rows_arr.max() >= V):
+                raise ValueError(f"rows name token ids outside the vocabulary [0, {V}): {rows_arr.tolist()}")
         order = np.argsort([len(s) for s in token_ids], kind="stable")
         out = [None] * len(token_ids)
         i = 0
@@ -233,6 +242,13 @@ class LoadedModel:
                 out[k] = res[r]
             i = j
         return np.stack(out).astype(np.float32)
+
+
+def _token_int(t) -> int:
+    """A token id as int; a float or other non-integer (int(1.5) read as 1) is refused."""
+    if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)):
+        raise ValueError(f"token ids must be integers, got {t!r}")
+    return int(t)
 
 
 # ------------------------------------------------------------------ loading
@@ -308,7 +324,7 @@ def load_model(source: str, *, dtype: str = "float32", mesh=None, seed: int = 0,
         ident = _hash_file_identity([src.path], dtype)
     else:
         files = safetensors_files(src.path)
-        arrays = read_safetensors(config, files)
+        config, arrays = read_safetensors(config, files)  # untied if the file's head differs
         ident = _hash_file_identity([src.path / "config.json"] + files, dtype)
     module = decoder_from_arrays(config, arrays, dtype=jdtype, sharding=sharding, consume=True)
     return LoadedModel(module, tok, mesh=mesh, source=str(src.path), identity=ident)
@@ -593,7 +609,9 @@ def file_sha256(path) -> str:
     except (OSError, ValueError):
         known = {}
     hit = known.get(str(path)) if isinstance(known, dict) else None
-    if isinstance(hit, dict) and hit.get("stamp") == stamp:
+    # An entry without a well-formed hash (hand-edited, or written by another tool) is
+    # treated as stale and rehashed, not trusted or a KeyError.
+    if isinstance(hit, dict) and hit.get("stamp") == stamp and _is_sha256(hit.get("sha256")):
         return hit["sha256"]
     digest = sha256_of(path)
     try:  # best effort: a read-only cache costs the next load a re-read, nothing else
@@ -606,6 +624,10 @@ def file_sha256(path) -> str:
     except OSError:
         pass
     return digest
+
+
+def _is_sha256(value) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
 
 
 def _hash_file_identity(files, dtype) -> str:

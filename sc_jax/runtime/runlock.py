@@ -1,9 +1,16 @@
 """The lock of a run's output directory: one ``sc-jax run`` writes into an ``--out`` at a
-time. Light on purpose (no JAX): tests race many processes over one lock."""
+time. Light on purpose (no JAX): tests race many processes over one lock.
+
+The lock is an ``fcntl.flock`` on ``out/.lock`` held for the run's life. The kernel
+releases it when the holder exits or dies, whatever its pid namespace (a container, a
+sandbox), so a live run is never taken for a dead one because its pid means nothing
+here, or because a dead run's pid was reused. The file also holds the holder's pid and
+host, only so that the refusal can name them."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -13,69 +20,87 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 LOCK_FILE = ".lock"
-LOCK_GUARD_FILE = ".lock.guard"
 
 
-def _pid_alive(pid: int) -> bool:
+def _holder(path: Path) -> str:
+    """The holder a lock file names, for messages: 'pid N on HOST', or '' if unreadable."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        return True
-    return True
+        pid, _, host = path.read_text().strip().partition(" ")
+        return f"pid {int(pid)}{' on ' + host if host else ''}"
+    except (OSError, ValueError):
+        return ""
 
 
-@contextlib.contextmanager
-def _lock_guard(out: Path):
-    """Serialise lock takeovers on this host: an advisory ``flock`` on
-    ``out/.lock.guard`` around the read-judge-replace of :func:`run_lock`, so two runs
-    that find the same stale lock cannot both take it (the kernel drops the flock of
-    a process that dies)."""
-    fd = os.open(out / LOCK_GUARD_FILE, os.O_CREAT | os.O_RDWR, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
+def _in_use(out: Path, path: Path) -> ValueError:
+    who = _holder(path)
+    return ValueError(f"--out {out} is in use by another sc-jax run ({who + '; ' if who else ''}"
+                      f"lock file {path}): wait for it to finish, or choose another --out")
+
+
+def _take(out: Path, path: Path) -> int | None:
+    """Open ``path`` and take its flock without waiting; returns the descriptor, or None
+    on a filesystem without flock. Raises ValueError while another process holds it."""
+    while True:
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise _in_use(out, path) from None
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                return None
+            raise
+        # A holder that was finishing may have unlinked the file between our open and
+        # our flock: then we hold a lock on a name nobody else sees. Retry on the new file.
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
         os.close(fd)
 
 
 @contextlib.contextmanager
 def run_lock(out: Path):
-    """Hold ``out/.lock`` (holding this process's pid and host) while a run writes into
-    ``out``; removed on exit, whatever the exit. A lock whose process is gone (a run
-    killed with SIGKILL) or that holds no pid (a run that died, or a disk that filled,
-    while writing it) is stale and taken over; the takeover is atomic (a complete file
-    renamed into place, under :func:`_lock_guard`). Raises ValueError naming the pid
-    when another live run holds ``out``, or the disk problem when the lock cannot be
-    written."""
+    """Hold the flock of ``out/.lock`` (the file naming this process's pid and host) while
+    a run writes into ``out``; removed on exit, whatever the exit. A lock left by a run
+    that died (SIGKILL, a crash, a container torn down) holds no flock and is taken
+    over; a lock file that is empty or garbled is taken over too. Raises ValueError
+    naming the holder when another live run holds ``out``, or the disk problem when the
+    lock cannot be written.
+
+    On a filesystem without ``flock`` (some network mounts) a run creates the file
+    exclusively instead, and an existing lock file there cannot be judged: the refusal
+    says to delete it once its run is known to have ended."""
     path = out / LOCK_FILE
-    me = f"{os.getpid()} {socket.gethostname()}"
-    with _lock_guard(out):
-        try:
-            pid_text, _, host = path.read_text().strip().partition(" ")
-            pid = int(pid_text)
-        except FileNotFoundError:
-            pid, host = None, None
-        except (OSError, ValueError):
-            pid, host = None, ""  # empty or garbled: stale
-        # Another host's pid cannot be checked from here: treat it as alive.
-        if pid is not None and (host not in ("", socket.gethostname()) or _pid_alive(pid)):
-            raise ValueError(f"--out {out} is in use by another sc-jax run (pid {pid}"
-                             f"{' on ' + host if host else ''}; lock file {path}): wait for "
-                             "it to finish, or choose another --out")
-        if host is not None:
-            log.info("%s: taking over the lock %s, whose run no longer runs", out,
-                     f"of pid {pid}" if pid is not None else "that names no process")
-        tmp = out / f"{LOCK_FILE}.{os.getpid()}"
-        try:
-            tmp.write_text(me + "\n")
-            os.replace(tmp, path)
-        except OSError as e:
-            tmp.unlink(missing_ok=True)
-            raise ValueError(f"--out {out}: could not write the lock file {path} "
-                             f"({e.strerror or e}); free some space or choose another --out") from e
+    me = f"{os.getpid()} {socket.gethostname()}\n"
+    fd = _take(out, path)
+    if fd is None:
+        existing = path.exists() and path.stat().st_size > 0
+        if existing:
+            who = _holder(path)
+            raise ValueError(f"--out {out}: its lock file {path} names {who or 'no process'} and "
+                             "this filesystem has no flock to tell whether that run still runs: "
+                             f"if it has ended, delete {path}; otherwise wait, or choose another --out")
+    elif path.stat().st_size > 0:
+        log.info("%s: taking over the lock of %s, whose run no longer runs", out,
+                 _holder(path) or "no process")
+    try:
+        path.write_text(me)
+    except OSError as e:
+        path.unlink(missing_ok=True)
+        if fd is not None:
+            os.close(fd)
+        raise ValueError(f"--out {out}: could not write the lock file {path} "
+                         f"({e.strerror or e}); free some space or choose another --out") from e
     try:
         yield
     finally:
+        # Unlink before letting go of the flock: a run waiting on this inode then sees
+        # it is no longer the lock file (see _take) and opens the new one.
         path.unlink(missing_ok=True)
+        if fd is not None:
+            os.close(fd)

@@ -96,10 +96,20 @@ def make_mesh(data: int | None = None, devices=None, *, model: int = 1):
     Built with ``AxisType.Auto``: the newer default (Explicit) breaks the embedding
     gather (FIELD_NOTES)."""
     devs = list(devices if devices is not None else jax.devices())
+    for name, value in (("data", data), ("model", model)):
+        # int(2.5) planned a mesh of 2 without a word.
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))
+                                  or value < 0):
+            raise ValueError(f"{name} must be a whole number of devices, got {value!r}")
     model = int(model)
     if model < 1:
         raise ValueError(f"the model axis must be positive, got {model}")
     d = len(devs) // model if not data else int(data)
+    if model > len(devs):
+        # "data 0 x model 3" named a data axis nobody asked for.
+        raise ValueError(f"a model axis of {model} needs {model} devices; {len(devs)} "
+                         f"{'is' if len(devs) == 1 else 'are'} available: use --mesh model="
+                         f"{len(devs)} or fewer")
     if d < 1 or d * model > len(devs):
         raise ValueError(f"a mesh of data {d} x model {model} needs {max(d, 1) * model} devices; "
                          f"{len(devs)} are available")

@@ -55,6 +55,7 @@ from sc_jax.models.model import KVCache, Packing, empty_cache, positions_from_va
 from sc_jax.runtime.multihost import to_host
 from sc_jax.runtime.sharding import batch_sharded, kv_sharding
 from sc_jax.runtime.timing import CompileMeter
+from sc_jax.scoring.enumeration import index_array
 from sc_jax.scoring.attention_choice import choose_attention, error_line, fallbacks
 from sc_jax.scoring.packing import MIN_CACHE, PackShape, Schedule, Stage, round_up
 from sc_jax.scoring.prompts import PromptPieces
@@ -88,8 +89,8 @@ def check_mode(mode: str, pieces: PromptPieces) -> None:
 def _check_inputs(model: LoadedModel, pieces: PromptPieces, contexts, pairs, mode: str):
     """Validate everything before any forward pass."""
     check_mode(mode, pieces)
-    contexts = np.asarray(contexts, np.int64)
-    pairs = np.asarray(pairs, np.int64)
+    contexts = index_array("contexts", contexts)
+    pairs = index_array("pairs", pairs)
     k = len(pieces.demos)
     if k == 0:
         raise ValueError("the demonstration set is empty")

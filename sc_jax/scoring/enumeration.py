@@ -72,11 +72,33 @@ def surrogate_contexts(k: int, i: int, budget: int | None = None, seed: int = 0)
     return sample_contexts(k, i, m, seed)
 
 
+def index_array(name: str, values, ndim: int | None = None) -> np.ndarray:
+    """``values`` as int64 indices, refusing what is not integer: float indices were
+    truncated (0.7 read as 0), so a caller's mistake picked other rows without a word.
+    An empty list (NumPy makes it float) is accepted."""
+    arr = np.asarray(values)
+    if arr.size and not (np.issubdtype(arr.dtype, np.integer)):
+        raise ValueError(f"{name} must hold integer indices, got dtype {arr.dtype}; "
+                         f"pass an integer array (np.asarray(..., np.int64))")
+    if ndim is not None and arr.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} axes, got shape {arr.shape}")
+    return arr.astype(np.int64)
+
+
 def surrogate_pairs(contexts: np.ndarray, k: int) -> np.ndarray:
     """(context index, held-out demonstration) pairs of Algorithm 1: ``[M (k - i), 2]``.
-    Queries run over the demonstrations not in the context, in increasing order."""
-    contexts = np.asarray(contexts)
+    Queries run over the demonstrations not in the context, in increasing order.
+    ``contexts [M, i]`` must name distinct demonstrations in [0, k) (ValueError otherwise:
+    a context naming demonstration k or more would pair with every demonstration)."""
+    contexts = index_array("contexts", contexts, ndim=2)
     M, i = contexts.shape
+    if contexts.size and (contexts.min() < 0 or contexts.max() >= k):
+        bad = int(contexts.max() if contexts.max() >= k else contexts.min())
+        raise ValueError(f"contexts name demonstration {bad}, outside [0, k={k}): each entry "
+                         "must index one of the k demonstrations")
+    if i > 1 and contexts.size and np.any(np.diff(np.sort(contexts, axis=1), axis=1) == 0):
+        raise ValueError("contexts must name distinct demonstrations in each row (a context is "
+                         "an ordered tuple of distinct demonstrations)")
     pairs = []
     for c, ctx in enumerate(contexts):
         held = np.setdiff1d(np.arange(k), ctx)

@@ -59,6 +59,23 @@ def resolve_batch_size(batch_size: int | None, backend: str | None = None) -> in
 THREADS_ENV = "SC_JAX_SOLVER_THREADS"
 
 
+def threads_from_env(env: str | None = None) -> int | None:
+    """``$SC_JAX_SOLVER_THREADS`` as a positive int (None where unset); ValueError naming
+    the variable otherwise. ``sc-jax`` calls it at startup, so a typo is refused before
+    any scoring rather than at the first fit."""
+    env = os.environ.get(THREADS_ENV) if env is None else env
+    if env is None:
+        return None
+    try:
+        threads = int(env)
+    except ValueError:
+        threads = 0
+    if threads < 1:
+        raise ValueError(f"{THREADS_ENV} must be a positive integer (solver threads), got {env!r}: "
+                         f"fix it or unset it")
+    return threads
+
+
 def resolve_threads(threads: int | None, backend: str | None = None) -> int:
     """Host threads that solve parts of a batch at once in :func:`solve_batch`.
 
@@ -81,11 +98,7 @@ def resolve_threads(threads: int | None, backend: str | None = None) -> int:
         if env is None:
             return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
                 else (os.cpu_count() or 1)
-        try:
-            threads = int(env)
-        except ValueError:
-            raise ValueError(f"{THREADS_ENV} must be a positive int, got {env!r}") from None
-        where = THREADS_ENV
+        threads, where = threads_from_env(env), THREADS_ENV
     else:
         where = "threads"
     if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:

@@ -19,7 +19,14 @@ METHODS = ("augmented_lagrangian", "projected", "scipy")
 
 class Status(enum.IntEnum):
     """Per-instance result code (optimistix-style: a vmapped batch reports which
-    instances failed instead of raising)."""
+    instances failed instead of raising), exported as ``sc_jax.Status``.
+
+    An ``IntEnum``: ``Calibration.status`` (an int32 array) and ``FitResult.status``
+    compare to it (``cal.status == sc_jax.Status.CONVERGED``), and
+    ``sc_jax.Status(int(code))`` names a code. Only CONVERGED parameters are a fit;
+    ``calibrate`` and ``predict_proba`` warn about the others where the status can be
+    read, and derivatives through ``calibrate`` are meaningful for CONVERGED only
+    (UNBOUNDED gives NaN ones): check the status before ``jax.grad``."""
 
     CONVERGED = 0
     MAX_ITERATIONS = 1  # stationarity tolerance not met within the iteration budget
