@@ -59,7 +59,7 @@ from sc_jax.experiment import metrics, samples
 from sc_jax.experiment.config import METHODS, SC_FITS, RunConfig
 from sc_jax.experiment.data import DataUnavailableError
 from sc_jax.experiment.jobs import draw_split, load_datasets
-from sc_jax.experiment.predictions import method_probs, sc_size_probs
+from sc_jax.experiment.predictions import fits_noted, method_probs, sc_size_probs
 from sc_jax.experiment.report import can_plot, load_results, save_figure
 from sc_jax.experiment.store import (config_tag, load_scores, make_out_dir,
                                      refuse_foreign_outputs, scores_path)
@@ -183,9 +183,10 @@ class _Refit:
         s = self.per_seed[seed]
         feats = [log_odds(s.test[i][context_subset(s.test[i].shape[0], m, seed, i)]
                           if m else s.test[i]) for i in use_sizes]
-        pred = predict_proba([fits[(seed, i)] for i in use_sizes], feats,
-                             size_weights=self.weighting, shots=self.k,
-                             sizes=list(use_sizes)).argmax(-1)
+        with fits_noted():
+            pred = predict_proba([fits[(seed, i)] for i in use_sizes], feats,
+                                 size_weights=self.weighting, shots=self.k,
+                                 sizes=list(use_sizes)).argmax(-1)
         n = s.base.shape[-1]
         return dict(accuracy=metrics.accuracy(s.y_test, pred),
                     macro_f1=metrics.macro_f1(s.y_test, pred, num_classes=n))
@@ -455,7 +456,8 @@ def diagnose(run_dir, *, solver: str | None = None, dtype: str = "float32") -> l
             per_class = np.bincount(demo_label, minlength=s.base.shape[-1])
             test_pred = s.test[i].argmax(-1)  # [m_i, T]
             fit_i = fits[(seed, i)]
-            pred = predict_proba([fit_i], [log_odds(s.test[i])]).argmax(-1)
+            with fits_noted():
+                pred = predict_proba([fit_i], [log_odds(s.test[i])]).argmax(-1)
             rows.append(dict(
                 dataset=name, shots=k, seed=seed, size=i, rows=int(len(y)),
                 surrogate_accuracy=base_accuracy(feats, y),

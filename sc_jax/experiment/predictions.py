@@ -36,16 +36,17 @@ def method_probs(method: str, s: SeedScores, fits: dict | None, sizes, *,
         return baselines.batch_calibration(p, bc_batch)
     if method == "bc_reference":
         return baselines.batch_calibration_reference(p, bc_batch)
-    with _fits_noted():
+    with fits_noted():
         return predict_proba([fits[i] for i in sizes], [log_odds(s.test[i]) for i in sizes],
                              size_weights="uniform" if size_weighting == "uniform" else "reference",
                              shots=shots, sizes=sizes)
 
 
 @contextlib.contextmanager
-def _fits_noted():
+def fits_noted():
     """Silence the API's warning on fits that did not converge: a run counts them once
-    in its notes (``run._fit_notes``) instead of warning at every prediction."""
+    in its notes (``run._fit_notes``) and ablate in its tables, instead of warning at
+    every prediction."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*not CONVERGED", category=RuntimeWarning)
         yield
@@ -54,7 +55,7 @@ def _fits_noted():
 def sc_size_probs(s: SeedScores, fits: dict, sizes) -> dict[int, np.ndarray]:
     """Per size i, the ``[T, n]`` probabilities (1/m_i) sum_j f(m(x; C_i^(j)); theta_i)
     that SC's ensemble averages (Algorithm 2, Part 2)."""
-    with _fits_noted():
+    with fits_noted():
         return {i: fits[i].predict_proba(log_odds(s.test[i])).mean(axis=0) for i in sizes}
 
 
