@@ -17,6 +17,7 @@ their children report (:func:`machine` of plain values).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -127,6 +128,45 @@ def header(machine_info: dict, *, command: str, dtype, **extra) -> dict:
             "jax": _version("jax"), "jaxlib": _version("jaxlib"),
             "python": platform.python_version(), "command": command, "dtype": dtype,
             **extra}
+
+
+def _is_result(path: Path) -> bool:
+    """Whether ``path`` is a result this module wrote: a JSON object, or a JSON-lines
+    file whose first line is one, holding a ``header`` object."""
+    try:
+        with open(path) as f:
+            text = f.read() if path.suffix != ".jsonl" else f.readline()
+        data = json.loads(text)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(data, dict) and isinstance(data.get("header"), dict)
+
+
+def result_file(value: str) -> str:
+    """argparse ``type`` of a benchmark's ``--out FILE``, checked before any work: not a
+    directory, and not an existing file that no benchmark wrote (a user's file is never
+    replaced; a result of ours is, as a rerun replaces its file)."""
+    path = Path(value)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{value} is a directory; --out takes a file name")
+    if path.is_file() and path.stat().st_size and not _is_result(path):
+        raise argparse.ArgumentTypeError(
+            f"{value} exists and no benchmark wrote it (not a result with a header): remove it "
+            "or choose another --out")
+    return value
+
+
+def result_dir(value: str, names=("suite.json",)) -> str:
+    """argparse ``type`` of a benchmark's ``--out DIR``: not a file, and no file of
+    ``names`` in it that no benchmark wrote."""
+    path = Path(value)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{value} is a file; --out takes a directory")
+    for name in names:
+        if (path / name).is_file() and not _is_result(path / name):
+            raise argparse.ArgumentTypeError(
+                f"{path / name} exists and no benchmark wrote it: choose another --out")
+    return value
 
 
 def write_json(path: str | os.PathLike, data: dict) -> Path:

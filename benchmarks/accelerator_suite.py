@@ -214,7 +214,7 @@ def tables(out: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="tiny preset on CPU, under a minute")
-    ap.add_argument("--out", default=None,
+    ap.add_argument("--out", default=None, type=_results.result_dir,
                     help="directory for suite.json and suite.md (default: "
                          "benchmarks/results/accelerator_suite/<machine>.json and .md)")
     ap.add_argument("--skip", nargs="*", default=[], choices=["scoring", "solvers", "end_to_end"])

@@ -109,7 +109,7 @@ def main(argv=None):
                    help="fit_batch cases: the experiment's batch at these k (none: skip them)")
     p.add_argument("--calibrate", action="store_true",
                    help="also the sc_jax.calibrate case (n = 4, 25 x 336 rows)")
-    p.add_argument("--out", default=None,
+    p.add_argument("--out", default=None, type=_results.result_file,
                    help="JSON file (default: benchmarks/results/bench_cold_call/<machine>.json)")
     args = p.parse_args(argv)
     if args.child:

@@ -248,7 +248,7 @@ def main(argv=None):
     ap.add_argument("--torch", action="store_true",
                     help="also time HF transformers PyTorch batch-1 (HF-dir or default model)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=None,
+    ap.add_argument("--out", default=None, type=_results.result_file,
                     help="JSON file (default: benchmarks/results/bench_end_to_end/<machine>.json)")
     args = ap.parse_args(argv)
     if not 0 < args.sample <= 1:

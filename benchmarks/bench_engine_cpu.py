@@ -207,7 +207,7 @@ def main(argv=None):
     ap.add_argument("--keep-caches", action="store_true",
                     help="do not clear jax's caches before each (k, stage)")
     ap.add_argument("--before", default=None, help="an older copy of the package (see above)")
-    ap.add_argument("--out", default=None,
+    ap.add_argument("--out", default=None, type=_results.result_file,
                     help="JSON file (default: benchmarks/results/bench_engine_cpu/<machine>.json)")
     args = ap.parse_args(argv)
     if args.repeats < 1:

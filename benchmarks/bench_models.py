@@ -116,7 +116,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="*", default=None, help="named models (default: all)")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", default=None,
+    ap.add_argument("--out", default=None, type=_results.result_file,
                     help="JSON file (default: benchmarks/results/bench_models/<machine>.json)")
     ap.add_argument("--child", choices=["first", "cached"], help=argparse.SUPPRESS)
     ap.add_argument("--name", help=argparse.SUPPRESS)

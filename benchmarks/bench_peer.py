@@ -262,7 +262,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, help="timed runs of each side (default 2)")
     ap.add_argument("--hf-batch-tokens", type=int, help="padded tokens per HF batch (default 32768)")
     ap.add_argument("--peak-tflops", type=float, default=None, help="peak for the MFU (default: measured)")
-    ap.add_argument("--out", default=None, help="JSON result (default: results/bench_peer/<machine>.json)")
+    ap.add_argument("--out", default=None, type=_results.result_file, help="JSON result (default: results/bench_peer/<machine>.json)")
     args = ap.parse_args(argv)
     for key, val in (SMOKE if args.smoke else FULL).items():
         if getattr(args, key) is None:

@@ -161,7 +161,7 @@ def main(argv=None):
                          "where host overhead shows (an accelerator's regime)")
     ap.add_argument("--before", default=None, help="an older copy of the package (see above)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=None,
+    ap.add_argument("--out", default=None, type=_results.result_file,
                     help="JSON file (default: benchmarks/results/bench_pipeline/<machine>.json)")
     args = ap.parse_args(argv)
     if len(args.k) != len(args.model):

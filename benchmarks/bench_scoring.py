@@ -167,7 +167,7 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--torch", action="store_true", help="also time HF transformers PyTorch (a)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=None,
+    ap.add_argument("--out", default=None, type=_results.result_file,
                     help="JSON file (default: benchmarks/results/bench_scoring/<machine>.json)")
     args = ap.parse_args(argv)
 

@@ -222,7 +222,7 @@ def main(argv=None) -> int:
     ap.add_argument("--xla-flags", default=None,
                     help="XLA flags for both phases, to compare compiler settings, e.g. "
                          "'--xla_gpu_autotune_level=1' (recorded in the result)")
-    ap.add_argument("--out", default=None, help="JSON result (default: results/bench_seed/<machine>.json)")
+    ap.add_argument("--out", default=None, type=_results.result_file, help="JSON result (default: results/bench_seed/<machine>.json)")
     ap.add_argument("--prepare", default=None, metavar="DIR",
                     help="gather the wheels, tokenizer and data a bare GPU machine lacks, and stop")
     args = ap.parse_args(argv)

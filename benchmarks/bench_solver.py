@@ -413,7 +413,7 @@ def print_tables(timing, ablation):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default=None,
+    p.add_argument("--out", default=None, type=_results.result_file,
                    help="JSON file (default: benchmarks/results/bench_solver/<machine>.json)")
     p.add_argument("--classes", type=int, nargs="+", default=[2, 3, 4, 5, 6])
     p.add_argument("--seeds", type=int, default=5)

@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     ap.add_argument("--presets", nargs="+", default=None, help=f"default {' '.join(PRESETS)}")
     ap.add_argument("--budget-s", type=float, default=520, help="seconds for every step together")
     ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "datasets"))
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default=None, type=_results.result_file)
     ap.add_argument("--prepare", default=None, metavar="DIR")
     args = ap.parse_args(argv)
     presets = args.presets or (SMOKE_PRESETS if args.smoke else PRESETS)

@@ -335,7 +335,7 @@ def main(argv=None) -> int:
     ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "datasets"),
                     help="folder holding rotten_tomatoes.jsonl (not used by --smoke)")
     ap.add_argument("--seeds", type=int, nargs=2, default=[0, 1], help="the cold and the second seed")
-    ap.add_argument("--out", default=None, help="JSON result (default: results/gpu_check/<machine>.json)")
+    ap.add_argument("--out", default=None, type=_results.result_file, help="JSON result (default: results/gpu_check/<machine>.json)")
     ap.add_argument("--prepare", default=None, metavar="DIR",
                     help="gather what a bare GPU machine lacks into DIR, print the device command, stop")
     ap.add_argument("--child", choices=tuple(CHILDREN), help=argparse.SUPPRESS)

@@ -43,7 +43,7 @@ def main(argv=None):
     p.add_argument("--sweep", required=True, help="sweep_solver.py output (one start)")
     p.add_argument("--starts4", help="the same sweep with --num-starts 4")
     p.add_argument("--min-lambda", type=float, default=1.0)
-    p.add_argument("--out", default=None,
+    p.add_argument("--out", default=None, type=_results.result_file,
                    help="JSON file (default: benchmarks/results/local_optima/<machine>.json)")
     args = p.parse_args(argv)
     for path in filter(None, (args.sweep, args.starts4)):

@@ -58,7 +58,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("run_dir")
     p.add_argument("--lambda-inv", type=float, default=calibrators.DEFAULT_LAMBDA_INV)
-    p.add_argument("--out", default=None,
+    p.add_argument("--out", default=None, type=_results.result_file,
                    help="JSON file (default: benchmarks/results/real_solver_parity/"
                         "<machine>_<model>_<run>.json)")
     args = p.parse_args(argv)

@@ -231,7 +231,7 @@ def main(argv=None):
                    help="fit_batch: one compiled call per class count and dtype; calibrate: "
                         "sc_jax.calibrate per instance, with its own default starts unless "
                         "--num-starts is given")
-    p.add_argument("--out", default=None,
+    p.add_argument("--out", default=None, type=_results.result_file,
                    help="JSON-lines file, resumed if it exists (default: "
                         "benchmarks/results/sweep_solver/<machine>.jsonl)")
     p.add_argument("--reference", nargs="*", default=[], metavar="JSONL",

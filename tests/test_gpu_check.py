@@ -62,3 +62,29 @@ def test_a_phase_past_its_deadline_is_recorded_and_the_next_runs(tmp_path, monke
     assert 0.9 < p["attention"]["seconds"] < 5 and p["attention"]["deadline_s"] == 1.0
     assert p["cold"]["exit_code"] == 3 and p["peer"]["why"] == "chose blocked"
     assert data["header"]["machine"] and "gpu_check.py" in data["header"]["command"]
+
+
+def test_benchmarks_never_replace_a_users_file(tmp_path, capsys):
+    """Every benchmark's --out is checked by argparse, before any work: a directory, or an
+    existing file that no benchmark wrote (no result header), is refused; a result of
+    ours is replaced as a rerun does."""
+    import pytest
+
+    gc = _gpu_check()
+    mine = tmp_path / "notes.json"
+    mine.write_text('{"my": "notes"}\n')
+    ours = tmp_path / "old.json"
+    ours.write_text(json.dumps({"header": {"commit": "abc", "command": "x"}, "phases": {}}))
+    for bad, match in [(mine, "no benchmark wrote it"), (tmp_path, "is a directory")]:
+        t = time.perf_counter()
+        with pytest.raises(SystemExit) as e:
+            gc.main(["--out", str(bad)])
+        assert e.value.code == 2 and time.perf_counter() - t < 1
+        assert match in capsys.readouterr().err
+    assert mine.read_text() == '{"my": "notes"}\n'
+    assert gc._results.result_file(str(ours)) == str(ours)
+    assert gc._results.result_file(str(tmp_path / "new.json")) == str(tmp_path / "new.json")
+    # A JSON-lines result (sweep_solver's) is ours by its header line.
+    lines = tmp_path / "sweep.jsonl"
+    lines.write_text(json.dumps({"header": {"commit": "abc"}}) + "\n{\"n\": 2}\n")
+    assert gc._results.result_file(str(lines)) == str(lines)
