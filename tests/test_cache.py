@@ -61,3 +61,30 @@ def test_disabled_cache_computes_every_time():
     c.get_or_compute("x", lambda: n.append(1) or np.zeros(1))
     c.get_or_compute("x", lambda: n.append(1) or np.zeros(1))
     assert len(n) == 2
+
+
+def test_an_entry_is_checked_against_its_key_and_rows(tmp_path):
+    """A file copied or renamed under another key (its checksum still holds), or one
+    whose rows are not the pairs asked for, is reported and recomputed; an entry written
+    before keys were stored (no key field) is still read."""
+    import io
+
+    c = ScoreCache(tmp_path)
+    a, b = "aa" * 32, "bb" * 32
+    c.put(a, np.zeros((3, 2), np.float32))
+    c._path(b).parent.mkdir(parents=True, exist_ok=True)
+    c._path(a).replace(c._path(b))  # a's scores now sit under b's name
+    with pytest.warns(UserWarning, match="holds the scores of key aaaaaaaaaaaa"):
+        assert c.get(b) is None
+    c.put(a, np.zeros((3, 2), np.float32))
+    with pytest.warns(UserWarning, match="holds 3 rows for 4 pairs"):
+        assert c.cached(a, rows=4) is None
+    assert c.corrupt == 2
+    # A legacy entry (value and checksum only) still loads.
+    from sc_jax.scoring.cache import _digest
+
+    arr = np.ones((2, 2), np.float32)
+    buf = io.BytesIO()
+    np.savez(buf, value=arr, sha256=np.asarray(_digest(arr)))
+    c._path(b).write_bytes(buf.getvalue())
+    np.testing.assert_array_equal(c.cached(b, rows=2), arr)

@@ -246,7 +246,9 @@ def score_seed(model, engine, cache, dataset, split, config: RunConfig, k: int, 
     pieces = sj.pieces
     keys = {tag: score_key(model.identity, config.mode, pieces, ctx, pairs, extra=tag)
             for tag, (ctx, pairs) in sj.jobs.items()}
-    got = {tag: cache.cached(key) for tag, key in keys.items()}
+    # An entry must hold one row per pair of its job: the key names the pairs, and a
+    # file that disagrees is reported and rescored (ScoreCache.get).
+    got = {tag: cache.cached(key, rows=len(sj.jobs[tag][1])) for tag, key in keys.items()}
     missing = {tag: sj.jobs[tag] for tag, arr in got.items() if arr is None}
     if label:
         for tag in got:

@@ -8,8 +8,11 @@ the key changes; nothing stale is ever reused.
 
 Writes are atomic (a temporary file in the same directory, fsync, ``os.replace``), so a
 killed process leaves either the old state or the complete new entry. Each file stores
-a checksum of its array; an entry that fails to load or to verify is reported, deleted
-and recomputed, never silently used.
+a checksum of its array and the key it was stored under; an entry that fails to load,
+to verify, that names another key (a file copied or renamed into place) or whose rows
+are not the pairs asked for, is reported, deleted and recomputed, never silently used.
+Entries written before the key was stored (the committed caches' archives) are checked
+by checksum and rows.
 """
 
 from __future__ import annotations
@@ -66,7 +69,9 @@ class ScoreCache:
     def _path(self, key: str) -> Path:
         return self.root / key[:2] / f"{key}.npz"
 
-    def get(self, key: str) -> np.ndarray | None:
+    def get(self, key: str, rows: int | None = None) -> np.ndarray | None:
+        """The entry stored under ``key``, checked (checksum, the key it names, ``rows``
+        rows where given), or None."""
         if self.root is None:
             return None
         path = self._path(key)
@@ -75,8 +80,13 @@ class ScoreCache:
         try:
             with np.load(path, allow_pickle=False) as z:
                 arr, check = z["value"], str(z["sha256"])
+                stored_key = str(z["key"]) if "key" in z.files else None
             if _digest(arr) != check:
                 raise ValueError("checksum mismatch")
+            if stored_key is not None and stored_key != key:
+                raise ValueError(f"it holds the scores of key {stored_key[:12]}..., not this one")
+            if rows is not None and (arr.ndim < 1 or arr.shape[0] != rows):
+                raise ValueError(f"it holds {arr.shape[0] if arr.ndim else 0} rows for {rows} pairs")
             return arr
         except Exception as e:  # a truncated zip, bad header, or wrong checksum
             self.corrupt += 1
@@ -90,7 +100,7 @@ class ScoreCache:
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         buf = io.BytesIO()
-        np.savez(buf, value=arr, sha256=np.asarray(_digest(arr)))
+        np.savez(buf, value=arr, sha256=np.asarray(_digest(arr)), key=np.asarray(key))
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".npz")
         try:
             with os.fdopen(fd, "wb") as f:
@@ -102,10 +112,11 @@ class ScoreCache:
             Path(tmp).unlink(missing_ok=True)
             raise
 
-    def cached(self, key: str) -> np.ndarray | None:
-        """The entry ``key`` or None, counted as a hit or a miss; in a multi-process
-        run process 0 reads it and every process gets what it read."""
-        arr = from_writer(self.get(key) if is_writer() else None)
+    def cached(self, key: str, rows: int | None = None) -> np.ndarray | None:
+        """The entry ``key`` (of ``rows`` rows where given) or None, counted as a hit or
+        a miss; in a multi-process run process 0 reads it and every process gets what
+        it read."""
+        arr = from_writer(self.get(key, rows) if is_writer() else None)
         if arr is None:
             self.misses += 1
         else:
