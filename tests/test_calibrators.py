@@ -151,7 +151,7 @@ def test_predict_proba_refuses_what_it_cannot_answer_and_warns_on_a_fit_that_did
     nan_fit = dataclasses.replace(fits[0], b=np.array([np.nan, 0.0]), status=Status.NONFINITE)
     with pytest.raises(ValueError, match=r"fits\[0\] has NaN or infinite parameters \(status NONFINITE"):
         predict_proba([nan_fit, fits[1]], feats)
-    with pytest.raises(ValueError, match="b holds NaN"):
+    with pytest.raises(ValueError, match="b holds NaN"), pytest.warns(RuntimeWarning, match="NONFINITE"):
         nan_fit.predict_proba(feats[0])
     with pytest.raises(ValueError, match=r"features\[0\] must be \[m_i, T, 2\]"):
         predict_proba(fits, [rng.normal(size=(3, 4, 3)), feats[1]])

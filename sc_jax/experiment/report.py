@@ -23,6 +23,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import textwrap
 from collections import defaultdict
 from pathlib import Path
 
@@ -478,7 +479,6 @@ def save_figure(fig, path: Path) -> dict[str, Path]:
 def method_label(method: str, width: int = 11) -> str:
     """A method's name as a tick label, wrapped at ``width`` characters (the paper's
     long names, "SC* (no trust region)", otherwise run into their neighbours)."""
-    import textwrap  # noqa: PLC0415
 
     return "\n".join(textwrap.wrap(METHOD_NAMES[method], width)) or method
 
