@@ -56,7 +56,7 @@ from sc_jax.experiment.data import DEFAULT_TEST_SEED, TASKS, DataUnavailableErro
 from sc_jax.experiment.plan import plan_run, plan_table, written_by_plan
 from sc_jax.experiment.report import load_results, write_report
 from sc_jax.experiment.run import run_experiment
-from sc_jax.experiment.store import check_output_file
+from sc_jax.experiment.store import check_output_file, probe_writable
 from sc_jax.models.hub import cached_models_lines
 from sc_jax.models import attention as attn
 from sc_jax.models.loading import load_model
@@ -632,10 +632,7 @@ def _check_cache_env() -> None:
         return
     root = Path(env).expanduser()
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        probe = root / f".write-test.{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
+        probe_writable(root)
     except OSError as e:
         if e.filename is None:
             e.filename = str(root)

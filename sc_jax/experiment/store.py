@@ -131,16 +131,22 @@ def make_out_dir(path, option: str = "--out") -> Path:
     if not parent.is_dir():
         raise ValueError(f"{option} {out} lies under {parent}, which is a file, not a directory")
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        # A directory can exist and still refuse files (read-only mounts, permissions).
-        probe = out / f".write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
+        probe_writable(out)
     except OSError as e:
         where = f"{parent} does not accept new files" if parent != out else f"{out} is not writable"
         raise ValueError(f"{option} {out}: {where} ({e.strerror or e}); choose a writable "
                          "directory") from e
     return out
+
+
+def probe_writable(directory: Path) -> None:
+    """Create ``directory`` (and its parents) and write and remove a file in it: an
+    OSError where it cannot. A directory can exist and still refuse files (read-only
+    mounts, permissions), which only a write shows."""
+    directory.mkdir(parents=True, exist_ok=True)
+    probe = directory / f".write-test-{os.getpid()}"
+    probe.write_bytes(b"")
+    probe.unlink()
 
 
 def package_versions() -> dict[str, str]:

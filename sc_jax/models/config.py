@@ -237,16 +237,16 @@ def _text_config(cfg):
     return cfg
 
 
-# Fields whose non-default value asks for computation this decoder does not do:
-# (field, the value that is fine (also None, False or 0), what it is).
+# Fields whose value, when set (anything but None, False or 0), asks for computation
+# this decoder does not do: (field, what it is).
 _REFUSED_FIELDS = (
-    ("attn_logit_softcapping", None, "attention logit soft-capping"),
-    ("final_logit_softcapping", None, "final logit soft-capping"),
-    ("use_bidirectional_attention", False, "bidirectional attention"),
-    ("num_experts", None, "a mixture of experts"),
-    ("num_local_experts", None, "a mixture of experts"),
-    ("n_routed_experts", None, "a mixture of experts"),
-    ("mlp_bias", False, "MLP biases"),
+    ("attn_logit_softcapping", "attention logit soft-capping"),
+    ("final_logit_softcapping", "final logit soft-capping"),
+    ("use_bidirectional_attention", "bidirectional attention"),
+    ("num_experts", "a mixture of experts"),
+    ("num_local_experts", "a mixture of experts"),
+    ("n_routed_experts", "a mixture of experts"),
+    ("mlp_bias", "MLP biases"),
 )
 
 
@@ -276,7 +276,7 @@ def _supported_model_type(cfg) -> str:
     missing = [k for k in required if k not in cfg]
     if missing:
         raise ValueError(f"config.json lacks required field(s) {missing}")
-    for field, _, what in _REFUSED_FIELDS:
+    for field, what in _REFUSED_FIELDS:
         if cfg.get(field) not in (None, False, 0):
             raise ValueError(f"config.json field {field}={cfg[field]!r} asks for {what}, "
                              f"which sc_jax does not compute ({mtype} models without it load)")
