@@ -11,9 +11,11 @@ end-to-end SC seed, JSON plus tables, sized for a lease of 15 minutes of device 
    compiled call per n with whole-bucket vmap on the device, float32, augmented
    Lagrangian and projected, against the SciPy trust-constr loop on the host (one
    seed timed, extrapolated to five: said so in the JSON).
-3. One SC seed end to end with random weights (``run_experiment``): k = 8, 128 test
-   queries, m_i cap 24 (the paper's), sizes 1..4, surrogate budget 2000 pairs per
-   size; stage times.
+3. One SC seed end to end with random weights, cold: ``bench_seed.phase`` (a fresh
+   ``sc-jax run`` process on an empty persistent compilation cache, killed after
+   ``--e2e-timeout`` s) on a synthetic CSV: k = 8, 128 test queries, m_i cap 24 (the
+   paper's), sizes 1..4, surrogate budget 2000 pairs per size; bench_seed's breakdown
+   (process wall, compile, forward, fitting, ...).
 
 ``--full`` is the first design (sizes 1..5 with two timed engine runs, n = 2..6, 256
 test queries, budget 5000). On an NVIDIA H200 it did not fit a lease: its scoring
@@ -60,9 +62,8 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import _results  # noqa: E402
-
-WORDS = ("the film is a great fun boring plot with some moments of real charm but too long "
-         "and actors seem lost in it story never quite works yet its heart shows").split()
+import _timing  # noqa: E402
+import bench_seed  # noqa: E402
 
 
 def _device() -> dict:
@@ -96,9 +97,7 @@ def section_scoring(args, keep) -> dict:
     dtype = jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32
     t0 = time.perf_counter()
     peak = bench_scoring.matmul_peak(dtype)
-    t = time.perf_counter()
-    model = sc_jax.load_model(args.model, dtype=args.dtype)
-    load_s = time.perf_counter() - t
+    load_s, model = _timing.once(lambda: sc_jax.load_model(args.model, dtype=args.dtype))
     _say(f"scoring: matmul peak {peak / 1e12:.0f} TFLOP/s, {args.model} loaded in {load_s:.1f}s")
 
     def phase(name, res):
@@ -107,7 +106,7 @@ def section_scoring(args, keep) -> dict:
                   unfinished=True))
 
     r = bench_scoring.bench_case(model, args.k, args.words, args.sample_a, args.sample_b,
-                                 args.score_repeats, 0, False, max_size=args.score_max_size,
+                                 args.score_repeats, 0, max_size=args.score_max_size,
                                  on_phase=phase)
     c = model.config
     nonembed = c.num_params() - c.vocab_size * c.hidden_size * (1 if c.tie_word_embeddings else 2)
@@ -152,29 +151,25 @@ def section_solvers(args, keep) -> list[dict]:
 
 
 def section_end_to_end(args, keep) -> dict:
-    from sc_jax.experiment.config import RunConfig
-    from sc_jax.experiment.run import run_experiment
-
-    rng = np.random.default_rng(1)
-    with tempfile.TemporaryDirectory() as tmp:
+    """One cold SC seed through bench_seed's phase (a fresh ``sc-jax run`` process on an
+    empty persistent compilation cache), on the suite's model and a synthetic CSV."""
+    with tempfile.TemporaryDirectory(prefix="suite_seed_") as tmp:
         tmp = Path(tmp)
-        n = max(400, 2 * args.e2e_tests)
-        (tmp / "rotten_tomatoes.jsonl").write_text("".join(
-            json.dumps({"text": " ".join(rng.choice(WORDS, args.words)), "label": j % 2}) + "\n"
-            for j in range(n)))
-        config = RunConfig(model=args.model, dtype=args.dtype, datasets=("rotten_tomatoes",),
-                           data_dir=str(tmp), shots=(args.k,), seeds=(0,), test_size=args.e2e_tests,
-                           m_cap=args.m_cap, budget=args.budget, max_size=args.max_size,
-                           methods=args.methods)
-        t = time.perf_counter()
-        res = run_experiment(config, tmp / "run", progress=False)
-        wall = time.perf_counter() - t
-    timing = res.data["timing"]
-    return dict(model=args.model, dtype=args.dtype, k=args.k, test_size=args.e2e_tests, max_size=args.max_size,
-                m_cap=args.m_cap, budget=args.budget, wall_s=wall, scoring_s=timing["scoring_s"],
-                fitting_s=timing["fitting_s"], total_s=timing["total_s"],
-                sc_macro_f1=[r["macro_f1"] for r in res.rows if r["method"] == "sc"],
-                statuses=sorted({p["status"] for p in res.data["params"]}))
+        data = bench_seed.smoke_csv(tmp / "rt.csv", rows=max(400, 2 * args.e2e_tests),
+                                    words=(args.words, args.words))
+        run_args = ["--model", args.model, "--dtype", args.dtype, "--dataset", "rotten_tomatoes",
+                    "--shots", str(args.k), "--test-size", str(args.e2e_tests),
+                    "--m-cap", str(args.m_cap), "--budget", str(args.budget),
+                    "--max-size", str(args.max_size), "--methods", ",".join(args.methods),
+                    "--data-file", f"rotten_tomatoes={data}"]
+        rec = bench_seed.phase("cold", 0, run_args, tmp / "run", tmp / "xla", args.e2e_timeout)
+        rec.pop("machine", None)
+        if rec["status"] == "ok":
+            res = json.loads((tmp / "run" / "results.json").read_text())
+            rec.update(sc_macro_f1=[r["macro_f1"] for r in res["rows"] if r["method"] == "sc"],
+                       statuses=sorted({p["status"] for p in res["params"]}))
+    return dict(model=args.model, dtype=args.dtype, k=args.k, test_size=args.e2e_tests,
+                max_size=args.max_size, m_cap=args.m_cap, budget=args.budget, **rec)
 
 
 def tables(out: dict) -> str:
@@ -204,10 +199,14 @@ def tables(out: dict) -> str:
                   "extrapolated per problem.", ""]
     e = out.get("end_to_end")
     if e:
-        lines += ["| SC seed | k (sizes) | test queries | m_i cap | budget | scoring s | fitting s | total s |",
-                  "|---|---|---|---|---|---|---|---|",
-                  f"| {e['model']} {e['dtype']} | {e['k']} (1..{e['max_size']}) | {e['test_size']} | {e['m_cap']} | "
-                  f"{e['budget']} | {e['scoring_s']:.1f} | {e['fitting_s']:.1f} | {e['total_s']:.1f} |"]
+        times = (" | ".join(f"{e[key]:.1f}" for key in ("process_wall_s", "compile_s", "forward_s",
+                                                         "fitting_s", "run_total_s"))
+                 if e["status"] == "ok" else f"{e['status']} after {e['seconds']:.1f} s | | | |")
+        lines += ["| SC seed (bench_seed, cold) | k (sizes) | test queries | m_i cap | budget | "
+                  "process s | compile s | forward s | fitting s | run s |",
+                  "|---|---|---|---|---|---|---|---|---|---|",
+                  f"| {e['model']} {e['dtype']} | {e['k']} (1..{e['max_size']}) | {e['test_size']} | "
+                  f"{e['m_cap']} | {e['budget']} | {times} |"]
     return "\n".join(lines)
 
 
@@ -218,6 +217,8 @@ def main(argv=None) -> int:
                     help="directory for suite.json and suite.md (default: "
                          "benchmarks/results/accelerator_suite/<machine>.json and .md)")
     ap.add_argument("--skip", nargs="*", default=[], choices=["scoring", "solvers", "end_to_end"])
+    ap.add_argument("--e2e-timeout", type=float, default=540,
+                    help="seconds the SC seed's process may run before it is killed (default 540)")
     ap.add_argument("--full", action="store_true",
                     help="the first design's sizes (sizes 1..5, n = 2..6, 256 test queries, budget "
                          "5000); on an H200 it did not fit a lease (benchmarks/RESULTS.md)")

@@ -10,7 +10,7 @@ first_token mode, on ``random:qwen2-7b`` in bfloat16 (random weights, Qwen2's re
 tokenizer).
 
 * Engine: ``ScoringEngine.score_jobs`` of every size in one call; a first (compiling)
-  run, then the median of ``--repeats`` runs; ``engine.stats`` of both; once per
+  run, then the median of ``--repeats`` runs (``_timing``); ``engine.stats`` of both; once per
   attention implementation of ``--attention`` (:mod:`sc_jax.models.attention`; default the
   engine's own choice).
 * HF: ``AutoModelForCausalLM`` built from the same config.json, its weights the JAX
@@ -66,10 +66,8 @@ import gc
 import inspect
 import json
 import os
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -78,6 +76,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # sc_jax from the checkout, installed or not
 
 import _results  # noqa: E402
+import _timing  # noqa: E402
 from bench_seed import smoke_csv  # noqa: E402
 
 FULL = dict(model="random:qwen2-7b", dtype="bfloat16", k=8, max_size=4, test_size=256,
@@ -120,16 +119,14 @@ def torch_matmul_flops(dtype, device: str, repeats: int = 5) -> float:
     with torch.inference_mode():
         for n in sizes:
             a = torch.full((n, n), 0.5, dtype=dtype, device=device)
-            a @ a
-            sync()
-            times = []
-            for _ in range(repeats):
-                t = time.perf_counter()
+
+            def products(a=a):
                 for _ in range(per_timing):
                     a @ a
                 sync()
-                times.append((time.perf_counter() - t) / per_timing)
-            best = max(best, 2 * n ** 3 / statistics.median(times))
+
+            seconds = _timing.first_and_timed(products, repeats).median_s / per_timing
+            best = max(best, 2 * n ** 3 / seconds)
     return best
 
 
@@ -209,15 +206,6 @@ def hf_pass(hf, prompts, batches, first, device: str) -> np.ndarray:
     return res
 
 
-def timed(fn, repeats: int) -> tuple[float, list[float], object]:
-    runs, out = [], None
-    for _ in range(repeats):
-        t = time.perf_counter()
-        out = fn()
-        runs.append(time.perf_counter() - t)
-    return statistics.median(runs), runs, out
-
-
 def table(res: dict) -> str:
     h = res["hf"]
     rows = [(f"engine ({e['attention']} attention)", e["first_s"], e["first_stats"]["compile_s"],
@@ -289,9 +277,8 @@ def main(argv=None) -> int:
     if device == "cuda" and not torch.cuda.is_available():
         print("bench_peer: jax sees a GPU, torch does not: install torch's CUDA build", file=sys.stderr)
         return 2
-    t = time.perf_counter()
-    model = sc_jax.load_model(args.model, dtype=args.dtype)
-    say(f"{args.model} ({args.dtype}) loaded in {time.perf_counter() - t:.1f} s")
+    load_s, model = _timing.once(lambda: sc_jax.load_model(args.model, dtype=args.dtype))
+    say(f"{args.model} ({args.dtype}) loaded in {load_s:.1f} s")
     with tempfile.TemporaryDirectory(prefix="bench_peer_") as tmp:
         pieces, jobs, mode = workload(model.tokenizer, args, smoke_csv(Path(tmp) / "rt.csv")
                                       if args.smoke else None)
@@ -322,14 +309,11 @@ def main(argv=None) -> int:
     def save():
         _results.write_json(path, {"header": head, **res})
 
-    t = time.perf_counter()
-    hf = hf_model(model, device, tdtype)
-    build_s = time.perf_counter() - t
+    build_s, hf = _timing.once(lambda: hf_model(model, device, tdtype))
     batches = hf_batches(lengths, args.hf_batch_tokens)
-    t = time.perf_counter()
-    hf_pass(hf, prompts, batches[:1], first, device)
-    warm_s = time.perf_counter() - t
-    hf_s, hf_runs, hf_out = timed(lambda: hf_pass(hf, prompts, batches, first, device), args.repeats)
+    warm_s, _ = _timing.once(lambda: hf_pass(hf, prompts, batches[:1], first, device))
+    hf_timing = _timing.timed(lambda: hf_pass(hf, prompts, batches, first, device), args.repeats)
+    hf_s, hf_runs, hf_out = hf_timing.median_s, hf_timing.runs_s, hf_timing.out
     say(f"HF: built in {build_s:.1f} s, warm-up batch {warm_s:.1f} s, passes {hf_runs}")
     res["hf"] = {"build_s": build_s, "warmup_batch_s": warm_s, "steady_s": hf_s, "runs_s": hf_runs,
                  "batches": len(batches), "prompt_tokens": int(lengths.sum()),
@@ -346,10 +330,10 @@ def main(argv=None) -> int:
     engines = res["engines"]
     for impl in args.attention:
         engine = ScoringEngine(model, attention=impl, progress=False)
-        t = time.perf_counter()
-        engine.score_jobs(pieces, jobs, mode)
-        first_s, first_stats = time.perf_counter() - t, dataclasses.asdict(engine.stats)
-        eng_s, eng_runs, out = timed(lambda: engine.score_jobs(pieces, jobs, mode), args.repeats)
+        first_s, _ = _timing.once(lambda: engine.score_jobs(pieces, jobs, mode))
+        first_stats = dataclasses.asdict(engine.stats)
+        eng = _timing.timed(lambda: engine.score_jobs(pieces, jobs, mode), args.repeats)
+        eng_s, eng_runs, out = eng.median_s, eng.runs_s, eng.out
         say(f"engine ({engine.stats.attention} attention): first run {first_s:.1f} s, runs {eng_runs}")
         eng_out = np.concatenate([out[t] for t in jobs])
         tokens = engine.stats.tokens

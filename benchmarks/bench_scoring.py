@@ -2,16 +2,18 @@
 1..min(5, k-1), full enumeration) scored three ways, side by side on one machine:
 
   (a) plain: one prompt per forward pass, batch 1, context recomputed (the reference
-      code's way), through ``LoadedModel.last_logits``; with ``--torch``, also HF
-      transformers PyTorch the way the reference does it (default model only);
+      code's way), through ``LoadedModel.last_logits``;
   (b) flat: full prompts in batches, no prefix sharing;
   (c) engine: the prefix-shared trie (``ScoringEngine``).
 
 (a) and (b) may time a uniform random sample of the prompts (``--sample-a``,
 ``--sample-b``) and extrapolate per prompt; the table says so. Every path is
 warmed up first (compiles are timed separately); times are medians over
-``--repeats`` runs. The floor is 2 x (non-embedding parameters) x (unique tokens
+``--repeats`` runs (``_timing``). The floor is 2 x (non-embedding parameters) x (unique tokens
 computed by the engine) / (measured matmul peak of this machine).
+
+The engine against Hugging Face transformers (PyTorch) is ``bench_peer.py``'s: the same
+prompts and weights on both sides.
 
 Writes ``benchmarks/results/bench_scoring/<machine>.json`` (``--out``).
 
@@ -25,13 +27,12 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import statistics
 import sys
-import time
 
 import numpy as np
 
 import _results
+import _timing
 
 WORDS = ("the film is a great fun boring plot with some moments of real charm but too long "
          "and actors seem lost in it story never quite works yet its heart shows").split()
@@ -50,18 +51,8 @@ def matmul_peak(dtype) -> float:
     return measured_matmul_flops(dtype, n=2048)
 
 
-def timed(fn, repeats):
-    ts = []
-    out = None
-    for _ in range(repeats):
-        t = time.perf_counter()
-        out = fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts), out
-
-
-def bench_case(model, k, words, sample_a, sample_b, repeats, seed, use_torch, hf=None, *,
-               max_size=5, on_phase=None):
+def bench_case(model, k, words, sample_a, sample_b, repeats, seed, *, max_size=5,
+               on_phase=None):
     """Scoring of every surrogate pair of context sizes 1..min(max_size, k - 1) at k:
     (c) the engine, (b) flat batches, (a) batch 1 ((a) and (b) on samples of the
     prompts, extrapolated per prompt). ``on_phase(name, res)``, if given, is called
@@ -94,10 +85,8 @@ def bench_case(model, k, words, sample_a, sample_b, repeats, seed, use_torch, hf
            "words_per_text": words}
     # (c) engine: warm-up run compiles; then timed repeats.
     eng = ScoringEngine(model, progress=False)
-    t = time.perf_counter()
-    for i, ctx, pairs in jobs:
-        eng.score(pieces, ctx, pairs)
-    res["c_first_run_s"] = time.perf_counter() - t
+    res["c_first_run_s"], _ = _timing.once(lambda: [eng.score(pieces, ctx, pairs)
+                                                    for i, ctx, pairs in jobs])
     phase = on_phase or (lambda name, res: None)
     phase("engine, first run (compiles)", res)
     unique = [0]
@@ -110,7 +99,8 @@ def bench_case(model, k, words, sample_a, sample_b, repeats, seed, use_torch, hf
             unique[0] += eng.stats.tokens
         return outs
 
-    res["c_s"], engine_out = timed(run_engine, repeats)
+    engine_run = _timing.timed(run_engine, repeats)
+    res["c_s"], engine_out = engine_run.median_s, engine_run.out
     res["unique_tokens"] = unique[0]
     phase("engine, timed", res)
 
@@ -119,8 +109,8 @@ def bench_case(model, k, words, sample_a, sample_b, repeats, seed, use_torch, hf
     nb = sum(len(p) for _, _, p in sb)
     for i, ctx, pairs in sb:  # warm-up / compile
         score_flat(model, pieces, ctx, pairs)
-    tb, flat_out = timed(lambda: [score_flat(model, pieces, c, p) for _, c, p in sb], repeats)
-    res["b_s"] = tb * n_prompts / nb
+    flat = _timing.timed(lambda: [score_flat(model, pieces, c, p) for _, c, p in sb], repeats)
+    res["b_s"] = flat.median_s * n_prompts / nb
     res["b_sampled_prompts"] = nb
     phase("flat batches", res)
 
@@ -129,8 +119,8 @@ def bench_case(model, k, words, sample_a, sample_b, repeats, seed, use_torch, hf
     na = sum(len(p) for _, _, p in sa)
     for i, ctx, pairs in sa:
         score_plain(model, pieces, ctx, pairs[:1])
-    ta, plain_out = timed(lambda: [score_plain(model, pieces, c, p) for _, c, p in sa], 1)
-    res["a_s"] = ta * n_prompts / na
+    plain = _timing.timed(lambda: [score_plain(model, pieces, c, p) for _, c, p in sa], 1)
+    res["a_s"], plain_out = plain.median_s * n_prompts / na, plain.out
     res["a_sampled_prompts"] = na
     phase("batch 1", res)
 
@@ -142,17 +132,6 @@ def bench_case(model, k, words, sample_a, sample_b, repeats, seed, use_torch, hf
         err = max(err, float(np.abs(eo[[lookup[(int(c), int(q))] for c, q in sp]] - po).max()))
     res["max_abs_diff_engine_vs_plain"] = err
 
-    if use_torch and hf is not None:
-        import torch
-
-        first = [l[0] for l in pieces.labels]
-        prompts = [pieces.prompt(c[pc], q) for _, c, p in sa for pc, q in p]
-        with torch.no_grad():
-            hf(torch.tensor([prompts[0]]))
-            t = time.perf_counter()
-            for ids in prompts:
-                hf(torch.tensor([ids])).logits[0, -1, first]
-            res["a_torch_s"] = (time.perf_counter() - t) * n_prompts / len(prompts)
     return res
 
 
@@ -165,7 +144,6 @@ def main(argv=None):
     ap.add_argument("--sample-a", type=float, default=0.03, help="fraction of prompts timed for (a)")
     ap.add_argument("--sample-b", type=float, default=0.1, help="fraction of prompts timed for (b)")
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--torch", action="store_true", help="also time HF transformers PyTorch (a)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, type=_results.result_file,
                     help="JSON file (default: benchmarks/results/bench_scoring/<machine>.json)")
@@ -181,23 +159,12 @@ def main(argv=None):
     peak = matmul_peak(jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32)
     rows = []
     for source, ks in suite:
-        t = time.perf_counter()
-        model = sc_jax.load_model(source, dtype=args.dtype)
-        load_s = time.perf_counter() - t
+        load_s, model = _timing.once(lambda: sc_jax.load_model(source, dtype=args.dtype))
         c = model.config
         nonembed = c.num_params() - c.vocab_size * c.hidden_size * (1 if c.tie_word_embeddings else 2)
-        hf = None
-        if args.torch and source == "default":
-            try:
-                import torch  # noqa: F401
-                from transformers import AutoModelForCausalLM
-
-                hf = AutoModelForCausalLM.from_pretrained(model.source, dtype="float32").eval()
-            except ImportError:
-                print("torch/transformers not installed: skipping the PyTorch reference", file=sys.stderr)
         for k in ks:
             r = bench_case(model, k, args.words, args.sample_a, args.sample_b, args.repeats,
-                           args.seed, args.torch, hf)
+                           args.seed)
             r.update(model=source, dtype=args.dtype, load_s=load_s,
                      floor_s=2 * nonembed * r["unique_tokens"] / peak)
             r["a_over_c"] = r["a_s"] / r["c_s"]
@@ -222,7 +189,7 @@ def main(argv=None):
     print("| " + " | ".join(hdr) + " |")
     print("|" + "---|" * len(hdr))
     for r in rows:
-        a = f"{r['a_s']:.1f}" + (f" (torch {r['a_torch_s']:.1f})" if "a_torch_s" in r else "")
+        a = f"{r['a_s']:.1f}"
         print(f"| {r['model']} | {r['k']} | {r['prompts']} | {r['prompt_tokens']} | {r['unique_tokens']} "
               f"| {a} | {r['b_s']:.1f} | {r['c_s']:.1f} | {r['floor_s']:.1f} "
               f"| {r['prompts'] / r['c_s']:.1f} | {r['prompt_tokens'] / r['c_s']:.0f} "

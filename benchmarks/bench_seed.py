@@ -34,7 +34,9 @@ with its process group and recorded as ``timeout``, one whose ``sc-jax run`` exi
 nonzero (or crashes) as ``failed`` with its exit code and the tail of its stderr, and the
 other phase still runs; the exit status is 1 unless both are ``ok``. The JSON is written
 after each phase, so a command killed mid-way keeps the phases it finished.
-``benchmarks/gpu_check.py`` runs both phases as two of its own.
+``benchmarks/gpu_check.py`` runs both phases as two of its own, and
+``benchmarks/accelerator_suite.py``'s third section one cold phase on its own settings:
+this is the one timing of a seed end to end.
 
 Writes ``benchmarks/results/bench_seed/<machine>.json`` (``<machine>_smoke.json`` for
 ``--smoke``; ``--out``) and prints a table.
@@ -82,17 +84,18 @@ sys.exit(rc)
 TAIL = 3000
 
 
-def smoke_csv(path: Path) -> Path:
-    """60 short reviews with alternating labels (Rotten Tomatoes' columns)."""
+def smoke_csv(path: Path, rows: int = 60, words: tuple[int, int] = (3, 9)) -> Path:
+    """``rows`` short reviews of ``words`` (fewest, most) random words with alternating
+    labels (Rotten Tomatoes' columns)."""
     import random
 
     rng = random.Random(0)
-    words = "good bad fine dull fun great poor plot cast".split()
+    vocab = "good bad fine dull fun great poor plot cast".split()
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["text", "label"])
-        for j in range(60):
-            w.writerow([" ".join(rng.choice(words) for _ in range(rng.randint(3, 9))), j % 2])
+        for j in range(rows):
+            w.writerow([" ".join(rng.choice(vocab) for _ in range(rng.randint(*words))), j % 2])
     return path
 
 

@@ -48,7 +48,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -70,6 +69,7 @@ from sc_jax.scoring.enumeration import default_m  # noqa: E402
 from sc_jax.calibration.objective import Problem  # noqa: E402
 from sc_jax.calibration.synthetic import World  # noqa: E402
 import _results  # noqa: E402
+import _timing  # noqa: E402
 
 SIZES = (1, 2, 3, 4, 5)
 K = 8
@@ -87,15 +87,6 @@ def timing_world(n, seed):
 
 # ---------------------------------------------------------------------------------
 # Timing.
-
-
-def median_time(fn, repeats):
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 def parse_batch(value):
@@ -138,15 +129,12 @@ def time_jax(method, problems, lams, taus, dtype, repeats, bucketed=True, batch=
 
     solvers.batched.cache_clear()  # a fresh jit, and no compiled program in memory
     jax.clear_caches()
-    t = time.perf_counter()
-    sols = call()
-    cold_s = time.perf_counter() - t
-    run_s = median_time(call, repeats)
-    sols = jax.device_get(sols)
+    timing = _timing.first_and_timed(call, repeats)
+    sols = jax.device_get(timing.out)
     order = np.argsort(np.concatenate([np.asarray(idx) for idx in indices]), kind="stable")
     merged = jax.tree.map(lambda *a: np.concatenate(a)[order], *sols)
     padded_rows = sum(int(p.features.shape[0] * p.features.shape[1]) for p in packed)
-    return cold_s - run_s, run_s, merged, padded_rows, len(packed)
+    return timing.compile_s, timing.median_s, merged, padded_rows, len(packed)
 
 
 def _sp_problem(x, y, g):
@@ -237,9 +225,9 @@ def bench_timing(classes, seeds, repeats, scipy_seeds, dtypes, layouts, batches,
         runs = {}
         for per_class in (False, True):
             warm_scipy(problems[:sp], lams[:sp], taus[:sp], per_class)
-            t = time.perf_counter()
-            refs = scipy_loop(problems[:sp], lams[:sp], taus[:sp], per_class)
-            runs[per_class] = (refs, (time.perf_counter() - t) * scale)
+            seconds, refs = _timing.once(
+                lambda: scipy_loop(problems[:sp], lams[:sp], taus[:sp], per_class))
+            runs[per_class] = (refs, seconds * scale)
         (ref_mean, scipy_run), (ref_pc, scipy_pc_run) = runs[False], runs[True]
 
         for dtype in dtypes:

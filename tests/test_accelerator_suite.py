@@ -32,7 +32,7 @@ def test_smoke(tmp_path, capsys):
     for r in out["solvers"]:
         assert r["jax_not_converged"] == 0 and r["max_rel_gap"] <= 1e-4, r
     e = out["end_to_end"]
-    assert e["scoring_s"] > 0 and len(e["sc_macro_f1"]) == 1
+    assert e["status"] == "ok" and e["forward_s"] > 0 and len(e["sc_macro_f1"]) == 1
     table = (tmp_path / "suite.md").read_text()
     assert "batch-1/engine" in table and "SC seed" in table
     assert "wrote" in capsys.readouterr().out
