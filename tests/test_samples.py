@@ -126,22 +126,6 @@ def _compare_paper():
     return module
 
 
-def test_compare_paper_margin_intervals():
-    """SC minus a baseline over seeds: a constant difference gives the point as its
-    interval; the Avg interval resamples each task on its own, so it lies within the
-    tasks' intervals averaged end to end; a task without the baseline gives none."""
-    compare = _compare_paper()
-    seeds = {"sc": {"a": {0: 60.0, 1: 70.0, 2: 80.0}, "b": {0: 50.0, 1: 50.0, 2: 50.0}},
-             "bc": {"a": {0: 50.0, 1: 50.0, 2: 50.0}, "b": {0: 55.0, 1: 45.0, 2: 50.0}}}
-    ci = compare.margin_intervals(seeds, "bc", ["a", "b"])
-    assert ci["a"] == (pytest.approx(10.0), pytest.approx(30.0))  # d = 10, 20, 30
-    assert ci["b"][0] == pytest.approx(-5.0) and ci["b"][1] == pytest.approx(5.0)
-    assert ci["a"][0] + ci["b"][0] <= 2 * ci["avg"][0] <= 2 * ci["avg"][1] <= ci["a"][1] + ci["b"][1]
-    assert compare.margin_intervals(seeds, "bc_reference", ["a"]) is None
-    same = {"sc": {"a": {0: 61.0, 1: 61.0}}, "bc": {"a": {0: 60.0, 1: 60.0}}}
-    assert compare.margin_intervals(same, "bc", ["a"])["avg"] == (pytest.approx(1.0),) * 2
-
-
 def test_reference_size_weighting_of_a_committed_seed():
     """method_probs with size_weighting="reference" weights each size's probabilities
     by min(P(k, i)(k - i), 15000) (k = 8: 56, 336, 1680, 6720, 15000), not by the rows

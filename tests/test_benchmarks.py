@@ -1,0 +1,56 @@
+"""The benchmark scripts' own logic, without a model: the shared timer
+(benchmarks/_timing.py) and the paper comparison of benchmarks/real_eval/compare_paper.py.
+The scripts that need a model are run by their own tests (test_accelerator_suite,
+test_gpu_check) and by tests/legs.sh (``--smoke``)."""
+
+import importlib.util
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _script(path: Path):
+    """A benchmark script loaded as a module (benchmarks/ on sys.path for its helpers)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = sys.modules[path.stem] = importlib.util.module_from_spec(spec)  # dataclasses look it up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_timer_median_of_repeats_and_first_run_apart():
+    timing = _script(ROOT / "benchmarks" / "_timing.py")
+    calls = []
+
+    def slow_first():
+        time.sleep(0.2 if not calls else 0.01)
+        calls.append(len(calls))
+        return len(calls)
+
+    t = timing.first_and_timed(slow_first, 3)
+    assert len(calls) == 4 and t.out == 4 and len(t.runs_s) == 3
+    assert t.first_s >= 0.2 and t.median_s < 0.1 and t.compile_s == t.first_s - t.median_s
+    t = timing.timed(lambda: 7, 0)  # at least one run
+    assert t.out == 7 and len(t.runs_s) == 1 and t.first_s is None and t.compile_s is None
+    seconds, out = timing.once(lambda: "x")
+    assert out == "x" and seconds >= 0
+
+
+def test_compare_paper_margin_intervals():
+    """SC minus a baseline over seeds: a constant difference gives the point as its
+    interval; the Avg interval resamples each task on its own, so it lies within the
+    tasks' intervals averaged end to end; a task without the baseline gives none."""
+    compare = _script(ROOT / "benchmarks" / "real_eval" / "compare_paper.py")
+    seeds = {"sc": {"a": {0: 60.0, 1: 70.0, 2: 80.0}, "b": {0: 50.0, 1: 50.0, 2: 50.0}},
+             "bc": {"a": {0: 50.0, 1: 50.0, 2: 50.0}, "b": {0: 55.0, 1: 45.0, 2: 50.0}}}
+    ci = compare.margin_intervals(seeds, "bc", ["a", "b"])
+    assert ci["a"] == (pytest.approx(10.0), pytest.approx(30.0))  # d = 10, 20, 30
+    assert ci["b"][0] == pytest.approx(-5.0) and ci["b"][1] == pytest.approx(5.0)
+    assert ci["a"][0] + ci["b"][0] <= 2 * ci["avg"][0] <= 2 * ci["avg"][1] <= ci["a"][1] + ci["b"][1]
+    assert compare.margin_intervals(seeds, "bc_reference", ["a"]) is None
+    same = {"sc": {"a": {0: 61.0, 1: 61.0}}, "bc": {"a": {0: 60.0, 1: 60.0}}}
+    assert compare.margin_intervals(same, "bc", ["a"])["avg"] == (pytest.approx(1.0),) * 2
