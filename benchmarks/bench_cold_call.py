@@ -30,10 +30,10 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import _results
+import _timing
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,22 +73,20 @@ def child(kind, k):
         x, y, g = (np.stack([p[j] for p in probs]) for j in range(3))
         x = x.astype(np.float32)
     extra = {}
-    t = time.perf_counter()  # after imports and data: the fit alone
-    with CompileMeter() as meter:
+    def fit():
         if kind == "jax" and k == "calibrate":
             enable_compilation_cache()
-            cal = sc_jax.calibrate(x, y, g, num_queries=8)
-            statuses = np.asarray(cal.status).tolist()
-        elif kind == "jax":
+            return np.asarray(sc_jax.calibrate(x, y, g, num_queries=8).status).tolist()
+        if kind == "jax":
             enable_compilation_cache()
-            statuses = [int(f.status) for f in calibrators.fit_batch(probs)]
-        else:
-            statuses = [int(calibrators.fit(*p, solver="scipy").status) for p in probs]
-    seconds = time.perf_counter() - t
+            return [int(f.status) for f in calibrators.fit_batch(probs)]
+        return [int(calibrators.fit(*p, solver="scipy").status) for p in probs]
+
+    with CompileMeter() as meter:  # after imports and data: the fit alone
+        seconds, statuses = _timing.once(fit)
     if kind == "jax" and k == "calibrate":
-        t = time.perf_counter()
-        np.asarray(sc_jax.calibrate(x, y, g, num_queries=8).b)
-        extra["warm_s"] = time.perf_counter() - t
+        extra["warm_s"], _ = _timing.once(
+            lambda: np.asarray(sc_jax.calibrate(x, y, g, num_queries=8).b))
     print(json.dumps(dict(seconds=seconds, compile_s=meter.seconds, programs=meter.count()[0],
                           problems=len(probs), statuses=statuses, machine=_results.jax_machine(),
                           **extra)))

@@ -29,12 +29,12 @@ import resource
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _results  # noqa: E402
+import _timing  # noqa: E402
 
 
 def _rss_gb() -> float:
@@ -45,15 +45,9 @@ def first_use(name: str, cache: str) -> dict:
     from sc_jax import load_model
     from sc_jax.models import named_models
 
-    t = time.perf_counter()
-    named_models.gguf_path(name, cache)
-    fetch = time.perf_counter() - t
-    t = time.perf_counter()
-    path = named_models.model_dir(name, cache)
-    convert = time.perf_counter() - t
-    t = time.perf_counter()
-    model = load_model(str(path))
-    load = time.perf_counter() - t
+    fetch, _ = _timing.once(lambda: named_models.gguf_path(name, cache))
+    convert, path = _timing.once(lambda: named_models.model_dir(name, cache))
+    load, model = _timing.once(lambda: load_model(str(path)))
     return {"fetch_s": fetch, "convert_s": convert, "load_s": load, "first_total_s": fetch + convert + load,
             "first_peak_rss_gb": _rss_gb(), "params": model.config.num_params()}
 
@@ -65,11 +59,9 @@ def cached_use(name: str, cache: str, repeats: int) -> dict:
     from sc_jax import load_model
     from sc_jax.models import named_models
 
-    t = time.perf_counter()
-    model = load_model(str(named_models.model_dir(name, cache)))
-    out = {"cached_load_s": time.perf_counter() - t, "cached_peak_rss_gb": _rss_gb()}
-    res = bench_case(model, k=4, words=10, sample_a=1.0, sample_b=0.05, repeats=repeats, seed=0,
-                     use_torch=False)
+    load_s, model = _timing.once(lambda: load_model(str(named_models.model_dir(name, cache))))
+    out = {"cached_load_s": load_s, "cached_peak_rss_gb": _rss_gb()}
+    res = bench_case(model, k=4, words=10, sample_a=1.0, sample_b=0.05, repeats=repeats, seed=0)
     out |= {
         "prompts": res["prompts"], "prompt_tokens": res["prompt_tokens"], "unique_tokens": res["unique_tokens"],
         "engine_first_run_s": res["c_first_run_s"], "engine_s": res["c_s"], "plain_s": res["a_s"],

@@ -38,6 +38,7 @@ from sc_jax.calibration import calibrators
 from sc_jax.calibration import solvers  # noqa: E402
 from sc_jax.experiment.ablation import _load_run, surrogate_problems  # noqa: E402
 from sweep_solver import GAP32, GAP64  # noqa: E402
+import _timing  # noqa: E402
 from bench_solver import _sp_problem  # noqa: E402
 import _results  # noqa: E402
 
@@ -71,9 +72,8 @@ def main(argv=None):
           f"{len(probs)} problems from {args.run_dir}", flush=True)
     fits, seconds = {}, {}
     for dtype in ("float32", "float64"):
-        t = time.perf_counter()
-        fits[dtype] = calibrators.fit_batch(probs, lambda_inv=args.lambda_inv, dtype=dtype)
-        seconds[f"jax_{dtype}"] = time.perf_counter() - t
+        seconds[f"jax_{dtype}"], fits[dtype] = _timing.once(
+            lambda: calibrators.fit_batch(probs, lambda_inv=args.lambda_inv, dtype=dtype))
         print(f"JAX {dtype}: {seconds[f'jax_{dtype}']:.1f} s (compile included)", flush=True)
     records = []
     t = time.perf_counter()

@@ -43,7 +43,6 @@ import argparse
 import json
 import platform
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -60,6 +59,7 @@ from sc_jax.calibration.objective import Params, objective  # noqa: E402
 from sc_jax.calibration.synthetic import FAMILIES, solver_instance  # noqa: E402
 from bench_solver import _sp_problem  # noqa: E402  (NumPy float64 Problem, ids 0..G-1)
 import _results  # noqa: E402
+import _timing  # noqa: E402
 
 GAP64 = 1e-7
 GAP32 = 1e-4
@@ -146,14 +146,13 @@ def run(families, per_family, out: Path, options, references=None, instances=Non
     inst = {key: solver_instance(*key) for key in todo}
     fits, seconds = {}, {}
     for dtype in ("float64", "float32"):
-        t = time.perf_counter()
         if api == "calibrate":
-            res = [calibrate_fit(inst[k], dtype, options) for k in todo]
+            seconds[dtype], res = _timing.once(
+                lambda: [calibrate_fit(inst[k], dtype, options) for k in todo])
         else:
-            res = calibrators.fit_batch([inst[k][:3] for k in todo],
-                                        lambda_inv=[inst[k][3] for k in todo],
-                                        tau=[inst[k][4] for k in todo], dtype=dtype, options=options)
-        seconds[dtype] = time.perf_counter() - t
+            seconds[dtype], res = _timing.once(lambda: calibrators.fit_batch(
+                [inst[k][:3] for k in todo], lambda_inv=[inst[k][3] for k in todo],
+                tau=[inst[k][4] for k in todo], dtype=dtype, options=options))
         print(f"JAX {dtype}: {len(todo)} fits in {seconds[dtype]:.1f}s "
               "(compile included)", flush=True)
         fits[dtype] = dict(zip(todo, res))
@@ -168,9 +167,8 @@ def run(families, per_family, out: Path, options, references=None, instances=Non
                     int(x.shape[1] + 1), int(len(y)), lam, tau):
                 f_ref, sp_s = old["scipy_best"], old["scipy_s"]
             else:
-                t = time.perf_counter()
-                ref = solvers.scipy_best(_sp_problem(x, y, g), lam, tau, seed=key[1])
-                sp_s = time.perf_counter() - t
+                sp_s, ref = _timing.once(
+                    lambda: solvers.scipy_best(_sp_problem(x, y, g), lam, tau, seed=key[1]))
                 f_ref = None if ref is None else float(ref.objective)
             r64, r32 = fits["float64"][key], fits["float32"][key]
             f64 = float(r64.objective)
