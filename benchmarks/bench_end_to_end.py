@@ -106,7 +106,7 @@ def _time_torch(hf, pieces, sample):
 def run_case(model, ds, k, args, hf):
     from sc_jax.scoring import engine as scoring
     from sc_jax.calibration.calibrators import DEFAULT_LAMBDA_INV, fit_batch, predict_proba
-    from sc_jax.experiment.data import split_protocol
+    from sc_jax.experiment.splits import split_protocol
     from sc_jax.scoring.enumeration import default_m, sample_contexts, surrogate_contexts, surrogate_pairs
     from sc_jax.experiment.metrics import accuracy, macro_f1
     from sc_jax.scoring.prompts import build_pieces
@@ -257,7 +257,7 @@ def main(argv=None):
     import jax
 
     import sc_jax
-    from sc_jax.experiment.data import load_task
+    from sc_jax.experiment.task_loading import load_task
 
     ds = load_task("rotten_tomatoes")
     model = sc_jax.load_model(args.model, dtype=args.dtype)

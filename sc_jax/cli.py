@@ -52,7 +52,9 @@ from sc_jax.experiment.ablation import (ablate, check_ablation_out, diagnose, re
                                         write_ablation)
 from sc_jax.experiment.config import METHODS, RunConfig
 from sc_jax.experiment.costs import ACCELERATOR_PEAK_FLOPS
-from sc_jax.experiment.data import DEFAULT_TEST_SEED, TASKS, DataUnavailableError
+from sc_jax.experiment.splits import DEFAULT_TEST_SEED
+from sc_jax.experiment.task_loading import DataUnavailableError
+from sc_jax.experiment.tasks import TASKS
 from sc_jax.experiment.plan import plan_run, plan_table, written_by_plan
 from sc_jax.experiment.report import load_results, write_report
 from sc_jax.experiment.run import run_experiment

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from sc_jax import cli
-from sc_jax.experiment.data import load_task
+from sc_jax.experiment.task_loading import load_task
 from sc_jax.experiment.config import RunConfig
 from sc_jax.experiment.jobs import draw_split
 

@@ -210,7 +210,7 @@ def test_log_samples_writes_records_that_reproduce_the_rows(config, tmp_path):
 
     from sc_jax.experiment import ablation
 
-    from sc_jax.experiment import data
+    from sc_jax.experiment.task_loading import load_task
 
     from sc_jax.experiment import samples
 
@@ -223,7 +223,7 @@ def test_log_samples_writes_records_that_reproduce_the_rows(config, tmp_path):
     assert set(recs[0]["probs"]) == set(cfg.methods) == set(recs[0]["pred"])
     assert set(recs[0]["sc_sizes"]) == {"sc", "sc_star", "sc_star_free", "sc_paper"}
     assert set(recs[0]["sc_sizes"]["sc"]) == {"1", "2"}
-    ds = data.load_task("rotten_tomatoes", data_file=config["data_files"][0][1])
+    ds = load_task("rotten_tomatoes", data_file=config["data_files"][0][1])
     for r in recs:
         text = ds.texts[r["row"]]
         assert r["text_sha256"] == hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -57,7 +57,7 @@ from sc_jax.calibration.objective import log_odds
 from sc_jax.calibration.solvers import Status
 from sc_jax.experiment import metrics, samples
 from sc_jax.experiment.config import METHODS, SC_FITS, RunConfig
-from sc_jax.experiment.data import DataUnavailableError
+from sc_jax.experiment.task_loading import DataUnavailableError
 from sc_jax.experiment.jobs import draw_split, load_datasets
 from sc_jax.experiment.predictions import fits_noted, method_probs, sc_size_probs
 from sc_jax.experiment.report import can_plot, load_results, save_figure

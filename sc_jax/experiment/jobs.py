@@ -20,7 +20,8 @@ import numpy as np
 
 from sc_jax.calibration.baselines import CONTENT_FREE_INPUTS, random_domain_strings
 from sc_jax.experiment.config import RunConfig, run_policy
-from sc_jax.experiment.data import dc_pool, load_task, split_protocol
+from sc_jax.experiment.splits import dc_pool, split_protocol
+from sc_jax.experiment.task_loading import load_task
 from sc_jax.models import loading
 from sc_jax.scoring.cache import score_key
 from sc_jax.scoring.engine import check_mode
@@ -93,7 +94,7 @@ def seed_jobs(tokenizer, dataset, split, config: RunConfig, k: int) -> SeedJobs:
 
 
 def load_datasets(config: RunConfig) -> dict:
-    """name -> :class:`sc_jax.experiment.data.Dataset` of every dataset of ``config``, from its
+    """name -> :class:`sc_jax.experiment.tasks.Dataset` of every dataset of ``config``, from its
     ``--data-file``, ``--data-dir`` or default source."""
     files = dict(config.data_files)
     return {name: load_task(name, data_file=files.get(name), data_dir=config.data_dir,
@@ -102,7 +103,7 @@ def load_datasets(config: RunConfig) -> dict:
 
 
 def draw_split(dataset, config: RunConfig, k: int, seed: int):
-    """The :class:`sc_jax.experiment.data.Split` of one (dataset, k, seed) as the run draws it.
+    """The :class:`sc_jax.experiment.splits.Split` of one (dataset, k, seed) as the run draws it.
     The run, its up-front check (:func:`check_run`) and ``sc-jax plan`` all draw
     through here, so the check sees the rows the run will score."""
     return split_protocol(dataset, k=k, test_size=config.test_size, seed=seed,
@@ -193,7 +194,7 @@ def check_run(config: RunConfig, model_config, tokenizer, datasets: dict, *,
     and each job's memory plan under the run's memory ``policy`` (default
     :func:`run_policy`), as the engine would make it.
 
-    ``datasets``: name -> :class:`sc_jax.experiment.data.Dataset`. Returns one dict per (dataset,
+    ``datasets``: name -> :class:`sc_jax.experiment.tasks.Dataset`. Returns one dict per (dataset,
     k): ``dataset``, ``k``, ``skipped`` (more classes than k) and, when run,
     ``longest_prompt`` (tokens, over all seeds and stages) and ``longest_seed``.
     Raises ValueError (one line naming dataset, k, seed, stage and data row) for a
