@@ -238,7 +238,7 @@ def main(argv=None):
     window = engines[-1].model.config.max_position_embeddings
 
     # Every k's jobs, checked against the context window up front (as `sc-jax run`
-    # does, sc_jax.experiment.jobs.check_run), before anything is timed.
+    # does, sc_jax.experiment.preflight.check_run), before anything is timed.
     seeds, workload = {}, {}
     for k in args.shots:
         sj = seeds[k] = jobs_mod.seed_jobs(tokenizer, ds, jobs_mod.draw_split(ds, config, k, args.seed),

@@ -1,4 +1,4 @@
-"""The up-front check of a whole run (sc_jax.experiment.jobs.check_run), shared by
+"""The up-front check of a whole run (sc_jax.experiment.preflight.check_run), shared by
 `sc-jax plan` and `sc-jax run`: every (task, k, seed) drawn as the run draws it, every
 stage's longest prompt against the context window, class counts against k and option
 ranges, all refused in one `error:` line before any weight is read or score written."""

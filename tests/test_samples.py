@@ -71,7 +71,7 @@ def test_regenerated_for_a_committed_run_from_its_score_files(tmp_path, monkeypa
     reproduce every row, and add BC as the reference code computes it."""
     from sc_jax import cli
     from sc_jax.experiment import ablation
-    from sc_jax.experiment import predictions
+    from sc_jax.experiment import methods
     from sc_jax.experiment.store import ADDED_METHODS
     from sc_jax.models import loading
 
@@ -80,7 +80,7 @@ def test_regenerated_for_a_committed_run_from_its_score_files(tmp_path, monkeypa
 
     monkeypatch.setattr(loading, "load_model", refuse)
     monkeypatch.setattr(ablation, "fit_batch", refuse)
-    monkeypatch.setattr(predictions, "fit_batch", refuse)
+    monkeypatch.setattr(methods, "fit_batch", refuse)
     res = json.loads((RUN / "results.json").read_text())
     # As the run was committed before the methods added since (refitted runs have them).
     old = [m for m in res["config"]["methods"] if m not in ADDED_METHODS]
@@ -148,7 +148,7 @@ def test_reference_size_weighting_of_a_committed_seed():
     the budget kept (300 per size in this run)."""
     from sc_jax.experiment import ablation
     from sc_jax.calibration import calibrators
-    from sc_jax.experiment import predictions
+    from sc_jax.experiment import methods
     from sc_jax.experiment.store import load_scores
 
     run = RUN.parents[1] / "smollm2-135m" / "k8"
@@ -160,8 +160,8 @@ def test_reference_size_weighting_of_a_committed_seed():
     assert [fits[i].num_rows for i in sizes] == [56, 300, 300, 300, 300]
     weights = np.array([56, 336, 1680, 6720, 15000], float)
     np.testing.assert_array_equal(calibrators.reference_size_weights(8, sizes), weights)
-    per = predictions.sc_size_probs(s, fits, sizes)
-    got = predictions.method_probs("sc", s, fits, sizes, size_weighting="reference", shots=8)
+    per = methods.sc_size_probs(s, fits, sizes)
+    got = methods.method_probs("sc", s, fits, sizes, size_weighting="reference", shots=8)
     want = sum(w * per[i] for w, i in zip(weights, sizes)) / weights.sum()
     np.testing.assert_allclose(got, want, rtol=1e-12)
 

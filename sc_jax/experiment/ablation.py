@@ -59,7 +59,7 @@ from sc_jax.experiment import metrics, samples
 from sc_jax.experiment.config import METHODS, SC_FITS, RunConfig
 from sc_jax.experiment.task_loading import DataUnavailableError
 from sc_jax.experiment.jobs import draw_split, load_datasets
-from sc_jax.experiment.predictions import fits_noted, method_probs, sc_size_probs
+from sc_jax.experiment.methods import fits_noted, method_probs, sc_size_probs
 from sc_jax.experiment.report import can_plot, load_results, save_figure
 from sc_jax.experiment.store import (config_tag, load_scores, make_out_dir,
                                      refuse_foreign_outputs, scores_path)

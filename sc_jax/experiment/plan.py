@@ -45,7 +45,8 @@ from sc_jax.experiment.costs import (
     replay,
     xla_peak_bytes,
 )
-from sc_jax.experiment.jobs import check_run, draw_split, load_datasets, seed_jobs
+from sc_jax.experiment.jobs import draw_split, load_datasets, seed_jobs
+from sc_jax.experiment.preflight import check_run
 from sc_jax.models import attention as attn
 from sc_jax.models.loading import DTYPES, load_model_parts
 from sc_jax.models.named_models import tokenizer_file

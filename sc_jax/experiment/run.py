@@ -41,8 +41,9 @@ import jax
 from sc_jax.calibration.calibrators import DEFAULT_LAMBDA_INV
 from sc_jax.experiment import metrics, samples
 from sc_jax.experiment.config import RunConfig, run_policy
-from sc_jax.experiment.jobs import SeedScores, check_run, draw_split, load_datasets, score_seed
-from sc_jax.experiment.predictions import fit_sc, method_probs, sc_size_probs
+from sc_jax.experiment.jobs import SeedScores, draw_split, load_datasets, score_seed
+from sc_jax.experiment.preflight import check_run
+from sc_jax.experiment.methods import fit_sc, method_probs, sc_size_probs
 from sc_jax.experiment.report import write_report
 from sc_jax.experiment.store import (
     RUN_CONFIG_FILE,
