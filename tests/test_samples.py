@@ -70,7 +70,6 @@ def test_regenerated_for_a_committed_run_from_its_score_files(tmp_path, monkeypa
     them from DIR/scores and the params in results.json (no model, no refit); they
     reproduce every row, and add BC as the reference code computes it."""
     from sc_jax import cli
-    from sc_jax.experiment import ablation
     from sc_jax.experiment import methods
     from sc_jax.experiment.store import ADDED_METHODS
     from sc_jax.models import loading
@@ -79,7 +78,6 @@ def test_regenerated_for_a_committed_run_from_its_score_files(tmp_path, monkeypa
         raise AssertionError("regenerating the records loaded a model or refitted")
 
     monkeypatch.setattr(loading, "load_model", refuse)
-    monkeypatch.setattr(ablation, "fit_batch", refuse)
     monkeypatch.setattr(methods, "fit_batch", refuse)
     res = json.loads((RUN / "results.json").read_text())
     # As the run was committed before the methods added since (refitted runs have them).
@@ -146,7 +144,6 @@ def test_reference_size_weighting_of_a_committed_seed():
     """method_probs with size_weighting="reference" weights each size's probabilities
     by min(P(k, i)(k - i), 15000) (k = 8: 56, 336, 1680, 6720, 15000), not by the rows
     the budget kept (300 per size in this run)."""
-    from sc_jax.experiment import ablation
     from sc_jax.calibration import calibrators
     from sc_jax.experiment import methods
     from sc_jax.experiment.store import load_scores
@@ -154,7 +151,7 @@ def test_reference_size_weighting_of_a_committed_seed():
     run = RUN.parents[1] / "smollm2-135m" / "k8"
     res = json.loads((run / "results.json").read_text())
     s = load_scores(run / "scores" / "ag_news-k8-seed0.npz")
-    fits = {p["size"]: ablation._fit_from_param(p, "augmented_lagrangian") for p in res["params"]
+    fits = {p["size"]: samples._fit_from_param(p, "augmented_lagrangian") for p in res["params"]
             if (p["dataset"], p["seed"], p["method"]) == ("ag_news", 0, "sc")}
     sizes = [1, 2, 3, 4, 5]
     assert [fits[i].num_rows for i in sizes] == [56, 300, 300, 300, 300]

@@ -456,7 +456,7 @@ def plan_table(plan: dict[str, Any]) -> str:
                        "nodes and query rows after d - 1 demonstrations), the largest three:")]
         lines += _padding_lines(done)
         w = max(done, key=lambda s: s["longest_prompt"])
-        lines += ["", (f"longest prompt over all seeds and stages: {w['longest_prompt']:,} tokens "
+        lines += ["", (f"longest prompt over all seeds and jobs: {w['longest_prompt']:,} tokens "
                        f"({w['dataset']} k={w['k']} seed {w['longest_seed']}), context window "
                        f"{plan.get('context_window', 0):,}")]
     expect = ""
