@@ -133,7 +133,8 @@ def check_ablation_out(out_dir, overwrite: bool = False) -> Path:
 
 def write_ablation(rows, out_dir, diagnostics=None, model: str | None = None) -> dict[str, Path]:
     """``ablation.md``, ``ablation.csv`` and the SC-N and m_i plots into ``out_dir``;
-    with the rows of :func:`diagnose`, ``diagnostics.md`` and ``diagnostics.csv``.
+    with the rows of :func:`sc_jax.experiment.diagnostics.diagnose`, ``diagnostics.md``
+    and ``diagnostics.csv``.
     ``model`` (the run's ``--model``) titles the plots."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

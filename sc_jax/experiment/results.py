@@ -93,8 +93,9 @@ def _wrong(value, kind) -> bool:
 
 
 def results_problem(res) -> str | None:
-    """What makes ``res`` (parsed results.json) unusable for :func:`write_report`, in a
-    few words naming the key or the row; None when it is usable."""
+    """What makes ``res`` (parsed results.json) unusable for
+    :func:`sc_jax.experiment.report.write_report`, in a few words naming the key or the
+    row; None when it is usable."""
     if not isinstance(res, dict):
         return f"a JSON {type(res).__name__}, not an object"
     if not isinstance(res.get("config"), dict) or not isinstance(res.get("rows"), list):

@@ -80,9 +80,9 @@ def rotten_tomatoes_csv(cache_dir: str | os.PathLike | None = None) -> Path:
     return path
 
 
-# Parsed offline Rotten Tomatoes rows, by file and columns: the file is pinned (its
-# sha256 is checked on every load), so an entry never goes stale, and parsing its
-# 33,530 rows again for every seed or command of one process would cost ~0.2 s each.
+# Module-level on purpose: the parsed offline Rotten Tomatoes rows, by file and columns.
+# The file is pinned (its sha256 is checked on every load), so an entry never goes
+# stale, and parsing its 33,530 rows again on every load_task of a process costs ~0.2 s.
 _CACHE: dict[str, Dataset] = {}
 
 
