@@ -36,7 +36,8 @@ import numpy as np  # noqa: E402
 from sc_jax.calibration import calibrators
 
 from sc_jax.calibration import solvers  # noqa: E402
-from sc_jax.experiment.ablation import _load_run, surrogate_problems  # noqa: E402
+from sc_jax.experiment.ablation import surrogate_problems  # noqa: E402
+from sc_jax.experiment.store import load_run_scores  # noqa: E402
 from sweep_solver import GAP32, GAP64  # noqa: E402
 import _timing  # noqa: E402
 from bench_solver import _sp_problem  # noqa: E402
@@ -46,7 +47,7 @@ import _results  # noqa: E402
 def problems_of_run(run_dir):
     """[(key, (features, labels, query_ids))] for every surrogate problem of the run;
     key = (dataset, k, seed, size)."""
-    _, runs = _load_run(Path(run_dir))
+    _, runs = load_run_scores(Path(run_dir))
     out = []
     for (name, k), per_seed in runs.items():
         keys, problems = surrogate_problems(per_seed)

@@ -48,21 +48,26 @@ from sc_jax import __version__
 from sc_jax.calibration.calibrators import GUARDS
 from sc_jax.calibration.objective import log_odds
 from sc_jax.calibration.solvers.batching import threads_from_env
-from sc_jax.experiment.ablation import (ablate, check_ablation_out, diagnose, regenerate_samples,
-                                        write_ablation)
+from sc_jax.experiment.ablation import ablate
+from sc_jax.experiment.ablation_report import check_ablation_out, write_ablation
+from sc_jax.experiment.diagnostics import diagnose
 from sc_jax.experiment.config import METHODS, RunConfig
 from sc_jax.experiment.costs import ACCELERATOR_PEAK_FLOPS
-from sc_jax.experiment.data import DEFAULT_TEST_SEED, TASKS, DataUnavailableError
+from sc_jax.experiment.splits import DEFAULT_TEST_SEED
+from sc_jax.experiment.task_loading import DataUnavailableError
+from sc_jax.experiment.tasks import TASKS
 from sc_jax.experiment.plan import plan_run, plan_table, written_by_plan
-from sc_jax.experiment.report import load_results, write_report
+from sc_jax.experiment.report import write_report
+from sc_jax.experiment.results import load_results
 from sc_jax.experiment.run import run_experiment
+from sc_jax.experiment.samples import regenerate_samples
 from sc_jax.experiment.store import check_output_file, probe_writable
 from sc_jax.models.hub import cached_models_lines
 from sc_jax.models import attention as attn
 from sc_jax.models.loading import load_model
 from sc_jax.models.named_models import MODELS
 from sc_jax.runtime.multihost import initialize_distributed, is_writer
-from sc_jax.runtime.pypi import WheelFileError
+from sc_jax.runtime.wheel_files import WheelFileError
 from sc_jax.runtime.sharding import parse_mesh
 from sc_jax.scoring.engine import ScoringEngine
 from sc_jax.scoring.enumeration import all_contexts, surrogate_pairs

@@ -1,4 +1,5 @@
-"""Tasks, loading and the evaluation protocol (sc_jax.experiment.data).
+"""Tasks, loading and the evaluation protocol (sc_jax.experiment.tasks, task_loading,
+splits).
 
 Local files are written by each test; the hub is replaced by a stand-in `datasets`
 module (no hub is reachable here, and `datasets` is optional); the offline Rotten
@@ -17,18 +18,14 @@ import types
 import numpy as np
 import pytest
 
-from sc_jax.experiment import data
-from sc_jax.experiment.data import (
-    DEFAULT_TEST_SEED,
-    TASKS,
+from sc_jax.experiment.splits import DEFAULT_TEST_SEED, dc_pool, fixed_test_indices, split_protocol
+from sc_jax.experiment.task_loading import (
+    MOVIE_REVIEWS,
     DataUnavailableError,
-    Dataset,
-    dc_pool,
     load_task,
-    normalise_text,
     rotten_tomatoes_csv,
-    split_protocol,
 )
+from sc_jax.experiment.tasks import TASKS, Dataset, TaskSpec, normalise_text
 from sc_jax.scoring.prompts import TEMPLATES
 
 PAPER_TASKS = {"sst2", "sst5", "ag_news", "rotten_tomatoes", "subj", "trec", "tweet_eval_emotion",
@@ -65,10 +62,10 @@ def test_registry_covers_the_papers_tasks():
 
 def test_label_map_may_not_contradict_the_template():
     with pytest.raises(ValueError, match="template puts it at class 1"):
-        data.TaskSpec("x", "x", None, "train", "test", "text", "label", TEMPLATES["sst2"],
+        TaskSpec("x", "x", None, "train", "test", "text", "label", TEMPLATES["sst2"],
                       label_map=(("Positive", 0),))
     with pytest.raises(ValueError, match="outside 0..1"):
-        data.TaskSpec("x", "x", None, "train", "test", "text", "label", TEMPLATES["sst2"], label_map=((5, 2),))
+        TaskSpec("x", "x", None, "train", "test", "text", "label", TEMPLATES["sst2"], label_map=((5, 2),))
 
 
 def test_dataset_checks_and_freezes_labels():
@@ -330,7 +327,7 @@ def test_offline_rotten_tomatoes(rotten):
 
 
 def test_rotten_tomatoes_fetch_error_says_what_to_run(tmp_path, monkeypatch):
-    monkeypatch.setattr(data.MOVIE_REVIEWS.__class__, "installed_path", lambda self: None)
+    monkeypatch.setattr(MOVIE_REVIEWS.__class__, "installed_path", lambda self: None)
     monkeypatch.setenv("SC_JAX_CACHE", str(tmp_path))
     failed = subprocess.CompletedProcess([], 1, stdout="", stderr="ERROR: No matching distribution found")
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: failed)
@@ -345,8 +342,8 @@ def test_rotten_tomatoes_fetch_error_says_what_to_run(tmp_path, monkeypatch):
 
 
 def test_rotten_tomatoes_damaged_cache_is_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr(data.MOVIE_REVIEWS.__class__, "installed_path", lambda self: None)
-    dest = data.MOVIE_REVIEWS.cached_path(tmp_path)
+    monkeypatch.setattr(MOVIE_REVIEWS.__class__, "installed_path", lambda self: None)
+    dest = MOVIE_REVIEWS.cached_path(tmp_path)
     dest.parent.mkdir(parents=True)
     dest.write_text("text,label,source\nx,1,rotten_tomatoes\n")
     with pytest.raises(DataUnavailableError, match="sha256 .* not the d4acac55"):
@@ -369,7 +366,7 @@ def test_rotten_tomatoes_from_installed_package_without_importing_it(tmp_path, m
     assert not (tmp_path / "cache").exists()
     # Another release may ship another file: it is not used.
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: movie-reviews\nVersion: 0.0.1\n")
-    assert data.MOVIE_REVIEWS.installed_path() is None
+    assert MOVIE_REVIEWS.installed_path() is None
 
 
 def test_protocol_on_rotten_tomatoes(rotten):
@@ -424,7 +421,7 @@ def test_fixed_test_set_is_shared_by_seeds():
         assert not set(sp.demo_indices.tolist()) & set(sp.test_indices.tolist())
         assert sorted(np.bincount(sp.demo_labels, minlength=4).tolist()) == [2, 2, 2, 2]
     assert len({tuple(sp.demo_indices.tolist()) for sp in splits}) == 4  # seeds vary the demos
-    assert np.array_equal(splits[0].test_indices, data.fixed_test_indices(len(ds), 64, 99))
+    assert np.array_equal(splits[0].test_indices, fixed_test_indices(len(ds), 64, 99))
     other = split_protocol(ds, k=8, test_size=64, seed=0, test_seed=100)
     assert other.test_hash() != splits[0].test_hash()
     # Without a test seed the test set is redrawn per seed, as before.

@@ -5,7 +5,8 @@ import pytest
 
 import sc_jax
 from sc_jax.scoring.cache import ScoreCache
-from sc_jax.experiment.data import load_task, split_protocol
+from sc_jax.experiment.splits import split_protocol
+from sc_jax.experiment.task_loading import load_task
 from sc_jax.calibration.baselines import CONTENT_FREE_INPUTS
 from sc_jax.experiment.config import RunConfig
 from sc_jax.experiment.jobs import score_seed

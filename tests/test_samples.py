@@ -70,8 +70,7 @@ def test_regenerated_for_a_committed_run_from_its_score_files(tmp_path, monkeypa
     them from DIR/scores and the params in results.json (no model, no refit); they
     reproduce every row, and add BC as the reference code computes it."""
     from sc_jax import cli
-    from sc_jax.experiment import ablation
-    from sc_jax.experiment import predictions
+    from sc_jax.experiment import methods
     from sc_jax.experiment.store import ADDED_METHODS
     from sc_jax.models import loading
 
@@ -79,8 +78,7 @@ def test_regenerated_for_a_committed_run_from_its_score_files(tmp_path, monkeypa
         raise AssertionError("regenerating the records loaded a model or refitted")
 
     monkeypatch.setattr(loading, "load_model", refuse)
-    monkeypatch.setattr(ablation, "fit_batch", refuse)
-    monkeypatch.setattr(predictions, "fit_batch", refuse)
+    monkeypatch.setattr(methods, "fit_batch", refuse)
     res = json.loads((RUN / "results.json").read_text())
     # As the run was committed before the methods added since (refitted runs have them).
     old = [m for m in res["config"]["methods"] if m not in ADDED_METHODS]
@@ -130,22 +128,21 @@ def test_reference_size_weighting_of_a_committed_seed():
     """method_probs with size_weighting="reference" weights each size's probabilities
     by min(P(k, i)(k - i), 15000) (k = 8: 56, 336, 1680, 6720, 15000), not by the rows
     the budget kept (300 per size in this run)."""
-    from sc_jax.experiment import ablation
     from sc_jax.calibration import calibrators
-    from sc_jax.experiment import predictions
+    from sc_jax.experiment import methods
     from sc_jax.experiment.store import load_scores
 
     run = RUN.parents[1] / "smollm2-135m" / "k8"
     res = json.loads((run / "results.json").read_text())
     s = load_scores(run / "scores" / "ag_news-k8-seed0.npz")
-    fits = {p["size"]: ablation._fit_from_param(p, "augmented_lagrangian") for p in res["params"]
+    fits = {p["size"]: samples._fit_from_param(p, "augmented_lagrangian") for p in res["params"]
             if (p["dataset"], p["seed"], p["method"]) == ("ag_news", 0, "sc")}
     sizes = [1, 2, 3, 4, 5]
     assert [fits[i].num_rows for i in sizes] == [56, 300, 300, 300, 300]
     weights = np.array([56, 336, 1680, 6720, 15000], float)
     np.testing.assert_array_equal(calibrators.reference_size_weights(8, sizes), weights)
-    per = predictions.sc_size_probs(s, fits, sizes)
-    got = predictions.method_probs("sc", s, fits, sizes, size_weighting="reference", shots=8)
+    per = methods.sc_size_probs(s, fits, sizes)
+    got = methods.method_probs("sc", s, fits, sizes, size_weighting="reference", shots=8)
     want = sum(w * per[i] for w, i in zip(weights, sizes)) / weights.sum()
     np.testing.assert_allclose(got, want, rtol=1e-12)
 

@@ -36,7 +36,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from sc_jax.models.named_models import display_name  # noqa: E402
-from sc_jax.experiment.report import load_results, paired_bootstrap, summarize  # noqa: E402
+from sc_jax.experiment.report import paired_bootstrap, summarize  # noqa: E402
+from sc_jax.experiment.results import load_results  # noqa: E402
 from sc_jax.experiment.samples import read_samples, rows_from_samples
 
 HERE = Path(__file__).resolve().parent

@@ -1,10 +1,15 @@
-"""Stage 4, the paper's protocol end to end: datasets and splits
-(:mod:`~sc_jax.experiment.data`), a run's configuration (:mod:`~sc_jax.experiment.config`),
-its scoring jobs and up-front check (:mod:`~sc_jax.experiment.jobs`), its files on disk
-(:mod:`~sc_jax.experiment.store`), each method's predictions
-(:mod:`~sc_jax.experiment.predictions`), the driver (:mod:`~sc_jax.experiment.run`,
-``run_experiment``), metrics, per-sample records, reports, ablations, and the dry run
-(:mod:`~sc_jax.experiment.plan` with :mod:`~sc_jax.experiment.costs`).
+"""Stage 4, the paper's protocol end to end: the tasks (:mod:`~sc_jax.experiment.tasks`),
+their loading (:mod:`~sc_jax.experiment.task_loading`) and splits
+(:mod:`~sc_jax.experiment.splits`), a run's configuration (:mod:`~sc_jax.experiment.config`),
+its scoring jobs (:mod:`~sc_jax.experiment.jobs`) and up-front check
+(:mod:`~sc_jax.experiment.preflight`), its files on disk (:mod:`~sc_jax.experiment.store`),
+each method's fits and predictions (:mod:`~sc_jax.experiment.methods`), the driver
+(:mod:`~sc_jax.experiment.run`, ``run_experiment``), metrics, per-sample records
+(:mod:`~sc_jax.experiment.samples`), the report (:mod:`~sc_jax.experiment.results`,
+:mod:`~sc_jax.experiment.report`, :mod:`~sc_jax.experiment.figures`), ablations
+(:mod:`~sc_jax.experiment.ablation`, :mod:`~sc_jax.experiment.ablation_report`,
+:mod:`~sc_jax.experiment.diagnostics`), and the dry run (:mod:`~sc_jax.experiment.plan`
+with :mod:`~sc_jax.experiment.costs`).
 
 May import every earlier stage; only :mod:`sc_jax.cli` imports from here.
 """

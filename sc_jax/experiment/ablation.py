@@ -32,38 +32,26 @@ penalty over the P pairs of rows that share a query, with weight 10; ours averag
 both (``sc_jax.calibration.objective``), so the same problem has lambda_inv = 10 P / N, computed
 per problem (it grows with the size: P / N = (M - 1) / 2 for groups of M rows, e.g.
 10 at k = 4, size 1 and 12,595 at k = 8, size 5).
+
+The tables, CSV and plots of the studies are :mod:`sc_jax.experiment.ablation_report`'s;
+the surrogate data against test time, :mod:`sc_jax.experiment.diagnostics`'.
 """
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import logging
 import math
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
 from sc_jax.calibration import baselines
-from sc_jax.calibration.calibrators import (
-    DEFAULT_LAMBDA_INV,
-    FitResult,
-    base_accuracy,
-    fit_batch,
-    predict_proba,
-)
+from sc_jax.calibration.calibrators import DEFAULT_LAMBDA_INV, fit_batch, predict_proba
 from sc_jax.calibration.objective import log_odds
-from sc_jax.calibration.solvers import Status
-from sc_jax.experiment import metrics, samples
-from sc_jax.experiment.config import METHODS, SC_FITS, RunConfig
-from sc_jax.experiment.data import DataUnavailableError
-from sc_jax.experiment.jobs import draw_split, load_datasets
-from sc_jax.experiment.predictions import fits_noted, method_probs, sc_size_probs
-from sc_jax.experiment.report import can_plot, load_results, save_figure
-from sc_jax.experiment.store import (config_tag, load_scores, make_out_dir,
-                                     refuse_foreign_outputs, scores_path)
-from sc_jax.models.named_models import display_name
+from sc_jax.experiment import metrics
+from sc_jax.experiment.methods import fits_noted
+from sc_jax.experiment.store import load_run_scores
 
 log = logging.getLogger(__name__)
 
@@ -99,34 +87,6 @@ def paper_lambda_inv(query_ids, weight: float = PAPER_LAMBDA) -> float:
     rows = counts.sum()
     pairs = float(np.sum(counts * (counts - 1)) / 2)
     return weight * pairs / rows if rows else 0.0
-
-
-def _load_run(run_dir: Path):
-    results = load_results(run_dir)
-    config = results["config"]
-    skipped = {(x["dataset"], x["shots"]) for x in results.get("skipped", [])}
-    runs, missing = {}, []
-    tag = config_tag(config)
-    for name in config["datasets"]:
-        for k in config["shots"]:
-            if (name, k) in skipped:
-                continue
-            for seed in config["seeds"]:
-                path = scores_path(run_dir, name, k, seed)
-                if path.exists():
-                    runs.setdefault((name, k), {})[seed] = load_scores(path, tag)
-                else:
-                    missing.append(path.name)
-    if missing:
-        raise FileNotFoundError(
-            f"{run_dir}: no saved scores for {len(missing)} (dataset, k, seed) "
-            f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}). Runs made "
-            "before scores were saved can write them: run the same `sc-jax run` command "
-            "again with the same --out (every score is read from its cache, no forward "
-            "pass).")
-    if not runs:
-        raise ValueError(f"{run_dir}: the run has no (dataset, k) to ablate")
-    return results, runs
 
 
 def surrogate_problems(per_seed: dict) -> tuple[list, list]:
@@ -296,7 +256,7 @@ def ablate(run_dir, *, lambda_invs=(0.0, None, 1.0, "paper"), m_values=None,
         raise ValueError(f"lambda_invs (--lambda-inv) must be finite numbers >= 0, 'run' or "
                          f"'paper', got {bad}")
     run_dir = Path(run_dir)
-    results, runs = _load_run(run_dir)
+    results, runs = load_run_scores(run_dir)
     # The most test-time sub-contexts of one size any (dataset, k, seed) scored.
     scored = max(t.shape[0] for per_seed in runs.values() for s in per_seed.values()
                  for t in s.test.values())
@@ -333,323 +293,3 @@ def ablate(run_dir, *, lambda_invs=(0.0, None, 1.0, "paper"), m_values=None,
         rows += _size_rows(r, default_fits, m_values)
         rows += _guard_rows(r, default_fits)
     return rows
-
-
-def _fit_from_param(p: dict, solver: str) -> FitResult:
-    """The :class:`FitResult` of one param record of results.json (the run's own b and
-    w, stored as exact float64 JSON numbers): predictions from it are the run's."""
-    nan = float("nan")
-    return FitResult(b=np.asarray(p["b"], np.float64), w=np.asarray(p["w"], np.float64),
-                     status=Status[p.get("status", "CONVERGED")], iterations=0,
-                     outer_iterations=0, objective=p.get("objective", nan), constraint=nan,
-                     violation=nan, tau=p.get("tau", nan), lambda_inv=p.get("lambda_inv", nan),
-                     solver=solver, sc_star=p["method"] != "sc" or bool(p.get("guarded")),
-                     num_rows=int(p.get("rows", 0)),
-                     base_accuracy=p.get("base_accuracy", nan), guarded=bool(p.get("guarded")))
-
-
-def _drawn_splits(results: dict) -> tuple[dict, str | None]:
-    """(dataset, k, seed) -> (dataset, Split) as the run drew them, checked against the
-    test-set hashes in results.json; ``({}, why)`` when the data cannot be had here."""
-    config = results["config"]
-    known = {f.name for f in dataclasses.fields(RunConfig)}
-
-    def frozen(v):  # JSON lists back to the tuples RunConfig holds
-        return tuple(frozen(x) for x in v) if isinstance(v, list) else v
-
-    try:
-        cfg = RunConfig(**{k: frozen(v) for k, v in config.items() if k in known})
-        datasets = load_datasets(cfg)
-    except (DataUnavailableError, OSError, ValueError, TypeError) as e:
-        return {}, f"the run's data could not be loaded here ({type(e).__name__}: {e})"
-    out = {}
-    for rec in results.get("splits", []):
-        name, k, seed = rec["dataset"], rec["shots"], rec["seed"]
-        split = draw_split(datasets[name], cfg, k, seed)
-        if split.test_hash() != rec.get("test_hash"):
-            return {}, (f"{name} k={k} seed {seed}: the data here draw another test set than "
-                        "the run's (its hash differs)")
-        out[(name, k, seed)] = (datasets[name], split)
-    return out, None
-
-
-def regenerate_samples(run_dir, *, with_texts: bool = True) -> tuple[Path, list[str]]:
-    """Write the per-sample records (:mod:`sc_jax.experiment.samples`) of a finished run beside
-    its results.json, from its score files (``DIR/scores/``) and the SC parameters its
-    results.json holds: no model, no forward pass, no refit. Returns the file and notes.
-
-    Baselines: every baseline of :data:`sc_jax.experiment.config.METHODS`, ``bc_reference``
-    included for a run that predates it (its ``bc_batch``). SC methods: those with
-    params in results.json. The records of the run's own methods reproduce its
-    results.json rows (:func:`sc_jax.experiment.samples.check_samples`). Dataset rows and text
-    hashes are filled in when ``with_texts`` and the run's data load here and draw the
-    test sets the run recorded; otherwise they are null, and a note says why.
-    """
-    run_dir = Path(run_dir)
-    results, runs = _load_run(run_dir)
-    config = results["config"]
-    solver = config.get("solver", "augmented_lagrangian")
-    bc_batch = int(config.get("bc_batch", baselines.BC_BATCH_SIZE))
-    weighting = config.get("size_weighting", "uniform")
-    fits = defaultdict(dict)  # (method, dataset, shots, seed) -> size -> FitResult
-    for p in results.get("params") or []:
-        fits[(p["method"], p["dataset"], p["shots"], p["seed"])][p["size"]] = _fit_from_param(p, solver)
-    drawn, why = _drawn_splits(results) if with_texts else ({}, "texts not asked for")
-    notes = [] if why is None else [f"no dataset rows or text hashes: {why}"]
-    records = []
-    for (name, k), per_seed in runs.items():
-        for seed in sorted(per_seed):
-            s = per_seed[seed]
-            probs, per_size = {}, {}
-            for method in METHODS:
-                per = fits.get((method, name, k, seed)) if method in SC_FITS else None
-                if method in SC_FITS and not per:
-                    continue  # the run did not fit it
-                sizes = sorted(per) if per else []
-                probs[method] = method_probs(method, s, per, sizes, bc_batch=bc_batch,
-                                             size_weighting=weighting, shots=k)
-                if per:
-                    per_size[method] = sc_size_probs(s, per, sizes)
-            ds, split = drawn.get((name, k, seed), (None, None))
-            records += samples.seed_records(
-                name, k, seed, s.y_test, probs, per_size,
-                rows=None if split is None else split.test_indices,
-                texts=None if split is None else split.test_texts(ds))
-    return samples.write_samples(run_dir, records), notes
-
-
-DIAGNOSTIC_FIELDS = ("dataset", "shots", "seed", "size", "rows", "surrogate_accuracy",
-                     "test_accuracy_same_size", "base_accuracy", "heldout_class_share",
-                     "test_class_share", "tau", "mean_w", "status", "sc_size_accuracy")
-
-
-def diagnose(run_dir, *, solver: str | None = None, dtype: str = "float32") -> list[dict]:
-    """Why SC helps or hurts, per (dataset, shots, seed, size i), from saved scores:
-
-    surrogate_accuracy: the LLM's in-sample accuracy on the surrogate data (what the
-        Appendix A tau schedule reads); test_accuracy_same_size: its accuracy on the
-        test queries under size-i sub-contexts (mean over the m_i of them): the two
-        would agree if the surrogate data were representative of test time;
-        base_accuracy: the full k-shot prompt's.
-    heldout_class_share: mean over surrogate rows of the share of the held-out
-        demonstration's own class among the other k - 1 demonstrations, which its
-        sub-contexts are drawn from: (n_y - 1) / (k - 1) for n_y demonstrations of its
-        class; test_class_share: the same for the test queries, whose sub-contexts
-        come from all k: n_y / k. A model that copies the labels in its context sees
-        the held-out class under-represented in the surrogate data only.
-    tau, mean_w, status, sc_size_accuracy: SC fitted as the paper does (no guard; its tau
-        from the schedule, mean slope, solver status) and its test accuracy alone.
-    """
-    results, runs = _load_run(Path(run_dir))
-    config = results["config"]
-    lam = results.get("lambda_inv", DEFAULT_LAMBDA_INV)
-    solver = solver or config.get("solver", "augmented_lagrangian")
-    rows = []
-    for (name, k), per_seed in runs.items():
-        keys, problems = surrogate_problems(per_seed)
-        fits = dict(zip(keys, fit_batch(problems, lambda_inv=lam, tau=config.get("tau"),
-                                        solver=solver, dtype=dtype)))
-        for (seed, i), (feats, y, q) in zip(keys, problems):
-            s = per_seed[seed]
-            demo_label = np.zeros(k, np.int64)  # the label of each held-out demonstration
-            demo_label[q] = y
-            per_class = np.bincount(demo_label, minlength=s.base.shape[-1])
-            test_pred = s.test[i].argmax(-1)  # [m_i, T]
-            fit_i = fits[(seed, i)]
-            with fits_noted():
-                pred = predict_proba([fit_i], [log_odds(s.test[i])]).argmax(-1)
-            rows.append(dict(
-                dataset=name, shots=k, seed=seed, size=i, rows=int(len(y)),
-                surrogate_accuracy=base_accuracy(feats, y),
-                test_accuracy_same_size=float(np.mean(test_pred == s.y_test[None])),
-                base_accuracy=float(np.mean(s.base.argmax(-1) == s.y_test)),
-                heldout_class_share=float(np.mean((per_class[y] - 1) / (k - 1))),
-                test_class_share=float(np.mean(per_class[s.y_test] / k)),
-                tau=float(fit_i.tau), mean_w=float(np.mean(fit_i.w)), status=fit_i.status.name,
-                sc_size_accuracy=metrics.accuracy(s.y_test, pred)))
-    return rows
-
-
-def diagnostics_markdown(rows) -> str:
-    """Per dataset and shots, one row per size: the :func:`diagnose` fields averaged
-    over seeds (accuracies and shares in %)."""
-    out = ["# Surrogate data against test time (the LLM alone, then SC of that size)", "",
-           "Means over seeds. surrogate acc: the LLM's in-sample accuracy on the surrogate "
-           "data; test acc: its accuracy on the test queries under sub-contexts of the "
-           "same size; shares: the query's own class among the demonstrations its "
-           "sub-contexts are drawn from (held-out rows: the other k - 1; test queries: "
-           "all k).", ""]
-    groups = defaultdict(list)
-    for r in rows:
-        groups[(r["dataset"], r["shots"], r["size"])].append(r)
-    for d, k in sorted({(r["dataset"], r["shots"]) for r in rows}):
-        out += [f"## {d}, {k}-shot", "",
-                "| size | rows | surrogate acc | test acc (same size) | k-shot acc | held-out share "
-                "| test share | tau | mean w | not converged | SC_i test acc |",
-                "|---|---|---|---|---|---|---|---|---|---|---|"]
-        for i in sorted({r["size"] for r in rows if r["dataset"] == d and r["shots"] == k}):
-            rs = groups[(d, k, i)]
-
-            def pct(field, rs=rs):
-                return f"{100 * np.mean([r[field] for r in rs]):.1f}"
-
-            bad = sum(r["status"] != "CONVERGED" for r in rs)
-            out.append(f"| {i} | {rs[0]['rows']} | {pct('surrogate_accuracy')} | "
-                       f"{pct('test_accuracy_same_size')} | {pct('base_accuracy')} | "
-                       f"{pct('heldout_class_share')} | {pct('test_class_share')} | "
-                       f"{np.mean([r['tau'] for r in rs]):.3f} | "
-                       f"{np.mean([r['mean_w'] for r in rs]):.2f} | {bad}/{len(rs)} | "
-                       f"{pct('sc_size_accuracy')} |")
-        out.append("")
-    return "\n".join(out)
-
-
-def summarize(rows) -> dict[tuple, dict]:
-    """``{(study, setting, dataset, shots): {metric: (mean, std, n_seeds)}}``."""
-    groups = defaultdict(list)
-    for r in rows:
-        groups[(r["study"], r["setting"], r["dataset"], r["shots"])].append(r)
-    return {key: {m: (float(np.mean([r[m] for r in rs])), float(np.std([r[m] for r in rs])), len(rs))
-                  for m in ("accuracy", "macro_f1")} for key, rs in groups.items()}
-
-
-_TITLES = {
-    "lambda_trust": "Invariance weight x trust region (the paper's ablation table)",
-    "sc_n": "SC-N: the ensemble over sizes 1..N (the paper's context-size figure)",
-    "m_i": "Test-time sub-contexts per size m (the paper's m_i figure)",
-    "single_size": "Each size alone (SC_i)",
-    "guard": "Sizes the LLM scores below chance on the surrogate data: the guard",
-}
-
-
-def markdown(rows) -> str:
-    """One macro-F1 table per study and shot count: settings as rows, datasets and
-    their average as columns, cells mean ± std over seeds (in %)."""
-    summ = summarize(rows)
-    datasets = sorted({r["dataset"] for r in rows})
-    out = ["# Ablations (refitted from saved scores; no forward pass)", "",
-           "Cells: macro-F1, mean ± std over seeds (in %; the population std, ddof = 0). lambda_inv=paper is the paper's "
-           "summed-objective weight 10 on our mean scale (10 P / N per problem).", ""]
-    for study in STUDIES:
-        for k in sorted({r["shots"] for r in rows if r["study"] == study}):
-            settings = list(dict.fromkeys(r["setting"] for r in rows
-                                          if r["study"] == study and r["shots"] == k))
-            out += [f"## {_TITLES[study]}, {k}-shot", "",
-                    "| Setting | " + " | ".join(datasets) + " | Average |",
-                    "|---|" + "---|" * (len(datasets) + 1)]
-            for setting in settings:
-                cells, means = [], []
-                for d in datasets:
-                    v = summ.get((study, setting, d, k))
-                    if v is None:
-                        cells.append("-")
-                        continue
-                    mean, std, _ = v["macro_f1"]
-                    means.append(mean)
-                    cells.append(f"{100 * mean:.1f} ± {100 * std:.1f}")
-                avg = f"{100 * np.mean(means):.1f}" if len(means) == len(datasets) else "-"
-                out.append(f"| {setting} | " + " | ".join(cells) + f" | {avg} |")
-            out.append("")
-    return "\n".join(out)
-
-
-def _plot_curve(rows, study: str, x_field: str, xlabel: str, path: Path,
-                model: str | None = None) -> bool:
-    """The curve of :func:`curve_figure` as ``path`` (PNG), PDF and SVG
-    (:func:`sc_jax.experiment.report.save_figure`); False when the study has no rows."""
-    fig = curve_figure(rows, study, x_field, xlabel, model)
-    if fig is None:
-        return False
-    save_figure(fig, path)
-    return True
-
-
-def curve_figure(rows, study: str, x_field: str, xlabel: str, model: str | None = None):
-    """Macro-F1 (mean and std over seeds) of ``study``'s rows against the integer
-    ``x_field`` (N sizes, m sub-contexts), one line per (dataset, k): a
-    ``matplotlib.figure.Figure``, or None when the study has no rows."""
-    summ = summarize(rows)
-    keys = sorted({(r["dataset"], r["shots"]) for r in rows if r["study"] == study})
-    if not keys:
-        return None
-    # matplotlib loads on first plot (about 0.5 s to import; see report.plot_f1_bars).
-    from matplotlib.figure import Figure  # noqa: PLC0415
-    from matplotlib.ticker import MaxNLocator  # plotting only, loaded on first plot
-
-    fig = Figure(figsize=(6, 4))  # not pyplot: the caller's backend stays as it is
-    ax = fig.subplots()
-    # N sizes and m sub-contexts are counts: no tick at 2.5.
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    if model is not None:
-        ax.set_title(f"{display_name(str(model))}: macro-F1 against {xlabel}", fontsize=9)
-    for d, k in keys:
-        pts = sorted({(r[x_field], r["setting"]) for r in rows
-                      if r["study"] == study and r["dataset"] == d and r["shots"] == k})
-        xs = [x for x, _ in pts]
-        ys = [100 * summ[(study, s, d, k)]["macro_f1"][0] for _, s in pts]
-        es = [100 * summ[(study, s, d, k)]["macro_f1"][1] for _, s in pts]
-        ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=f"{d}, k={k}")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("macro-F1 (%)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
-
-
-#: What ``sc-jax ablate`` writes into its --out (the plots also as PDF and SVG).
-ABLATION_OUTPUTS = ("ablation.md", "ablation.csv", "diagnostics.md", "diagnostics.csv") + tuple(
-    f"ablation_{name}.{ext}" for name in ("sc_n", "m") for ext in ("png", "pdf", "svg"))
-
-
-def written_by_ablate(out_dir) -> bool:
-    """Whether ``out_dir``'s files are sc-jax ablate's: its ablation.csv opens with the
-    header every ablate writes (:data:`ROW_FIELDS`), which versions before this test
-    wrote too, so their outputs are replaced by a rerun as before."""
-    try:
-        with open(Path(out_dir) / "ablation.csv") as f:
-            return f.readline().rstrip("\r\n") == ",".join(ROW_FIELDS)
-    except (OSError, UnicodeDecodeError):
-        return False
-
-
-def check_ablation_out(out_dir, overwrite: bool = False) -> Path:
-    """``ablate --out``, checked before any refit: a directory (created if need be; a
-    file there is refused, issue 64 case 9) that holds no user's file by the names
-    ablate writes, unless ``overwrite`` (the rule of ``run --out``,
-    :func:`sc_jax.experiment.store.refuse_foreign_outputs`; issue 64 case 6)."""
-    out = make_out_dir(out_dir, "--out")
-    if not overwrite:
-        refuse_foreign_outputs(out, ABLATION_OUTPUTS, written_by_ablate(out), command="ablate",
-                               sign="no ablation.csv with its header")
-    return out
-
-
-def write_ablation(rows, out_dir, diagnostics=None, model: str | None = None) -> dict[str, Path]:
-    """``ablation.md``, ``ablation.csv`` and the SC-N and m_i plots into ``out_dir``;
-    with the rows of :func:`diagnose`, ``diagnostics.md`` and ``diagnostics.csv``.
-    ``model`` (the run's ``--model``) titles the plots."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    files = {"table": out / "ablation.md", "csv": out / "ablation.csv"}
-    files["table"].write_text(markdown(rows))
-    if diagnostics:
-        files["diagnostics"] = out / "diagnostics.md"
-        files["diagnostics"].write_text(diagnostics_markdown(diagnostics))
-        files["diagnostics_csv"] = out / "diagnostics.csv"
-        with open(files["diagnostics_csv"], "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=DIAGNOSTIC_FIELDS)
-            w.writeheader()
-            w.writerows(diagnostics)
-    with open(files["csv"], "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=ROW_FIELDS)
-        w.writeheader()
-        w.writerows({k: r.get(k) for k in ROW_FIELDS} for r in rows)
-    if not can_plot():
-        return files
-    if _plot_curve(rows, "sc_n", "sizes", "largest size N in the ensemble", out / "ablation_sc_n.png",
-                   model):
-        files["sc_n_plot"] = out / "ablation_sc_n.png"
-    if _plot_curve(rows, "m_i", "m", "test-time sub-contexts per size m", out / "ablation_m.png",
-                   model):
-        files["m_plot"] = out / "ablation_m.png"
-    return files

@@ -11,7 +11,7 @@ import math
 from typing import Any
 
 from sc_jax.calibration.calibrators import GUARDS
-from sc_jax.experiment.data import DEFAULT_TEST_SEED
+from sc_jax.experiment.splits import DEFAULT_TEST_SEED
 from sc_jax.scoring.schedule import MemoryPolicy
 
 # bc_reference: BC as the reference code computes it (sc_jax.calibration.baselines
@@ -61,7 +61,7 @@ class RunConfig:
     datasets: tuple[str, ...] = ("rotten_tomatoes",)
     data_files: tuple[tuple[str, str], ...] = ()  # (dataset, local file)
     data_dir: str | None = None  # DIR/<dataset>.jsonl (or .csv, .parquet) for the rest
-    text_column: str | None = None  # None: the task's own, else "text" (sc_jax.experiment.data.load_task)
+    text_column: str | None = None  # None: the task's own, else "text" (sc_jax.experiment.task_loading.load_task)
     label_column: str | None = None  # None: the task's own, else "label"
     shots: tuple[int, ...] = (4, 8)
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)

@@ -45,12 +45,13 @@ from sc_jax.experiment.costs import (
     replay,
     xla_peak_bytes,
 )
-from sc_jax.experiment.jobs import check_run, draw_split, load_datasets, seed_jobs
+from sc_jax.experiment.jobs import draw_split, load_datasets, seed_jobs
+from sc_jax.experiment.preflight import check_run
 from sc_jax.models import attention as attn
 from sc_jax.models.loading import DTYPES, load_model_parts
 from sc_jax.models.named_models import tokenizer_file
 from sc_jax.models.tokenizer import ByteTokenizer, Tokenizer
-from sc_jax.runtime.pypi import WheelFileError
+from sc_jax.runtime.wheel_files import WheelFileError
 from sc_jax.runtime.sharding import make_mesh
 from sc_jax.scoring.packing import PackShape, Roofline
 from sc_jax.scoring.schedule import MemoryPolicy, kv_bytes_per_token, level_peak_tokens, weight_bytes
@@ -455,7 +456,7 @@ def plan_table(plan: dict[str, Any]) -> str:
                        "nodes and query rows after d - 1 demonstrations), the largest three:")]
         lines += _padding_lines(done)
         w = max(done, key=lambda s: s["longest_prompt"])
-        lines += ["", (f"longest prompt over all seeds and stages: {w['longest_prompt']:,} tokens "
+        lines += ["", (f"longest prompt over all seeds and jobs: {w['longest_prompt']:,} tokens "
                        f"({w['dataset']} k={w['k']} seed {w['longest_seed']}), context window "
                        f"{plan.get('context_window', 0):,}")]
     expect = ""

@@ -9,151 +9,30 @@
 * ``results.tex``: the macro-F1 table in LaTeX (booktabs), one per shot count.
 * ``results.csv``: one row per dataset x model x shots x method x seed; ``model`` is
   the model loaded, by its resolved name, and ``model_source`` what was read.
-* ``f1_bars.png`` (and ``.pdf``, ``.svg``): macro-F1 per method, one panel per dataset
-  and one averaged over datasets, one group per shot count, error bars = std over
-  seeds (the paper's Figure 3).
-* ``sc_params.png`` (and ``.pdf``, ``.svg``): the learned (w_c, b_c) of SC for every
-  class, size and seed (the paper's Figure 4); the base model is (1, 0).
+* ``f1_bars.png`` and ``sc_params.png`` (and ``.pdf``, ``.svg``): the paper's Figures
+  3 and 4 (:mod:`sc_jax.experiment.figures`).
 
-``sc-jax report DIR`` calls :func:`write_report` on ``DIR/results.json``.
+``sc-jax report DIR`` calls :func:`write_report` on ``DIR/results.json``
+(read and checked by :func:`sc_jax.experiment.results.load_results`).
+:func:`mean_std_table` draws the mean ± std tables, here and in the ablation report.
 """
 
 from __future__ import annotations
 
 import csv
-import json
-import logging
-import textwrap
 from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
+from sc_jax.experiment.figures import can_plot, plot_f1_bars, plot_params
+from sc_jax.experiment.results import METHOD_NAMES, load_results
 from sc_jax.experiment.samples import read_samples, rows_from_samples, samples_markdown
 from sc_jax.models.named_models import display_name
 
-log = logging.getLogger(__name__)
-
-# "BC (code)": BC as the reference code computes it, softmax(p - mean p)
-# (sc_jax.calibration.baselines.batch_calibration_reference), beside the paper's p / mean p.
-# "SC* (no trust region)": the bias-only fit without the trust region (tau = -1), as
-# the paper describes SC* and the reference code fits it; "SC*" keeps it.
-METHOD_NAMES = {"base": "Base", "cc": "CC", "dc": "DC", "bc": "BC", "bc_reference": "BC (code)",
-                "sc_star": "SC*", "sc_star_free": "SC* (no trust region)", "sc": "SC",
-                "sc_paper": "SC (paper, no guard)"}
 CSV_FIELDS = ("dataset", "model", "shots", "method", "seed", "accuracy", "macro_f1", "ece",
               "model_source")
-
-
-def load_results(path: str | Path) -> dict:
-    path = Path(path)
-    if path.is_dir():
-        path = path / "results.json"
-    if not path.exists():
-        raise FileNotFoundError(f"{path} not found: pass the output directory of a run (the folder holding results.json)")
-    try:
-        res = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON ({e}); re-run `sc-jax run` to regenerate it") from e
-    problem = results_problem(res)
-    if problem:
-        raise ValueError(f"{path} is not an sc_jax results file: {problem}")
-    problem = rows_against_config(res)
-    if problem:
-        raise ValueError(f"{path}: {problem}; the tables would average the wrong seeds: rerun "
-                         "the `sc-jax run` command of its config with the same --out to rewrite "
-                         "it (every score is read from the cache)")
-    return res
-
-
-def _row_name(r: dict) -> str:
-    return f"(method {r['method']}, dataset {r['dataset']}, k {r['shots']}, seed {r['seed']})"
-
-
-def rows_against_config(res: dict) -> str | None:
-    """What makes the rows of ``res`` (a results.json that passed
-    :func:`results_problem`) disagree with its config, naming the row; None when they
-    agree. A run writes one row per method, dataset, k and seed, for every seed of
-    ``config.seeds``: a repeated row would be averaged in twice, a missing seed would
-    leave a method's mean over fewer seeds than the header says, and a seed the config
-    does not list was not part of the run (issue 64, case 2)."""
-    cfg = res["config"]
-    seeds = cfg["seeds"]
-    if not isinstance(seeds, (list, tuple)) or not seeds or any(_wrong(s, int) for s in seeds):
-        return f"config 'seeds' is {seeds!r}, not a list of whole numbers"
-    listed = {"dataset": cfg.get("datasets"), "shots": cfg.get("shots")}
-    seen, groups = set(), defaultdict(set)
-    for r in res["rows"]:
-        if r["seed"] not in seeds:
-            return f"row {_row_name(r)} has a seed that config 'seeds' {list(seeds)} does not list"
-        for key, values in listed.items():  # older results.json may lack them: not checked
-            if isinstance(values, (list, tuple)) and r[key] not in values:
-                return (f"row {_row_name(r)} has a {key} that config "
-                        f"'{key if key == 'shots' else 'datasets'}' {list(values)} does not list")
-        key = (r["method"], r["dataset"], r["shots"], r["seed"])
-        if key in seen:
-            return f"row {_row_name(r)} appears more than once"
-        seen.add(key)
-        groups[key[:3]].add(r["seed"])
-    for (method, dataset, k), have in sorted(groups.items()):
-        for s in seeds:
-            if s not in have:
-                name = _row_name(dict(method=method, dataset=dataset, shots=k, seed=s))
-                return f"row {name} is missing (config 'seeds' {list(seeds)})"
-    return None
-
-
-# What the tables and plots read from results.json: config keys, and per row / SC
-# param the keys and their types (bool is excluded from the numbers).
-_CONFIG_KEYS = ("model", "seeds", "test_size", "mode", "solver")
-_ROW_KEYS = {"dataset": str, "shots": int, "method": str, "seed": int,
-             "accuracy": float, "macro_f1": float, "ece": float}
-_PARAM_KEYS = {"method": str, "dataset": str, "shots": int, "size": int, "w": list, "b": list}
-
-
-def _wrong(value, kind) -> bool:
-    if kind is float:
-        return isinstance(value, bool) or not isinstance(value, (int, float))
-    if kind is int:
-        return isinstance(value, bool) or not isinstance(value, int)
-    return not isinstance(value, kind)
-
-
-def results_problem(res) -> str | None:
-    """What makes ``res`` (parsed results.json) unusable for :func:`write_report`, in a
-    few words naming the key or the row; None when it is usable."""
-    if not isinstance(res, dict):
-        return f"a JSON {type(res).__name__}, not an object"
-    if not isinstance(res.get("config"), dict) or not isinstance(res.get("rows"), list):
-        return "no 'config' object or no 'rows' list"
-    missing = [k for k in _CONFIG_KEYS if k not in res["config"]]
-    if missing:
-        return f"config has no {missing[0]!r}"
-    for what, items, keys in (("rows", res["rows"], _ROW_KEYS),
-                              ("params", res.get("params") or [], _PARAM_KEYS)):
-        if not isinstance(items, list):
-            return f"{what!r} is not a list"
-        for j, item in enumerate(items):
-            if not isinstance(item, dict):
-                return f"{what}[{j}] is not an object"
-            if what == "params" and item.get("method") != "sc":
-                continue  # only SC's parameters are plotted
-            for key, kind in keys.items():
-                if key not in item:
-                    return f"{what}[{j}] has no {key!r}"
-                if _wrong(item[key], kind):
-                    return f"{what}[{j}][{key!r}] is {item[key]!r}, not {'a number' if kind is float else kind.__name__}"
-                if kind is list and any(_wrong(v, float) for v in item[key]):
-                    return f"{what}[{j}][{key!r}] holds a value that is not a number"
-            if what == "rows" and item["method"] not in METHOD_NAMES:
-                return f"rows[{j}] has an unknown method {item['method']!r}"
-            if what == "rows":
-                for key in ("accuracy", "macro_f1", "ece"):  # fractions, each in [0, 1]
-                    if not 0.0 <= item[key] <= 1.0:
-                        return f"rows[{j}][{key!r}] is {item[key]!r}, not a fraction in [0, 1]"
-    if not res["rows"]:
-        return "'rows' is empty: the run recorded no result"
-    return None
 
 
 def summarize(rows) -> dict[tuple, dict]:
@@ -320,6 +199,33 @@ def _margin_table(rows) -> list[str]:
     return out + [""]
 
 
+def mean_std_table(label: str, columns: Sequence[str],
+                   rows: Iterable[tuple[str, Mapping[str, tuple[float, float, int]]]], *,
+                   missing: str = "–", lone_seed_alone: bool = True) -> list[str]:
+    """Markdown lines of one table like the paper's Tables 2-4: a header
+    ``| label | columns... | Average |``, then per ``(name, cells)`` of ``rows`` one
+    line, ``cells`` mapping a column to its (mean, std, n_seeds) over seeds (fractions;
+    shown in %, "mean ± std"). A column without a cell shows ``missing``; Average is
+    the mean of the row's means when every column has one, else ``missing``. With
+    ``lone_seed_alone`` a single seed's value stands alone: it has no spread, and
+    "± 0.0" would say it had."""
+    out = [f"| {label} | " + " | ".join(columns) + " | Average |",
+           "|---|" + "---|" * (len(columns) + 1)]
+    for name, cells in rows:
+        shown, means = [], []
+        for c in columns:
+            if c not in cells:
+                shown.append(missing)
+                continue
+            mean, std, n = cells[c]
+            means.append(mean)
+            alone = lone_seed_alone and n <= 1
+            shown.append(f"{100 * mean:.1f}" if alone else f"{100 * mean:.1f} ± {100 * std:.1f}")
+        avg = f"{100 * np.mean(means):.1f}" if len(means) == len(columns) else missing
+        out.append(f"| {name} | " + " | ".join(shown) + f" | {avg} |")
+    return out
+
+
 # What a cell of the main tables holds (issue 64, case 5: the table did not say).
 _CELLS = ("mean ± standard deviation over seeds, in %; the population standard deviation "
           "(ddof = 0, numpy's np.std) of the per-seed values, which spreads the seeds, not "
@@ -350,23 +256,10 @@ def markdown_tables(results: dict, records: list[dict] | None = None) -> str:
            f"Cells: {_CELLS}", ""]
     for metric, title in (("macro_f1", "Macro-F1"), ("accuracy", "Accuracy")):
         for k in shots:
-            out += [f"## {title}, {k}-shot", "",
-                    "| Method | " + " | ".join(datasets) + " | Average |",
-                    "|---|" + "---|" * (len(datasets) + 1)]
-            for m in methods:
-                cells, means = [], []
-                for d in datasets:
-                    s = summ.get((d, k, m))
-                    if s is None:
-                        cells.append("–")
-                        continue
-                    mean, std, n = s[metric]
-                    means.append(mean)
-                    # One seed has no spread: its value alone, not "± 0.0".
-                    cells.append(f"{100 * mean:.1f} ± {100 * std:.1f}" if n > 1
-                                 else f"{100 * mean:.1f}")
-                avg = f"{100 * np.mean(means):.1f}" if len(means) == len(datasets) else "–"
-                out.append(f"| {METHOD_NAMES[m]} | " + " | ".join(cells) + f" | {avg} |")
+            out += [f"## {title}, {k}-shot", ""]
+            out += mean_std_table("Method", datasets, (
+                (METHOD_NAMES[m], {d: summ[(d, k, m)][metric] for d in datasets if (d, k, m) in summ})
+                for m in methods))
             out.append("")
     out += _best_baseline_table(rows)
     out += _margin_table(rows)
@@ -448,142 +341,6 @@ def latex_table(results: dict) -> str:
                 "deviation over seeds (population, ddof = 0); best mean in bold.}",
                 f"\\label{{tab:sc-jax-k{k}}}", "\\end{table}", ""]
     return "\n".join(out)
-
-
-def can_plot() -> bool:
-    """Whether matplotlib imports. The plots are extras: a machine without it (a bare GPU
-    image) still gets its tables and results, and one log line says how to get them."""
-    try:
-        import matplotlib  # noqa: F401, PLC0415  (plotting only, optional)
-    except ImportError:
-        log.warning("plots skipped: matplotlib is not installed (pip install matplotlib)")
-        return False
-    return True
-
-
-#: The formats every figure is written in, beside each other: PNG to look at, PDF and
-#: SVG (vector) for a paper.
-FIGURE_FORMATS = ("png", "pdf", "svg")
-
-
-def save_figure(fig, path: Path) -> dict[str, Path]:
-    """Write ``fig`` as ``path`` (a .png) and beside it as .pdf and .svg; returns
-    ``{format: path}``."""
-    out = {}
-    for ext in FIGURE_FORMATS:
-        out[ext] = Path(path).with_suffix(f".{ext}")
-        fig.savefig(out[ext], dpi=130)
-    return out
-
-
-def method_label(method: str, width: int = 11) -> str:
-    """A method's name as a tick label, wrapped at ``width`` characters (the paper's
-    long names, "SC* (no trust region)", otherwise run into their neighbours)."""
-
-    return "\n".join(textwrap.wrap(METHOD_NAMES[method], width)) or method
-
-
-def _bar_values(rows, dataset: str | None, k: int, method: str) -> tuple[float, float]:
-    """(mean, std) in % over seeds of macro-F1 of one dataset, or with ``dataset`` None of
-    the per-seed average over datasets."""
-    per_seed = defaultdict(list)
-    for r in rows:
-        if r["shots"] == k and r["method"] == method and dataset in (None, r["dataset"]):
-            per_seed[r["seed"]].append(r["macro_f1"])
-    vals = [np.mean(v) for v in per_seed.values()]
-    return (100 * np.mean(vals), 100 * np.std(vals)) if vals else (np.nan, 0.0)
-
-
-def f1_bars_figure(results: dict):
-    """The figure of :func:`plot_f1_bars`: one panel per dataset and one for their
-    average (the paper's Figure 3), bars per method grouped by shot count, error bars
-    the std over seeds (ddof = 0); method names wrapped and turned 45 degrees."""
-    rows = results["rows"]
-    shots = sorted({r["shots"] for r in rows})
-    methods = [m for m in METHOD_NAMES if any(r["method"] == m for r in rows)]
-    datasets = sorted({r["dataset"] for r in rows})
-    panels = datasets + [None] if len(datasets) > 1 else [None]
-    # matplotlib loads on first plot: it takes about 0.5 s to import, which every
-    # `sc-jax` command (and `import sc_jax.experiment.run`) would otherwise pay.
-    from matplotlib.figure import Figure  # noqa: PLC0415
-
-    cols = min(len(panels), 4)
-    nrows = -(-len(panels) // cols)
-    panel_w = 1.0 + 0.4 * len(methods) * max(len(shots), 1) ** 0.5
-    # A bare Figure, not pyplot: no backend switch or global figure registry in the
-    # caller's process.
-    fig = Figure(figsize=(panel_w * cols, 3.4 * nrows), layout="constrained")
-    axes = fig.subplots(nrows, cols, squeeze=False).ravel()
-    width = 0.8 / max(len(shots), 1)
-    for ax, d in zip(axes, panels):
-        for j, k in enumerate(shots):
-            means, stds = zip(*(_bar_values(rows, d, k, m) for m in methods))
-            x = np.arange(len(methods)) + (j - (len(shots) - 1) / 2) * width
-            ax.bar(x, means, width, yerr=stds, capsize=2, label=f"{k}-shot")
-        ax.set_xticks(np.arange(len(methods)), [method_label(m) for m in methods], rotation=45,
-                      ha="right", rotation_mode="anchor", fontsize=7)
-        ax.set_title("Average over datasets" if d is None else d, fontsize=9)
-        ax.set_ylabel("macro-F1 (%)", fontsize=8)
-        ax.tick_params(axis="y", labelsize=7)
-        ax.grid(axis="y", alpha=0.3)
-    for ax in axes[len(panels):]:
-        ax.set_visible(False)
-    axes[0].legend(fontsize=7)
-    fig.suptitle(f"{display_name(str(results['config']['model']))}: macro-F1, mean ± std over "
-                 "seeds", fontsize=10)
-    return fig
-
-
-def plot_f1_bars(results: dict, path: Path) -> dict[str, Path]:
-    """:func:`f1_bars_figure` as ``path`` (PNG), PDF and SVG."""
-    return save_figure(f1_bars_figure(results), path)
-
-
-def plot_params(results: dict, path: Path) -> dict[str, Path]:
-    """Learned SC parameters as ``path`` (PNG), PDF and SVG; returns ``{format: path}``,
-    empty (and writes nothing) if there are none."""
-    fig = params_figure(results)
-    return {} if fig is None else save_figure(fig, path)
-
-
-def params_figure(results: dict):
-    """The figure of :func:`plot_params` (a ``matplotlib.figure.Figure``), or None when
-    the results hold no SC parameters. An UNBOUNDED fit's (w, b) is wherever its
-    solver stopped along a ray, orders of magnitude beyond the others: such fits are
-    left out of the scatter and counted in their panel's title, so the rest stays
-    readable."""
-    params = [p for p in results.get("params", []) if p["method"] == "sc"]
-    if not params:
-        return None
-    panels = sorted({(p["dataset"], p["shots"]) for p in params})
-    # matplotlib loads on first plot (about 0.5 s to import; see plot_f1_bars).
-    import matplotlib  # noqa: PLC0415  (plotting only)
-    from matplotlib.figure import Figure  # noqa: PLC0415  (plotting only)
-
-    fig = Figure(figsize=(3.6 * len(panels), 3.8))
-    fig.suptitle(f"SC parameters, {display_name(str(results['config']['model']))}", fontsize=10)
-    axes = fig.subplots(1, len(panels), squeeze=False)
-    for ax, (d, k) in zip(axes[0], panels):
-        panel = [p for p in params if p["dataset"] == d and p["shots"] == k]
-        ps = [p for p in panel if p.get("status") != "UNBOUNDED"
-              and np.all(np.isfinite(p["w"])) and np.all(np.isfinite(p["b"]))]
-        hidden = len(panel) - len(ps)
-        sizes = sorted({p["size"] for p in ps})
-        cmap = matplotlib.colormaps["viridis"].resampled(max(len(sizes), 2))
-        for si, i in enumerate(sizes):
-            w = np.concatenate([p["w"] for p in ps if p["size"] == i])
-            b = np.concatenate([p["b"] for p in ps if p["size"] == i])
-            ax.scatter(w, b, s=14, color=cmap(si), label=f"i={i}", alpha=0.8)
-        ax.scatter([1], [0], marker="*", s=120, color="red", label="base (1, 0)", zorder=3)
-        ax.axvline(0, color="grey", lw=0.6)
-        ax.axhline(0, color="grey", lw=0.6)
-        ax.set_xlabel("w_c (slope)")
-        ax.set_ylabel("b_c (bias)")
-        ax.set_title(f"{d}, {k}-shot" + (f" ({hidden} unbounded fit{'s' * (hidden > 1)} "
-                                            "not shown)" if hidden else ""), fontsize=9)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
 
 
 def write_report(results: dict | str | Path, out_dir: str | Path | None = None) -> dict[str, Path]:

@@ -9,7 +9,7 @@ CPU).
 
 Per (dataset, shots k, seed):
 
-1. :func:`sc_jax.experiment.data.split_protocol`: the test set (``test_size``) and k
+1. :func:`sc_jax.experiment.splits.split_protocol`: the test set (``test_size``) and k
    class-balanced demonstrations, the same for every method. By default the test
    set is drawn once per dataset (``test_seed``) and is the same for every seed,
    as in the paper; ``results.json`` records each seed's demonstration indices and
@@ -41,8 +41,9 @@ import jax
 from sc_jax.calibration.calibrators import DEFAULT_LAMBDA_INV
 from sc_jax.experiment import metrics, samples
 from sc_jax.experiment.config import RunConfig, run_policy
-from sc_jax.experiment.jobs import SeedScores, check_run, draw_split, load_datasets, score_seed
-from sc_jax.experiment.predictions import fit_sc, method_probs, sc_size_probs
+from sc_jax.experiment.jobs import SeedScores, draw_split, load_datasets, score_seed
+from sc_jax.experiment.preflight import check_run
+from sc_jax.experiment.methods import fit_sc, method_probs, sc_size_probs
 from sc_jax.experiment.report import write_report
 from sc_jax.experiment.store import (
     RUN_CONFIG_FILE,
@@ -139,7 +140,7 @@ def _split_record(name: str, k: int, seed: int, split) -> dict:
 def _score_seeds(model, engine, cache, ds, name: str, k: int, config: RunConfig, out: Path,
                  progress: bool) -> tuple[dict[int, SeedScores], list[dict], dict, list[dict]]:
     """Every seed's scores of one (dataset, k), each saved under ``out/scores``, each
-    seed's split record, seed -> its :class:`sc_jax.experiment.data.Split`, and each seed's
+    seed's split record, seed -> its :class:`sc_jax.experiment.splits.Split`, and each seed's
     timing record (:func:`_seed_timing`)."""
     scores: dict[int, SeedScores] = {}
     splits, drawn, timings = [], {}, []

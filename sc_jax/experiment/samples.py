@@ -3,7 +3,7 @@
 ``sc-jax run --log-samples`` writes them beside ``results.json``; ``sc-jax report DIR
 --log-samples`` writes them for a finished run from its score files
 (``DIR/scores/``) and the fitted parameters in its results.json, with no model
-(:func:`sc_jax.experiment.ablation.regenerate_samples`). A record::
+(:func:`regenerate_samples`). A record::
 
     {"dataset": str, "shots": k, "seed": int, "index": t (position in the test set),
      "row": dataset row of the query or null, "text_sha256": first 16 hex digits of the
@@ -24,6 +24,7 @@ statistics (exact McNemar) that per-seed means cannot.
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import hashlib
 import json
@@ -34,14 +35,23 @@ from pathlib import Path
 
 import numpy as np
 
+from sc_jax.calibration import baselines
+from sc_jax.calibration.calibrators import FitResult
+from sc_jax.calibration.solvers import Status
 from sc_jax.experiment import metrics
+from sc_jax.experiment.config import METHODS, SC_FITS, RunConfig
+from sc_jax.experiment.jobs import draw_split, load_datasets
+from sc_jax.experiment.methods import method_probs, sc_size_probs
+from sc_jax.experiment.store import load_run_scores
+from sc_jax.experiment.task_loading import DataUnavailableError
 
 SAMPLES_FILE = "samples.jsonl"
 GZIP_ABOVE = 4 << 20  # bytes of JSONL; a 9-task, 3-seed, 128-query run is about 5 MB
 DIGITS = 8  # significant digits kept of each probability
 
-__all__ = ["SAMPLES_FILE", "check_samples", "paired_counts", "read_samples", "rows_from_samples",
-           "sample_paths", "samples_markdown", "seed_records", "text_hash", "write_samples"]
+__all__ = ["SAMPLES_FILE", "check_samples", "paired_counts", "read_samples", "regenerate_samples",
+           "rows_from_samples", "sample_paths", "samples_markdown", "seed_records", "text_hash",
+           "write_samples"]
 
 
 def text_hash(text: str) -> str:
@@ -223,3 +233,86 @@ def samples_markdown(records: Sequence[dict], rows: Sequence[dict]) -> list[str]
                     f"{c['a_only']} | {c['b_only']} | {c['p']:.3g} |" for c in table]
         out.append("")
     return out
+
+
+def _fit_from_param(p: dict, solver: str) -> FitResult:
+    """The :class:`FitResult` of one param record of results.json (the run's own b and
+    w, stored as exact float64 JSON numbers): predictions from it are the run's."""
+    nan = float("nan")
+    return FitResult(b=np.asarray(p["b"], np.float64), w=np.asarray(p["w"], np.float64),
+                     status=Status[p.get("status", "CONVERGED")], iterations=0,
+                     outer_iterations=0, objective=p.get("objective", nan), constraint=nan,
+                     violation=nan, tau=p.get("tau", nan), lambda_inv=p.get("lambda_inv", nan),
+                     solver=solver, sc_star=p["method"] != "sc" or bool(p.get("guarded")),
+                     num_rows=int(p.get("rows", 0)),
+                     base_accuracy=p.get("base_accuracy", nan), guarded=bool(p.get("guarded")))
+
+
+def _drawn_splits(results: dict) -> tuple[dict, str | None]:
+    """(dataset, k, seed) -> (dataset, Split) as the run drew them, checked against the
+    test-set hashes in results.json; ``({}, why)`` when the data cannot be had here."""
+    config = results["config"]
+    known = {f.name for f in dataclasses.fields(RunConfig)}
+
+    def frozen(v):  # JSON lists back to the tuples RunConfig holds
+        return tuple(frozen(x) for x in v) if isinstance(v, list) else v
+
+    try:
+        cfg = RunConfig(**{k: frozen(v) for k, v in config.items() if k in known})
+        datasets = load_datasets(cfg)
+    except (DataUnavailableError, OSError, ValueError, TypeError) as e:
+        return {}, f"the run's data could not be loaded here ({type(e).__name__}: {e})"
+    out = {}
+    for rec in results.get("splits", []):
+        name, k, seed = rec["dataset"], rec["shots"], rec["seed"]
+        split = draw_split(datasets[name], cfg, k, seed)
+        if split.test_hash() != rec.get("test_hash"):
+            return {}, (f"{name} k={k} seed {seed}: the data here draw another test set than "
+                        "the run's (its hash differs)")
+        out[(name, k, seed)] = (datasets[name], split)
+    return out, None
+
+
+def regenerate_samples(run_dir, *, with_texts: bool = True) -> tuple[Path, list[str]]:
+    """Write the per-sample records (:mod:`sc_jax.experiment.samples`) of a finished run beside
+    its results.json, from its score files (``DIR/scores/``) and the SC parameters its
+    results.json holds: no model, no forward pass, no refit. Returns the file and notes.
+
+    Baselines: every baseline of :data:`sc_jax.experiment.config.METHODS`, ``bc_reference``
+    included for a run that predates it (its ``bc_batch``). SC methods: those with
+    params in results.json. The records of the run's own methods reproduce its
+    results.json rows (:func:`sc_jax.experiment.samples.check_samples`). Dataset rows and text
+    hashes are filled in when ``with_texts`` and the run's data load here and draw the
+    test sets the run recorded; otherwise they are null, and a note says why.
+    """
+    run_dir = Path(run_dir)
+    results, runs = load_run_scores(run_dir)
+    config = results["config"]
+    solver = config.get("solver", "augmented_lagrangian")
+    bc_batch = int(config.get("bc_batch", baselines.BC_BATCH_SIZE))
+    weighting = config.get("size_weighting", "uniform")
+    fits = defaultdict(dict)  # (method, dataset, shots, seed) -> size -> FitResult
+    for p in results.get("params") or []:
+        fits[(p["method"], p["dataset"], p["shots"], p["seed"])][p["size"]] = _fit_from_param(p, solver)
+    drawn, why = _drawn_splits(results) if with_texts else ({}, "texts not asked for")
+    notes = [] if why is None else [f"no dataset rows or text hashes: {why}"]
+    records = []
+    for (name, k), per_seed in runs.items():
+        for seed in sorted(per_seed):
+            s = per_seed[seed]
+            probs, per_size = {}, {}
+            for method in METHODS:
+                per = fits.get((method, name, k, seed)) if method in SC_FITS else None
+                if method in SC_FITS and not per:
+                    continue  # the run did not fit it
+                sizes = sorted(per) if per else []
+                probs[method] = method_probs(method, s, per, sizes, bc_batch=bc_batch,
+                                             size_weighting=weighting, shots=k)
+                if per:
+                    per_size[method] = sc_size_probs(s, per, sizes)
+            ds, split = drawn.get((name, k, seed), (None, None))
+            records += seed_records(
+                name, k, seed, s.y_test, probs, per_size,
+                rows=None if split is None else split.test_indices,
+                texts=None if split is None else split.test_texts(ds))
+    return write_samples(run_dir, records), notes

@@ -18,6 +18,7 @@ import numpy as np
 
 from sc_jax.experiment.config import RunConfig
 from sc_jax.experiment.jobs import SeedScores
+from sc_jax.experiment.results import load_results
 
 
 def scores_path(out_dir, dataset: str, k: int, seed: int) -> Path:
@@ -80,6 +81,39 @@ def load_scores(path: Path, tag: str | None = None) -> SeedScores:
     except (KeyError, ValueError) as e:  # a foreign archive: a key missing or misnamed
         raise ValueError(f"{path}: unreadable score file ({type(e).__name__}: {e}); rerun the "
                          "same `sc-jax run` command to rewrite it from the score cache") from e
+
+
+def load_run_scores(run_dir: Path) -> tuple[dict, dict]:
+    """A finished run's results.json (:func:`sc_jax.experiment.results.load_results`) and its
+    saved scores, ``{(dataset, k): {seed: SeedScores}}`` for every (dataset, k) it did not
+    skip. Raises FileNotFoundError naming the score files missing (and how to write
+    them), ValueError when the run has no (dataset, k) at all."""
+    results = load_results(run_dir)
+    config = results["config"]
+    skipped = {(x["dataset"], x["shots"]) for x in results.get("skipped", [])}
+    runs, missing = {}, []
+    tag = config_tag(config)
+    for name in config["datasets"]:
+        for k in config["shots"]:
+            if (name, k) in skipped:
+                continue
+            for seed in config["seeds"]:
+                path = scores_path(run_dir, name, k, seed)
+                if path.exists():
+                    runs.setdefault((name, k), {})[seed] = load_scores(path, tag)
+                else:
+                    missing.append(path.name)
+    if missing:
+        raise FileNotFoundError(
+            f"{run_dir}: no saved scores for {len(missing)} (dataset, k, seed) "
+            f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}). Runs made "
+            "before scores were saved can write them: run the same `sc-jax run` command "
+            "again with the same --out (every score is read from its cache, no forward "
+            "pass).")
+    if not runs:
+        raise ValueError(f"{run_dir}: the run has no (dataset, k) to ablate")
+    return results, runs
+
 
 
 def check_output_file(path, option: str, ours=None, command: str = "", sign: str = "") -> Path:

@@ -34,7 +34,7 @@ from sc_jax.models.model import Decoder, KVCache, positions_from_valid
 from sc_jax.models.named_models import MODELS, model_dir, resolve, tokenizer_file
 from sc_jax.models.tokenizer import ByteTokenizer, Tokenizer
 from sc_jax.runtime.multihost import put_global, to_host, writer_first
-from sc_jax.runtime.pypi import WheelFileError, cache_root, sha256_of
+from sc_jax.runtime.wheel_files import WheelFileError, cache_root, sha256_of
 from sc_jax.runtime.sharding import (
     MODEL,
     axis_size,
@@ -591,7 +591,7 @@ def _hash(s: str) -> str:
     return hashlib.sha256(s.encode()).hexdigest()[:16]
 
 
-#: Where :func:`file_sha256` remembers each file's hash (under :func:`sc_jax.runtime.pypi.cache_root`).
+#: Where :func:`file_sha256` remembers each file's hash (under :func:`sc_jax.runtime.wheel_files.cache_root`).
 HASHES_FILE = "file_hashes.json"
 
 

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 from sc_jax.models.checkpoint import safetensors_files
-from sc_jax.runtime.pypi import SplitFile, WheelFile, WheelFileError, cache_root
+from sc_jax.runtime.wheel_files import SplitFile, WheelFile, WheelFileError, cache_root
 
 log = logging.getLogger(__name__)
 

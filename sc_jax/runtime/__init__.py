@@ -1,7 +1,7 @@
 """What every stage runs on: processes and hosts (:mod:`~sc_jax.runtime.multihost`,
 :mod:`~sc_jax.runtime.launch`), device meshes and the logical-axis rules
 (:mod:`~sc_jax.runtime.sharding`), files fetched from PyPI
-(:mod:`~sc_jax.runtime.pypi`), an output directory's lock
+(:mod:`~sc_jax.runtime.wheel_files`), an output directory's lock
 (:mod:`~sc_jax.runtime.runlock`) and compile/run clocks (:mod:`~sc_jax.runtime.timing`).
 
 Nothing here knows about models, prompts or calibration; every other package may

