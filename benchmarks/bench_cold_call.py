@@ -1,7 +1,7 @@
 """Cold calls: a fresh process's first ``fit_batch`` against its first SciPy loop.
 
 A user's first fit pays the solver's compilation; ``sc-jax`` keeps JAX's persistent
-compilation cache (``sc_jax.cli.enable_compilation_cache``), so only the first process
+compilation cache (``sc_jax.cli.process.enable_compilation_cache``), so only the first process
 on a machine should. For the experiment's default batch (a two-class task, 5 seeds,
 k = 4 with sizes 1..3 and k = 8 with sizes 1..5, tau from Appendix A, lambda_inv 0.1,
 float32) this times, each in a fresh Python process:
@@ -65,7 +65,7 @@ def child(kind, k):
 
     import sc_jax  # noqa: PLC0415
     from sc_jax.calibration import calibrators  # noqa: PLC0415
-    from sc_jax.cli import enable_compilation_cache  # noqa: PLC0415
+    from sc_jax.cli.process import enable_compilation_cache  # noqa: PLC0415
     from sc_jax.runtime.timing import CompileMeter  # noqa: PLC0415
 
     probs = calibrate_problems() if k == "calibrate" else problems(k)

@@ -44,7 +44,7 @@ def say(msg: str) -> None:
 
 
 def prepare(folder: Path, data_dir: str, presets) -> None:
-    from sc_jax.models.loading import PRESET_TOKENIZERS  # noqa: PLC0415
+    from sc_jax.models.vocabulary import PRESET_TOKENIZERS  # noqa: PLC0415
     from sc_jax.models.named_models import tokenizer_file  # noqa: PLC0415
 
     bench_seed.prepare(folder, data_dir)

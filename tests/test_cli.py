@@ -3,9 +3,11 @@ optional extra) ends in one `error:` line naming what to do, before any expensiv
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -17,6 +19,7 @@ import numpy as np
 import pytest
 
 from sc_jax import cli
+from sc_jax.cli import commands, parser, process
 
 
 @pytest.fixture(autouse=True)
@@ -87,7 +90,7 @@ def test_library_messages_go_to_the_sc_jax_logger_and_the_cli_shows_them(caplog,
     # As in a fresh process: without what cli.main set up in earlier tests.
     logger = logging.getLogger("sc_jax")
     monkeypatch.setattr(logger, "handlers", [h for h in logger.handlers
-                                             if not isinstance(h, cli.StderrHandler)])
+                                             if not isinstance(h, process.StderrHandler)])
     monkeypatch.setattr(logger, "level", logging.NOTSET)
     # The library: a record on a module logger under "sc_jax", nothing printed.
     with caplog.at_level(logging.INFO, logger="sc_jax"):
@@ -95,9 +98,9 @@ def test_library_messages_go_to_the_sc_jax_logger_and_the_cli_shows_them(caplog,
     assert [r.name for r in caplog.records] == ["sc_jax.experiment.run"]
     assert capsys.readouterr().err == ""
     # The command line shows INFO records on stderr, whatever sys.stderr is then.
-    cli.show_log_messages()
-    cli.show_log_messages()  # idempotent: one handler
-    assert sum(isinstance(h, cli.StderrHandler) for h in logger.handlers) == 1
+    process.show_log_messages()
+    process.show_log_messages()  # idempotent: one handler
+    assert sum(isinstance(h, process.StderrHandler) for h in logger.handlers) == 1
     experiment.log.info("shown")
     assert capsys.readouterr().err == "sc_jax: shown\n"
 
@@ -328,7 +331,7 @@ def test_ctrl_c_during_a_run_is_one_line_naming_the_cache_and_the_command(tmp_pa
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "run_experiment", interrupted)
+    monkeypatch.setattr(commands, "run_experiment", interrupted)
     argv = ["run", "--out", str(tmp_path / "run"), "--data-file", str(_data(tmp_path))] + TINY
     assert cli.main(argv) == 130
     err = _one_error(capsys)
@@ -566,7 +569,7 @@ def test_ctrl_c_while_starting_is_one_line(capsys, monkeypatch, swallow):
     from sc_jax import entry
 
     cfg = configparser.ConfigParser()
-    cfg.read(Path(cli.__file__).parents[1] / "setup.cfg")
+    cfg.read(Path(cli.__file__).parents[2] / "setup.cfg")
     assert "sc-jax = sc_jax.entry:main" in cfg["options.entry_points"]["console_scripts"]
     import sc_jax
 
@@ -602,7 +605,7 @@ def test_a_rerun_with_another_configuration_is_refused_unless_overwrite(tmp_path
     out = tmp_path / "run"
     out.mkdir()
     argv = ["run", "--out", str(out), "--data-file", str(_data(tmp_path))] + TINY
-    first = cli._run_config(cli.build_parser().parse_args(argv)).to_json()
+    first = commands.run_config(parser.build_parser().parse_args(argv)).to_json()
     (out / "results.json").write_text(json.dumps({"config": first, "rows": []}))
     other = [a if a != "1" else "2" for a in argv]  # --seeds 2
     assert cli.main(other) == 2
@@ -687,7 +690,7 @@ def test_ablate_refuses_an_out_holding_a_users_files_before_any_refit(tmp_path, 
     out.mkdir()
     (out / "ablation.md").write_text("my notes")
     (out / "diagnostics.csv").write_text("my,numbers")
-    monkeypatch.setattr("sc_jax.cli.ablate", lambda *a, **k: pytest.fail("refitted"))
+    monkeypatch.setattr("sc_jax.cli.commands.ablate", lambda *a, **k: pytest.fail("refitted"))
     assert cli.main(["ablate", str(run), "--out", str(out), "--quiet"]) == 2
     assert _one_error(capsys) == (
         f"error: --out {out} holds ablation.md, diagnostics.csv, which this ablate would replace, "
@@ -698,7 +701,7 @@ def test_ablate_refuses_an_out_holding_a_users_files_before_any_refit(tmp_path, 
     def reached(*a, **k):
         raise ValueError("reached the refit")
 
-    monkeypatch.setattr("sc_jax.cli.ablate", reached)
+    monkeypatch.setattr("sc_jax.cli.commands.ablate", reached)
     assert cli.main(["ablate", str(run), "--out", str(out), "--overwrite", "--quiet"]) == 2
     assert _one_error(capsys) == "error: reached the refit"
     # A directory an earlier ablate wrote (its ablation.csv's header) is replaced freely.
@@ -718,10 +721,10 @@ def test_ablate_out_a_file_and_m_values_beyond_the_run_are_refused_up_front(tmp_
     run = _run_with_scores(tmp_path)
     file = tmp_path / "taken"
     file.write_text("")
-    monkeypatch.setattr("sc_jax.cli.ablate", lambda *a, **k: pytest.fail("refitted"))
+    monkeypatch.setattr("sc_jax.cli.commands.ablate", lambda *a, **k: pytest.fail("refitted"))
     assert cli.main(["ablate", str(run), "--out", str(file), "--quiet"]) == 2
     assert _one_error(capsys) == f"error: --out {file} is an existing file, not a directory: choose a directory"
-    monkeypatch.setattr("sc_jax.cli.ablate", ablation.ablate)
+    monkeypatch.setattr("sc_jax.cli.commands.ablate", ablation.ablate)
     monkeypatch.setattr(ablation._Refit, "fit", lambda *a, **k: pytest.fail("refitted"))
     assert cli.main(["ablate", str(run), "--m-values", "100", "--quiet"]) == 2
     assert _one_error(capsys) == ("error: --m-values 100: the run scored at most 1 test-time "
@@ -746,3 +749,53 @@ def test_plan_json_refuses_a_users_file(tmp_path, capsys, monkeypatch):
                                 "settings": []}))
     with pytest.raises(pytest.fail.Exception, match="planned"):
         cli.main(argv)
+
+
+# ------------------------------------------------------------------ help and demo
+def _subcommands():
+    """("sc-jax", the parser) and (name, parser) of every subcommand."""
+    p = parser.build_parser()
+    sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
+    return [("sc-jax", p)] + list(sub.choices.items())
+
+
+_DEFAULT_SAID = re.compile(r"\(default\b|\bdefault:")
+
+
+def test_every_option_has_help_and_its_default_once():
+    """Issue 65: --dtype, --solver and demo's --seed had no help, and a help text that
+    said its default got a second one from argparse's formatter."""
+    seen = 0
+    for name, sub in _subcommands():
+        formatter = sub._get_formatter()
+        for action in sub._actions:
+            if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+                continue
+            where = f"sc-jax {name} {'/'.join(action.option_strings) or action.dest}"
+            assert action.help and action.help.strip(), f"{where} has no help"
+            text = formatter._expand_help(action)  # as --help prints it
+            said = len(_DEFAULT_SAID.findall(text))
+            assert said <= 1, f"{where} names its default {said} times: {text}"
+            if action.option_strings and action.default not in (None, False, argparse.SUPPRESS):
+                assert said == 1, f"{where} does not print its default {action.default!r}: {text}"
+            seen += 1
+    assert seen > 60
+    # The formatter adds none to a help that says its default, one to one that does not.
+    p = argparse.ArgumentParser(formatter_class=parser.HelpFormatter)
+    p.add_argument("--a", type=int, default=8, help="a number (default 8)")
+    p.add_argument("--b", nargs="+", default=[4, 8], help="numbers")
+    help_text = " ".join(p.format_help().split())
+    assert "a number (default 8) --b" in help_text and "numbers (default: 4 8)" in help_text
+
+
+def test_demo_fits_sc_and_the_baselines_and_prints_them(capsys):
+    """Issue 65: `sc-jax demo` printed surrogate statistics and base accuracy and
+    fitted nothing. Now: the baselines and SC, each with its accuracy and macro-F1."""
+    assert cli.main(["demo", "--model", "random:tiny-llama", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    for method in ("Base", "CC", "DC", "BC", "SC"):
+        assert re.search(rf"^{method} +[01]\.\d{{3}} +[01]\.\d{{3}}$", out, re.M), out
+    assert len(re.findall(r"^  SC, size \d: fitted on \d+ surrogate pairs", out, re.M)) == 3  # k = 4
+    assert len(re.findall(r"^  Base [01]\.\d{3}  SC [01]\.\d{3}  true=", out, re.M)) == 16
+    assert cli.main(["demo", "--k", "9"]) == 2
+    assert capsys.readouterr().err == "error: --k must be between 2 and 8, got 9\n"

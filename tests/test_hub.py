@@ -27,7 +27,7 @@ from sc_jax.models.hub import (
     hub_snapshot,
     parse_hub_id,
 )
-from sc_jax.models.loading import load_config_and_tokenizer
+from sc_jax.models.sources import load_config_and_tokenizer
 
 REPO = "tiny-org/tiny-llama"
 OLD, NEW = (hashlib.sha1(s.encode()).hexdigest() for s in ("old", "new"))  # 40-hex commits
@@ -99,7 +99,7 @@ def test_weights_edited_in_place_change_the_identity(tmp_path, monkeypatch):
     remembered per file (size, modification time, inode) so a second load reads nothing."""
     from safetensors.numpy import load_file, save_file
 
-    from sc_jax.models import loading
+    from sc_jax.models import identity
 
     monkeypatch.setenv("SC_JAX_CACHE", str(tmp_path / "cache"))
     path = write_numpy_checkpoint(tmp_path / "m", seed=0, vocab_size=12000)  # 5.8 MB
@@ -113,7 +113,7 @@ def test_weights_edited_in_place_change_the_identity(tmp_path, monkeypatch):
     after = sc_jax.load_model(path)
     assert after.identity != before.identity
     assert not np.array_equal(after.last_logits([[5, 17, 300]]), before.last_logits([[5, 17, 300]]))
-    monkeypatch.setattr(loading, "sha256_of", lambda p: pytest.fail(f"read {p} again"))
+    monkeypatch.setattr(identity, "sha256_of", lambda p: pytest.fail(f"read {p} again"))
     assert sc_jax.load_model(path).identity == after.identity
 
 

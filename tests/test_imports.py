@@ -178,7 +178,7 @@ def _circle(graph, group: set[str]) -> list[str]:
 #: The stages in the order data flows through them: a token goes from the model
 #: (models) through the engine (scoring) into the calibrator (calibration), and the
 #: paper's protocol (experiment) drives them all; runtime serves every stage, and the
-#: command line (sc_jax.cli, sc_jax.entry) and the package's curated namespace sit on top.
+#: command line (the package sc_jax.cli, sc_jax.entry) and the package's curated namespace sit on top.
 STAGES = ("runtime", "models", "scoring", "calibration", "experiment")
 
 
@@ -222,7 +222,9 @@ def test_no_import_from_a_later_stage_into_an_earlier_one():
     # Every module of the package lies in one stage or on top, and every stage is used.
     ranks = {stage_of(m) for m in graph}
     assert ranks == set(range(len(STAGES) + 1)), ranks
-    assert {m for m in graph if stage_of(m) == len(STAGES)} == {"sc_jax", "sc_jax.cli", "sc_jax.entry"}
+    assert {m for m in graph if stage_of(m) == len(STAGES)} == {
+        "sc_jax", "sc_jax.cli", "sc_jax.cli.__main__", "sc_jax.cli.commands", "sc_jax.cli.parser",
+        "sc_jax.cli.process", "sc_jax.entry"}
     backward = backward_imports(graph)
     assert not backward, "imports against the data flow:\n" + "\n".join(backward)
     # The check itself finds an import against the flow, and lets one with it through.

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from sc_jax.models import loading
+from sc_jax.models import identity
 
 
 def test_a_file_hash_entry_without_its_hash_is_rehashed(tmp_path, monkeypatch):
@@ -19,13 +19,13 @@ def test_a_file_hash_entry_without_its_hash_is_rehashed(tmp_path, monkeypatch):
     f = tmp_path / "w.bin"
     f.write_bytes(b"weights")
     want = hashlib.sha256(b"weights").hexdigest()
-    assert loading.file_sha256(f) == want
-    store = tmp_path / "cache" / loading.HASHES_FILE
+    assert identity.file_sha256(f) == want
+    store = tmp_path / "cache" / identity.HASHES_FILE
     known = json.loads(store.read_text())
     for broken in ({"stamp": known[str(f.resolve())]["stamp"]},
                    {"stamp": known[str(f.resolve())]["stamp"], "sha256": 7}):
         store.write_text(json.dumps({str(f.resolve()): broken}))
-        assert loading.file_sha256(f) == want
+        assert identity.file_sha256(f) == want
         assert json.loads(store.read_text())[str(f.resolve())]["sha256"] == want
 
 

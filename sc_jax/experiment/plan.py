@@ -12,7 +12,7 @@ model program lowered with abstract shapes (nothing is allocated, no weights are
 read), and the device's peaks.
 
 The random presets tokenize with a byte-level stand-in unless a real vocabulary of
-theirs is available (:data:`sc_jax.models.loading.PRESET_TOKENIZERS`); ``random:PATH``
+theirs is available (:data:`sc_jax.models.vocabulary.PRESET_TOKENIZERS`); ``random:PATH``
 and every checkpoint with their own tokenizer.json. The plan says which tokenizer, from
 which file, its size against the embedding's rows, and for the stand-in measures how
 many more tokens it makes than the Qwen2 vocabulary on the same prompts.
@@ -48,7 +48,8 @@ from sc_jax.experiment.costs import (
 from sc_jax.experiment.jobs import draw_split, load_datasets, seed_jobs
 from sc_jax.experiment.preflight import check_run
 from sc_jax.models import attention as attn
-from sc_jax.models.loading import DTYPES, load_model_parts
+from sc_jax.models.loading import DTYPES
+from sc_jax.models.sources import load_model_parts
 from sc_jax.models.named_models import tokenizer_file
 from sc_jax.models.tokenizer import ByteTokenizer, Tokenizer
 from sc_jax.runtime.wheel_files import WheelFileError

