@@ -76,7 +76,7 @@ def _engine_rows(jobs, sample, engine_out):
 def _time_plain(model, pieces, sample):
     """Batch-1 JAX path on the sample, after one warm-up prompt per length bucket."""
     from sc_jax.models.loading import bucket_length
-    from sc_jax.scoring.engine import score_plain
+    from sc_jax.scoring.reference import score_plain
 
     warmed = set()
     for _, ctx, sp in sample:
@@ -104,7 +104,7 @@ def _time_torch(hf, pieces, sample):
 
 
 def run_case(model, ds, k, args, hf):
-    from sc_jax.scoring import engine as scoring
+    from sc_jax.scoring import programs
     from sc_jax.calibration.calibrators import DEFAULT_LAMBDA_INV, fit_batch, predict_proba
     from sc_jax.experiment.data import split_protocol
     from sc_jax.scoring.enumeration import default_m, sample_contexts, surrogate_contexts, surrogate_pairs
@@ -135,7 +135,7 @@ def run_case(model, ds, k, args, hf):
 
     res = {"k": k, "sizes": sizes, "test_size": T, "budget": args.budget}
     engine = ScoringEngine(model, max_tokens_per_batch=args.max_tokens_per_batch, progress=False)
-    compiles0 = sum(scoring.COMPILES.values())
+    compiles0 = sum(programs.COMPILES.values())
 
     # ---- ours, cold
     t = time.perf_counter()
@@ -154,7 +154,7 @@ def run_case(model, ds, k, args, hf):
     proba = predict_proba(fits, [log_odds(o.reshape(len(ctx), T, -1))
                                  for o, (_, ctx, _) in zip(test_out, test_jobs)])
     res["test_s"] = time.perf_counter() - t
-    res["engine_compiles"] = sum(scoring.COMPILES.values()) - compiles0
+    res["engine_compiles"] = sum(programs.COMPILES.values()) - compiles0
     res["ours_total_s"] = res["surrogate_s"] + res["fit_s"] + res["test_s"]
     y = np.asarray(split.test_labels(ds))
     res["sc_accuracy"] = accuracy(y, proba.argmax(1))

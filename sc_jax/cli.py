@@ -51,7 +51,6 @@ from sc_jax.calibration.solvers.batching import threads_from_env
 from sc_jax.experiment.ablation import (ablate, check_ablation_out, diagnose, regenerate_samples,
                                         write_ablation)
 from sc_jax.experiment.config import METHODS, RunConfig
-from sc_jax.experiment.costs import ACCELERATOR_PEAK_FLOPS
 from sc_jax.experiment.data import DEFAULT_TEST_SEED, TASKS, DataUnavailableError
 from sc_jax.experiment.plan import plan_run, plan_table, written_by_plan
 from sc_jax.experiment.report import load_results, write_report
@@ -61,6 +60,7 @@ from sc_jax.models.hub import cached_models_lines
 from sc_jax.models import attention as attn
 from sc_jax.models.loading import load_model
 from sc_jax.models.named_models import MODELS
+from sc_jax.runtime.devices import ACCELERATOR_PEAK_FLOPS
 from sc_jax.runtime.multihost import initialize_distributed, is_writer
 from sc_jax.runtime.pypi import WheelFileError
 from sc_jax.runtime.sharding import parse_mesh
