@@ -117,9 +117,12 @@ class Engine:
         eng = self.engine
         if self.batched:
             t = time.perf_counter()
-            outs = eng.score_jobs(pieces, jobs, mode)
+            result = eng.score_jobs(pieces, jobs, mode)
             seconds = time.perf_counter() - t
-            stats = [getattr(eng, "stats", None)]
+            # A ScoreResult (scores, stats, plan); older engines returned the scores and
+            # kept the stats on the engine.
+            outs = getattr(result, "scores", result)
+            stats = [getattr(result, "stats", None) or getattr(eng, "stats", None)]
         else:
             outs, stats, seconds = {}, [], 0.0
             for tag, (ctx, pairs) in jobs.items():

@@ -15,9 +15,10 @@ from sc_jax.scoring.packing import PackShape
 
 @dataclasses.dataclass
 class EngineStats:
-    """What one :meth:`ScoringEngine.score_jobs` call did: forward calls, real tokens
-    computed (the trie's unique tokens plus query tokens), executed tokens (calls x
-    B x W, padding included), trie nodes, query rows, distinct model ``programs``,
+    """What one :meth:`sc_jax.scoring.engine.ScoringEngine.score_jobs` call did:
+    forward calls, real tokens computed (the trie's unique tokens plus query
+    tokens), executed tokens (calls x B x W, padding included), trie nodes, query
+    rows, distinct model ``programs``,
     the call shape, and where its ``seconds`` went: ``plan_s`` (the schedule, on the
     host), ``compile_s`` (JAX compiles: the model program before the first call,
     the model-free gathers and writes as they come; ``compiled`` programs, of them
