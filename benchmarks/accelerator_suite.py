@@ -118,8 +118,8 @@ def section_scoring(args, keep) -> dict:
     # The memory plan the engine made for the largest size (bench_case scores one size
     # per engine call, the largest last, on these prompts), against what the device saw.
     from sc_jax.scoring.enumeration import all_contexts, surrogate_pairs
-    from sc_jax.experiment.costs import replay
-    from sc_jax.scoring.schedule import MemoryPolicy
+    from sc_jax.scoring.costs import replay
+    from sc_jax.scoring.memory import MemoryPolicy
     from sc_jax.scoring.prompts import TEMPLATES, build_pieces
 
     demos = list(zip(bench_scoring.texts(np.random.default_rng(0), args.k, args.words),

@@ -10,7 +10,7 @@ first_token mode, on ``random:qwen2-7b`` in bfloat16 (random weights, Qwen2's re
 tokenizer).
 
 * Engine: ``ScoringEngine.score_jobs`` of every size in one call; a first (compiling)
-  run, then the median of ``--repeats`` runs (``_timing``); ``engine.stats`` of both; once per
+  run, then the median of ``--repeats`` runs (``_timing``); the stats of both; once per
   attention implementation of ``--attention`` (:mod:`sc_jax.models.attention`; default the
   engine's own choice).
 * HF: ``AutoModelForCausalLM`` built from the same config.json, its weights the JAX
@@ -25,7 +25,7 @@ tokenizer).
 * FLOPs: 2 x non-embedding parameters per token (``CostModel.of(config).token``; attention
   not counted), on the engine's unique tokens and on HF's prompt tokens; "equivalent" is
   HF's prompt tokens over the engine's time. MFU against one peak: ``--peak-tflops``, else
-  a JAX matmul measured here (:func:`sc_jax.experiment.costs.measured_matmul_flops`: bf16 8192^3, 10
+  a JAX matmul measured here (:func:`sc_jax.runtime.devices.measured_matmul_flops`: bf16 8192^3, 10
   back to back, on a GPU); torch's matmul, measured the same way, is recorded beside it.
 
 HF runs before the engine: JAX's allocator keeps what it takes, torch's gives it back
@@ -109,7 +109,7 @@ def workload(tokenizer, args, data_file: Path | None):
 
 
 def torch_matmul_flops(dtype, device: str, repeats: int = 5) -> float:
-    """:func:`sc_jax.experiment.costs.measured_matmul_flops` in torch: the best over sizes of the median
+    """:func:`sc_jax.runtime.devices.measured_matmul_flops` in torch: the best over sizes of the median
     of ``repeats`` timings (CPU: one 1024-square product; GPU: 4096 and 8192, 10 back to back)."""
     import torch
 
@@ -269,8 +269,8 @@ def main(argv=None) -> int:
     import jax.numpy as jnp
 
     import sc_jax
-    from sc_jax.scoring.packing import CostModel
-    from sc_jax.experiment.costs import measured_matmul_flops
+    from sc_jax.runtime.devices import measured_matmul_flops
+    from sc_jax.scoring.costs import CostModel
     from sc_jax.scoring.engine import ScoringEngine
 
     device = "cuda" if jax.default_backend() == "gpu" else "cpu"
@@ -330,17 +330,17 @@ def main(argv=None) -> int:
     engines = res["engines"]
     for impl in args.attention:
         engine = ScoringEngine(model, attention=impl, progress=False)
-        first_s, _ = _timing.once(lambda: engine.score_jobs(pieces, jobs, mode))
-        first_stats = dataclasses.asdict(engine.stats)
+        first_s, first = _timing.once(lambda: engine.score_jobs(pieces, jobs, mode))
+        first_stats = dataclasses.asdict(first.stats)
         eng = _timing.timed(lambda: engine.score_jobs(pieces, jobs, mode), args.repeats)
         eng_s, eng_runs, out = eng.median_s, eng.runs_s, eng.out
-        say(f"engine ({engine.stats.attention} attention): first run {first_s:.1f} s, runs {eng_runs}")
-        eng_out = np.concatenate([out[t] for t in jobs])
-        tokens = engine.stats.tokens
+        say(f"engine ({out.stats.attention} attention): first run {first_s:.1f} s, runs {eng_runs}")
+        eng_out = np.concatenate([out.scores[t] for t in jobs])
+        tokens = out.stats.tokens
         engines[impl] = {
-            "attention": engine.stats.attention, "asked": impl, "first_s": first_s,
+            "attention": out.stats.attention, "asked": impl, "first_s": first_s,
             "steady_s": eng_s, "runs_s": eng_runs,
-            "tokens": tokens, "first_stats": first_stats, "stats": dataclasses.asdict(engine.stats),
+            "tokens": tokens, "first_stats": first_stats, "stats": dataclasses.asdict(out.stats),
             "tflops": token_flops * tokens / eng_s / 1e12,
             "mfu": token_flops * tokens / eng_s / peak["flops"],
             "speedup": hf_s / eng_s, "max_abs_diff": float(np.abs(eng_out - hf_out).max())}

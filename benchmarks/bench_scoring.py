@@ -45,8 +45,8 @@ def texts(rng, n, words):
 def matmul_peak(dtype) -> float:
     """Measured FLOP/s of a large matrix product on the default device (2048-square on
     a CPU; on an accelerator, sizes and back-to-back products large enough that the
-    time is the arithmetic's, not the dispatch's: ``costs.measured_matmul_flops``)."""
-    from sc_jax.experiment.costs import measured_matmul_flops
+    time is the arithmetic's, not the dispatch's: ``devices.measured_matmul_flops``)."""
+    from sc_jax.runtime.devices import measured_matmul_flops
 
     return measured_matmul_flops(dtype, n=2048)
 
@@ -60,7 +60,8 @@ def bench_case(model, k, words, sample_a, sample_b, repeats, seed, *, max_size=5
     them if a later phase does not finish."""
     from sc_jax.scoring.enumeration import all_contexts, surrogate_pairs
     from sc_jax.scoring.prompts import TEMPLATES, build_pieces
-    from sc_jax.scoring.engine import ScoringEngine, score_flat, score_plain
+    from sc_jax.scoring.engine import ScoringEngine
+    from sc_jax.scoring.reference import score_flat, score_plain
 
     rng = np.random.default_rng(seed)
     demos = list(zip(texts(rng, k, words), [j % 2 for j in range(k)]))
@@ -95,8 +96,9 @@ def bench_case(model, k, words, sample_a, sample_b, repeats, seed, *, max_size=5
         unique[0] = 0
         outs = []
         for i, ctx, pairs in jobs:
-            outs.append(eng.score(pieces, ctx, pairs))
-            unique[0] += eng.stats.tokens
+            result = eng.score_jobs(pieces, {"job": (ctx, pairs)})
+            outs.append(result.scores["job"])
+            unique[0] += result.stats.tokens
         return outs
 
     engine_run = _timing.timed(run_engine, repeats)

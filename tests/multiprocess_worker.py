@@ -33,7 +33,8 @@ def problem(tokenizer):
 
 def scores(model, mode):
     """Engine and flat label log-probs ``[N, 3]`` of :func:`problem`."""
-    from sc_jax.scoring.engine import ScoringEngine, score_flat
+    from sc_jax.scoring.engine import ScoringEngine
+    from sc_jax.scoring.reference import score_flat
 
     pieces, ctx, pairs = problem(model.tokenizer)
     engine = ScoringEngine(model, max_tokens_per_batch=1024, progress=False).score(pieces, ctx, pairs, mode)

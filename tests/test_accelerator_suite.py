@@ -40,14 +40,14 @@ def test_smoke(tmp_path, capsys):
 
 def test_interrupted_section_keeps_its_finished_phases(tmp_path, monkeypatch):
     # A lease can end inside a section: the phases it finished must be in the JSON.
-    import sc_jax.scoring.engine
+    import sc_jax.scoring.reference
 
     suite = _suite()
 
     def stopped(*args, **kwargs):
         raise KeyboardInterrupt("lease over")
 
-    monkeypatch.setattr(sc_jax.scoring.engine, "score_plain", stopped)  # the last phase, batch 1
+    monkeypatch.setattr(sc_jax.scoring.reference, "score_plain", stopped)  # the last phase, batch 1
     with pytest.raises(KeyboardInterrupt):
         suite.main(["--smoke", "--skip", "solvers", "end_to_end", "--out", str(tmp_path)])
     s = json.loads((tmp_path / "suite.json").read_text())["scoring"]

@@ -157,9 +157,10 @@ def test_engine_falls_back_when_the_chosen_attention_fails_at_run_time(plant, mo
     monkeypatch.setattr(engine_mod, "choose_attention", lambda *a, **k: ("fails_at_run", trials, False))
     eng = engine_mod.ScoringEngine(model, attention="auto", progress=False)
     with pytest.warns(RuntimeWarning, match="'fails_at_run' does not compile or run here.*using 'dense'"):
-        got = eng.score(pieces, ctx, pairs)
-    assert eng.stats.attention == "dense" and eng.attention == "auto"
-    assert [t["name"] for t in eng.stats.attention_trials] == ["fails_at_run", "dense"]
+        result = eng.score_jobs(pieces, {"job": (ctx, pairs)})
+    got, st = result.scores["job"], result.stats
+    assert st.attention == "dense" and eng.attention == "auto"
+    assert [t["name"] for t in st.attention_trials] == ["fails_at_run", "dense"]
     want = engine_mod.ScoringEngine(model, attention="blocked", progress=False).score(pieces, ctx, pairs)
     assert np.abs(got - want).max() <= 1e-4
 

@@ -10,11 +10,12 @@ import pytest
 import sc_jax
 import sc_jax.scoring.engine as engine_mod
 from sc_jax.runtime.timing import CompileMeter
-from sc_jax.scoring.engine import COMPILES, ScoringEngine
+from sc_jax.scoring.engine import ScoringEngine
 from sc_jax.scoring.enumeration import all_contexts, sample_contexts, surrogate_pairs
-from sc_jax.scoring.packing import level_lengths, level_rows, segment_slot
+from sc_jax.scoring.memory import level_peak_tokens
+from sc_jax.scoring.programs import COMPILES
 from sc_jax.scoring.prompts import Template, build_pieces
-from sc_jax.scoring.schedule import level_peak_tokens
+from sc_jax.scoring.schedule import level_lengths, level_rows, segment_slot
 
 K = 4
 WORDS = "good bad movie plot actor great terrible fine boring fun dull superb".split()
@@ -79,10 +80,11 @@ def test_other_seeds_and_datasets_compile_nothing(model):
     for pieces in seeds[1:]:
         before = dict(COMPILES)
         with CompileMeter() as meter:
-            got = eng.score_jobs(pieces, _jobs())
+            result = eng.score_jobs(pieces, _jobs())
         assert meter.count() == (0, 0) and dict(COMPILES) == before, dict(meter.compiled)
-        assert eng.stats.compiled == 0
-        fresh = ScoringEngine(model, progress=False).score_jobs(pieces, _jobs())
+        assert result.stats.compiled == 0
+        got = result.scores
+        fresh = ScoringEngine(model, progress=False).score_jobs(pieces, _jobs()).scores
         for tag in got:
             np.testing.assert_allclose(got[tag], fresh[tag], atol=1e-5)
 
@@ -100,20 +102,20 @@ def test_plan_counts_the_level_buffers_the_engine_allocates(model, monkeypatch):
     pairs = surrogate_pairs(ctx, k)
     whole = ScoringEngine(model, progress=False)
     ref = whole.score(pieces, ctx, pairs)
-    length = whole.plan(pieces, [(ctx, pairs)], "first_token").level_len[2]
+    length = whole.plan(pieces, [(ctx, pairs)], "first_token").schedule.level_len[2]
     assert level_rows(17) == 18 and level_rows(16) == 16
     eng = ScoringEngine(model, max_cache_tokens=17 * length, progress=False)
     allocated = []
-    real = engine_mod._empty_level
+    real = engine_mod.empty_level
 
     def record(config, rows, length, dtype, sharding=None):
         allocated.append((rows, length))
         return real(config, rows, length, dtype, sharding)
 
-    monkeypatch.setattr(engine_mod, "_empty_level", record)
+    monkeypatch.setattr(engine_mod, "empty_level", record)
     got = eng.score(pieces, ctx, pairs)
     np.testing.assert_allclose(got, ref, atol=1e-5)
-    sched = eng.plan(pieces, [(ctx, pairs)], "first_token")
+    sched = eng.plan(pieces, [(ctx, pairs)], "first_token").schedule
     planned = [sched.level_shape(ci, d) for ci, ch in enumerate(sched.trie)
                for d in range(1, ch.depth + 1)]
     assert allocated == planned and [ch.nodes(2) for ch in sched.trie] == [16, 4]

@@ -23,7 +23,11 @@ def test_counts_and_disjointness(k, i):
 
 
 def test_k8_sizes_match_field_notes():
-    assert [math.perm(8, i) * (8 - i) for i in range(1, 6)] == [56, 336, 1680, 6720, 20160]
+    """The surrogate set sizes |T_i| at k = 8 (i! C(8, i) contexts x 8 - i queries each)
+    as sc_jax counts and enumerates them."""
+    sizes = [n_contexts(8, i) * (8 - i) for i in range(1, 6)]
+    assert sizes == [56, 336, 1680, 6720, 20160]
+    assert [len(surrogate_pairs(all_contexts(8, i), 8)) for i in range(1, 4)] == sizes[:3]
 
 
 def test_unrank_is_lexicographic():

@@ -25,7 +25,8 @@ def test_score_seed_shapes_and_cache(dataset, tmp_path):
     split = split_protocol(dataset, k=4, test_size=6, seed=0)
     engine = ScoringEngine(model, progress=False)
     cache = ScoreCache(tmp_path / "cache")
-    s = score_seed(model, engine, cache, dataset, split, config, k=4)
+    s, stats = score_seed(model, engine, cache, dataset, split, config, k=4)
+    assert stats.calls > 0
     assert s.base.shape == (6, 2) and s.cc.shape == (len(CONTENT_FREE_INPUTS), 2) and s.dc.shape == (20, 2)
     assert sorted(s.surrogate) == [1, 2, 3] and sorted(s.test) == [1, 2, 3]
     lp, y, q = s.surrogate[2]
@@ -36,7 +37,8 @@ def test_score_seed_shapes_and_cache(dataset, tmp_path):
     assert cache.misses == 3 + 2 * 3 and cache.hits == 0
     # A second run (a resumed one) recomputes nothing and gives identical arrays.
     cache2 = ScoreCache(tmp_path / "cache")
-    s2 = score_seed(model, engine, cache2, dataset, split, config, k=4)
+    s2, stats2 = score_seed(model, engine, cache2, dataset, split, config, k=4)
+    assert stats2.calls == 0  # served from the cache: no engine call
     assert cache2.hits == 9 and cache2.misses == 0
     np.testing.assert_array_equal(s.base, s2.base)
     np.testing.assert_array_equal(s.test[3], s2.test[3])

@@ -61,7 +61,6 @@ from tokenizers import Tokenizer, pre_tokenizers  # noqa: E402
 
 import sc_jax  # noqa: E402
 from sc_jax.runtime import wheel_files  # noqa: E402
-from sc_jax.models import named_models as dm  # noqa: E402
 from sc_jax.models.named_models import ModelFetchError, default_gguf_path, default_model_dir  # noqa: E402
 from sc_jax.models.gguf import GGUFError, read_gguf, write_hf_dir  # noqa: E402
 from sc_jax.scoring.prompts import TEMPLATES, build_pieces  # noqa: E402

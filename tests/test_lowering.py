@@ -23,7 +23,7 @@ from jax import export
 from sc_jax.models import pallas_attention
 from sc_jax.models.config import preset
 from sc_jax.models.model import Decoder, KVCache
-from sc_jax.scoring.engine import _packed
+from sc_jax.scoring.programs import PackedInputs, packed_call
 
 B, W, C, R, LABELS = 16, 512, 2048, 1024, 8
 # The Triton kernel's custom call has no compatibility guarantee across jaxlib versions,
@@ -69,7 +69,7 @@ def _export(fn, args, kwargs, platform):
 
 @pytest.fixture(scope="module")
 def qwen2_7b_call():
-    """``_packed``'s arguments at the 7B call shape: abstract weights and inputs."""
+    """``packed_call``'s arguments at the 7B call shape: abstract weights and inputs."""
     config = preset("qwen2-7b")
     graphdef, state = nnx.split(nnx.eval_shape(lambda: Decoder(config, dtype=jnp.bfloat16,
                                                                rngs=nnx.Rngs(0))))
@@ -77,8 +77,8 @@ def qwen2_7b_call():
     a = lambda shape, dtype=jnp.int32: jax.ShapeDtypeStruct(shape, dtype)  # noqa: E731
     kv = a((L, B, C, Kh, Dh), jnp.bfloat16)
     cache = KVCache(kv, kv, a((B, C)), a((B, C), bool))
-    args = (graphdef, state, cache, a((B, C)), a((B, W)), a((B, W)), a((B, W), bool), a((B, W)),
-            a((B, W)), a((R,)), a((R,)), a((LABELS,)))
+    inputs = PackedInputs(a((B, W)), a((B, W)), a((B, W), bool), a((B, W)), a((B, W)), a((R,)), a((R,)))
+    args = (graphdef, state, cache, a((B, C)), inputs, a((LABELS,)))
     return args
 
 
@@ -90,7 +90,7 @@ def test_engine_program_has_no_data_dependent_loop_on_an_accelerator(qwen2_7b_ca
     """0 on a GPU and a TPU for each attention ("pallas" on a TPU: the static-trip
     blocked path); 2 (the blocked path's cache and packed-key loops, inside the layer
     scan) where the CPU keeps traced trip counts."""
-    exported = _export(_packed, qwen2_7b_call, dict(sequence=False, attention=attention), platform)
+    exported = _export(packed_call, qwen2_7b_call, dict(sequence=False, attention=attention), platform)
     mlir = exported.mlir_module()
     assert mlir.count("stablehlo.while") >= 1  # the layer scan, at least: the count looked
     assert data_dependent_whiles(mlir) == loops

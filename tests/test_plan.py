@@ -30,15 +30,17 @@ from tokenizers import models, pre_tokenizers
 import sc_jax
 from sc_jax import cli
 from sc_jax.models import loading, sources, vocabulary
-from sc_jax.experiment import costs, plan
+from sc_jax.experiment import plan
+from sc_jax.scoring import costs, xla_costs
 from sc_jax.models.config import ModelConfig, preset, preset_hf_config
 from sc_jax.scoring.enumeration import all_contexts, surrogate_pairs
 from sc_jax.experiment.config import RunConfig
-from sc_jax.scoring.schedule import MemoryPolicy, PlanError, weight_bytes
+from sc_jax.scoring.memory import MemoryPolicy, PlanError, weight_bytes
 from sc_jax.models.sources import load_config_and_tokenizer
 from sc_jax.models.named_models import MODELS, ModelFetchError, cache_root, tokenizer_file
 from sc_jax.scoring.prompts import TEMPLATES, Template, build_pieces
-from sc_jax.scoring.engine import COMPILES, ScoringEngine
+from sc_jax.scoring.engine import ScoringEngine
+from sc_jax.scoring.programs import COMPILES
 from sc_jax.models.tokenizer import ByteTokenizer, Tokenizer
 
 from hf_models import write_numpy_checkpoint, write_tokenizer
@@ -81,33 +83,33 @@ def test_schedule_is_the_engines():
         jobs[f"surrogate{i}"] = (ctx, surrogate_pairs(ctx, k))
     tokens, cache = 512, 1000
     eng = ScoringEngine(model, max_tokens_per_batch=tokens, max_cache_tokens=cache, progress=False)
-    eng.score_jobs(pieces, jobs, "first_token")
+    result = eng.score_jobs(pieces, jobs, "first_token")
     policy = MemoryPolicy(GIB, enforced=False, platform="cpu", max_tokens_per_batch=tokens,
                           max_cache_tokens=cache)
     p = policy.plan(model.config, model.dtype, pieces, list(jobs.values()), "first_token")
     r = costs.replay(p.schedule, model.config)
-    st = eng.stats
+    st = result.stats
     assert (r["calls"], r["unique_tokens"], r["executed_tokens"], r["programs"]) == \
         (st.calls, st.tokens, st.padded_tokens, st.programs)
     assert p.schedule.shape == st.shape and r["executed_tokens"] == st.calls * st.shape.B * st.shape.W
-    assert len(p.schedule.chunks) > 1 and st.programs == 1 and len(r["stages"]) == k + 1
+    assert len(p.schedule.chunks) > 1 and st.programs == 1 and len(r["depths"]) == k + 1
     # Stages add up; depth 1 holds segments only, the last stage (after the full
     # context) query rows only.
     for key in ("calls", "unique_tokens", "executed_tokens", "padding_tokens"):
-        assert sum(s[key] for s in r["stages"].values()) == r[key]
-    assert r["stages"]["d=1"]["query_tokens"] == 0 and r["stages"][f"d={k + 1}"]["segment_tokens"] == 0
+        assert sum(s[key] for s in r["depths"].values()) == r[key]
+    assert r["depths"]["d=1"]["query_tokens"] == 0 and r["depths"][f"d={k + 1}"]["segment_tokens"] == 0
 
 
 @pytest.mark.parametrize("platform", ["cpu", "default"])
 def test_cost_model_counts_the_keys_the_device_scores(platform):
     """The plan's count of keys the block-sparse attention scores per call
-    (sc_jax.scoring.packing.call_trips, on the host) is the device's (the loop trips that
+    (sc_jax.scoring.costs.call_trips, on the host) is the device's (the loop trips that
     sc_jax.models.attention.block_ranges finds in the call's arrays), call by call; it is
     below the dense path's C + W; and the plan's attention and dense parts add up."""
     import jax.numpy as jnp
 
     from sc_jax.models.attention import BLOCKS, packed_masks
-    from sc_jax.scoring.packing import call_trips
+    from sc_jax.scoring.costs import call_trips
     from sc_jax.scoring.engine import _Tokens, call_arrays
 
     model = sc_jax.load_model("random:tiny-llama", seed=1)
@@ -126,7 +128,7 @@ def test_cost_model_counts_the_keys_the_device_scores(platform):
         a = call_arrays(tok, sh, st, r0)
         slot_of_key = np.full(sh.cache, -1)
         slot_of_key[:st.m * st.S] = np.repeat(np.arange(st.m), st.S)
-        masks = packed_masks(*(jnp.asarray(a[n]) for n in ("positions", "valid", "segment", "slot")),
+        masks = packed_masks(*(jnp.asarray(getattr(a.inputs, n)) for n in ("positions", "valid", "segment", "slot")),
                              jnp.zeros((sh.B, sh.cache), jnp.int32), jnp.ones((sh.B, sh.cache), bool),
                              jnp.asarray(np.broadcast_to(slot_of_key, (sh.B, sh.cache)), jnp.int32),
                              windows=False, implementation="blocked", platform=platform)
@@ -156,7 +158,7 @@ def test_readout_cost_at_gemma_3s_262k_vocabulary():
 
     import jax.numpy as jnp
 
-    from sc_jax.scoring.schedule import kv_bytes_per_token, packed_temp_bytes
+    from sc_jax.scoring.memory import kv_bytes_per_token, packed_temp_bytes
 
     cfg = preset("gemma-3-12b")
     L, H, K, D, V = cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.hidden_size, cfg.vocab_size
@@ -248,16 +250,16 @@ def test_cli_plan_writes_json(data_dir, tmp_path, capsys):
     # Every stage's tokens and calls add up to the setting's; one model program, whose
     # cached keys hold every stage's slots.
     for key in ("unique_tokens", "executed_tokens", "padding_tokens", "calls"):
-        assert sum(st[key] for st in s["stages"].values()) == s[key], key
+        assert sum(st[key] for st in s["depths"].values()) == s[key], key
     assert s["programs"] == 1 and s["xla_program"]["cache"] == s["shape"]["cache"]
-    assert all(st["m"] * st["S"] <= s["shape"]["cache"] for st in s["stages"].values())
+    assert all(st["m"] * st["S"] <= s["shape"]["cache"] for st in s["depths"].values())
     assert sum(s["job_pairs"].values()) == s["pairs"] and "surrogate1" in s["job_pairs"]
     assert p["budget_bytes"] == 2 * GIB and p["seeds"] == 2 and p["programs"] == s["programs"]
     out = capsys.readouterr().out
     for column in ("| unique tokens | executed tokens | padding tokens | executed/unique |",
                    "| calls | call shape B x W | programs | compile s (cpu) |", "| forward s per seed |"):
         assert column in out
-    assert "\ntokenizer: byte stand-in" in out and "padding (executed - unique tokens) by stage" in out
+    assert "\ntokenizer: byte stand-in" in out and "padding (executed - unique tokens) by depth" in out
     assert "calls and memory per device" in out and " cached keys per row, R " in out
     assert "model program(s) to compile once per machine" in out
     assert "distinct model programs over the run" in out and "not included in the forward time" in out
@@ -419,13 +421,13 @@ def test_compile_seconds_of_the_one_model_program():
 
     sh = schedule(texts[:6], ("neg", "pos")).shape
     measured = {}
-    c = costs.compile_seconds(cfg, np.float32, sh, measured=measured, mode="first_token")
+    c = xla_costs.compile_seconds(cfg, np.float32, sh, measured=measured, mode="first_token")
     assert c["programs"] == len(measured) == 1 and c["compile_seconds"] > 0
     other = schedule(texts[4:], ("bad", "good", "so-so"))
     assert other.programs == {sh.program}
-    again = costs.compile_seconds(cfg, np.float32, other.shape, measured=measured, mode="first_token")
+    again = xla_costs.compile_seconds(cfg, np.float32, other.shape, measured=measured, mode="first_token")
     assert again["programs"] == 0 and len(measured) == 1
-    seq = costs.compile_seconds(cfg, np.float32, sh, measured=measured, mode="sequence")
+    seq = xla_costs.compile_seconds(cfg, np.float32, sh, measured=measured, mode="sequence")
     assert seq["programs"] == 1 and len(measured) == 2
 
 

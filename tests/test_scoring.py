@@ -9,7 +9,9 @@ import sc_jax
 from sc_jax.scoring.enumeration import all_contexts, sample_contexts, surrogate_pairs
 from sc_jax.scoring.prompts import Template, build_pieces
 from sc_jax.calibration.objective import log_odds
-from sc_jax.scoring.engine import COMPILES, ScoringEngine, score_flat, score_plain
+from sc_jax.scoring.engine import ScoringEngine
+from sc_jax.scoring.programs import COMPILES
+from sc_jax.scoring.reference import score_flat, score_plain
 from sc_jax.runtime.sharding import make_mesh
 
 TOL = 1e-4
@@ -40,6 +42,12 @@ def setup(model):
 def _subsample(pairs, n, seed=0):
     rng = np.random.default_rng(seed)
     return pairs[np.sort(rng.choice(len(pairs), size=min(n, len(pairs)), replace=False))]
+
+
+def _scored(eng, pieces, ctx, pairs):
+    """One job through ``eng``: its scores ``[N, n]`` and the call's stats."""
+    result = eng.score_jobs(pieces, {"job": (ctx, pairs)})
+    return result.scores["job"], result.stats
 
 
 @pytest.mark.parametrize("mode", ["first_token", "sequence"])
@@ -82,16 +90,17 @@ def test_attention_paths_agree_and_cudnn_falls_back(model, setup):
     pairs = surrogate_pairs(ctx, k)
     dense = ScoringEngine(model, attention="dense", progress=False)
     blocked = ScoringEngine(model, attention="blocked", progress=False)
-    a, b = dense.score(pieces, ctx, pairs), blocked.score(pieces, ctx, pairs)
-    assert (dense.stats.attention, blocked.stats.attention) == ("dense", "blocked")
+    (a, dense_st), (b, blocked_st) = _scored(dense, pieces, ctx, pairs), _scored(blocked, pieces, ctx, pairs)
+    assert (dense_st.attention, blocked_st.attention) == ("dense", "blocked")
     assert np.abs(a - b).max() <= 1e-5
     pallas = ScoringEngine(model, attention="pallas", progress=False)  # interpreted on a CPU
-    assert np.abs(pallas.score(pieces, ctx, pairs) - b).max() <= 1e-5
-    assert pallas.stats.attention == "pallas"  # not a silent fallback
+    p, pallas_st = _scored(pallas, pieces, ctx, pairs)
+    assert np.abs(p - b).max() <= 1e-5
+    assert pallas_st.attention == "pallas"  # not a silent fallback
     cudnn = ScoringEngine(model, attention="cudnn", progress=False)
     with pytest.warns(RuntimeWarning, match="'cudnn' does not compile or run here"):
-        c = cudnn.score(pieces, ctx, pairs)
-    assert cudnn.stats.attention == "blocked" and np.abs(c - b).max() <= 1e-5
+        c, cudnn_st = _scored(cudnn, pieces, ctx, pairs)
+    assert cudnn_st.attention == "blocked" and np.abs(c - b).max() <= 1e-5
     with pytest.raises(ValueError, match="attention must be"):
         ScoringEngine(model, attention="flash")
 
@@ -119,25 +128,24 @@ def test_test_time_contexts_all_queries(model, setup):
     tests = np.arange(k, len(pieces.queries))
     pairs = np.array([(c, q) for c in range(len(ctx)) for q in tests])
     eng = ScoringEngine(model, progress=False)
-    got = eng.score(pieces, ctx, pairs)
+    got, st = _scored(eng, pieces, ctx, pairs)
     plain = score_plain(model, pieces, ctx, pairs)
     assert np.abs(got - plain).max() <= TOL
     # Each sub-context is computed once: 4 leaves + their distinct first demos.
-    assert eng.stats.nodes == 4 + len(set(ctx[:, 0]))
+    assert st.nodes == 4 + len(set(ctx[:, 0]))
 
 
 def _packed_shape(monkeypatch, W, keys):
     """Force the engine's call shape: rows of ``W`` tokens after ``keys`` cached keys
     (at least the deepest level's length)."""
-    from sc_jax.scoring import packing
-    from sc_jax.scoring import schedule
+    from sc_jax.scoring import memory, packing
 
     def shape(*, longest, deepest, mode, n_labels, max_tokens, n_devices=1, platform="default",
               fits=None):
         return packing.PackShape(max(1, max_tokens // W), W, max(keys, packing.pow2_at_least(deepest)),
                                  labels=0 if mode == "sequence" else 8)
 
-    monkeypatch.setattr(schedule, "call_shape", shape)
+    monkeypatch.setattr(memory, "call_shape", shape)
 
 
 @pytest.mark.parametrize("W,keys", [(128, 1024), (256, 1)])
@@ -158,7 +166,8 @@ def test_several_jobs_in_one_call(model, setup, monkeypatch, W, keys):
     jobs["test2"] = (tctx, np.array([(c, q) for c in range(3) for q in tests]))
     order = []
     eng = ScoringEngine(model, max_tokens_per_batch=4 * W, progress=False)
-    got = eng.score_jobs(pieces, jobs, on_done=lambda tag, arr: order.append(tag))
+    result = eng.score_jobs(pieces, jobs, on_done=lambda tag, arr: order.append(tag))
+    got, st = result.scores, result.stats
     assert set(got) == set(jobs) and sorted(order) == sorted(jobs)
     assert order.index("surrogate1") < order.index("surrogate3") < order.index("base")
     for tag, (ctx, pairs) in jobs.items():
@@ -167,10 +176,11 @@ def test_several_jobs_in_one_call(model, setup, monkeypatch, W, keys):
         idx = [int(np.flatnonzero((pairs == p).all(1))[0]) for p in sub]
         assert np.abs(got[tag][idx] - plain).max() <= TOL, tag
     # The trie is shared: surrogate1's 5 contexts are the depth-1 nodes of all.
-    assert eng.stats.nodes == 5 + 20 + 60 + 2  # base's depths 4 and 5 are its own
-    assert eng.stats.shape.W == W and eng.stats.shape.cache >= keys
-    assert eng.stats.programs == 1 and eng.stats.model_compiled <= 1
-    assert eng.stats.padded_tokens == eng.stats.calls * eng.stats.shape.B * W
+    assert st.nodes == 5 + 20 + 60 + 2  # base's depths 4 and 5 are its own
+    assert st.shape.W == W and st.shape.cache >= keys
+    assert st.programs == 1 and st.model_compiled <= 1
+    assert st.padded_tokens == st.calls * st.shape.B * W
+    assert result.plan.schedule.shape == st.shape
 
 
 def test_prefix_sharing_saves_tokens(model, setup):
@@ -178,14 +188,14 @@ def test_prefix_sharing_saves_tokens(model, setup):
     ctx = all_contexts(k, 3)
     pairs = surrogate_pairs(ctx, k)
     eng = ScoringEngine(model, progress=False)
-    eng.score(pieces, ctx, pairs)
-    from sc_jax.scoring.engine import EngineStats
+    _, st = _scored(eng, pieces, ctx, pairs)
+    from sc_jax.scoring.results import EngineStats
 
     flat = EngineStats()
     score_flat(model, pieces, ctx, pairs, stats=flat)
     # Trie nodes: 5 + 20 + 60 = 85 (each computed once) vs 60 * 2 full contexts.
-    assert eng.stats.nodes == 5 + 20 + 60
-    assert eng.stats.tokens < 0.6 * flat.tokens
+    assert st.nodes == 5 + 20 + 60
+    assert st.tokens < 0.6 * flat.tokens
 
 
 def test_one_model_program_for_every_seed_and_dataset(model, setup):
@@ -199,8 +209,7 @@ def test_one_model_program_for_every_seed_and_dataset(model, setup):
     pairs = surrogate_pairs(ctx, k)
     eng = ScoringEngine(model, max_tokens_per_batch=1024, progress=False)
     packed = COMPILES["packed"]
-    eng.score(pieces, ctx, pairs)
-    st = eng.stats
+    _, st = _scored(eng, pieces, ctx, pairs)
     assert COMPILES["packed"] - packed <= st.programs == 1
     parts = st.plan_s + st.compile_s + st.forward_s + st.host_s
     assert st.forward_s > 0 and abs(parts - st.seconds) <= 0.05 * st.seconds + 0.01
@@ -211,9 +220,9 @@ def test_one_model_program_for_every_seed_and_dataset(model, setup):
                            list(zip(texts[:k], rng.integers(0, 4, k).tolist())), texts)
     ctx2 = all_contexts(k, 2)
     eng2 = ScoringEngine(model, max_tokens_per_batch=1024, progress=False)
-    got = eng2.score(pieces2, ctx2, surrogate_pairs(ctx2, k))
+    got, st2 = _scored(eng2, pieces2, ctx2, surrogate_pairs(ctx2, k))
     assert got.shape[1] == 4 and COMPILES["packed"] == packed
-    assert eng2.stats.shape.program == st.shape.program and eng2.stats.model_compiled == 0
+    assert st2.shape.program == st.shape.program and st2.model_compiled == 0
 
 
 def test_log_odds():
@@ -377,6 +386,6 @@ def test_later_families_engine_equals_plain(preset):
     rows = [lookup[(int(c), int(q))] for c, q in sub]
     for attention in ("dense", "blocked", "pallas"):
         eng = ScoringEngine(model, attention=attention, progress=False)
-        got = eng.score(pieces, ctx, pairs)
-        assert eng.stats.attention == attention
+        got, st = _scored(eng, pieces, ctx, pairs)
+        assert st.attention == attention
         assert np.abs(got[rows] - plain).max() <= TOL, attention

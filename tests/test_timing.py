@@ -12,8 +12,8 @@ from sc_jax import cli
 from sc_jax.cli import parser
 from sc_jax.experiment.config import RunConfig, run_policy
 from sc_jax.experiment.run import run_experiment
-from sc_jax.scoring.schedule import MemoryPolicy
-from sc_jax.scoring.engine import COMPILES
+from sc_jax.scoring.memory import MemoryPolicy
+from sc_jax.scoring.programs import COMPILES
 from sc_jax.runtime.timing import CompileMeter, Parts
 
 

@@ -128,7 +128,7 @@ def demo_command(args) -> int:
 
     # Every prompt in one engine call: one trie, one compiled program.
     jobs, ms = _demo_jobs(k, len(tests), len(queries) - k - len(tests), args.seed)
-    scores = engine.score_jobs(pieces, jobs)
+    scores = engine.score_jobs(pieces, jobs).scores
     p, cc, dc = np.split(np.exp(scores["full"].astype(np.float64)),
                          [len(tests), len(tests) + len(CONTENT_FREE_INPUTS)])
     probs = {"base": baselines.base(p), "cc": baselines.contextual_calibration(p, cc),

@@ -15,7 +15,7 @@ from sc_jax import __version__
 from sc_jax.calibration.calibrators import GUARDS
 from sc_jax.cli import commands
 from sc_jax.experiment.config import METHODS
-from sc_jax.experiment.costs import ACCELERATOR_PEAK_FLOPS
+from sc_jax.runtime.devices import ACCELERATOR_PEAK_FLOPS
 from sc_jax.experiment.splits import DEFAULT_TEST_SEED
 from sc_jax.models import attention as attn
 from sc_jax.runtime.sharding import parse_mesh

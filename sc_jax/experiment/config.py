@@ -12,7 +12,7 @@ from typing import Any
 
 from sc_jax.calibration.calibrators import GUARDS
 from sc_jax.experiment.splits import DEFAULT_TEST_SEED
-from sc_jax.scoring.schedule import MemoryPolicy
+from sc_jax.scoring.memory import MemoryPolicy
 
 # bc_reference: BC as the reference code computes it (sc_jax.calibration.baselines
 # .batch_calibration_reference), reported beside the paper's BC ("bc"), which stays the
@@ -172,7 +172,7 @@ class RunConfig:
 
 def run_policy(config: RunConfig, *, n_devices: int | None = None,
                model_shards: int | None = None, agree: bool = True) -> MemoryPolicy:
-    """The run's memory policy (:class:`sc_jax.scoring.schedule.MemoryPolicy`): its
+    """The run's memory policy (:class:`sc_jax.scoring.memory.MemoryPolicy`): its
     ``device_memory`` (else the device's figure, else the host's, not enforced), its
     mesh (``n_devices`` / ``model_shards``: the loaded model's, where known) and its
     ``max_tokens_per_batch``. The engine, the up-front check and ``sc-jax plan`` all

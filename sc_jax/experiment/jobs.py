@@ -24,6 +24,7 @@ from sc_jax.experiment.task_loading import load_task
 from sc_jax.scoring.cache import score_key
 from sc_jax.scoring.enumeration import default_m, sample_contexts, surrogate_contexts, surrogate_pairs
 from sc_jax.scoring.prompts import build_pieces
+from sc_jax.scoring.results import EngineStats
 
 log = logging.getLogger(__name__)
 
@@ -118,8 +119,9 @@ def job_name(tag: str) -> str:
 
 
 def score_seed(model, engine, cache, dataset, split, config: RunConfig, k: int, *,
-               label: str | None = None) -> SeedScores:
-    """Every LLM score one (dataset, k, seed) needs, from the cache where present.
+               label: str | None = None) -> tuple[SeedScores, EngineStats]:
+    """Every LLM score one (dataset, k, seed) needs, from the cache where present,
+    and what its engine call did (empty stats where the cache served every job).
     With a ``label`` (e.g. ``"[sst2 k=4 seed=0]"``) each job logs one line: its
     prompts, and whether they came from the cache or how long scoring took."""
     sj = seed_jobs(model.tokenizer, dataset, split, config, k)
@@ -147,7 +149,9 @@ def score_seed(model, engine, cache, dataset, split, config: RunConfig, k: int, 
                 log.info("%s %s: %d prompts, scored (%.1f s into the seed's scoring)", label,
                          job_name(tag), len(sj.jobs[tag][1]), time.perf_counter() - t)
 
-        engine.score_jobs(pieces, missing, config.mode, on_done=done)
+        stats = engine.score_jobs(pieces, missing, config.mode, on_done=done).stats
+    else:
+        stats = EngineStats()  # served from the cache: no engine call
 
     def scored(tag):
         return got[tag]
@@ -170,4 +174,4 @@ def score_seed(model, engine, cache, dataset, split, config: RunConfig, k: int, 
         pairs = sj.jobs[f"surrogate{i}"][1]
         surrogate[i] = (scored(f"surrogate{i}"), labels[pairs[:, 1]], pairs[:, 1].copy())
         test[i] = scored(f"test{i}").reshape(sj.m[i], sj.n_test, -1)
-    return SeedScores(base, cc, dc, surrogate, test, np.asarray(split.test_labels(dataset)))
+    return SeedScores(base, cc, dc, surrogate, test, np.asarray(split.test_labels(dataset))), stats

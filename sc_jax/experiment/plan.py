@@ -5,11 +5,12 @@ needs, with no weights read and nothing scored.
 (:func:`sc_jax.experiment.jobs.seed_jobs`) and plans them together, as ONE engine call
 (:meth:`sc_jax.scoring.engine.ScoringEngine.score_jobs`) scores them: one prefix trie over
 every job of the seed, packed into calls of one shape by the run's memory policy
-(:meth:`sc_jax.scoring.schedule.MemoryPolicy.plan`, the engine's own).
-:mod:`sc_jax.experiment.costs` counts what those calls cost: tokens and FLOPs call by
-call (:func:`~sc_jax.experiment.costs.replay`), XLA's memory and compile time of the
-model program lowered with abstract shapes (nothing is allocated, no weights are
-read), and the device's peaks.
+(:meth:`sc_jax.scoring.memory.MemoryPolicy.plan`, the engine's own).
+:mod:`sc_jax.scoring.costs` counts what those calls cost: tokens and FLOPs call by
+call (:func:`~sc_jax.scoring.costs.replay`); :mod:`sc_jax.scoring.xla_costs` gives
+XLA's memory and compile time of the model program lowered with abstract shapes
+(nothing is allocated, no weights are read); :mod:`sc_jax.runtime.devices` the
+device's peaks.
 
 The random presets tokenize with a byte-level stand-in unless a real vocabulary of
 theirs is available (:data:`sc_jax.models.vocabulary.PRESET_TOKENIZERS`); ``random:PATH``
@@ -17,9 +18,9 @@ and every checkpoint with their own tokenizer.json. The plan says which tokenize
 which file, its size against the embedding's rows, and for the stand-in measures how
 many more tokens it makes than the Qwen2 vocabulary on the same prompts.
 
-The memory model itself (:func:`~sc_jax.scoring.schedule.plan_schedule`,
-:class:`~sc_jax.scoring.schedule.PlanError` and the rest) lives in
-:mod:`sc_jax.scoring.schedule`, below the engine.
+The memory model itself (:func:`~sc_jax.scoring.memory.plan_schedule`,
+:class:`~sc_jax.scoring.memory.PlanError` and the rest) lives in
+:mod:`sc_jax.scoring.memory`, below the engine.
 """
 
 from __future__ import annotations
@@ -35,16 +36,6 @@ import jax
 import jax.numpy as jnp
 
 from sc_jax.experiment.config import run_policy
-from sc_jax.experiment.costs import (
-    compile_seconds,
-    device_bandwidth,
-    device_peak_flops,
-    flat_tokens,
-    measured_attention,
-    non_embedding_params,
-    replay,
-    xla_peak_bytes,
-)
 from sc_jax.experiment.jobs import draw_split, load_datasets, seed_jobs
 from sc_jax.experiment.preflight import check_run
 from sc_jax.models import attention as attn
@@ -52,10 +43,13 @@ from sc_jax.models.loading import DTYPES
 from sc_jax.models.sources import load_model_parts
 from sc_jax.models.named_models import tokenizer_file
 from sc_jax.models.tokenizer import ByteTokenizer, Tokenizer
+from sc_jax.runtime.devices import device_bandwidth, device_peak_flops
 from sc_jax.runtime.wheel_files import WheelFileError
 from sc_jax.runtime.sharding import make_mesh
-from sc_jax.scoring.packing import PackShape, Roofline
-from sc_jax.scoring.schedule import MemoryPolicy, kv_bytes_per_token, level_peak_tokens, weight_bytes
+from sc_jax.scoring.costs import Roofline, flat_tokens, measured_attention, non_embedding_params, replay
+from sc_jax.scoring.memory import MemoryPolicy, kv_bytes_per_token, level_peak_tokens, weight_bytes
+from sc_jax.scoring.packing import PackShape
+from sc_jax.scoring.xla_costs import compile_seconds, xla_peak_bytes
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +101,7 @@ def _plan_setting(pl: _Planner, name: str, ds, k: int) -> dict[str, Any]:
         "max_tokens_per_batch": b.max_tokens_per_batch, "max_cache_tokens": b.max_cache_tokens,
         "level_peak_tokens": level_peak_tokens(sched), "peak_bytes": b.peak_bytes,
         "weight_bytes": b.weight_bytes, "cache_bytes": b.cache_bytes, "temp_bytes": b.temp_bytes,
-        "stages": r["stages"]}
+        "depths": r["depths"]}
     if pl.progress:
         log.info("  %s k=%d: %d jobs, %d pairs, %d calls of %d x %d tokens (%d cached keys per row), "
                  "%d programs", name, k, len(jobs), setting["pairs"], r["calls"], sh.B, sh.W, sh.cache,
@@ -154,15 +148,15 @@ def plan_run(run_config, *, peak_flops: float | None = None, mfu: float = 0.4, x
     """A dry run of ``sc-jax run``: what one seed of every (dataset, k) would score,
     with no weights read and nothing scored. Every job of the seed (base, cc, dc,
     surrogate and test-time sizes) is planned together, as one engine call scores
-    them (:meth:`sc_jax.scoring.schedule.MemoryPolicy.plan`). Returns a JSON-able dict with, per (dataset, k):
+    them (:meth:`sc_jax.scoring.memory.MemoryPolicy.plan`). Returns a JSON-able dict with, per (dataset, k):
     ``pairs`` (``job_pairs``: per job tag), ``unique_tokens`` (what the trie
     computes), ``executed_tokens`` (calls x B x W, what the device runs),
     ``padding_tokens`` (their difference), ``flat_tokens`` (full prompts), FLOPs,
     ``calls``, ``chunks``, the call ``shape``
     (B, W, cache, R, C, labels), the distinct model ``programs`` (one), the planned
     ``peak_bytes`` and its parts (``weight_bytes``, ``cache_bytes`` for the resident
-    trie levels, ``temp_bytes`` for one call), per stage (:func:`stage_name`: trie
-    depth) the same token counts (:func:`replay`), and:
+    trie levels, ``temp_bytes`` for one call), per depth (``depths``, by
+    :func:`sc_jax.scoring.costs.depth_name`) the same token counts (:func:`replay`), and:
 
     * ``xla=True``: XLA's ``xla_peak_bytes`` for the model program and the plan's
       figure for it (``planned_peak_of_that_call``);
@@ -171,12 +165,12 @@ def plan_run(run_config, *, peak_flops: float | None = None, mfu: float = 0.4, x
       a CPU's figure, not a GPU's); a figure of its own, never added to the forward time;
     * ``forward_seconds_per_seed`` = ``dense_seconds_per_seed`` +
       ``attention_seconds_per_seed``: each part of every call on a roofline
-      (:class:`sc_jax.scoring.packing.Roofline`), FLOPs at ``mfu`` of ``peak_flops`` per device
+      (:class:`sc_jax.scoring.costs.Roofline`), FLOPs at ``mfu`` of ``peak_flops`` per device
       (None: :func:`device_peak_flops`; ``peak_source`` says where it comes from), bytes
       at ``bandwidth`` (None: :func:`device_bandwidth`; ``bandwidth_source``), the
       attention that of the engine on that device (``attention``; "auto":
       :func:`sc_jax.models.attention.choose`), its scored keys and memory traffic counted per
-      call (:class:`sc_jax.scoring.packing.CostModel`);
+      call (:class:`sc_jax.scoring.costs.CostModel`);
     * ``tokenizer`` ("byte stand-in", "real (NAME's tokenizer.json)" for a preset
       sharing a named model's vocabulary, "the model's own"), ``tokenizer_file``,
       ``tokenizer_tokens`` against ``embedding_rows``, ``tokenizer_note`` (why a preset
@@ -379,13 +373,13 @@ def _setting_line(s: dict[str, Any]) -> str:
 
 
 def _padding_lines(done: list[dict]) -> list[str]:
-    """Per setting, the three stages with the most padding: their share of the
+    """Per setting, the three depths with the most padding: their share of the
     setting's padding, calls, and how much of it is in the unused ends of rows (the
-    rest: the empty rows of each stage's last call)."""
+    rest: the empty rows of each depth's last call)."""
     lines = []
     for s in done:
         W = s["shape"]["W"]
-        top = sorted(s["stages"].items(), key=lambda kv: -kv[1]["padding_tokens"])[:3]
+        top = sorted(s["depths"].items(), key=lambda kv: -kv[1]["padding_tokens"])[:3]
         parts = [f"{name} {st['padding_tokens']:,} ({st['padding_tokens'] / max(s['padding_tokens'], 1):.0%}; "
                  f"{st['calls']} calls, {(st['rows'] * W - st['unique_tokens']) / max(st['padding_tokens'], 1):.0%}"
                  " in row ends)" for name, st in top]
@@ -404,11 +398,11 @@ def _memory_lines(done: list[dict]) -> list[str]:
             xla = (f"; XLA {s['xla_peak_bytes'] / gib:.2f} GiB for the model program "
                    f"({s.get('xla_attention', 'dense')} attention) "
                    f"(planned {s['planned_peak_of_that_call'] / gib:.2f})")
-        slots = ", ".join(f"{name} {st['m']} x {st['S']}" for name, st in s["stages"].items())
+        slots = ", ".join(f"{name} {st['m']} x {st['S']}" for name, st in s["depths"].items())
         lines.append(
             f"- {s['dataset']} k={s['k']}: {s['calls']:,} calls of B {sh['B']} rows x W {sh['W']} "
             f"tokens after {sh['cache']} cached keys per row, R {sh['R']} readouts; "
-            f"{s['chunks']} chunk(s); cache slots per row by stage (m x S tokens): {slots}; peak "
+            f"{s['chunks']} chunk(s); cache slots per row by depth (m x S tokens): {slots}; peak "
             f"{s['peak_bytes'] / gib:.2f} GiB = weights {s['weight_bytes'] / gib:.2f} + KV levels "
             f"{s['cache_bytes'] / gib:.2f} ({s['level_peak_tokens']:,} tokens) + one call "
             f"{s['temp_bytes'] / gib:.2f}{xla}")
@@ -453,7 +447,7 @@ def plan_table(plan: dict[str, Any]) -> str:
     done = [s for s in plan["settings"] if not s.get("skipped")]
     if done:
         lines += ["", "calls and memory per device (all jobs of a seed in one schedule):"] + _memory_lines(done)
-        lines += ["", ("padding (executed - unique tokens) by stage (d: segments making depth-d trie "
+        lines += ["", ("padding (executed - unique tokens) by depth (d: segments making depth-d trie "
                        "nodes and query rows after d - 1 demonstrations), the largest three:")]
         lines += _padding_lines(done)
         w = max(done, key=lambda s: s["longest_prompt"])

@@ -16,8 +16,8 @@ from sc_jax.calibration.baselines import CONTENT_FREE_INPUTS
 from sc_jax.experiment.config import RunConfig, run_policy
 from sc_jax.experiment.jobs import SeedJobs, draw_split, job_name, seed_jobs
 from sc_jax.models import loading
-from sc_jax.scoring.engine import check_mode
-from sc_jax.scoring.schedule import MemoryPolicy, PlanError, weights_fit
+from sc_jax.scoring.reference import check_mode
+from sc_jax.scoring.memory import MemoryPolicy, PlanError, weights_fit
 
 log = logging.getLogger(__name__)
 

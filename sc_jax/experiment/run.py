@@ -62,8 +62,9 @@ from sc_jax.runtime.runlock import run_lock
 from sc_jax.runtime.sharding import MODEL, axis_size, make_mesh, mesh_size
 from sc_jax.runtime.timing import CompileMeter, Parts
 from sc_jax.scoring.cache import ScoreCache
-from sc_jax.scoring.engine import EngineStats, ScoringEngine
-from sc_jax.scoring.schedule import MemoryPolicy
+from sc_jax.scoring.engine import ScoringEngine
+from sc_jax.scoring.memory import MemoryPolicy
+from sc_jax.scoring.results import EngineStats
 
 log = logging.getLogger(__name__)
 
@@ -150,15 +151,14 @@ def _score_seeds(model, engine, cache, ds, name: str, k: int, config: RunConfig,
             log.info("%s scoring (seed %d of %d)", label, config.seeds.index(seed) + 1,
                      len(config.seeds))
         t = time.perf_counter()
-        engine.stats = EngineStats()  # a seed served from the cache runs no engine call
         split = drawn[seed] = draw_split(ds, config, k, seed)
         splits.append(_split_record(name, k, seed, split))
-        scores[seed] = score_seed(model, engine, cache, ds, split, config, k,
-                                  label=label if progress else None)
+        scores[seed], stats = score_seed(model, engine, cache, ds, split, config, k,
+                                         label=label if progress else None)
         if is_writer():
             save_scores(scores_path(out, name, k, seed), scores[seed],
                         config_tag(json.loads(json.dumps(config.to_json()))))
-        timings.append(_seed_timing(name, k, seed, time.perf_counter() - t, engine.stats))
+        timings.append(_seed_timing(name, k, seed, time.perf_counter() - t, stats))
         if progress:
             log.info("%s %s", label, _seed_line(timings[-1]))
     return scores, splits, drawn, timings

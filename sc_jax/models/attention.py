@@ -3,7 +3,7 @@ of its own slot and the new keys of its own segment, nothing else.
 
 A packed call (:class:`sc_jax.models.model.Packing`) has ``B`` rows of ``W`` new tokens, each
 row after ``C`` cached keys: the row's ``m`` slots of ``S`` keys side by side, padded
-(``C`` is fixed for a run; ``m`` and ``S`` change with the stage). A token of slot ``j``
+(``C`` is fixed for a run; ``m`` and ``S`` change with the trie depth). A token of slot ``j``
 may see ``S`` of the ``C`` cached keys and the earlier tokens of its own item, so the
 attention of a row over all ``C + W`` keys computes ``m`` times too many scores over
 the cache and most of the ``W`` packed ones (85-90% masked on a 7B plan). Four
@@ -18,7 +18,7 @@ implementations, one answer (to float rounding), chosen on the device by timing 
   recurrence): the queries in blocks of ``bq`` tokens, the keys in blocks; each query
   block scores only the key blocks that hold its slots' cached keys and its items'
   earlier tokens (:func:`block_ranges`). On a CPU the loops run to the call's largest
-  such range, a traced number, so one program serves every stage. On an accelerator
+  such range, a traced number, so one program serves every depth. On an accelerator
   they run over every key block, the masks doing the skipping: a traced trip count
   there would have the host read each iteration's predicate back from the device
   (XLA's GPU while loop), hundreds of round trips per call. Scores never exceed one

@@ -2,7 +2,8 @@
 :mod:`~sc_jax.runtime.launch`), device meshes and the logical-axis rules
 (:mod:`~sc_jax.runtime.sharding`), files fetched from PyPI
 (:mod:`~sc_jax.runtime.wheel_files`), an output directory's lock
-(:mod:`~sc_jax.runtime.runlock`) and compile/run clocks (:mod:`~sc_jax.runtime.timing`).
+(:mod:`~sc_jax.runtime.runlock`), compile/run clocks (:mod:`~sc_jax.runtime.timing`) and
+the devices' peak FLOP/s and memory bandwidth (:mod:`~sc_jax.runtime.devices`).
 
 Nothing here knows about models, prompts or calibration; every other package may
 import from here.

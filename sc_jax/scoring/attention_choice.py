@@ -14,7 +14,7 @@ is the block-sparse path without timing (measured the faster there:
 ``benchmarks/RESULTS.md``).
 
 The layer's input is a packed call of the shape's ``B`` rows (per device), ``W`` new
-tokens and ``cache`` cached keys, laid out as the engine lays out a middle stage of
+tokens and ``cache`` cached keys, laid out as the engine lays out a middle depth of
 the trie: four slots of ``cache / 4`` keys per row, each partly filled, and items of
 about ``W / 8`` tokens packed end to end after them, each continuing one slot.
 """

@@ -1,356 +1,308 @@
-"""The scoring engine's memory model and budgets, on the host with NumPy (no model,
-nothing on a device): what :class:`sc_jax.scoring.engine.ScoringEngine` needs on a device
-for given inputs. The engine plans every call with :func:`plan_schedule` (the packed
-schedule of :mod:`sc_jax.scoring.packing` within a memory budget) and checks the planned peak
-against the budget before anything compiles; :mod:`sc_jax.experiment.plan` replays the same
-schedule for a whole run.
+"""The scoring engine's schedule, on the host with NumPy (no model, nothing on a
+device): which items each forward call of :class:`sc_jax.scoring.engine.ScoringEngine`
+runs, packed into calls of one shape (:mod:`sc_jax.scoring.packing`).
+:mod:`sc_jax.experiment.plan` replays the same schedule for a whole run.
 
-What lives on a device while the engine runs:
+Several scoring jobs (one (contexts, pairs) each: the surrogate sizes, the test-time
+sizes and the baselines of one seed) are scored together: every context of every job
+is a path in ONE prefix trie (a prefix shared by two jobs, such as the full context of
+Base, CC and DC, is computed once), grown depth by depth. The items of depth d
+continue the nodes of depth d - 1 (depth 0: the empty root) and are of two kinds:
 
-* the weights, ``num_params x itemsize`` (divided over the ``model`` axis when the
-  weights are sharded);
-* KV caches of the trie, ``2 x L x K x Dh x itemsize`` bytes per cached token
-  (:func:`kv_bytes_per_token`): while depth d grows, the parent level and the child
-  level (written in place into one preallocated buffer) (:func:`level_peak_tokens`);
-* one packed call's temporaries (:func:`packed_temp_bytes`): the gathered cache of
-  its rows' slots, the scan's stacked new keys and values, and one layer's working
-  set (attention scores in float32 over cache + packed tokens, the MLP).
+* a segment: one demonstration appended to a node, making a node of depth d (the
+  depth-1 segments carry the BOS token);
+* a query row: a query (with the label's tokens before the last one, in sequence
+  mode) after a context of d - 1 demonstrations, read out at its label positions.
 
-:func:`plan_schedule` turns a memory budget into the engine's two knobs:
-``max_tokens_per_batch`` (cap on B x W; the call shape is the cheapest whose
-temporaries fit a quarter of what the weights leave) and ``max_cache_tokens`` (one
-trie level: half of the rest, since two levels are alive at once).
-
-The budget is ``device.memory_stats()["bytes_limit"]`` where the backend reports it
-(GPUs, TPUs); otherwise (CPU) the host's physical memory, or what the caller passes.
+The model-free programs around the model program (a level's buffer, the gather of a
+call's slots, the write of its children) take the level shapes, so those are
+bucketed (:func:`level_lengths`, :func:`level_rows`): level d holds ``d x s`` tokens
+per node with ``s`` the longest segment rounded up to a power of two, and its rows
+are the nodes rounded up to an eighth of their octave. Seeds whose longest
+demonstrations fall in one octave then share every program, within a process and
+through the persistent compilation cache. The cost: a level holds at most twice its
+nodes' tokens (the power of two) and 12.5% more rows; the planner counts the padded
+shapes (:func:`chunk_bounds`, :func:`sc_jax.scoring.memory.level_peak_tokens`), so a
+plan stays an upper bound of what the engine allocates.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from sc_jax.runtime.multihost import smallest
-from sc_jax.scoring.packing import PackShape, build_schedule, pow2_at_least, schedule_geometry
-from sc_jax.scoring.prompts import PromptPieces
+from sc_jax.scoring.packing import MIN_CACHE, PackedDepth, PackShape, pack_depth, pow2_at_least
 
-#: Fraction of the budget left to the runtime (XLA workspace, fragmentation).
-RESERVE = 0.10
-#: Fraction of what the weights leave that one forward call's temporaries may use.
-ACTIVATION_SHARE = 0.25
-#: Largest token budget per call considered (CPU: batching beyond gains nothing).
-MAX_TOKENS_PER_BATCH = {"cpu": 1 << 10, "default": 1 << 16}
-#: Row width W of a call: long enough for any demonstration or query of the usual
-#: datasets (wider where one is longer), short enough that a row's packed keys stay a
-#: small part of its attention. A CPU runs small models, whose attention weighs more.
-ROW_WIDTH = {"cpu": 128, "default": 512}
-#: Cached keys per row in units of W: early stages put many small nodes in one row, and
-#: a deep stage still a few (on Qwen2-7B's Rotten Tomatoes plan, 2 x W left 22% of the
-#: executed tokens empty, 4 x W 10%, for 6% more attention FLOPs); a node of k = 8
-#: demonstrations of up to 256 tokens fits (W = 512), so seeds whose demonstrations
-#: differ in length share the program. A CPU runs small models, whose attention weighs
-#: more against their dense work: 2 x W there (a node of k = 4 demonstrations of up to
-#: 64 tokens; k = 8 takes 512 keys, the next power of two).
-CACHE_ROWS = {"cpu": 2, "default": 4}
-#: Readouts (query rows' label positions) per call allowed for in units of B x W: one
-#: per 8 tokens (a query row holds the template's prefixes and a text; SST-2's short
-#: sentences needed one per 10); a schedule needing more grows R.
-READOUT_SPACING = 8
+def level_rows(nodes, n_devices: int = 1):
+    """Rows of the level buffer of ``nodes`` trie nodes (an int or an array of them):
+    rounded up to a multiple of an eighth of the largest power of two not above
+    ``nodes`` (at most 12.5% more, eight sizes per octave) and of ``n_devices`` (the
+    rows are split over the mesh's data axis). The engine allocates these rows and
+    the planner counts them."""
+    n = np.asarray(nodes, np.int64)
+    octave = np.left_shift(1, np.floor(np.log2(np.maximum(n, 1))).astype(np.int64))
+    step = np.lcm(np.maximum(octave // 8, 1), int(n_devices))
+    rows = -(-n // step) * step
+    return int(rows) if rows.ndim == 0 else rows
 
 
-# ------------------------------------------------------------------ query rows
-def query_rows(pieces: PromptPieces, mode: str, queries):
-    """Per query (and label, in sequence mode): the tokens to run after the context,
-    gather offsets (relative to the row start) and target tokens.
 
-    first_token: one row per query, gather its last token. sequence: one row per
-    (query, label): query + label[:-1], gathering the m positions that predict
-    label[0..m-1]."""
-    rows, gathers, targets = [], [], []
-    for q in queries:
-        qi = list(pieces.queries[q])
-        if mode == "first_token":
-            rows.append(qi)
-            gathers.append([len(qi) - 1])
-            targets.append([0])
-        else:
-            for lab in pieces.labels:
-                rows.append(qi + list(lab[:-1]))
-                gathers.append([len(qi) - 1 + j for j in range(len(lab))])
-                targets.append(list(lab))
-    return rows, gathers, targets
-
-
-# ------------------------------------------------------------------ memory
-def _itemsize(dtype) -> int:
-    return jnp.dtype(dtype).itemsize
-
-
-def device_memory_bytes(device=None) -> int | None:
-    """``bytes_limit`` of ``device`` (default: the first), None where the backend does
-    not report one (CPU)."""
-    dev = device or jax.local_devices()[0]
-    try:
-        stats = dev.memory_stats()
-    except Exception:  # backends without memory statistics
-        stats = None
-    if stats and stats.get("bytes_limit"):
-        return int(stats["bytes_limit"])
-    return None
-
-
-def host_memory_bytes() -> int:
-    """Physical memory of this host."""
-    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-
-
-def weight_bytes(config, dtype, model_shards: int = 1) -> int:
-    """Bytes of the weights on one device (``num_params x itemsize / model_shards``)."""
-    return int(config.num_params() * _itemsize(dtype) // model_shards)
-
-
-def kv_bytes_per_token(config, dtype, model_shards: int = 1) -> int:
-    """Keys and values of every layer for one cached token, on one device
-    (``2 x L x K x Dh x itemsize``, plus its int32 position and bool mask)."""
-    return int(2 * config.num_layers * config.num_kv_heads * config.head_dim * _itemsize(dtype)
-               // model_shards + 5)
-
-
-class PlanError(ValueError):
-    """The model or a single context does not fit the memory budget."""
-
-
-# ------------------------------------------------------------------ the packed engine's plan
-def schedule_inputs(pieces: PromptPieces, mode: str) -> dict:
-    """What :func:`sc_jax.scoring.packing.build_schedule` needs of the prompts: segment
-    lengths (no BOS), BOS length, query-row lengths and readouts per query row."""
-    k = len(pieces.demos)
-    rows, gathers, _ = query_rows(pieces, mode, range(len(pieces.queries)))
-    return dict(seg_len=np.asarray([len(pieces.segment(j)) for j in range(k)], np.int64),
-                n_bos=len(pieces.bos), qlen=np.asarray([len(r) for r in rows], np.int64),
-                readouts=np.asarray([len(g) for g in gathers], np.int64))
-
-
-def packed_temp_bytes(config, dtype, B: int, W: int, keys: int, *, R: int = 0,
-                      sequence: bool = False, model_shards: int = 1) -> int:
-    """Estimated temporaries of one packed call on one device.
-
-    The gathered cache ``[L, B, keys, K, Dh] x 2`` (the model program's input); the
-    scan's stacked new keys and values ``[L, B, W, K, Dh] x 2`` (its output); one
-    layer's working set: hidden states, q/k/v with their float32 rotary copies,
-    attention scores ``[B, H, W, keys + W]`` in float32 twice (the cached and packed
-    keys' scores, then their concatenation) plus probabilities, the MLP's
-    gate, up and product ``[B, W, F]``; in sequence mode the full-vocabulary logits of
-    the ``R`` readouts in float32.
-    """
-    c, e = config, _itemsize(dtype)
-    L, K, Dh, H, D, F = (c.num_layers, c.num_kv_heads, c.head_dim, c.num_heads, c.hidden_size,
-                         c.intermediate_size)
-    kv_row = 2 * L * K * Dh * e // model_shards
-    BW = B * W
-    heads = (H + 2 * K) * Dh // model_shards
-    layer = BW * (4 * D * e + heads * (e + 4) + 3 * F * e // model_shards) \
-        + BW * (H // model_shards) * (keys + W) * (8 + e)
-    vocab = 2 * R * c.vocab_size * 4 // model_shards if sequence else 0
-    return int(B * keys * kv_row + BW * kv_row + layer + BW * D * e + vocab)
-
-
-@dataclasses.dataclass(frozen=True)
-class Budgets:
-    """The engine's knobs from a memory budget, and the figures behind them:
-    ``max_tokens_per_batch`` caps B x W, ``max_cache_tokens`` one trie level;
-    ``temp_bytes`` the chosen call's temporaries, ``peak_bytes`` the planned peak."""
-
-    budget_bytes: int
-    weight_bytes: int
-    kv_bytes_per_token: int
-    max_tokens_per_batch: int
-    max_cache_tokens: int
-    temp_bytes: int
-    peak_bytes: int = 0
-    cache_bytes: int = 0
-
-
+# ------------------------------------------------------------------ the trie of several jobs
 @dataclasses.dataclass
-class Planned:
-    """A packed schedule and the budgets it was made under."""
+class Chunk:
+    """The trie of the contexts of one chunk, depth by depth.
 
-    schedule: "sc_jax.scoring.packing.Schedule"  # noqa: F821
-    budgets: Budgets
-
-
-def level_peak_tokens(sched) -> int:
-    """Most cached tokens alive at once: a level and its parent (the root: none), as
-    the engine allocates them (:meth:`sc_jax.scoring.packing.Schedule.level_shape`)."""
-    best = 0
-    for ci, ch in enumerate(sched.trie):
-        for d in range(1, ch.depth + 1):
-            prev = int(np.prod(sched.level_shape(ci, d - 1))) if d > 1 else 0
-            best = max(best, prev + int(np.prod(sched.level_shape(ci, d))))
-    return best
-
-
-def weights_fit(config, dtype, budget_bytes: int, model_shards: int = 1) -> int:
-    """Bytes of the weights per device; :class:`PlanError` where they leave nothing
-    of the budget (after :data:`RESERVE`)."""
-    w = weight_bytes(config, dtype, model_shards)
-    usable = int(budget_bytes * (1 - RESERVE))
-    gib = 2 ** 30
-    if w >= usable:
-        raise PlanError(f"the weights need {w / gib:.2f} GiB per device, more than the "
-                        f"{usable / gib:.2f} GiB usable of a {budget_bytes / gib:.2f} GiB budget "
-                        f"(after a {RESERVE:.0%} reserve); shard them over more devices or use a "
-                        "smaller dtype")
-    return w
-
-
-def call_shape(*, longest: int, deepest: int, mode: str, n_labels: int, max_tokens: int,
-               n_devices: int = 1, platform: str = "default", fits=None) -> PackShape:
-    """The engine's call shape: a function of the model, its dtype and the memory budget
-    (through ``max_tokens`` and ``fits``) and of the mesh (``n_devices``), not of the
-    seed or the dataset (``longest`` and ``deepest`` only widen it), so that
-    every seed and dataset of a run, and the next run on the machine, use one model
-    program (:attr:`PackShape.program`).
-
-    ``W``: :data:`ROW_WIDTH` (a power of two at least ``longest``, the longest item,
-    where that is longer); ``cache``: :data:`CACHE_ROWS` x W cached keys per row (a
-    power of two at least ``deepest``, the deepest level's tokens per node, where
-    that is longer); ``B``: the most rows, ``n_devices`` times a power of two, with
-    B x W <= ``max_tokens`` and ``fits(shape)`` (the call's temporaries within the
-    budget's share); ``R``: one readout per :data:`READOUT_SPACING` tokens; ``labels``:
-    the classes padded to a power of two, at least 8 (first-token mode)."""
-    W = max(ROW_WIDTH.get(platform, ROW_WIDTH["default"]), pow2_at_least(longest))
-    cache = max(CACHE_ROWS.get(platform, CACHE_ROWS["default"]) * W, pow2_at_least(deepest))
-    labels = 0 if mode == "sequence" else max(8, pow2_at_least(n_labels))
-
-    def shape(B):
-        R = max(8, pow2_at_least(B * W // READOUT_SPACING))
-        return PackShape(B, W, cache, R, R, labels)
-
-    best = shape(n_devices)
-    B = n_devices * 2
-    while B * W <= max_tokens and (fits is None or fits(shape(B))):
-        best = shape(B)
-        B *= 2
-    return best
-
-
-@dataclasses.dataclass(frozen=True)
-class MemoryPolicy:
-    """Where the memory budget and the call shape are decided, once, and handed to the
-    engine (:class:`sc_jax.scoring.engine.ScoringEngine`), to the run's up-front check and to
-    ``sc-jax plan``.
-
-    ``budget_bytes`` per device, and whether it is ``enforced`` (a budget given or
-    reported by the device is; the host's memory standing in for a CPU's is not);
-    the mesh (``n_devices`` on the data axis, ``model_shards``); the backend
-    ``platform`` ("cpu" or "default"); the knobs a user may fix
-    (``max_tokens_per_batch``, ``max_cache_tokens``; None: derived from the budget).
+    ``demo[d]``, ``parent[d]``, ``length[d]``: per node of depth d (1..D), its last
+    demonstration, its parent's index at depth d - 1 (0: the root) and its real
+    tokens (BOS included); depth 0 is the root (one node, 0 tokens).
+    ``queries[d]``: the query rows after the nodes of depth d, as (node [n], query row
+    [n], output index [n]), output index into the concatenation of every job's rows.
     """
 
-    budget_bytes: int
-    enforced: bool
+    demo: list[np.ndarray]
+    parent: list[np.ndarray]
+    length: list[np.ndarray]
+    queries: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]
+
+    @property
+    def depth(self) -> int:
+        return len(self.demo) - 1
+
+    def nodes(self, d: int) -> int:
+        return len(self.demo[d])
+
+
+def _padded_contexts(jobs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every job's contexts in one ``[M, D]`` array (-1 past a context's end), their
+    sizes ``[M]`` and the offset of each job's first context."""
+    D = max(int(np.asarray(c).shape[1]) for c, _ in jobs)
+    parts, sizes, offs, n = [], [], [], 0
+    for ctx, _ in jobs:
+        ctx = np.asarray(ctx, np.int64)
+        p = np.full((len(ctx), D), -1, np.int64)
+        p[:, :ctx.shape[1]] = ctx
+        parts.append(p)
+        sizes.append(np.full(len(ctx), ctx.shape[1], np.int64))
+        offs.append(n)
+        n += len(ctx)
+    return np.concatenate(parts), np.concatenate(sizes), np.asarray(offs, np.int64)
+
+
+def _new_nodes(sorted_ctx: np.ndarray) -> np.ndarray:
+    """``[M, D]`` bool: context r (sorted) creates a new node at depth d + 1 (its
+    prefix differs from the previous context's there, and it is that long)."""
+    M, D = sorted_ctx.shape
+    real = sorted_ctx >= 0
+    if M == 0:
+        return real
+    diff = np.ones((M, D), bool)
+    diff[1:] = np.cumsum(sorted_ctx[1:] != sorted_ctx[:-1], axis=1) > 0
+    return diff & real
+
+
+def chunk_bounds(sorted_ctx: np.ndarray, level_len, max_cache_tokens: int,
+                 n_devices: int = 1) -> list[tuple[int, int]]:
+    """Cut the sorted contexts into runs whose every trie level fits
+    ``max_cache_tokens`` (the level buffer's rows, :func:`level_rows`, x level
+    length; a level and its parent are alive together, and the engine's budget
+    counts each)."""
+    new = _new_nodes(sorted_ctx).astype(np.int64)
+    cum = np.vstack([np.zeros((1, new.shape[1]), np.int64), np.cumsum(new, axis=0)])
+    per = np.asarray(level_len[1:], np.int64)
+    real = sorted_ctx >= 0
+    M = len(sorted_ctx)
+    out, s = [], 0
+
+    def fits(s, e):  # contexts s..e-1: the first one creates every node of its own
+        counts = cum[e] - cum[s] - new[s] + real[s]
+        return int((level_rows(counts, n_devices) * per).max()) <= max_cache_tokens
+
+    while s < M:
+        lo, hi = s + 1, M  # the largest e with fits(s, e); one context always runs
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if fits(s, mid):
+                lo = mid
+            else:
+                hi = mid - 1
+        out.append((s, lo))
+        s = lo
+    return out
+
+
+def build_chunks(jobs, nr: int, seg_len: np.ndarray, n_bos: int, level_len,
+                 max_cache_tokens: int, n_devices: int = 1) -> list[Chunk]:
+    """The chunks of the union trie of ``jobs`` (each ``(contexts [M_j, i_j], pairs
+    [N_j, 2])``). Output index of job j's pair r, label row t: ``offset_j + r * nr + t``
+    with ``offset_j`` the rows of the jobs before it."""
+    ctx, _, ctx_off = _padded_contexts(jobs)
+    order = np.lexsort(ctx.T[::-1])
+    sorted_ctx = ctx[order]
+    rank = np.empty(len(order), np.int64)
+    rank[order] = np.arange(len(order))
+    # Every pair as (global context, query row, output index).
+    gc, qrow, dest, row_off = [], [], [], 0
+    for (c, pairs), off in zip(jobs, ctx_off):
+        pairs = np.asarray(pairs, np.int64).reshape(-1, 2)
+        t = np.tile(np.arange(nr), len(pairs))
+        gc.append(np.repeat(pairs[:, 0] + off, nr))
+        qrow.append(np.repeat(pairs[:, 1], nr) * nr + t)
+        dest.append(row_off + np.arange(len(pairs) * nr))
+        row_off += len(pairs) * nr
+    gc, qrow, dest = (np.concatenate(x) if x else np.zeros(0, np.int64) for x in (gc, qrow, dest))
+    pos = rank[gc]  # sorted position of each row's context
+    by_ctx = np.argsort(pos, kind="stable")
+    pos, qrow, dest = pos[by_ctx], qrow[by_ctx], dest[by_ctx]
+    chunks = []
+    for s, e in chunk_bounds(sorted_ctx, level_len, max_cache_tokens, n_devices):
+        part = sorted_ctx[s:e]
+        new = _new_nodes(part)
+        node_of = np.cumsum(new, axis=0) - 1  # [C, D]: node index at each depth
+        demo, parent, length = [np.zeros(1, np.int64)], [np.zeros(1, np.int64)], [np.zeros(1, np.int64)]
+        for d in range(part.shape[1]):
+            rows = np.flatnonzero(new[:, d])
+            if rows.size == 0:
+                break
+            demo.append(part[rows, d])
+            parent.append(node_of[rows, d - 1] if d else np.zeros(rows.size, np.int64))
+            length.append(length[-1][parent[-1]] + seg_len[part[rows, d]] + (n_bos if d == 0 else 0))
+        lo, hi = np.searchsorted(pos, [s, e])
+        local = pos[lo:hi] - s
+        size = (part[local] >= 0).sum(1)
+        queries = {}
+        for d in np.unique(size):
+            sel = size == d
+            queries[int(d)] = (node_of[local[sel], d - 1], qrow[lo:hi][sel], dest[lo:hi][sel])
+        chunks.append(Chunk(demo, parent, length, queries))
+    return chunks
+
+
+
+def depth_items(chunk: Chunk, d: int, seg_len, qlen, n_bos: int):
+    """The items of depth d of ``chunk``, sorted by the node they continue: (kind,
+    ref, length, cache node, start position, node, dest)."""
+    parts = []
+    if d <= chunk.depth:
+        n = chunk.nodes(d)
+        demo, par = chunk.demo[d], chunk.parent[d]
+        ln = seg_len[demo] + (n_bos if d == 1 else 0)
+        parts.append((np.zeros(n, np.int64), demo, ln, par, chunk.length[d - 1][par],
+                      np.arange(n), np.full(n, -1)))
+    if d - 1 in chunk.queries:
+        node, qrow, dest = chunk.queries[d - 1]
+        parts.append((np.ones(len(node), np.int64), qrow, qlen[qrow], node,
+                      chunk.length[d - 1][node], np.full(len(node), -1), dest))
+    if not parts:
+        return None
+    cols = [np.concatenate([p[j] for p in parts]).astype(np.int64) for j in range(7)]
+    order = np.argsort(cols[3], kind="stable")
+    return [c[order] for c in cols]
+
+
+def slot_lengths(level_len) -> list[int]:
+    """Tokens per cache slot of the items of each depth d = 1..D+1: depth d reads
+    level d - 1, whose nodes hold ``level_len[d - 1]`` tokens (at least
+    :data:`MIN_CACHE`: depth 1 reads the empty root)."""
+    return [max(MIN_CACHE, int(level_len[d - 1])) for d in range(1, len(level_len) + 1)]
+
+
+def schedule_geometry(jobs, *, seg_len, n_bos: int, qlen) -> tuple[int, int]:
+    """(longest item, tokens per node of the deepest level) of ``jobs``: what the
+    call shape must hold (a row of ``W`` tokens takes any item, a row's cache a node
+    of the deepest level)."""
+    depth = max(int(np.asarray(c).shape[1]) for c, _ in jobs)
+    seg_max = int(np.max(seg_len)) + n_bos
+    return max(seg_max, int(np.max(qlen, initial=1))), level_lengths(seg_max, depth)[-1]
+
+
+# ------------------------------------------------------------------ the whole schedule
+@dataclasses.dataclass
+class Schedule:
+    """Every call of one engine call: ``shape``, per chunk its depths (packed), the
+    level lengths ``level_len`` (tokens per node at each depth, padded), the
+    count of output rows ``n_out`` and the devices the levels' rows are split over."""
+
+    shape: PackShape
+    level_len: tuple[int, ...]
+    chunks: list[list[PackedDepth]]
+    trie: list[Chunk]
+    n_out: int
     n_devices: int = 1
-    model_shards: int = 1
-    platform: str = "default"
-    max_tokens_per_batch: int | None = None
-    max_cache_tokens: int | None = None
 
-    @classmethod
-    def resolve(cls, device_memory: int | None = None, *, n_devices: int = 1, model_shards: int = 1,
-                max_tokens_per_batch: int | None = None, max_cache_tokens: int | None = None,
-                platform: str | None = None, agree: bool = True) -> MemoryPolicy:
-        """The policy of this process's devices: ``device_memory`` bytes per device if
-        given, else the device's ``bytes_limit`` (the smallest over the processes of a
-        multi-process run, which all plan the same calls), else the host's memory,
-        not enforced. ``platform``: default from the backend (a given budget on a
-        CPU plans as an accelerator would, for ``sc-jax plan``'s figures). ``agree``:
-        take the smallest figure over the processes (a collective every process must
-        reach; a dry run that only reports may leave it)."""
-        dev = device_memory_bytes()
-        least = smallest if agree else int
-        if device_memory is not None:
-            budget, enforced = int(device_memory), True
-        elif dev is not None:
-            budget, enforced = least(dev), True
-        else:
-            budget, enforced = least(host_memory_bytes()), False
-        if platform is None:
-            platform = "cpu" if jax.default_backend() == "cpu" and device_memory is None else "default"
-        return cls(budget, enforced, int(n_devices), int(model_shards), platform,
-                   None if max_tokens_per_batch is None else int(max_tokens_per_batch),
-                   None if max_cache_tokens is None else int(max_cache_tokens))
+    def level_shape(self, chunk: int, d: int) -> tuple[int, int]:
+        """(rows, tokens per row) of the buffer of level ``d`` of ``chunk``: what the
+        engine allocates and the planner counts."""
+        return level_rows(self.trie[chunk].nodes(d), self.n_devices), self.level_len[d]
 
-    def plan(self, config, dtype, pieces: PromptPieces, jobs, mode: str, *, prefer=None) -> Planned:
-        """The packed schedule of ``jobs`` (``(contexts [M, i], pairs [N, 2])`` each)
-        under this policy: :func:`plan_schedule`. Jobs with no pairs are left out, as
-        the engine leaves them; the engine, the run's check and ``sc-jax plan`` all plan
-        through here."""
-        jobs = [(np.asarray(c, np.int64), np.asarray(p, np.int64).reshape(-1, 2)) for c, p in jobs]
-        jobs = [(c, p) for c, p in jobs if len(p)]
-        return plan_schedule(config, dtype, pieces, jobs, mode, budget_bytes=self.budget_bytes,
-                             n_devices=self.n_devices, model_shards=self.model_shards,
-                             platform=self.platform, max_tokens_per_batch=self.max_tokens_per_batch,
-                             max_cache_tokens=self.max_cache_tokens, enforce=self.enforced,
-                             prefer=prefer)
+    def calls(self):
+        """(chunk index, packed depth, first row) of every call, in order."""
+        B = self.shape.B
+        for ci, depths in enumerate(self.chunks):
+            for st in depths:
+                for r0 in range(0, st.rows, B):
+                    yield ci, st, r0
+
+    @property
+    def programs(self) -> set[tuple[int, ...]]:
+        """Distinct model programs (:attr:`PackShape.program`): one per schedule."""
+        return {self.shape.program}
 
 
-def plan_schedule(config, dtype, pieces: PromptPieces, jobs, mode: str, *, budget_bytes: int,
-                  n_devices: int = 1, model_shards: int = 1, platform: str = "default",
-                  max_tokens_per_batch: int | None = None, max_cache_tokens: int | None = None,
-                  enforce: bool = True, prefer: PackShape | None = None) -> Planned:
-    """The engine's packed schedule of ``jobs`` (``(contexts, pairs)`` each) within
-    ``budget_bytes`` per device. Knobs left as None are derived: the call shape
-    (:func:`call_shape`) is the largest whose temporaries fit a share
-    (:data:`ACTIVATION_SHARE`) of what the weights leave, and one trie level may hold
-    half of the rest. ``prefer``: an earlier schedule's shape, kept where it holds
-    these jobs (so a process that met a longer item keeps its wider program). Raises
-    :class:`PlanError`, naming the numbers, when the weights or one context with its
-    smallest call cannot fit, or (``enforce``) when the planned peak is over budget."""
-    w = weights_fit(config, dtype, budget_bytes, model_shards)
-    kvb = kv_bytes_per_token(config, dtype, model_shards)
-    gib = 2 ** 30
-    avail = int(budget_bytes * (1 - RESERVE)) - w
-    share = ACTIVATION_SHARE * avail
-    inputs = schedule_inputs(pieces, mode)
-    seq = mode == "sequence"
-    longest, deepest = schedule_geometry(jobs, seg_len=inputs["seg_len"], n_bos=inputs["n_bos"],
-                                         qlen=inputs["qlen"])
+def segment_slot(seg_max: int) -> int:
+    """Tokens each level adds per node: the longest segment ``seg_max`` (BOS included)
+    rounded up to a power of two, at least :data:`MIN_CACHE`. A power of two, not a
+    multiple of 32, so that seeds of one dataset (whose longest demonstrations differ
+    by a few tokens) get the same level shapes, hence the same model-free programs."""
+    return max(MIN_CACHE, pow2_at_least(seg_max))
 
-    def temp(sh: PackShape) -> int:
-        return packed_temp_bytes(config, dtype, sh.B, sh.W, sh.cache, R=sh.R, sequence=seq,
-                                 model_shards=model_shards)
 
-    cache = max_cache_tokens or int((avail - share) // (2 * kvb))
-    if max_cache_tokens is None and cache < deepest:
-        raise PlanError(
-            f"one context of {deepest} padded tokens needs "
-            f"{2 * deepest * kvb / gib:.3f} GiB of KV cache (parent and child levels), "
-            f"but only {(avail - share) / gib:.3f} GiB per device remain after the weights "
-            f"({w / gib:.2f} GiB) and one call's share in a {budget_bytes / gib:.2f} GiB budget")
-    tokens = max_tokens_per_batch or MAX_TOKENS_PER_BATCH.get(platform, MAX_TOKENS_PER_BATCH["default"])
-    fits = None if max_tokens_per_batch else (lambda sh: temp(sh) <= share)
-    shape = call_shape(longest=longest, deepest=deepest, mode=mode,
-                       n_labels=len(pieces.labels), max_tokens=tokens, n_devices=n_devices,
-                       platform=platform, fits=fits)
-    if prefer is not None and prefer.W >= longest and prefer.cache >= deepest \
-            and prefer.labels == shape.labels and prefer.B % n_devices == 0 \
-            and prefer.B * prefer.W <= max(tokens, prefer.W * n_devices) \
-            and (fits is None or fits(prefer)):
-        shape = prefer
-    sched = build_schedule(jobs, shape=shape, nr=len(pieces.labels) if seq else 1,
-                           max_cache_tokens=cache, n_devices=n_devices, **inputs)
-    t = temp(sched.shape)
-    levels = level_peak_tokens(sched) * kvb
-    b = Budgets(int(budget_bytes), w, kvb, int(tokens), int(cache), t, w + levels + t, levels)
-    if enforce and b.peak_bytes > budget_bytes:
-        raise PlanError(
-            f"the planned peak is {b.peak_bytes / gib:.2f} GiB per device (weights "
-            f"{w / gib:.2f}, KV caches {levels / gib:.2f}, one call's temporaries "
-            f"{t / gib:.2f}), over the {budget_bytes / gib:.2f} GiB budget: lower "
-            f"max_tokens_per_batch ({tokens}) or max_cache_tokens ({cache})")
-    return Planned(sched, b)
+def level_lengths(seg_max: int, depth: int) -> tuple[int, ...]:
+    """Tokens per node of each level 0..depth, padded: level d holds its parent's row
+    and one slot of :func:`segment_slot` tokens, ``d x segment_slot(seg_max)``."""
+    s = segment_slot(seg_max)
+    return tuple(d * s for d in range(depth + 1))
+
+
+def build_schedule(jobs, *, shape: PackShape, nr: int, seg_len, n_bos: int, qlen, readouts,
+                   max_cache_tokens: int, n_devices: int = 1) -> Schedule:
+    """The packed schedule of ``jobs`` in calls of ``shape`` (see the module docstring).
+
+    seg_len ``[k]``: tokens of each demonstration's segment (no BOS); qlen ``[Rq]``:
+    tokens of each query row; readouts ``[Rq]``: positions read out per query row;
+    ``max_cache_tokens``: tokens of one trie level (its buffer's rows split over
+    ``n_devices``, :func:`level_rows`). ``shape`` must hold the longest
+    item (``W``) and the deepest level (``cache``): :func:`schedule_geometry`. Its
+    ``R`` and ``C`` grow (powers of two) where a call needs more.
+    """
+    seg_len = np.asarray(seg_len, np.int64)
+    qlen = np.asarray(qlen, np.int64)
+    depth = max(int(np.asarray(c).shape[1]) for c, _ in jobs)
+    level_len = level_lengths(int(seg_len.max()) + n_bos, depth)
+    longest, deepest = schedule_geometry(jobs, seg_len=seg_len, n_bos=n_bos, qlen=qlen)
+    if longest > shape.W or deepest > shape.cache:
+        raise ValueError(f"a call of {shape} cannot hold an item of {longest} tokens and a "
+                         f"cached context of {deepest}")
+    slots = slot_lengths(level_len)
+    trie = build_chunks(jobs, nr, seg_len, n_bos, level_len, max_cache_tokens, n_devices)
+    chunks = []
+    for ch in trie:
+        depths = []
+        for d in range(1, depth + 2):
+            it = depth_items(ch, d, seg_len, qlen, n_bos)
+            if it is not None:
+                S = slots[d - 1]
+                depths.append(pack_depth(it, d, S, shape.W, max(1, shape.cache // S)))
+        chunks.append(depths)
+    R, C = shape.R, shape.C
+    readouts = np.asarray(readouts, np.int64)
+    for depths in chunks:
+        for st in depths:
+            for r0 in range(0, st.rows, shape.B):
+                sel = (st.row >= r0) & (st.row < r0 + shape.B)
+                q = sel & (st.kind == 1)
+                R = max(R, int(readouts[st.ref[q]].sum()))
+                C = max(C, int((sel & (st.kind == 0)).sum()))
+    shape = dataclasses.replace(shape, R=pow2_at_least(R), C=pow2_at_least(C))
+    n_out = sum(len(np.asarray(p).reshape(-1, 2)) for _, p in jobs) * nr
+    return Schedule(shape, level_len, chunks, trie, n_out, n_devices)
