@@ -19,6 +19,8 @@
 # Usage: tests/legs.sh [oldest|newest|gpu-image ...]   (no argument: all three, in that order)
 # Python 3.12 and 3.13 are found on PATH or under pyenv ($PYENV_ROOT, ~/.pyenv); set
 # SC_JAX_PYTHON312 / SC_JAX_PYTHON313 to choose others. Extra pytest arguments: PYTEST_ARGS.
+# Each pytest leg prints its 15 slowest tests (--durations), so where CI's time goes stays
+# visible in its log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -41,7 +43,7 @@ leg_end() { echo "== leg $1 passed in $(( $(date +%s) - leg_t0 )) s"; }
 oldest() {
     leg_start oldest
     python3 -m venv .venv && .venv/bin/pip install -q -c constraints.txt -e ".[test]"
-    .venv/bin/python -m pytest -q ${PYTEST_ARGS:-}
+    .venv/bin/python -m pytest -q --durations=15 ${PYTEST_ARGS:-}
     # The engine against HF transformers (PyTorch), which only this leg has: the script
     # fails where their label log-probs differ by more than 1e-3 (float32).
     local out
@@ -56,7 +58,7 @@ newest() {
     local py
     py=$(find_python 3.13 SC_JAX_PYTHON313)
     "$py" -m venv .venv-newest && .venv-newest/bin/pip install -q -c constraints-newest.txt -e ".[test]"
-    .venv-newest/bin/python -m pytest -q ${PYTEST_ARGS:-}
+    .venv-newest/bin/python -m pytest -q --durations=15 ${PYTEST_ARGS:-}
     leg_end newest
 }
 
