@@ -105,7 +105,9 @@ def _time_torch(hf, pieces, sample):
 
 def run_case(model, ds, k, args, hf):
     from sc_jax.scoring import engine as scoring
-    from sc_jax.calibration.calibrators import DEFAULT_LAMBDA_INV, fit_batch, predict_proba
+    from sc_jax.calibration.defaults import DEFAULT_LAMBDA_INV
+    from sc_jax.calibration.numpy_fit import fit_batch
+    from sc_jax.calibration.numpy_predict import predict_proba
     from sc_jax.experiment.data import split_protocol
     from sc_jax.scoring.enumeration import default_m, sample_contexts, surrogate_contexts, surrogate_pairs
     from sc_jax.experiment.metrics import accuracy, macro_f1

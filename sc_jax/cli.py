@@ -45,7 +45,7 @@ import jax
 import numpy as np
 
 from sc_jax import __version__
-from sc_jax.calibration.calibrators import GUARDS
+from sc_jax.calibration.numpy_fit import GUARDS
 from sc_jax.calibration.objective import log_odds
 from sc_jax.calibration.solvers.batching import threads_from_env
 from sc_jax.experiment.ablation import (ablate, check_ablation_out, diagnose, regenerate_samples,

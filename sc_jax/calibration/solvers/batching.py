@@ -426,7 +426,7 @@ def solve_batch(problem: Problem | Sequence[Problem], lambda_inv, tau, *,
     :func:`solve_slots`; the same solutions, a test compares them). Under vmap
     every instance pays for the
     batch's padded N and for its slowest instance's iterations, so grouping problems
-    of similar size saves both (see ``sc_jax.calibration.calibrators.fit_batch``).
+    of similar size saves both (see ``sc_jax.calibration.numpy_fit.fit_batch``).
 
     threads: host threads that each solve a part of the batch (:func:`resolve_threads`;
     None: on CPU one per core, else 1). The parts share one shape, so one compiled
@@ -443,7 +443,7 @@ def solve_batch(problem: Problem | Sequence[Problem], lambda_inv, tau, *,
     """
     if method not in _JAX_METHODS:
         raise ValueError(f"unknown JAX solver {method!r}; choose one of "
-                         f"{tuple(_JAX_METHODS)} (or 'scipy' through sc_jax.calibration.calibrators.fit)")
+                         f"{tuple(_JAX_METHODS)} (or 'scipy' through sc_jax.calibration.numpy_fit.fit)")
     backend = jax.default_backend() if device is None else device.platform
     fn = batched(method, sc_star, options, resolve_batch_size(batch_size, backend), backend)
     threads = resolve_threads(threads, backend)

@@ -96,7 +96,7 @@ class SolverOptions:
         is kept, converged or not, so a start that runs off to an unattained
         infimum wins and is reported UNBOUNDED. The problem is not convex once the
         invariance term weighs (lambda_inv >= NONCONVEX_LAMBDA = 0.5), and there one
-        start often ends at a worse KKT point: :func:`sc_jax.calibration.calibrators.fit_batch`
+        start often ends at a worse KKT point: :func:`sc_jax.calibration.numpy_fit.fit_batch`
         uses ``NONCONVEX_STARTS`` there unless given options.
     rho_init, rho_growth, rho_max: PHR penalty parameter schedule. rho grows when the
         constraint measure did not shrink by ``progress`` in one outer step, up to
