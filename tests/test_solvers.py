@@ -256,7 +256,7 @@ def test_constraint_derivatives_equal_autodiff(x64, sc_star):
                 cos = trust_region(params_from_flat(z, sc_star))
                 return (cos - tau) * jnp.sqrt(1.0 + jnp.dot(z, z))
 
-            # The pieces the solver composes (lagrangian.derivatives): the margin and
+            # The pieces the solver composes (lagrangian_state.derivatives): the margin and
             # the mean cosine's derivatives in the full x, restricted to z for SC*.
             full = parameters.expand(x, sc_star)
             _, gm, hm = geometry.mean_cosine_derivatives(full)
@@ -364,14 +364,14 @@ def test_one_loop_over_buckets_equals_each_alone(x64, sc_star):
     # The CPU default (batch_size 1) solves all buckets with one copy of the loop,
     # reading rows through a switch on the bucket (solvers.solve_slots). Against
     # each instance solved alone: buckets of unequal counts (a skipped slot), one
-    # with a subsample stage and one without (coarse_rows 64: stages where N > 128),
+    # with a subsample level and one without (coarse_rows 64: levels where N > 128),
     # and two starts (the multi-start's vmap around the switch). Each instance runs
     # the same arithmetic as alone, so the bound is the vmapped test's: the same
     # status, the objective to 1e-10 relative (float64), parameters to 1e-6.
     n = 3
     problems = _instances(n, SMALL[:3], 2)
-    small, _ = pack_batch(problems[:1], "float64")  # 50 rows: no subsample stage
-    large, _ = pack_batch(problems[1:], "float64")  # 336 and 600 rows: one stage
+    small, _ = pack_batch(problems[:1], "float64")  # 50 rows: no subsample level
+    large, _ = pack_batch(problems[1:], "float64")  # 336 and 600 rows: one level
     opts = solvers.SolverOptions(coarse_rows=64, num_starts=2)
     assert opts.coarse_levels(small.features.shape[1]) == []
     assert opts.coarse_levels(large.features.shape[1]) == [64]
@@ -868,13 +868,13 @@ def test_subsample_start_reaches_the_plain_solution(x64):
     assert np.all(np.abs(np.asarray(fast.objective) - np.asarray(plain.objective)) <= bound)
     np.testing.assert_allclose(fast.params.w, plain.params.w, atol=1e-6)
     np.testing.assert_allclose(fast.params.b, plain.params.b, atol=1e-6)
-    # The subsample stage ran (its evaluations count in the total).
+    # The subsample level ran (its evaluations count in the total).
     assert np.all(np.asarray(fast.iterations) != np.asarray(plain.iterations))
 
 
 def test_primal_dual_mode_at_multiplier_updates_reaches_the_plain_solution(x64, monkeypatch):
     # The joint primal-dual mode begun at multiplier updates (fast path) against the
-    # augmented Lagrangian alone (_SQP_ENTRIES = 0), without subsample stages, on
+    # augmented Lagrangian alone (_SQP_ENTRIES = 0), without subsample levels, on
     # (a) 1,680 rows with the constraint active (tau 0.997) and (b) a 12-row tight-tau
     # instance (informative 35) where halved primal-dual steps once crawled to the
     # iteration limit (the mode now ends after a step that does not halve the KKT
@@ -910,7 +910,7 @@ def test_primal_dual_mode_at_multiplier_updates_reaches_the_plain_solution(x64, 
 
 
 def test_sqp_step_converges_quadratically_and_checks_inertia(x64):
-    # Newton's step on the KKT conditions (the subsample stages' hand-over) from a
+    # Newton's step on the KKT conditions (the subsample levels' hand-over) from a
     # point 1e-3 away from a solution with the constraint active: float64, exact
     # derivatives, so the residual r falls quadratically, r' <= C r^2. Observed here:
     # 3.2e-4 -> 1.9e-7 -> 3.8e-14 -> 2.8e-16 (C about 2); the bound C = 1e3 leaves
@@ -1143,7 +1143,7 @@ def test_families_reach_the_best_scipy_optimum(family_fits, index):
 def test_terminal_step_matches_the_evaluated_end(x64, monkeypatch):
     # The terminal step (fast path: the last Newton step taken without a pass over
     # the rows) against solves that end on an evaluated point (_TERMINAL_FRACTION =
-    # 0), float64, no subsample stage, on 1,680 rows: (a) the constraint active
+    # 0), float64, no subsample level, on 1,680 rows: (a) the constraint active
     # (tau 0.997: primal-dual steps), (b) no trust region (tau -1: full Newton steps
     # on f). Each takes one evaluation fewer and ends at the same optimum. The rule
     # triggers with margin to spare on any CPU's rounding: residual cuts of 1.4e-4
