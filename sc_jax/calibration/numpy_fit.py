@@ -254,8 +254,8 @@ def fit_batch(problems: Sequence[tuple], *, lambda_inv=DEFAULT_LAMBDA_INV, tau=N
     solver: "augmented_lagrangian" | "projected" (batched) | "scipy" (a loop of
         trust-constr solves, float64).
     bucketed: group the problems by padded row count, one vmap per group inside the
-        one compiled call (:func:`pack_buckets`). Under vmap each instance costs the
-        group's padded N times the group's largest iteration count, so mixing a
+        one compiled call (:func:`.buckets.pack_buckets`). Under vmap each instance
+        costs the group's padded N times the group's largest iteration count, so mixing a
         56-row and a 20,160-row problem makes the small one as dear as the large one
         and lets one hard instance hold up all the others: on the k = 8, n = 4
         benchmark batch (25 problems, float32, 2-core CPU) bucketing was 15x
@@ -303,8 +303,9 @@ def fit_batch(problems: Sequence[tuple], *, lambda_inv=DEFAULT_LAMBDA_INV, tau=N
         Batch size, threads and XLA options follow the device used. The solutions
         are the same wherever they are computed, up to the rounding of the device's
         arithmetic. Not used by "scipy", which evaluates on the host anyway.
-    Returns one :class:`FitResult` per problem, in order. Solver failures are reported
-    in ``status``, never raised; bad input raises ValueError before any solve.
+    Returns one :class:`.numpy_predict.FitResult` per problem, in order. Solver
+    failures are reported in ``status``, never raised; bad input raises ValueError
+    before any solve.
     """
     count = len(problems)
     lams, taus = _checked_settings(count, lambda_inv, tau, solver=solver, guard=guard,
