@@ -11,7 +11,7 @@ float32) this times, each in a fresh Python process:
   (c) the SciPy trust-constr loop on the same problems (its JAX derivative functions
       compiled in the process, as a user's first SciPy fit would).
 
-``--calibrate`` adds the functional API's case: ``sc_jax.calibrate`` on 25 problems of
+``--calibrate`` adds the pure-JAX API's case: ``sc_jax.calibrate`` on 25 problems of
 n = 4 classes with 336 rows each (k = 8, size 2, 25 seeds) as one array call with a
 leading batch axis, float32: (a) and (b) as above, the same call again in the same
 process (warm), and (c). Every JAX row reports its compile seconds apart
@@ -64,7 +64,7 @@ def child(kind, k):
     import numpy as np  # noqa: PLC0415
 
     import sc_jax  # noqa: PLC0415
-    from sc_jax.calibration import calibrators  # noqa: PLC0415
+    from sc_jax.calibration import numpy_fit  # noqa: PLC0415
     from sc_jax.cli.process import enable_compilation_cache  # noqa: PLC0415
     from sc_jax.runtime.timing import CompileMeter  # noqa: PLC0415
 
@@ -79,8 +79,8 @@ def child(kind, k):
             return np.asarray(sc_jax.calibrate(x, y, g, num_queries=8).status).tolist()
         if kind == "jax":
             enable_compilation_cache()
-            return [int(f.status) for f in calibrators.fit_batch(probs)]
-        return [int(calibrators.fit(*p, solver="scipy").status) for p in probs]
+            return [int(f.status) for f in numpy_fit.fit_batch(probs)]
+        return [int(numpy_fit.fit(*p, solver="scipy").status) for p in probs]
 
     with CompileMeter() as meter:  # after imports and data: the fit alone
         seconds, statuses = _timing.once(fit)

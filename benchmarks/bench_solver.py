@@ -32,7 +32,7 @@ Rows are written to the JSON as they finish, so an interrupted run keeps them.
 Then an ablation on synthetic data with a known truth: lambda_inv in {0, 0.1, 1, 10}
 x trust region on (Appendix A tau) / off (tau = -1), mean test accuracy and macro-F1
 of the full SC ensemble (Algorithm 2) over several worlds and seeds; it informs
-``sc_jax.calibration.calibrators.DEFAULT_LAMBDA_INV``. All its fits go in one compiled call.
+``sc_jax.calibration.defaults.DEFAULT_LAMBDA_INV``. All its fits go in one compiled call.
 
 The data are synthetic, generated from a hidden model (class-conditional Gaussians
 whose true log-odds are affine; the "LLM" reports them rescaled per class, shifted by
@@ -59,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from sc_jax.calibration import calibrators
+from sc_jax.calibration import buckets, defaults, numpy_fit, numpy_predict
 
 from sc_jax.experiment import metrics
 
@@ -105,7 +105,7 @@ def batch_label(batch):
 
 def time_jax(method, problems, lams, taus, dtype, repeats, bucketed=True, batch=None,
              threads=1):
-    """Time ``solvers.solve_batch`` on all problems, as ``calibrators.fit_batch`` calls
+    """Time ``solvers.solve_batch`` on all problems, as ``numpy_fit.fit_batch`` calls
     it: bucketed (one vmap or map per padded row count) or padded to the largest N;
     ``batch`` as resolved by :func:`parse_batch` (None: whole-bucket vmap, 1:
     ``lax.map`` one instance after another); ``threads`` host threads, each solving a
@@ -114,9 +114,9 @@ def time_jax(method, problems, lams, taus, dtype, repeats, bucketed=True, batch=
     the median run (tracing included). Returns compile s, median run s and the
     solutions in problem order."""
     if bucketed:
-        indices, packed, _ = calibrators.pack_buckets(problems, dtype)
+        indices, packed, _ = buckets.pack_buckets(problems, dtype)
     else:
-        one, _ = calibrators.pack_batch(problems, dtype)
+        one, _ = buckets.pack_batch(problems, dtype)
         indices, packed = [list(range(len(problems)))], [one]
     lam_b = [jnp.asarray([lams[k] for k in idx], dtype) for idx in indices]
     tau_b = [jnp.asarray([taus[k] for k in idx], dtype) for idx in indices]
@@ -213,9 +213,9 @@ def bench_timing(classes, seeds, repeats, scipy_seeds, dtypes, layouts, batches,
         for seed in range(seeds):
             sur = timing_world(n, seed).surrogate(K, SIZES)
             problems += [sur[i] for i in SIZES]
-        accs = [calibrators.base_accuracy(x, y) for x, y, _ in problems]
-        taus = [calibrators.tau_from_accuracy(a, n) for a in accs]
-        lams = [calibrators.DEFAULT_LAMBDA_INV] * len(problems)
+        accs = [defaults.base_accuracy(x, y) for x, y, _ in problems]
+        taus = [defaults.tau_from_accuracy(a, n) for a in accs]
+        lams = [defaults.DEFAULT_LAMBDA_INV] * len(problems)
 
         # (b) SciPy loops on the first `scipy_seeds` seeds (all sizes; by default all
         # seeds), after their JAX derivatives are compiled; with fewer seeds the run
@@ -327,17 +327,17 @@ def bench_ablation(seeds, sizes=(1, 2, 3), test_size=2000):
                 for i in sizes:
                     problems.append(sur[i])
                     lams.append(lam)
-                    acc = calibrators.base_accuracy(sur[i][0], sur[i][1])
-                    taus.append(calibrators.tau_from_accuracy(acc, n) if tr else -1.0)
+                    acc = defaults.base_accuracy(sur[i][0], sur[i][1])
+                    taus.append(defaults.tau_from_accuracy(acc, n) if tr else -1.0)
                     index.append(((lam, tr), j))
         t = time.perf_counter()
-        fits = calibrators.fit_batch(problems, lambda_inv=lams, tau=taus)  # one call
+        fits = numpy_fit.fit_batch(problems, lambda_inv=lams, tau=taus)  # one call
         print(f"  ablation n={n}: {len(problems)} fits in one call, "
               f"{time.perf_counter() - t:.1f}s", flush=True)
         for (lam, tr) in configs:
             for j, (name, sur, feats, y) in enumerate(items):
                 size_fits = [f for f, (c, jj) in zip(fits, index) if c == (lam, tr) and jj == j]
-                pred = calibrators.predict_proba(size_fits, feats).argmax(1)
+                pred = numpy_predict.predict_proba(size_fits, feats).argmax(1)
                 scores[(lam, tr)].setdefault(name, []).append(
                     (metrics.accuracy(y, pred), metrics.macro_f1(y, pred, n),
                      sum(not f.converged for f in size_fits)))
@@ -439,7 +439,7 @@ def main(argv=None):
         _results.write_json(out, dict(
             header=head, device=str(jax.devices()[0]), cpus=os.cpu_count(),
             sizes=SIZES, k=K, seeds=args.seeds, scipy_seeds=scipy_seeds,
-            repeats=args.repeats, default_lambda_inv=calibrators.DEFAULT_LAMBDA_INV,
+            repeats=args.repeats, default_lambda_inv=defaults.DEFAULT_LAMBDA_INV,
             complete=complete, timing=timing, ablation=ablation or {}))
 
     timing = [] if args.skip_timing else bench_timing(

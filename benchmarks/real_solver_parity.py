@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from sc_jax.calibration import calibrators
+from sc_jax.calibration import defaults, numpy_fit
 
 from sc_jax.calibration import solvers  # noqa: E402
 from sc_jax.experiment.ablation import surrogate_problems  # noqa: E402
@@ -59,7 +59,7 @@ def problems_of_run(run_dir):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("run_dir")
-    p.add_argument("--lambda-inv", type=float, default=calibrators.DEFAULT_LAMBDA_INV)
+    p.add_argument("--lambda-inv", type=float, default=defaults.DEFAULT_LAMBDA_INV)
     p.add_argument("--out", default=None, type=_results.result_file,
                    help="JSON file (default: benchmarks/results/real_solver_parity/"
                         "<machine>_<model>_<run>.json)")
@@ -74,7 +74,7 @@ def main(argv=None):
     fits, seconds = {}, {}
     for dtype in ("float32", "float64"):
         seconds[f"jax_{dtype}"], fits[dtype] = _timing.once(
-            lambda: calibrators.fit_batch(probs, lambda_inv=args.lambda_inv, dtype=dtype))
+            lambda: numpy_fit.fit_batch(probs, lambda_inv=args.lambda_inv, dtype=dtype))
         print(f"JAX {dtype}: {seconds[f'jax_{dtype}']:.1f} s (compile included)", flush=True)
     records = []
     t = time.perf_counter()

@@ -7,7 +7,7 @@ trust region, strong invariance at n = 2, near the apex, multi-class with lambda
 10, and normal mixtures with heavy-tailed query shifts; lambda_inv in {0, 0.1, 0.5, 1,
 2, 10}; N from 12 to 20,160 rows) and solves each
 
-  * with the augmented Lagrangian in float64 and float32 (``calibrators.fit_batch``:
+  * with the augmented Lagrangian in float64 and float32 (``numpy_fit.fit_batch``:
     one compiled call per class count and dtype; by default one start where
     lambda_inv < 0.5 and 96 where lambda_inv >= 0.5, as fit_batch does; or, with
     ``--api calibrate``, ``sc_jax.calibrate`` per instance, with its defaults), and
@@ -53,7 +53,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import sc_jax  # noqa: E402
-from sc_jax.calibration import calibrators  # noqa: E402
+from sc_jax.calibration import numpy_fit  # noqa: E402
 from sc_jax.calibration import solvers  # noqa: E402
 from sc_jax.calibration.objective import Params, objective  # noqa: E402
 from sc_jax.calibration.synthetic import FAMILIES, solver_instance  # noqa: E402
@@ -119,7 +119,7 @@ def checks(rec) -> dict:
 
 
 def calibrate_fit(instance, dtype: str, options):
-    """One instance through ``sc_jax.calibrate`` (the functional API, eager: one
+    """One instance through ``sc_jax.calibrate`` (the pure-JAX API, eager: one
     compiled program per shape), as the fields of a ``FitResult`` the sweep reads."""
     x, y, g, lam, tau = instance
     with jax.enable_x64(dtype == "float64"):
@@ -150,7 +150,7 @@ def run(families, per_family, out: Path, options, references=None, instances=Non
             seconds[dtype], res = _timing.once(
                 lambda: [calibrate_fit(inst[k], dtype, options) for k in todo])
         else:
-            seconds[dtype], res = _timing.once(lambda: calibrators.fit_batch(
+            seconds[dtype], res = _timing.once(lambda: numpy_fit.fit_batch(
                 [inst[k][:3] for k in todo], lambda_inv=[inst[k][3] for k in todo],
                 tau=[inst[k][4] for k in todo], dtype=dtype, options=options))
         print(f"JAX {dtype}: {len(todo)} fits in {seconds[dtype]:.1f}s "

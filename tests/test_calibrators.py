@@ -9,7 +9,7 @@ import pytest
 
 from sc_jax.calibration import baselines
 
-from sc_jax.calibration import calibrators
+from sc_jax.calibration import buckets, defaults, numpy_fit, numpy_predict
 
 from sc_jax.experiment import metrics
 
@@ -17,14 +17,9 @@ from sc_jax.calibration import solvers
 
 from sc_jax.calibration import synthetic
 from sc_jax.scoring.enumeration import default_m
-from sc_jax.calibration.calibrators import (
-    FitResult,
-    calibrated_proba,
-    fit,
-    fit_batch,
-    predict_proba,
-    tau_from_accuracy,
-)
+from sc_jax.calibration.defaults import tau_from_accuracy
+from sc_jax.calibration.numpy_fit import fit, fit_batch
+from sc_jax.calibration.numpy_predict import FitResult, calibrated_proba, predict_proba
 from sc_jax.calibration.solvers import Status
 
 
@@ -122,13 +117,13 @@ def test_two_level_ensemble():
     np.testing.assert_allclose(predict_proba(fits, feats, size_weights="reference", shots=8,
                                              sizes=[1, 5]),
                                weights[0] * per_size[0] + weights[1] * per_size[1])
-    np.testing.assert_array_equal(calibrators.reference_size_weights(8, [1, 2, 3, 4, 5]),
+    np.testing.assert_array_equal(numpy_predict.reference_size_weights(8, [1, 2, 3, 4, 5]),
                                   [56, 336, 1680, 6720, 15000])
-    np.testing.assert_array_equal(calibrators.reference_size_weights(4, [1, 2, 3]), [12, 24, 24])
+    np.testing.assert_array_equal(numpy_predict.reference_size_weights(4, [1, 2, 3]), [12, 24, 24])
     with pytest.raises(ValueError, match="needs shots"):
         predict_proba(fits, feats, size_weights="reference")
     with pytest.raises(ValueError, match="sizes must lie in 1..k-1"):
-        calibrators.reference_size_weights(4, [1, 4])
+        numpy_predict.reference_size_weights(4, [1, 4])
     # Each m_i sub-context counts once within its size: averaging within sizes first is
     # not the same as pooling all sub-contexts.
     pooled = np.concatenate([calibrated_proba(f.b, f.w, x) for f, x in zip(fits, feats)]).mean(0)
@@ -243,7 +238,7 @@ def test_bad_input_is_rejected_before_any_solve(monkeypatch):
     # Mixed class counts are grouped, one solver per n (tests/test_functional.py);
     # pack_batch itself still refuses them.
     with pytest.raises(ValueError, match="same number of classes"):
-        calibrators.pack_batch([(x, y, g), (x[:, :1], y % 2, g)])
+        buckets.pack_batch([(x, y, g), (x[:, :1], y % 2, g)])
     with pytest.raises(ValueError, match="no problems"):
         fit_batch([])
     with pytest.raises(ValueError, match="tau has 3 entries for 2 problems"):
@@ -272,7 +267,7 @@ def test_bucketed_equals_padded():
     assert [f.num_rows for f in bucketed] == [56, 336, 1680] * 2
     # Problems of at most SMALL_BUCKET_ROWS share one bucket (one compiled solver
     # piece fewer): 56 and 336 rows padded to 352, 1,680 to 1,792.
-    indices, packed, _ = calibrators.pack_buckets(problems)
+    indices, packed, _ = buckets.pack_buckets(problems)
     assert [p.features.shape[:2] for p in packed] == [(4, 352), (2, 1792)]
     assert sorted(sum(indices, [])) == list(range(6)) and indices[1] == [2, 5]
     for a, b in zip(bucketed, padded):
@@ -292,8 +287,8 @@ def test_guard_fits_bias_only_where_the_surrogate_data_are_below_chance():
     against = ((1.0 - 2.0 * y) * rng.uniform(0.5, 2.0, 12))[:, None]  # sign opposite to y
     against[:2] *= -1.0  # two rows right: accuracy 2/12, below 1/2
     along = -against
-    assert calibrators.below_chance(calibrators.base_accuracy(against, y), 2)
-    assert not calibrators.below_chance(calibrators.base_accuracy(along, y), 2)
+    assert numpy_fit.below_chance(defaults.base_accuracy(against, y), 2)
+    assert not numpy_fit.below_chance(defaults.base_accuracy(along, y), 2)
     problems = [(against, y, q), (along, y, q)]
     paper = fit_batch(problems)
     guarded = fit_batch(problems, guard="bias_only")

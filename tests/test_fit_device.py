@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from sc_jax.calibration import synthetic
-from sc_jax.calibration.calibrators import fit, fit_batch, pack_buckets
+from sc_jax.calibration.buckets import pack_buckets
+from sc_jax.calibration.numpy_fit import fit, fit_batch
 from sc_jax.calibration.objective import Problem
 from sc_jax.calibration.solvers import batching
 from sc_jax.calibration.solvers.batching import DEVICES, HOST_CELLS, fit_device

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import sc_jax
-from sc_jax.calibration import calibrators, functional
+from sc_jax.calibration import defaults, jax_calibrate, numpy_fit, numpy_predict
 from sc_jax.calibration import solvers
 from sc_jax.calibration import synthetic
 from sc_jax.calibration.objective import Problem
@@ -47,17 +47,17 @@ def test_jit_vmap_equals_one_by_one(x64, monkeypatch):
     leading = sc_jax.calibrate(feats, labels, qids, tau=taus)  # leading axes: lax.map on CPU
     # The accelerators' path for leading axes (vmapped, in lockstep), forced here; its
     # compiled program is dropped after, so that later calls trace the CPU's again.
-    monkeypatch.setattr(functional, "_lockstep", lambda: True)
-    functional._program.cache_clear()
+    monkeypatch.setattr(jax_calibrate, "_lockstep", lambda: True)
+    jax_calibrate._program.cache_clear()
     try:
         lockstep = sc_jax.calibrate(feats, labels, qids, tau=taus)
     finally:
-        functional._program.cache_clear()
+        jax_calibrate._program.cache_clear()
     # One compiled single-problem solve (tau traced), called per problem.
     single = jax.jit(lambda f, y, g, t: sc_jax.calibrate(f, y, g, tau=t, num_queries=6))
     for k, (x, y, g) in enumerate(probs):
         one = single(x, y, g, taus[k])
-        ref = calibrators.fit(x, y, g, tau=float(taus[k]), dtype="float64")
+        ref = numpy_fit.fit(x, y, g, tau=float(taus[k]), dtype="float64")
         assert int(one.status) == Status.CONVERGED == ref.status
         for other in (batched, leading, lockstep):
             assert int(other.status[k]) == Status.CONVERGED
@@ -126,15 +126,15 @@ def test_tau_schedule_and_ensemble_match_the_numpy_layer():
     for acc in (0.2, 0.5, 0.69, 0.7, 0.95):
         for n in (2, 3, 6):
             assert abs(float(sc_jax.tau_schedule(acc, n))
-                       - calibrators.tau_from_accuracy(acc, n)) <= 1e-6
+                       - defaults.tau_from_accuracy(acc, n)) <= 1e-6
     rng = np.random.default_rng(0)
-    fits = [calibrators.FitResult(b=rng.normal(size=2), w=rng.normal(size=2), status=Status(0),
+    fits = [numpy_predict.FitResult(b=rng.normal(size=2), w=rng.normal(size=2), status=Status(0),
                                   iterations=0, outer_iterations=0, objective=0.0,
                                   constraint=0.0, violation=0.0, tau=0.0, lambda_inv=0.0,
                                   solver="x", sc_star=False, num_rows=10, base_accuracy=0.5)
             for _ in range(2)]
     feats = [rng.normal(size=(m, 7, 2)) for m in (3, 5)]
-    p = calibrators.predict_proba(fits, feats)
+    p = numpy_predict.predict_proba(fits, feats)
     manual = np.mean([np.mean([f.predict_proba(x) for x in fx], 0)
                       for f, fx in zip(fits, feats)], 0)
     np.testing.assert_allclose(p, manual, atol=1e-12)
@@ -148,8 +148,8 @@ def test_float64_needs_x64():
         sc_jax.calibrate(x, y, g, dtype="float64")
     # The NumPy layer enables it for the solve instead: float64 precision, not float32.
     # (SciPy stops at its iteration limit on this instance, above our optimum.)
-    fit = calibrators.fit(x, y, g, tau=0.999, dtype="float64")
-    ref = calibrators.fit(x, y, g, tau=0.999, solver="scipy")
+    fit = numpy_fit.fit(x, y, g, tau=0.999, dtype="float64")
+    ref = numpy_fit.fit(x, y, g, tau=0.999, solver="scipy")
     assert fit.status == Status.CONVERGED and fit.violation <= 1e-9
     assert fit.objective <= ref.objective * (1 + 1e-7)
 
@@ -157,16 +157,16 @@ def test_float64_needs_x64():
 def test_fit_batch_groups_mixed_class_counts():
     w2 = synthetic.World(2, (1.0,), seed=0).surrogate(6, (1,))[1]
     w3 = synthetic.World(3, (1.0, 1.0), seed=1).surrogate(6, (1,))[1]
-    fits = calibrators.fit_batch([w3, w2, w3])
+    fits = numpy_fit.fit_batch([w3, w2, w3])
     assert [f.num_classes for f in fits] == [3, 2, 3]
     for f, (x, y, _) in zip(fits, [w3, w2, w3]):
-        expected = calibrators.tau_from_accuracy(calibrators.base_accuracy(x, y), f.num_classes)
+        expected = defaults.tau_from_accuracy(defaults.base_accuracy(x, y), f.num_classes)
         assert f.tau == pytest.approx(expected)
 
 
 # ---------------------------------------------------------------------------------
 # Bad input: a ValueError before anything compiles (concrete arrays), a status under
-# jit (traced arrays), one set of rules shared with calibrators.fit.
+# jit (traced arrays), one set of rules shared with numpy_fit.fit.
 
 
 def _bad_inputs(x, y, g):
@@ -208,12 +208,12 @@ def test_calibrate_refuses_bad_input_before_compiling(monkeypatch):
         args = {**dict(features=x, labels=y, query_ids=g), **kw}
         with pytest.raises(ValueError, match=match):
             sc_jax.calibrate(args.pop("features"), args.pop("labels"), args.pop("query_ids"), **args)
-        # calibrators.fit applies the same rules (it renumbers query ids itself, so
+        # numpy_fit.fit applies the same rules (it renumbers query ids itself, so
         # it has no num_queries, and no mask).
         if "num_queries" not in kw and "mask" not in kw:
             args = {**dict(features=x, labels=y, query_ids=g), **kw}
             with pytest.raises(ValueError, match=match):
-                calibrators.fit(**args)
+                numpy_fit.fit(**args)
     # Leading batch axes: the error names the batch index of the bad problem.
     feats = np.stack([x, np.where(np.arange(len(y))[:, None] == 2, np.nan, x)])
     with pytest.raises(ValueError, match=r"batch index \(1,\)"):

@@ -16,7 +16,7 @@ from sc_jax.calibration.objective import (
     COSINE_EPS,
     Params,
     Problem,
-    calibrated_log_probs,
+    affine_log_probs,
     class_cosines,
     cone_margins,
     cone_violation,
@@ -49,7 +49,7 @@ def _params(rng, n):
 
 
 def _brute_force_penalty(params, prob):
-    logp = np.asarray(calibrated_log_probs(params, prob.features))
+    logp = np.asarray(affine_log_probs(params, prob.features))
     p = np.exp(logp)
     rows = np.flatnonzero(np.asarray(prob.mask) > 0)
     g = np.asarray(prob.query_ids)

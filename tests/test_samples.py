@@ -128,7 +128,7 @@ def test_reference_size_weighting_of_a_committed_seed():
     """method_probs with size_weighting="reference" weights each size's probabilities
     by min(P(k, i)(k - i), 15000) (k = 8: 56, 336, 1680, 6720, 15000), not by the rows
     the budget kept (300 per size in this run)."""
-    from sc_jax.calibration import calibrators
+    from sc_jax.calibration import numpy_predict
     from sc_jax.experiment import methods
     from sc_jax.experiment.store import load_scores
 
@@ -140,7 +140,7 @@ def test_reference_size_weighting_of_a_committed_seed():
     sizes = [1, 2, 3, 4, 5]
     assert [fits[i].num_rows for i in sizes] == [56, 300, 300, 300, 300]
     weights = np.array([56, 336, 1680, 6720, 15000], float)
-    np.testing.assert_array_equal(calibrators.reference_size_weights(8, sizes), weights)
+    np.testing.assert_array_equal(numpy_predict.reference_size_weights(8, sizes), weights)
     per = methods.sc_size_probs(s, fits, sizes)
     got = methods.method_probs("sc", s, fits, sizes, size_weighting="reference", shots=8)
     want = sum(w * per[i] for w, i in zip(weights, sizes)) / weights.sum()

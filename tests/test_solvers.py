@@ -20,12 +20,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sc_jax.calibration import calibrators
+from sc_jax.calibration import defaults, numpy_fit
 
 from sc_jax.calibration import solvers
 
 from sc_jax.calibration import synthetic
-from sc_jax.calibration.calibrators import pack_batch
+from sc_jax.calibration.buckets import pack_batch
 from sc_jax.calibration.objective import (
     Params,
     Problem,
@@ -256,7 +256,7 @@ def test_constraint_derivatives_equal_autodiff(x64, sc_star):
                 cos = trust_region(params_from_flat(z, sc_star))
                 return (cos - tau) * jnp.sqrt(1.0 + jnp.dot(z, z))
 
-            # The pieces the solver composes (lagrangian.derivatives): the margin and
+            # The pieces the solver composes (lagrangian_state.derivatives): the margin and
             # the mean cosine's derivatives in the full x, restricted to z for SC*.
             full = parameters.expand(x, sc_star)
             _, gm, hm = geometry.mean_cosine_derivatives(full)
@@ -364,14 +364,14 @@ def test_one_loop_over_buckets_equals_each_alone(x64, sc_star):
     # The CPU default (batch_size 1) solves all buckets with one copy of the loop,
     # reading rows through a switch on the bucket (solvers.solve_slots). Against
     # each instance solved alone: buckets of unequal counts (a skipped slot), one
-    # with a subsample stage and one without (coarse_rows 64: stages where N > 128),
+    # with a subsample level and one without (coarse_rows 64: levels where N > 128),
     # and two starts (the multi-start's vmap around the switch). Each instance runs
     # the same arithmetic as alone, so the bound is the vmapped test's: the same
     # status, the objective to 1e-10 relative (float64), parameters to 1e-6.
     n = 3
     problems = _instances(n, SMALL[:3], 2)
-    small, _ = pack_batch(problems[:1], "float64")  # 50 rows: no subsample stage
-    large, _ = pack_batch(problems[1:], "float64")  # 336 and 600 rows: one stage
+    small, _ = pack_batch(problems[:1], "float64")  # 50 rows: no subsample level
+    large, _ = pack_batch(problems[1:], "float64")  # 336 and 600 rows: one level
     opts = solvers.SolverOptions(coarse_rows=64, num_starts=2)
     assert opts.coarse_levels(small.features.shape[1]) == []
     assert opts.coarse_levels(large.features.shape[1]) == [64]
@@ -518,7 +518,7 @@ def test_threads_default_and_checks(monkeypatch):
         with pytest.raises(ValueError, match="must be a positive int"):
             solvers.resolve_threads(bad)
     with pytest.raises(ValueError, match="threads must be"):
-        calibrators.fit_batch([realistic(2, 1, 0)], threads=0)
+        numpy_fit.fit_batch([realistic(2, 1, 0)], threads=0)
 
 
 def test_batch_size_default_follows_backend():
@@ -547,16 +547,16 @@ def test_separable_infeasible_direction_does_not_run_off():
     world = synthetic.World(4, rng.uniform(0.5, 1.5, 3), beta=rng.normal(size=3) * 0.5,
                             seed=2)
     x, y, g = world.surrogate(8, (1,))[1]
-    acc = calibrators.base_accuracy(x, y)
-    tau = calibrators.tau_from_accuracy(acc, 4)
+    acc = defaults.base_accuracy(x, y)
+    tau = defaults.tau_from_accuracy(acc, 4)
     assert len(y) == 56 and acc < 1 and tau > 0.998
-    ref = calibrators.fit(x, y, g, tau=tau, solver="scipy")
-    f64 = calibrators.fit(x, y, g, tau=tau, dtype="float64")
+    ref = numpy_fit.fit(x, y, g, tau=tau, solver="scipy")
+    f64 = numpy_fit.fit(x, y, g, tau=tau, dtype="float64")
     assert f64.status == Status.CONVERGED and f64.violation <= 1e-9
     assert f64.objective <= ref.objective * (1 + 1e-7)
     # float32: within 1e-4 of the float64 optimum (its tolerance is 1e-5 on the
     # gradient and 1e-6 on the cosine; the objective is O(1)).
-    f32 = calibrators.fit(x, y, g, tau=tau)
+    f32 = numpy_fit.fit(x, y, g, tau=tau)
     assert f32.status == Status.CONVERGED and f32.violation <= 1e-6
     assert abs(f32.objective - f64.objective) <= 1e-4 * f64.objective
 
@@ -572,12 +572,12 @@ def test_rejected_step_below_rounding_shrinks_the_radius():
                   1.1588364, 2.616272, 2.261942, 2.9940777, 3.4085026, 2.6681194])[:, None]
     y = np.array([0, 1, 1, 0, 1, 1, 0, 0, 1, 0, 0, 1])
     g = np.array([1, 2, 3, 0, 2, 3, 0, 1, 3, 0, 1, 2])
-    acc = calibrators.base_accuracy(x, y)
-    tau = calibrators.tau_from_accuracy(acc, 2)
+    acc = defaults.base_accuracy(x, y)
+    tau = defaults.tau_from_accuracy(acc, 2)
     assert 0.5 <= acc < 0.7 and abs(tau) < 1e-15
-    f64 = calibrators.fit(x, y, g, tau=tau, dtype="float64")
+    f64 = numpy_fit.fit(x, y, g, tau=tau, dtype="float64")
     assert f64.status == Status.CONVERGED and np.hypot(f64.b, f64.w).max() < 1e-6
-    f32 = calibrators.fit(x, y, g, tau=tau)
+    f32 = numpy_fit.fit(x, y, g, tau=tau)
     assert f32.status == Status.CONVERGED and f32.violation <= 1e-6
     # Within 1e-4 of the float64 optimum (float32 tolerances: 1e-5 on the gradient,
     # 1e-6 on the cosine; f is O(1)).
@@ -593,13 +593,13 @@ def test_separable_along_the_identity_is_unbounded(x64):
     x = np.stack([(y == 1) * 3.0 - 1.5, (y == 2) * 3.0 - 1.5], 1) + rng.uniform(-0.3, 0.3, (60, 2))
     g = np.arange(60) % 6
     for tau in (-1.0, 0.9):
-        sol = calibrators.fit(x, y, g, tau=tau, lambda_inv=0.0, dtype="float64")
+        sol = numpy_fit.fit(x, y, g, tau=tau, lambda_inv=0.0, dtype="float64")
         assert sol.status == Status.UNBOUNDED, sol
         assert sol.violation <= 1e-9 and sol.objective < 1e-6
     # A finite optimum is not: flip a few labels.
     y2 = y.copy()
     y2[:6] = (y2[:6] + 1) % 3
-    sol = calibrators.fit(x, y2, g, tau=0.9, lambda_inv=0.0, dtype="float64")
+    sol = numpy_fit.fit(x, y2, g, tau=0.9, lambda_inv=0.0, dtype="float64")
     assert sol.status == Status.CONVERGED
 
 
@@ -627,7 +627,7 @@ def test_float32_run_off_on_real_rows_is_not_stopped_by_rounding_noise():
     # may legitimately stop where its falls drop below f's rounding and report
     # CONVERGED or MAX_ITERATIONS (runoff.not_attained), and which it reports
     # follows the rounding of the CPU's vector code.
-    sol = calibrators.fit(FPB_ROWS, FPB_LABELS, FPB_QUERIES, lambda_inv=0.1, dtype="float32")
+    sol = numpy_fit.fit(FPB_ROWS, FPB_LABELS, FPB_QUERIES, lambda_inv=0.1, dtype="float32")
     assert abs(sol.tau - 0.98632) < 1e-5  # the schedule's value for this base accuracy
     assert sol.status in (Status.UNBOUNDED, Status.CONVERGED, Status.MAX_ITERATIONS), sol
     assert sol.objective <= 0.62 and sol.violation <= 1e-6, sol
@@ -646,9 +646,9 @@ def test_run_off_follow_up_reaches_scipy_on_real_rows(x64):
         return float(objective(Params(jnp.asarray(sol.b, jnp.float64), jnp.asarray(sol.w, jnp.float64)),
                                _problem64(FPB_ROWS, FPB_LABELS, FPB_QUERIES), 0.1))
 
-    tau = calibrators.tau_from_accuracy(calibrators.base_accuracy(FPB_ROWS, FPB_LABELS), 3)
+    tau = defaults.tau_from_accuracy(defaults.base_accuracy(FPB_ROWS, FPB_LABELS), 3)
     ref = solvers.scipy_best(_problem64(FPB_ROWS, FPB_LABELS, FPB_QUERIES), 0.1, tau)
-    fits = {(dtype, follow): calibrators.fit(
+    fits = {(dtype, follow): numpy_fit.fit(
         FPB_ROWS, FPB_LABELS, FPB_QUERIES, lambda_inv=0.1, dtype=dtype,
         options=SolverOptions(follow_runoffs=follow))
         for dtype, follow in (("float64", True), ("float64", False), ("float32", True))}
@@ -724,7 +724,7 @@ def test_multistart_keeps_a_run_off_and_reports_it(x64):
     # along the identity, the infimum 0 is not attained. With four starts the lowest
     # feasible end is kept and reported UNBOUNDED, never CONVERGED at f ~ 1e-60.
     x, y, g, lam, tau = synthetic.solver_instance("near_separable", 2)
-    sol = calibrators.fit(x, y, g, lambda_inv=lam, tau=tau, dtype="float64",
+    sol = numpy_fit.fit(x, y, g, lambda_inv=lam, tau=tau, dtype="float64",
                           options=SolverOptions(num_starts=4))
     assert sol.status == Status.UNBOUNDED, sol
     assert sol.violation <= 1e-9 and sol.objective < 1e-12
@@ -756,15 +756,15 @@ def test_strong_invariance_gets_the_multistart_by_default(x64):
     x, y, g, lam, tau = synthetic.solver_instance("apex", 33)
     assert lam == 10.0 and abs(tau) < 1e-12  # cos(90 degrees)
     ref = solvers.scipy_best(_problem64(x, y, g), lam, tau, seed=33)
-    one = calibrators.fit(x, y, g, lambda_inv=lam, tau=tau, dtype="float64",
+    one = numpy_fit.fit(x, y, g, lambda_inv=lam, tau=tau, dtype="float64",
                           options=SolverOptions())
     assert (one.objective - ref.objective) / ref.objective > 1e-5  # the other optimum
-    mixed = calibrators.fit_batch([(x, y, g)] * 2, lambda_inv=[0.1, lam], tau=tau,
+    mixed = numpy_fit.fit_batch([(x, y, g)] * 2, lambda_inv=[0.1, lam], tau=tau,
                                   dtype="float64")
     assert mixed[1].status == Status.CONVERGED, mixed[1]
     assert (mixed[1].objective - ref.objective) / ref.objective <= 1e-7
     assert mixed[1].b[0] < 0 < one.b[0]
-    plain = calibrators.fit(x, y, g, lambda_inv=0.1, tau=tau, dtype="float64",
+    plain = numpy_fit.fit(x, y, g, lambda_inv=0.1, tau=tau, dtype="float64",
                             options=SolverOptions())
     np.testing.assert_allclose(mixed[0].b, plain.b, rtol=1e-9)
     np.testing.assert_allclose(mixed[0].w, plain.w, rtol=1e-9)
@@ -805,7 +805,7 @@ def test_multistart_follows_up_each_start_before_comparing(monkeypatch):
     x, y, g, lam, tau = synthetic.solver_instance("tight_tau", 20)
     pts = solvers.start_points(5, 90)[[0, 7, 89]]
     monkeypatch.setattr(multistart, "start_points", lambda n1, c, s=False: pts[:c])
-    sol = calibrators.fit(x, y, g, lambda_inv=lam, tau=tau, dtype="float32",
+    sol = numpy_fit.fit(x, y, g, lambda_inv=lam, tau=tau, dtype="float32",
                           options=SolverOptions(num_starts=3))
     assert sol.violation <= 1e-7, sol
     assert abs(sol.objective - 14.957284957) <= 1e-4 * 14.957284957, sol.objective
@@ -868,13 +868,13 @@ def test_subsample_start_reaches_the_plain_solution(x64):
     assert np.all(np.abs(np.asarray(fast.objective) - np.asarray(plain.objective)) <= bound)
     np.testing.assert_allclose(fast.params.w, plain.params.w, atol=1e-6)
     np.testing.assert_allclose(fast.params.b, plain.params.b, atol=1e-6)
-    # The subsample stage ran (its evaluations count in the total).
+    # The subsample level ran (its evaluations count in the total).
     assert np.all(np.asarray(fast.iterations) != np.asarray(plain.iterations))
 
 
 def test_primal_dual_mode_at_multiplier_updates_reaches_the_plain_solution(x64, monkeypatch):
     # The joint primal-dual mode begun at multiplier updates (fast path) against the
-    # augmented Lagrangian alone (_SQP_ENTRIES = 0), without subsample stages, on
+    # augmented Lagrangian alone (_SQP_ENTRIES = 0), without subsample levels, on
     # (a) 1,680 rows with the constraint active (tau 0.997) and (b) a 12-row tight-tau
     # instance (informative 35) where halved primal-dual steps once crawled to the
     # iteration limit (the mode now ends after a step that does not halve the KKT
@@ -910,7 +910,7 @@ def test_primal_dual_mode_at_multiplier_updates_reaches_the_plain_solution(x64, 
 
 
 def test_sqp_step_converges_quadratically_and_checks_inertia(x64):
-    # Newton's step on the KKT conditions (the subsample stages' hand-over) from a
+    # Newton's step on the KKT conditions (the subsample levels' hand-over) from a
     # point 1e-3 away from a solution with the constraint active: float64, exact
     # derivatives, so the residual r falls quadratically, r' <= C r^2. Observed here:
     # 3.2e-4 -> 1.9e-7 -> 3.8e-14 -> 2.8e-16 (C about 2); the bound C = 1e3 leaves
@@ -1106,7 +1106,7 @@ def family_fits():
     lams = [inst[3] for _, _, inst in FAMILY_SUBSET]
     taus = [inst[4] for _, _, inst in FAMILY_SUBSET]
     # One fit_batch per dtype for the whole subset (float64 enables x64 for the solve).
-    return {dtype: calibrators.fit_batch(problems, lambda_inv=lams, tau=taus, dtype=dtype,
+    return {dtype: numpy_fit.fit_batch(problems, lambda_inv=lams, tau=taus, dtype=dtype,
                                          bucketed=False)
             for dtype in ("float64", "float32")}
 
@@ -1143,7 +1143,7 @@ def test_families_reach_the_best_scipy_optimum(family_fits, index):
 def test_terminal_step_matches_the_evaluated_end(x64, monkeypatch):
     # The terminal step (fast path: the last Newton step taken without a pass over
     # the rows) against solves that end on an evaluated point (_TERMINAL_FRACTION =
-    # 0), float64, no subsample stage, on 1,680 rows: (a) the constraint active
+    # 0), float64, no subsample level, on 1,680 rows: (a) the constraint active
     # (tau 0.997: primal-dual steps), (b) no trust region (tau -1: full Newton steps
     # on f). Each takes one evaluation fewer and ends at the same optimum. The rule
     # triggers with margin to spare on any CPU's rounding: residual cuts of 1.4e-4
@@ -1215,7 +1215,7 @@ def test_compiler_options_are_only_those_this_jaxlib_accepts(monkeypatch):
 
 
 def _fit_both(x, y, g, lam, tau, **kw):
-    out = {dt: calibrators.fit_batch([(x, y, g)], lambda_inv=lam, tau=tau, dtype=dt, **kw)[0]
+    out = {dt: numpy_fit.fit_batch([(x, y, g)], lambda_inv=lam, tau=tau, dtype=dt, **kw)[0]
            for dt in ("float64", "float32")}
     with jax.enable_x64(True):
         r32 = out["float32"]
@@ -1257,8 +1257,8 @@ def test_apex_follow_up_is_what_converges(x64):
     # follow-up spends its own budget (at most max_iter passes more).
     x, y, g, lam, tau = synthetic.solver_instance("near_apex", 17)
     kw = {"lambda_inv": lam, "tau": tau, "dtype": "float64"}
-    on = calibrators.fit(x, y, g, options=SolverOptions(), **kw)
-    off = calibrators.fit(x, y, g, options=SolverOptions(follow_apex=False), **kw)
+    on = numpy_fit.fit(x, y, g, options=SolverOptions(), **kw)
+    off = numpy_fit.fit(x, y, g, options=SolverOptions(follow_apex=False), **kw)
     assert off.status == Status.MAX_ITERATIONS and on.status == Status.CONVERGED
     assert on.objective < off.objective
     assert off.iterations == SolverOptions().max_iter < on.iterations <= 2 * off.iterations
@@ -1272,9 +1272,9 @@ def test_near_apex_gets_the_multistart_from_lambda_inv_one_half(x64):
     x, y, g, lam, tau = synthetic.solver_instance("near_apex", 20)
     assert lam == 0.5 >= solvers.NONCONVEX_LAMBDA
     ref = 2.183771889300907
-    one = calibrators.fit(x, y, g, lambda_inv=lam, tau=tau, dtype="float64",
+    one = numpy_fit.fit(x, y, g, lambda_inv=lam, tau=tau, dtype="float64",
                           options=SolverOptions())
     assert (one.objective - ref) / ref > 1e-4  # the other KKT point
-    r = calibrators.fit_batch([(x, y, g)], lambda_inv=lam, tau=tau, dtype="float64")[0]
+    r = numpy_fit.fit_batch([(x, y, g)], lambda_inv=lam, tau=tau, dtype="float64")[0]
     assert r.status == Status.CONVERGED, r
     assert (r.objective - ref) / ref <= 1e-7, (r.objective, ref)

@@ -126,8 +126,11 @@ def calibrated_logits(params: Params, features: Array) -> Array:
     return jnp.concatenate([jnp.zeros_like(z[..., :1]), z], axis=-1)
 
 
-def calibrated_log_probs(params: Params, features: Array) -> Array:
-    """log f(m; theta): ``[..., n-1]`` -> ``[..., n]`` log-probabilities."""
+def affine_log_probs(params: Params, features: Array) -> Array:
+    """log f(m; theta) of Eq. affine_logit_model_formal: ``[..., n-1]`` -> ``[..., n]``
+    log-probabilities, unchecked, on :class:`Params` (the objective's inner form; the
+    public, checked form on (b, w) or a Calibration is
+    :func:`sc_jax.calibration.jax_predict.calibrated_log_probs`)."""
     return jax.nn.log_softmax(calibrated_logits(params, features), axis=-1)
 
 
@@ -139,7 +142,7 @@ def _num_rows(mask: Array) -> Array:
 def mean_nll(params: Params, problem: Problem, log_probs: Array | None = None) -> Array:
     """Mean negative log-likelihood over the unmasked rows (paper Eq. mle_external / N)."""
     if log_probs is None:
-        log_probs = calibrated_log_probs(params, problem.features)  # [N, n]
+        log_probs = affine_log_probs(params, problem.features)  # [N, n]
     ll = jnp.take_along_axis(log_probs, problem.labels[:, None], axis=-1)[:, 0]  # [N]
     return -jnp.sum(problem.mask * ll) / _num_rows(problem.mask)
 
@@ -154,7 +157,7 @@ def invariance_penalty(params: Params, problem: Problem,
     pairs. Zero when no query has two rows.
     """
     if log_probs is None:
-        log_probs = calibrated_log_probs(params, problem.features)  # [N, n]
+        log_probs = affine_log_probs(params, problem.features)  # [N, n]
     mask = problem.mask
     probs = jnp.exp(log_probs) * mask[:, None]  # [N, n], padding rows zeroed
     masked_log_probs = log_probs * mask[:, None]  # [N, n]
@@ -171,7 +174,7 @@ def invariance_penalty(params: Params, problem: Problem,
 
 def objective(params: Params, problem: Problem, lambda_inv: Array) -> Array:
     """mean-NLL + lambda_inv * InvPenalty: the objective of Eq. final_opt_problem (means)."""
-    log_probs = calibrated_log_probs(params, problem.features)
+    log_probs = affine_log_probs(params, problem.features)
     nll = mean_nll(params, problem, log_probs)
     return nll + lambda_inv * invariance_penalty(params, problem, log_probs)
 

@@ -5,7 +5,7 @@ through a simulated LLM whose label log-odds are rescaled per class (possibly wi
 wrong sign, the situation of the paper's Figure 1), shifted by a label bias, shifted
 again by each context, and noisy. :meth:`World.surrogate` runs Algorithm 1 on k
 demonstrations drawn from it, so its output has exactly the shape of the scored
-surrogate data that :func:`sc_jax.calibration.calibrators.fit_batch` takes.
+surrogate data that :func:`sc_jax.calibration.numpy_fit.fit_batch` takes.
 
 Used by the behaviour tests and ``benchmarks/bench_solver.py``; also a quick way for a
 user to see what SC, SC* and the baselines can and cannot correct::
@@ -20,8 +20,7 @@ import itertools
 
 import numpy as np
 
-from sc_jax.calibration.calibrators import base_accuracy, tau_from_accuracy
-from sc_jax.calibration.functional import tau_levels
+from sc_jax.calibration.defaults import base_accuracy, tau_from_accuracy, tau_levels
 
 __all__ = ["World"]
 

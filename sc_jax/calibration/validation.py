@@ -1,4 +1,4 @@
-"""Input checks for the calibrator, shared by :func:`sc_jax.calibration.calibrators.fit` (NumPy)
+"""Input checks for the calibrator, shared by :func:`sc_jax.calibration.numpy_fit.fit` (NumPy)
 and :func:`sc_jax.calibrate` (JAX).
 
 Two forms of the same rules:
@@ -9,6 +9,9 @@ Two forms of the same rules:
 * :func:`valid_problem` is the same test as a boolean array inside a traced program,
   where no value can be inspected: :func:`sc_jax.calibrate` turns a ``False`` into
   status ``INVALID_INPUT``.
+* :func:`check_params` and :func:`check_features` check fitted parameters and the
+  features they are applied to, for both layers' predictions: shapes always, values
+  where :func:`concrete` can read them.
 
 A problem (paper Eq. final_opt_problem) is ``features [..., N, n-1]`` (log-odds
 against class 0), ``labels [..., N]`` in [0, n), ``query_ids [..., N]`` in
@@ -21,10 +24,12 @@ class it never sees); ``tau`` a cosine in [-1, 1]; ``lambda_inv`` finite and >= 
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["check_lambda", "check_problem", "check_setting_shape", "check_tau", "valid_problem"]
+__all__ = ["check_features", "check_lambda", "check_params", "check_problem",
+           "check_setting_shape", "check_tau", "concrete", "valid_problem"]
 
 
 def _at(where: str, index: tuple = ()) -> str:
@@ -100,7 +105,7 @@ def check_problem(features, labels, query_ids, *, mask=None, num_queries: int | 
     ``batch_axes`` is False), and an error names the first bad batch index.
 
     ``num_queries``: the bound on the query ids; None checks only that they are
-    non-negative integers (:func:`sc_jax.calibration.calibrators.fit` renumbers them).
+    non-negative integers (:func:`sc_jax.calibration.numpy_fit.fit` renumbers them).
     Returns the NumPy arrays ``(features, labels int32, query_ids, mask bool)``.
     """
     at = _at(where)
@@ -183,3 +188,52 @@ def valid_problem(features, labels, query_ids, mask, num_queries: int, lambda_in
         ok &= jnp.any(real & (labels == c), axis=-1)
     ok &= jnp.isfinite(lambda_inv) & (lambda_inv >= 0) & (lambda_inv <= LAMBDA_MAX)
     return ok & jnp.isfinite(tau) & (tau >= -1) & (tau <= 1)
+
+
+# ---------------------------------------------------------------------------------
+# Fitted parameters and the features they are applied to (both layers' predictions).
+
+
+def concrete(*arrays):
+    """NumPy copies of ``arrays`` (None stays None), or None if any is traced."""
+    try:
+        return [None if a is None else np.asarray(a) for a in arrays]
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        return None
+
+
+def check_params(b, w, n1: int | None, where: str = "") -> None:
+    """b and w ``[..., n-1]`` of one shape, ``n-1`` matching the features' last axis
+    (shapes: checked even when traced), and finite where concrete."""
+    b_shape, w_shape = np.shape(b), np.shape(w)
+    if len(b_shape) < 1 or b_shape != w_shape:
+        raise ValueError(f"b{where} and w{where} must be [..., n-1] arrays of one shape, got "
+                         f"{b_shape} and {w_shape}")
+    if n1 is not None and b_shape[-1] != n1:
+        # Broadcasting [1] over [..., n-1] gave an n-class answer from 2-class parameters.
+        raise ValueError(f"b{where} and w{where} are for {b_shape[-1] + 1} classes ([..., "
+                         f"{b_shape[-1]}]) but features have {n1} log-odds per row ({n1 + 1} "
+                         "classes): pass parameters fitted on features of this width")
+    for name, arr in (("b", b), ("w", w)):
+        host = concrete(arr)
+        if host is not None and not (np.issubdtype(host[0].dtype, np.floating)
+                                     or np.issubdtype(host[0].dtype, np.integer)):
+            raise ValueError(f"{name}{where} must be real numbers, got dtype {host[0].dtype}")
+        if host is not None and not np.all(np.isfinite(host[0])):
+            raise ValueError(f"{name}{where} holds NaN or infinite values: it is not a fit (check "
+                             "the fit's status: sc_jax.Status)")
+
+
+def check_features(features, where: str = "") -> None:
+    """features ``[..., n-1]`` with n >= 2 (shape checked even when traced), real and
+    finite where concrete."""
+    if np.ndim(features) < 1 or np.shape(features)[-1] < 1:
+        raise ValueError(f"features{where} must be [..., n-1] log-odds with n >= 2, got shape "
+                         f"{np.shape(features)}")
+    host = concrete(features)
+    if host is not None:
+        arr = np.asarray(host[0])
+        if not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
+            raise ValueError(f"features{where} must be real numbers, got dtype {arr.dtype}")
+        if not np.all(np.isfinite(arr)):
+            raise ValueError(f"features{where} hold NaN or infinite values")

@@ -14,7 +14,8 @@ import numpy as np
 
 from sc_jax.calibration import baselines
 from sc_jax.calibration.baselines import CONTENT_FREE_INPUTS, random_domain_strings
-from sc_jax.calibration.calibrators import fit_batch, predict_proba
+from sc_jax.calibration.numpy_fit import fit_batch
+from sc_jax.calibration.numpy_predict import predict_proba
 from sc_jax.calibration.objective import log_odds
 from sc_jax.experiment.ablation import ablate
 from sc_jax.experiment.ablation_report import check_ablation_out, write_ablation

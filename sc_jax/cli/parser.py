@@ -12,7 +12,7 @@ import platform
 import re
 
 from sc_jax import __version__
-from sc_jax.calibration.calibrators import GUARDS
+from sc_jax.calibration.numpy_fit import GUARDS
 from sc_jax.cli import commands
 from sc_jax.experiment.config import METHODS
 from sc_jax.runtime.devices import ACCELERATOR_PEAK_FLOPS
@@ -124,7 +124,7 @@ def _add_run_options(r) -> None:
     r.add_argument("--dtype", default="float32", choices=DTYPES, help=_DTYPE_HELP)
     r.add_argument("--max-size", type=int, default=5, help="sub-context sizes i = 1..min(this, k-1)")
     r.add_argument("--lambda-inv", type=float, default=None,
-                   help="invariance weight (default: the calibrators' documented default)")
+                   help="invariance weight (default: sc_jax.calibration.defaults.DEFAULT_LAMBDA_INV, 0.1)")
     r.add_argument("--tau", type=float, default=None,
                    help="trust-region cosine (default: the paper's schedule from in-sample accuracy)")
     r.add_argument("--guard", default="bias_only", choices=list(GUARDS),

@@ -21,7 +21,7 @@ in ``DIR/scores/`` (:func:`sc_jax.experiment.store.save_scores`). From them
 * ``single_size``: each size i alone (SC_i).
 * ``guard``: what SC does with sizes whose surrogate data the LLM scores below
   chance: nothing (the paper), the guard (SC* for those sizes,
-  :func:`sc_jax.calibration.calibrators.below_chance`), SC* for every size, and SC* without trust
+  :func:`sc_jax.calibration.numpy_fit.below_chance`), SC* for every size, and SC* without trust
   region (tau = -1) for every size, at the run's lambda_inv and tau
   (:data:`GUARD_SETTINGS`).
 
@@ -47,7 +47,9 @@ from pathlib import Path
 import numpy as np
 
 from sc_jax.calibration import baselines
-from sc_jax.calibration.calibrators import DEFAULT_LAMBDA_INV, fit_batch, predict_proba
+from sc_jax.calibration.defaults import DEFAULT_LAMBDA_INV
+from sc_jax.calibration.numpy_fit import fit_batch
+from sc_jax.calibration.numpy_predict import predict_proba
 from sc_jax.calibration.objective import log_odds
 from sc_jax.experiment import metrics
 from sc_jax.experiment.methods import fits_noted
@@ -244,7 +246,7 @@ def ablate(run_dir, *, lambda_invs=(0.0, None, 1.0, "paper"), m_values=None,
         before any fit; values above it beside others are left out with a warning.
     solver: None uses the run's. Every fit of one setting is one ``fit_batch`` call.
     guard: the guard of every study but ``guard`` ("none" or "bias_only", see
-        :func:`sc_jax.calibration.calibrators.fit_batch`); None uses the run's.
+        :func:`sc_jax.calibration.numpy_fit.fit_batch`); None uses the run's.
     No model is loaded and no LLM forward pass is made.
     """
     bad = [m for m in m_values or () if int(m) != m or m < 1]

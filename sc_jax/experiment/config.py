@@ -10,7 +10,7 @@ import dataclasses
 import math
 from typing import Any
 
-from sc_jax.calibration.calibrators import GUARDS
+from sc_jax.calibration.numpy_fit import GUARDS
 from sc_jax.experiment.splits import DEFAULT_TEST_SEED
 from sc_jax.scoring.memory import MemoryPolicy
 
@@ -31,7 +31,7 @@ SC_FITS = {"sc": (False, None, None), "sc_star": (True, None, None),
            "sc_star_free": (True, -1.0, None), "sc_paper": (False, None, "none")}
 
 
-# The run's guard (sc_jax.calibration.calibrators.fit_batch): SC* for a size whose surrogate data
+# The run's guard (sc_jax.calibration.numpy_fit.fit_batch): SC* for a size whose surrogate data
 # the LLM scores below chance. A deviation from the paper, chosen on the development
 # tasks (Rotten Tomatoes, SST-2, AG News; seeds 100-104; benchmarks/real_eval/README.md),
 # where the paper's fit reverses the LLM at those sizes; guard="none" is the paper's SC.
@@ -72,11 +72,11 @@ class RunConfig:
     test_seed: int | None = DEFAULT_TEST_SEED
     mode: str = "first_token"
     max_size: int = 5  # sizes i = 1..min(max_size, k-1)
-    lambda_inv: float | None = None  # None: the calibrators' documented default
+    lambda_inv: float | None = None  # None: sc_jax.calibration.defaults.DEFAULT_LAMBDA_INV (0.1)
     tau: float | None = None  # None: the paper's schedule from in-sample accuracy
     # "none": SC as the paper fits it; "bias_only": SC* (with the trust region) for a
     # size whose surrogate data the LLM scores below chance; "bias_only_free": the
-    # same with SC* unconstrained (sc_jax.calibration.calibrators.fit_batch).
+    # same with SC* unconstrained (sc_jax.calibration.numpy_fit.fit_batch).
     guard: str = DEFAULT_GUARD
     solver: str = "augmented_lagrangian"
     budget: int | None = 5000  # surrogate (context, query) pairs per size

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from sc_jax.calibration.calibrators import DEFAULT_LAMBDA_INV, base_accuracy, fit_batch, predict_proba
+from sc_jax.calibration.defaults import DEFAULT_LAMBDA_INV, base_accuracy
+from sc_jax.calibration.numpy_fit import fit_batch
+from sc_jax.calibration.numpy_predict import predict_proba
 from sc_jax.calibration.objective import log_odds
 from sc_jax.experiment import metrics
 from sc_jax.experiment.ablation import surrogate_problems

@@ -12,7 +12,8 @@ import numpy as np
 
 from sc_jax.calibration import baselines
 from sc_jax.calibration.baselines import BC_BATCH_SIZE
-from sc_jax.calibration.calibrators import fit_batch, predict_proba
+from sc_jax.calibration.numpy_fit import fit_batch
+from sc_jax.calibration.numpy_predict import predict_proba
 from sc_jax.calibration.objective import log_odds
 from sc_jax.experiment.config import SC_FITS, RunConfig
 from sc_jax.experiment.jobs import SeedScores
@@ -81,7 +82,7 @@ def fit_sc(scores: dict[int, SeedScores], name: str, k: int, config: RunConfig,
     return fits, params
 
 def param_record(name: str, k: int, seed: int, size: int, method: str, r) -> dict:
-    """What results.json keeps of one fit (a :class:`sc_jax.calibration.calibrators.FitResult`)."""
+    """What results.json keeps of one fit (a :class:`sc_jax.calibration.numpy_predict.FitResult`)."""
     return dict(dataset=name, shots=k, seed=seed, size=size, method=method,
                 b=r.b.tolist(), w=r.w.tolist(), status=r.status.name,
                 tau=r.tau, lambda_inv=r.lambda_inv, objective=r.objective,

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import jax
 
-from sc_jax.calibration.calibrators import DEFAULT_LAMBDA_INV
+from sc_jax.calibration.defaults import DEFAULT_LAMBDA_INV
 from sc_jax.experiment import metrics, samples
 from sc_jax.experiment.config import RunConfig, run_policy
 from sc_jax.experiment.jobs import SeedScores, draw_split, load_datasets, score_seed

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from sc_jax.calibration import baselines
-from sc_jax.calibration.calibrators import FitResult
+from sc_jax.calibration.numpy_predict import FitResult
 from sc_jax.calibration.solvers import Status
 from sc_jax.experiment import metrics
 from sc_jax.experiment.config import METHODS, SC_FITS, RunConfig

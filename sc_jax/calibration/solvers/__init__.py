@@ -29,6 +29,9 @@ The pieces, one job each:
 * :mod:`.charts`: the solver's coordinates (plain, one class in polar form, the
   classes near their apex in cosine form) and the chain rule into them;
 * :mod:`.runoff`: the ray test for unattained infima and the follow-up along them;
+* :mod:`.levels`: the rows f is evaluated on, subsamples first, then all rows;
+* :mod:`.lagrangian_state`: the iteration's setup and state, f, c and L_A in the
+  solver's coordinates;
 * :mod:`.lagrangian`: the augmented-Lagrangian iteration as init / step / terminate;
 * :mod:`.multistart`: starts, follow-up phases, the best end point, and
   :func:`augmented_lagrangian`;
@@ -51,7 +54,7 @@ from sc_jax.calibration.solvers.batching import (
     trace_counts,
 )
 from sc_jax.calibration.solvers.geometry import project_cone
-from sc_jax.calibration.solvers.lagrangian import coarse_subsample
+from sc_jax.calibration.solvers.levels import coarse_subsample
 from sc_jax.calibration.solvers.multistart import (
     NONCONVEX_LAMBDA,
     NONCONVEX_STARTS,

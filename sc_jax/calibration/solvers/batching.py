@@ -23,7 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from sc_jax.calibration.objective import Params, Problem, value
-from sc_jax.calibration.solvers import lagrangian, multistart
+from sc_jax.calibration.solvers import multistart
+from sc_jax.calibration.solvers.levels import Rows, level_designs, level_evaluator
 from sc_jax.calibration.solvers.projected import projected
 from sc_jax.calibration.solvers.types import Solution, SolverOptions
 
@@ -32,8 +33,9 @@ _JAX_METHODS: dict[str, Callable[..., Solution]] = {
     "projected": projected,
 }
 
-# Number of times each batched solver has been traced (i.e. compiled). Tests use it
-# to prove that a batch's contents never trigger a recompilation.
+# Mutable module state, on purpose: how often each batched solver has been traced
+# (compiled). Tracing happens inside jax.jit, which hands nothing else back to count it
+# by; tests read it to prove that a batch's contents never trigger a recompilation.
 trace_counts: dict[str, int] = {name: 0 for name in _JAX_METHODS}
 
 
@@ -191,12 +193,15 @@ def split_parts(counts: Sequence[int], rows: Sequence[int], parts: int):
     return slots, assign
 
 
-_POOL: list = [None, 0]  # a ThreadPoolExecutor kept across calls, and its size
+# Mutable module state, on purpose: one ThreadPoolExecutor per process and its size,
+# kept across calls (and only grown), since starting and joining threads on every call
+# costs a noticeable share of a small batch's solve.
+_POOL: list = [None, 0]
 
 
 def _thread_pool(threads: int) -> ThreadPoolExecutor:
-    """A pool of at least ``threads`` workers, kept for the next call: starting and
-    joining threads on every call costs a noticeable share of a small batch's solve."""
+    """A pool of at least ``threads`` workers, the one in ``_POOL`` if it is large
+    enough, else a larger one that replaces it."""
     if _POOL[1] < threads:
         if _POOL[0] is not None:
             _POOL[0].shutdown(wait=False)
@@ -372,21 +377,21 @@ def solve_slots(problems: tuple, lambda_invs: tuple, taus: tuple, take, *,
     problems, lambda_invs, taus = gather_parts(problems, lambda_invs, taus, take)
     dtype = problems[0].features.dtype
     n1 = problems[0].num_classes - 1
-    stages = [options.coarse_levels(int(p.features.shape[1])) for p in problems]
-    if any(stages):
-        levels = jnp.asarray([len(z) for z in stages], jnp.int32)
-    else:  # no subsample anywhere: known at trace time, no stage switch at all
+    sizes = [options.coarse_levels(int(p.features.shape[1])) for p in problems]
+    if any(sizes):
+        levels = jnp.asarray([len(z) for z in sizes], jnp.int32)
+    else:  # no subsample anywhere: known at trace time, no level switch at all
         levels = None
 
     def slot(args):
         probs, lams, ts, ok = args  # one instance of every bucket
-        designs = [lagrangian.stage_designs(p, z) for p, z in zip(probs, stages)]
+        designs = [level_designs(p, z) for p, z in zip(probs, sizes)]
         has_rows = jnp.stack([jnp.any(p.mask > 0) for p in probs])
 
         def job(_, xs):
             j, lam, tau, good = xs
-            evals = [lagrangian.stage_evaluator(ds, lam) for ds in designs]
-            rows = lagrangian.Rows(
+            evals = [level_evaluator(ds, lam) for ds in designs]
+            rows = Rows(
                 evaluate=lambda x, level: jax.lax.switch(
                     j, [lambda e=e: e(x, level) for e in evals]),
                 value=lambda x: jax.lax.switch(
@@ -426,7 +431,7 @@ def solve_batch(problem: Problem | Sequence[Problem], lambda_inv, tau, *,
     :func:`solve_slots`; the same solutions, a test compares them). Under vmap
     every instance pays for the
     batch's padded N and for its slowest instance's iterations, so grouping problems
-    of similar size saves both (see ``sc_jax.calibration.calibrators.fit_batch``).
+    of similar size saves both (see ``sc_jax.calibration.numpy_fit.fit_batch``).
 
     threads: host threads that each solve a part of the batch (:func:`resolve_threads`;
     None: on CPU one per core, else 1). The parts share one shape, so one compiled
@@ -443,7 +448,7 @@ def solve_batch(problem: Problem | Sequence[Problem], lambda_inv, tau, *,
     """
     if method not in _JAX_METHODS:
         raise ValueError(f"unknown JAX solver {method!r}; choose one of "
-                         f"{tuple(_JAX_METHODS)} (or 'scipy' through sc_jax.calibration.calibrators.fit)")
+                         f"{tuple(_JAX_METHODS)} (or 'scipy' through sc_jax.calibration.numpy_fit.fit)")
     backend = jax.default_backend() if device is None else device.platform
     fn = batched(method, sc_star, options, resolve_batch_size(batch_size, backend), backend)
     threads = resolve_threads(threads, backend)

@@ -26,8 +26,8 @@ away from a direction along which the data are separable grows with ||x||: once 
 iterate runs off along such an infeasible direction, no finite rho brings it back.
 
 Large problems are first solved, by the same loop, on fixed random subsamples of their
-rows (:class:`.types.SolverOptions` ``coarse_rows``), each stage from the last one's
-point, multiplier and penalty. Where the constraint is active at a stage's end, and
+rows (:class:`.types.SolverOptions` ``coarse_rows``), each level from the last one's
+point, multiplier and penalty. Where the constraint is active at a level's end, and
 after a multiplier update with mu > 0 (at most ``_SQP_ENTRIES`` times per solve), the
 loop takes joint primal-dual Newton steps on the KKT conditions
 (:func:`.steps.sqp_step`), backtracked on the KKT residual, while the KKT matrix has
@@ -38,27 +38,34 @@ its end point (``_TERMINAL_FRACTION``).
 The loop works in the solver's coordinates z of a :class:`.charts.Chart`: x itself,
 x with one class in polar form (the follow-up of a run-off), or x with the classes
 near their apex in cosine form (the follow-up of a stop there); the follow-ups are
-:mod:`.multistart`'s, never for SC*, whose w is pinned.
+:mod:`.multistart`'s, never for SC*, whose w is pinned. Its setup and state, and f, c
+and L_A in its coordinates, are in :mod:`.lagrangian_state`; the rows of each level
+in :mod:`.levels`.
 """
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from sc_jax.calibration.objective import Problem, design, value_grad_hess
-from sc_jax.calibration.solvers import charts, parameters
+from sc_jax.calibration.solvers import charts
 from sc_jax.calibration.solvers.charts import Chart
-from sc_jax.calibration.solvers.geometry import (
-    cosine_margin,
-    mean_cosine_derivatives,
-    scale_constraint,
+from sc_jax.calibration.solvers.lagrangian_state import (
+    Coarse,
+    Dual,
+    Point,
+    PrimalDual,
+    Setup,
+    State,
+    Trial,
+    constraint,
+    constraint_measure,
+    derivatives,
+    lagrangian,
 )
 from sc_jax.calibration.solvers.steps import kkt_residual, sqp_step, trust_region_step
-from sc_jax.calibration.solvers.types import SolverOptions
 
 Array = jax.Array
 
@@ -72,219 +79,12 @@ _TERMINAL_FRACTION = 0.1
 
 
 # ---------------------------------------------------------------------------------
-# What the loop reads of one instance's data.
-
-
-class Rows(NamedTuple):
-    """``evaluate(x, level)`` gives f, its gradient and Hessian at the full (b, w) on
-    the rows of stage ``level`` (subsamples first, ``levels`` = all rows);
-    ``value(x)`` f on all rows; ``has_rows`` whether any row is real (a batch filler
-    has none). A Python int ``levels`` is known at trace time; the solver of many
-    buckets in one loop (:func:`.batching.solve_slots`) passes the instance's own as
-    a traced int."""
-
-    evaluate: Callable
-    value: Callable
-    levels: int | Array
-    has_rows: Array
-
-
-def coarse_subsample(num_rows: int, size: int) -> np.ndarray:
-    """The rows of a subsample stage (:class:`.types.SolverOptions` ``coarse_rows``):
-    ``size`` of ``num_rows`` drawn without replacement by a fixed generator, sorted.
-    A function of the two sizes alone (static under jit); random rather than
-    strided, so that no period of the rows' order (contexts enumerated per query)
-    aliases with it. Padded rows drawn stay masked."""
-    rng = np.random.default_rng(num_rows)
-    return np.sort(rng.choice(num_rows, size, replace=False))
-
-
-def stage_designs(problem: Problem, sizes: list) -> list:
-    """The :class:`Design` of each stage of one unbatched problem: its fixed random
-    subsample of each size in ``sizes`` (:func:`coarse_subsample`), then all rows."""
-    num_rows = problem.features.shape[0]
-    return [design(jax.tree.map(lambda a, r=coarse_subsample(num_rows, m): a[r], problem))
-            for m in sizes] + [design(problem)]
-
-
-def stage_evaluator(designs: list, lambda_inv) -> Callable:
-    """``evaluate(x, level)`` over a problem's stage designs (subsamples, then all
-    rows): a switch where there are subsamples (on CPU only the branch taken runs)."""
-    if len(designs) == 1:
-        return lambda x, level: value_grad_hess(x, designs[0], lambda_inv)
-    return lambda x, level: jax.lax.switch(
-        level, [lambda dd=dd: value_grad_hess(x, dd, lambda_inv) for dd in designs])
-
-
-# ---------------------------------------------------------------------------------
-# Static setup and the grouped state.
-
-
-class Setup(NamedTuple):
-    """What stays fixed during one instance's solve (Python values and traced
-    scalars; a closure of the loop, never a loop carry)."""
-
-    rows: Rows
-    n1: int
-    sc_star: bool
-    options: SolverOptions
-    tau: Array
-    tol: float
-    feas_tol: float
-    coarse_tol: float
-    coarse_feas: float
-    coarse_budget: int | Array
-    rho_max: float
-    # rho grows only on a violation above 10x this (and 10 feas_tol): float32's
-    # rounding noise in the constraint measure along a run-off reaches 1e-6 (scaled
-    # by sqrt(1 + ||z||^2)), and rho grown on that noise made such solves crawl.
-    rho_floor: float
-
-
-def setup(rows: Rows, n1: int, dtype, tau, *, sc_star: bool, options: SolverOptions) -> Setup:
-    """The :class:`Setup` of one instance (tolerances by dtype:
-    :meth:`SolverOptions.tolerances`)."""
-    tol, feas_tol = options.tolerances(dtype)
-    f64 = jnp.dtype(dtype) == jnp.float64
-    levels = rows.levels
-    # Every subsample stage hands over before its budget ends, so every solve ends on
-    # all rows (its final f, gradient and status are the full problem's).
-    if isinstance(levels, int):
-        budget = max(min(options.max_coarse_iter, (options.max_iter - 1) // max(levels, 1)), 1)
-    else:
-        budget = jnp.maximum(jnp.minimum(
-            options.max_coarse_iter, (options.max_iter - 1) // jnp.maximum(levels, 1)), 1)
-    return Setup(rows, n1, sc_star, options, jnp.asarray(tau, dtype), tol, feas_tol,
-                 max(options.coarse_tol, tol), max(options.coarse_tol, feas_tol), budget,
-                 options.rho_max if options.rho_max is not None else (1e8 if f64 else 1e4),
-                 1e-9 if f64 else 1e-6)
-
-
-class Point(NamedTuple):
-    """The accepted point z; f, the scaled constraint c and their derivatives there."""
-
-    z: Array
-    f: Array
-    grad: Array
-    hess: Array
-    c: Array
-    gc: Array
-    hc: Array
-
-
-class Trial(NamedTuple):
-    """The pending step, evaluated at the top of the next pass."""
-
-    z: Array  # its end point
-    La: Array  # L_A at the accepted point, for the subproblem the step was made on
-    pred: Array  # its predicted decrease of L_A
-    interior: Array  # a Newton step strictly inside the trust region
-    fresh: Array  # a start point: accept it unconditionally
-    gsub: Array  # max |grad L_A| at the accepted point, for that subproblem
-    radius: Array  # trust-region radius
-
-
-class Dual(NamedTuple):
-    """The outer iteration: multiplier, penalty and progress."""
-
-    mu: Array  # multiplier estimate, >= 0
-    rho: Array  # penalty parameter
-    measure: Array  # |min(g, mu/rho)| at the last outer update
-    outer: Array  # outer updates
-    inner: Array  # steps on the current subproblem
-
-
-class PrimalDual(NamedTuple):
-    """The joint primal-dual (SQP) mode."""
-
-    on: Array  # the pending trial is a primal-dual step
-    mu: Array  # the multiplier that goes with that trial
-    frac: Array  # the fraction of the Newton step it takes (backtracking)
-    residual: Array  # KKT residual at the accepted point, which the trial must lower
-    entries: Array  # modes begun at a multiplier update
-
-
-class Stage(NamedTuple):
-    """Subsample stages: ``level`` indexes the sizes; their count means all rows."""
-
-    level: Array
-    since: Array  # ``it`` when the stage began
-    start: Array  # the start point (the all-rows solve's, if a subsample stage fails)
-
-
-class State(NamedTuple):
-    point: Point
-    trial: Trial
-    dual: Dual
-    pd: PrimalDual
-    stage: Stage
-    it: Array  # evaluations of f (one per pass)
-    done: Array
-    chart: Chart  # the solver's coordinates (see .charts)
-
-
-# ---------------------------------------------------------------------------------
-# f, the constraint and the augmented Lagrangian in the solver's coordinates.
-
-
-def derivatives(su: Setup, z: Array, level, chart: Chart) -> tuple:
-    """(f, grad f, hess f, c, grad c, hess c) at z on the rows of stage ``level``.
-
-    f's and the mean cosine's derivatives are taken in x and carried to z: for SC* by
-    :func:`.parameters.restrict`, otherwise by :func:`.charts.carry`.
-    """
-    x = to_x(su, z, chart)
-    f, g, h = su.rows.evaluate(x, level)
-    _, gm, hm = mean_cosine_derivatives(x)
-    if su.sc_star:
-        g, h = parameters.restrict(g, h, True)
-        gm, hm = parameters.restrict(gm, hm, True)
-    else:
-        g, h, gm, hm = charts.carry(z, chart, su.n1, g, h, gm, hm)
-    return (f, g, h, *scale_constraint(margin(su, z, chart), gm, hm, z))
-
-
-def to_x(su: Setup, z: Array, chart: Chart) -> Array:
-    """Solver coordinates -> the full flat x = (b, w)."""
-    return parameters.expand(z, True) if su.sc_star else charts.to_x(z, chart, su.n1)
-
-
-def margin(su: Setup, z: Array, chart: Chart) -> Array:
-    """The mean cosine minus tau at z (:func:`.charts.margin`); >= 0 is feasible."""
-    if su.sc_star:
-        return cosine_margin(parameters.expand(z, True), su.tau)
-    return charts.margin(z, chart, su.tau, su.n1)
-
-
-def constraint(su: Setup, z: Array, chart: Chart) -> Array:
-    """The scaled constraint c(z) = (m(x) - tau) sqrt(1 + ||z||^2); >= 0 is feasible."""
-    return margin(su, z, chart) * jnp.sqrt(1.0 + jnp.dot(z, z))
-
-
-def constraint_measure(z: Array, c: Array, mu: Array, rho: Array) -> Array:
-    """|min(g, mu / rho)| with the PHR shift, in cosine units (c carries the factor
-    sqrt(1 + ||z||^2)): 0 exactly at a feasible, complementary point."""
-    shifted = jnp.maximum(mu - rho * c, 0.0)
-    return jnp.abs(jnp.minimum(c, shifted / rho)) * jax.lax.rsqrt(1.0 + jnp.dot(z, z))
-
-
-def lagrangian(p: Point, mu: Array, rho: Array):
-    """L_A, its gradient and (generalised) Hessian at the point, and the shifted
-    multiplier max(0, mu - rho c)."""
-    shifted = jnp.maximum(mu - rho * p.c, 0.0)
-    value_ = p.f + (shifted**2 - mu**2) / (2.0 * rho)
-    grad = p.grad - shifted * p.gc
-    hess = p.hess - shifted * p.hc + jnp.where(mu - rho * p.c > 0, rho, 0.0) * jnp.outer(p.gc, p.gc)
-    return value_, grad, hess, shifted
-
-
-# ---------------------------------------------------------------------------------
 # init / step / terminate.
 
 
 def init(su: Setup, z0: Array, chart: Chart | None = None, level0=0) -> State:
     """The state before the first pass, from z0 (in the coordinates of ``chart``, the
-    plain chart if None) at stage ``level0``; z0 is the first trial, accepted
+    plain chart if None) at level ``level0``; z0 is the first trial, accepted
     unconditionally."""
     dtype = su.tau.dtype
     zero, p = jnp.zeros((), dtype), z0.shape[0]
@@ -297,7 +97,7 @@ def init(su: Setup, z0: Array, chart: Chart | None = None, level0=0) -> State:
                     jnp.asarray(su.options.radius_init, dtype)),
         dual=Dual(zero, jnp.asarray(su.options.rho_init, dtype), inf, zero_i, zero_i),
         pd=PrimalDual(jnp.asarray(False), zero, jnp.ones((), dtype), inf, zero_i),
-        stage=Stage(jnp.asarray(level0, jnp.int32), zero_i, z0),
+        coarse=Coarse(jnp.asarray(level0, jnp.int32), zero_i, z0),
         it=zero_i, done=jnp.asarray(False),
         chart=charts.plain(su.n1) if chart is None else chart)
 
@@ -383,7 +183,7 @@ class _Outer(NamedTuple):
     mu: Array
     rho: Array
     update: Array  # the multiplier and penalty were updated
-    kkt: Array  # the accepted point is a KKT point of this stage
+    kkt: Array  # the accepted point is a KKT point on this level's rows
     loose: Array  # the subproblem is solved as well as the multiplier is known
     measure: Array
     gmax: Array  # max |grad L_A| at the accepted point, before the update
@@ -500,7 +300,7 @@ def _terminal(su: Setup, s: State, j: _Judged, o: _Outer, pr: _Proposal, fine, t
     end point's stationarity follows from the steps already seen, its f is the
     quadratic model's (the error is third order in a step of about r / ||H||), and
     its constraint measure is evaluated exactly (it involves no data). All-rows
-    stage only; it saves the pass that would only confirm convergence.
+    level only; it saves the pass that would only confirm convergence.
     """
     tiny_ = jnp.finfo(su.tau.dtype).tiny
     p = j.point
@@ -522,22 +322,22 @@ def _terminal(su: Setup, s: State, j: _Judged, o: _Outer, pr: _Proposal, fine, t
 
 def step(su: Setup, s: State) -> State:
     """One pass: evaluate the pending trial and accept or reject it; converged, or
-    update the multiplier and penalty; propose the next step; at a subsample stage's
-    end, hand over to the next stage (from its KKT point, multiplier and penalty,
-    with primal-dual steps where the constraint is active), or, if the stage did
+    update the multiplier and penalty; propose the next step; at a subsample level's
+    end, hand over to the next level (from its KKT point, multiplier and penalty,
+    with primal-dual steps where the constraint is active), or, if the level did
     not get there, to all rows afresh."""
     levels = su.rows.levels
-    fine = s.stage.level == levels
+    fine = s.coarse.level == levels
     if not isinstance(levels, int) or levels > 0:
         tol_s = jnp.where(fine, su.tol, su.coarse_tol)
         feas_s = jnp.where(fine, su.feas_tol, su.coarse_feas)
     else:
         tol_s, feas_s = su.tol, su.feas_tol
-    j = _judge_trial(su, s, derivatives(su, s.trial.z, s.stage.level, s.chart))
+    j = _judge_trial(su, s, derivatives(su, s.trial.z, s.coarse.level, s.chart))
     o = _outer_update(su, s, j, tol_s, feas_s)
     pr = _propose(su, s, j, o)
     terminal, z_fin, f_fin, c_fin, mu_fin = _terminal(su, s, j, o, pr, fine, tol_s, feas_s)
-    switch = ~fine & (o.kkt | (s.it + 1 - s.stage.since >= su.coarse_budget))
+    switch = ~fine & (o.kkt | (s.it + 1 - s.coarse.since >= su.coarse_budget))
     restart = switch & ~o.kkt
     p, opts = j.point, su.options
     fin = lambda new, old: jnp.where(terminal, new, old)  # noqa: E731
@@ -547,7 +347,7 @@ def step(su: Setup, s: State) -> State:
         point=Point(fin(z_fin, p.z), fin(f_fin, p.f), p.grad, p.hess, fin(c_fin, p.c),
                     p.gc, p.hc),
         trial=Trial(
-            z=jnp.where(switch, jnp.where(o.kkt, p.z, s.stage.start), p.z + pr.step),
+            z=jnp.where(switch, jnp.where(o.kkt, p.z, s.coarse.start), p.z + pr.step),
             La=pr.La, pred=pr.pred,
             interior=~pr.pd_on & (jnp.linalg.norm(pr.step) < 0.99 * j.radius),
             fresh=switch, gsub=pr.gsub,
@@ -562,7 +362,7 @@ def step(su: Setup, s: State) -> State:
             on=jnp.where(switch, o.kkt & ((o.mu > 0) | (p.c <= 0)), pr.pd_on), mu=pr.mu_pd,
             frac=pr.frac, residual=kkt_residual(p.grad, p.c, p.gc, o.mu),
             entries=s.pd.entries + pr.enter.astype(jnp.int32)),
-        stage=Stage(
-            level=jnp.where(switch, jnp.where(o.kkt, s.stage.level + 1, levels), s.stage.level),
-            since=jnp.where(switch, s.it + 1, s.stage.since), start=s.stage.start),
+        coarse=Coarse(
+            level=jnp.where(switch, jnp.where(o.kkt, s.coarse.level + 1, levels), s.coarse.level),
+            since=jnp.where(switch, s.it + 1, s.coarse.since), start=s.coarse.start),
         it=s.it + 1, done=(o.kkt & fine) | terminal, chart=s.chart)

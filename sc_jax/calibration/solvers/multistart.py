@@ -34,6 +34,8 @@ import numpy as np
 from sc_jax.calibration.objective import COSINE_EPS, Problem, value
 from sc_jax.calibration.solvers import charts, lagrangian, parameters
 from sc_jax.calibration.solvers.geometry import cosine_margin, restore_feasibility
+from sc_jax.calibration.solvers.lagrangian_state import Setup, State, setup
+from sc_jax.calibration.solvers.levels import Rows, level_designs, level_evaluator
 from sc_jax.calibration.solvers.runoff import not_attained
 from sc_jax.calibration.solvers.types import Solution, SolverOptions, finish
 
@@ -97,21 +99,21 @@ class Phase(NamedTuple):
     apex: Array  # [n1] the classes an apex follow-up puts in cosine form
 
 
-def _margin(su: lagrangian.Setup, v: Array) -> Array:
+def _margin(su: Setup, v: Array) -> Array:
     """Mean cosine minus tau at v: >= 0 is feasible."""
     return cosine_margin(parameters.expand(v, su.sc_star), su.tau)
 
 
-def _feasible(su: lagrangian.Setup, v: Array) -> Array:
+def _feasible(su: Setup, v: Array) -> Array:
     return _margin(su, v) >= -su.feas_tol
 
 
-def _fun(su: lagrangian.Setup, v: Array) -> Array:
+def _fun(su: Setup, v: Array) -> Array:
     """f on all rows at v."""
     return su.rows.value(parameters.expand(v, su.sc_star))
 
 
-def _end_phase(su: lagrangian.Setup, s: lagrangian.State, force, one_site: bool) -> Phase:
+def _end_phase(su: Setup, s: State, force, one_site: bool) -> Phase:
     """A phase's end point in plain coordinates, moved onto the constraint if it ended
     outside it, then the ray test (which follows a run-off it finds); and which
     follow-up, if any, a first phase calls for."""
@@ -146,9 +148,9 @@ def _end_phase(su: lagrangian.Setup, s: lagrangian.State, force, one_site: bool)
                  s.it, s.dual.outer, rt.cls, runoff | jnp.any(apex), apex)
 
 
-def _phase(su: lagrangian.Setup, prev: Phase, z0, chart, level0, later,
+def _phase(su: Setup, prev: Phase, z0, chart, level0, later,
            one_site: bool) -> Phase:
-    """One phase from z0 (coordinates of ``chart``) at stage ``level0``. A later phase
+    """One phase from z0 (coordinates of ``chart``) at level ``level0``. A later phase
     is a follow-up: of a run-off (one class in polar form) or of a stop near the apex
     (those classes in cosine form); from the first phase's end, on all rows, with a
     budget of ``max_iter`` passes of its own (a first phase that crawled along the
@@ -169,8 +171,8 @@ def _follow_up_chart(prev: Phase) -> charts.Chart:
     return charts.Chart(jnp.where(to_apex, -1, prev.cls).astype(jnp.int32), prev.apex)
 
 
-def solve_start(su: lagrangian.Setup, z0: Array, one_site: bool = False) -> Phase:
-    """One start's solve: its first phase (the plain chart, stage 0), then, where its
+def solve_start(su: Setup, z0: Array, one_site: bool = False) -> Phase:
+    """One start's solve: its first phase (the plain chart, level 0), then, where its
     end calls for one, the follow-up, both in one loop (one copy of the solver's loop
     and of the ray test in the program)."""
     n1 = su.n1
@@ -194,7 +196,7 @@ def solve_start(su: lagrangian.Setup, z0: Array, one_site: bool = False) -> Phas
                               body, (zero_i, none))[1]
 
 
-def best_start(su: lagrangian.Setup, runs: Phase) -> Phase:
+def best_start(su: Setup, runs: Phase) -> Phase:
     """The lowest objective among the starts' feasible end points (``[S]`` runs),
     converged or not: a start that runs off along a separable direction never
     converges, and its falling f beats every KKT point of the other basins (its ray
@@ -209,11 +211,11 @@ def best_start(su: lagrangian.Setup, runs: Phase) -> Phase:
                                                       outer=jnp.sum(runs.outer))
 
 
-def solve(rows: lagrangian.Rows, n1: int, dtype, lambda_inv, tau, *, sc_star: bool,
+def solve(rows: Rows, n1: int, dtype, lambda_inv, tau, *, sc_star: bool,
           options: SolverOptions, one_site: bool = False) -> Solution:
-    """The augmented Lagrangian on one instance's :class:`.lagrangian.Rows`, from
+    """The augmented Lagrangian on one instance's :class:`.levels.Rows`, from
     ``options.num_starts`` starts (``one_site``: see :func:`.runoff.not_attained`)."""
-    su = lagrangian.setup(rows, n1, dtype, tau, sc_star=sc_star, options=options)
+    su = setup(rows, n1, dtype, tau, sc_star=sc_star, options=options)
     starts = jnp.asarray(start_points(n1, options.num_starts, sc_star), dtype)  # [S, p]
     if options.num_starts == 1:
         res = solve_start(su, starts[0], one_site)
@@ -235,7 +237,7 @@ def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = F
     """Solve Eq. final_opt_problem (the mean-cosine constraint) for one problem.
 
     The PHR augmented Lagrangian of :mod:`.lagrangian` (trust-region Newton steps
-    with the exact Hessian, primal-dual steps near the solution, subsample stages
+    with the exact Hessian, primal-dual steps near the solution, subsample levels
     for large N) from ``options.num_starts`` starts (:func:`start_points`; the
     identity, b = 0 and w = 1, first), each followed up on its own run-off; the
     best end point is kept (:func:`best_start`). An infimum that is not attained
@@ -249,8 +251,8 @@ def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = F
     dtype = problem.features.dtype
     lambda_inv = jnp.asarray(lambda_inv, dtype)
     sizes = options.coarse_levels(problem.features.shape[0])
-    designs = lagrangian.stage_designs(problem, sizes)
-    rows = lagrangian.Rows(evaluate=lagrangian.stage_evaluator(designs, lambda_inv),
+    designs = level_designs(problem, sizes)
+    rows = Rows(evaluate=level_evaluator(designs, lambda_inv),
                            value=lambda x: value(x, designs[-1], lambda_inv),
                            levels=len(sizes), has_rows=jnp.any(problem.mask > 0))
     return solve(rows, problem.num_classes - 1, dtype, lambda_inv, tau, sc_star=sc_star,

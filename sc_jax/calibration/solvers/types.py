@@ -96,7 +96,7 @@ class SolverOptions:
         is kept, converged or not, so a start that runs off to an unattained
         infimum wins and is reported UNBOUNDED. The problem is not convex once the
         invariance term weighs (lambda_inv >= NONCONVEX_LAMBDA = 0.5), and there one
-        start often ends at a worse KKT point: :func:`sc_jax.calibration.calibrators.fit_batch`
+        start often ends at a worse KKT point: :func:`sc_jax.calibration.numpy_fit.fit_batch`
         uses ``NONCONVEX_STARTS`` there unless given options.
     rho_init, rho_growth, rho_max: PHR penalty parameter schedule. rho grows when the
         constraint measure did not shrink by ``progress`` in one outer step, up to
@@ -107,15 +107,15 @@ class SolverOptions:
         momentum restarts.
     coarse_rows, coarse_tol, max_coarse_iter: subsample sizes (an int or a tuple;
         default 2,048). A problem of N rows is first solved on a fixed random
-        subsample of each size m with N > 2 m, smallest first, each stage from the
+        subsample of each size m with N > 2 m, smallest first, each level from the
         last one's end, to a stationarity and feasibility of ``coarse_tol`` (the
         sampling error is about 1/sqrt(m), so a tighter solve there buys nothing),
-        in at most ``max_coarse_iter`` evaluations per stage; the solve then ends on
-        all rows. The cheap stages absorb the slow start from the identity; the
+        in at most ``max_coarse_iter`` evaluations per level; the solve then ends on
+        all rows. The cheap levels absorb the slow start from the identity; the
         later ones begin near their solution, where a few joint primal-dual Newton
-        steps finish them. Every stage costs about 1 s of compile time per bucket
+        steps finish them. Every level costs about 1 s of compile time per bucket
         (one more copy of the evaluation), so more than one size is an option for
-        very large N, not the default. If a subsample stage fails, the solve
+        very large N, not the default. If a subsample level fails, the solve
         continues on all rows afresh. At most ``max_iter - 1`` evaluations go to
         the subsamples. 0 (or an empty tuple) disables.
     follow_runoffs: after a solve whose end point the ray test finds on a run-off

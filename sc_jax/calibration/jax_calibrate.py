@@ -1,7 +1,7 @@
-"""Supervised Calibration as pure JAX functions of arrays, for research code.
+"""Supervised Calibration as one pure JAX function, :func:`calibrate`, for research code.
 
-Everything here is jit-able, vmap-able and (where it says so) differentiable, takes
-and returns arrays or pytrees of arrays, and never calls back to the host::
+It is jit-able, vmap-able and differentiable, takes and returns arrays or pytrees of
+arrays, and never calls back to the host::
 
     @jax.jit
     def loss(features, labels, query_ids, test_features):
@@ -11,10 +11,11 @@ and returns arrays or pytrees of arrays, and never calls back to the host::
 
     jax.grad(loss)(...)   # through the solve, by implicit differentiation
 
-The NumPy-facing :mod:`sc_jax.calibration.calibrators` (``fit``, ``fit_batch``,
-``predict_proba``) is a thin layer over these: the default lambda_inv, the Appendix A
-tau schedule, the base model's accuracy and the calibrated probabilities are defined
-here once, for both layers.
+Its result, :class:`Calibration`, is turned into probabilities by
+:mod:`sc_jax.calibration.jax_predict`. The NumPy batch layer
+(:mod:`sc_jax.calibration.numpy_fit`: ``fit``, ``fit_batch``) shares its defaults
+(:mod:`sc_jax.calibration.defaults`) and input checks
+(:mod:`sc_jax.calibration.validation`).
 """
 
 from __future__ import annotations
@@ -22,15 +23,15 @@ from __future__ import annotations
 import functools
 import math
 import warnings
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from sc_jax.calibration import solvers
+from sc_jax.calibration.defaults import DEFAULT_LAMBDA_INV, base_accuracy, tau_schedule
 from sc_jax.calibration.objective import (
-    Params,
     Problem,
     class_cosines,
     design_arrays,
@@ -38,33 +39,19 @@ from sc_jax.calibration.objective import (
     params_from_flat,
     value,
 )
-from sc_jax.calibration.objective import calibrated_log_probs as _log_probs
 from sc_jax.calibration.solvers import SolverOptions, Status
 from sc_jax.calibration.validation import (
     check_lambda,
     check_problem,
     check_setting_shape,
     check_tau,
+    concrete,
     valid_problem,
 )
 
 Array = jax.Array
 
-__all__ = [
-    "Calibration",
-    "calibrate",
-    "calibrated_log_probs",
-    "ensemble_proba",
-    "tau_schedule",
-]
-
-#: Weight of the invariance penalty when none is given, for both layers (the evidence
-#: for 0.1 is in :mod:`sc_jax.calibration.calibrators`).
-DEFAULT_LAMBDA_INV = 0.1
-
-#: Paper Appendix A: (least in-sample accuracy, alpha in degrees before the 1/(K-1)
-#: root), tightest first; below the last, alpha = 180 (tau = -1, no trust region).
-TAU_SCHEDULE = ((0.9, 20.0), (0.7, 45.0), (0.5, 90.0))
+__all__ = ["Calibration", "calibrate", "warn_unless_converged"]
 
 
 class Calibration(NamedTuple):
@@ -102,10 +89,10 @@ def warn_unless_converged(status, what: str, stacklevel: int = 3) -> None:
     """Warn (at the Python level, where ``status`` is concrete; nothing under a trace,
     where no value can be read) when a fit's status is not CONVERGED: its parameters
     are the last iterate of a solve that did not end at a minimum, or NaN."""
-    concrete = _concrete(status)
-    if concrete is None:
+    host = concrete(status)
+    if host is None:
         return
-    codes = np.atleast_1d(np.asarray(concrete[0]))
+    codes = np.atleast_1d(np.asarray(host[0]))
     bad = sorted({int(c) for c in codes.ravel() if int(c) != Status.CONVERGED})
     if bad:
         names = ", ".join(Status(c).name if c in Status._value2member_map_ else str(c) for c in bad)
@@ -113,156 +100,6 @@ def warn_unless_converged(status, what: str, stacklevel: int = 3) -> None:
                       "minimum of the calibration objective (and gradients through it are not "
                       "meaningful); check Calibration.status / FitResult.status first",
                       RuntimeWarning, stacklevel=stacklevel)
-
-
-def tau_levels(num_classes: int) -> tuple[float, ...]:
-    """The trust-region levels tau = cos(alpha degrees) of :data:`TAU_SCHEDULE` for K =
-    ``num_classes``, one per row and then -1: Python floats (float64), the same
-    numbers on every backend."""
-    root = 1.0 / (num_classes - 1)
-    alphas = [alpha**root for _, alpha in TAU_SCHEDULE] + [180.0]
-    return tuple(float(np.clip(math.cos(math.radians(a)), -1.0, 1.0)) for a in alphas)
-
-
-def tau_schedule(accuracy: Array, num_classes: int) -> Array:
-    """Paper Appendix A: tau = cos(alpha degrees) from the base model's accuracy.
-
-    alpha = 20^(1/(K-1)) if accuracy >= 0.9; 45^(1/(K-1)) if >= 0.7; 90^(1/(K-1)) if
-    >= 0.5; otherwise 180 (tau = -1, no trust region). ``accuracy`` may be traced and
-    batched; ``num_classes`` (K) is static. The levels are :func:`tau_levels`.
-    """
-    if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) \
-            or num_classes < 2:
-        # K = 1 divided by zero in the 1/(K-1) root.
-        raise ValueError(f"num_classes must be an integer >= 2 (the number of classes K), "
-                         f"got {num_classes!r}")
-    concrete = _concrete(accuracy)
-    if concrete is not None:
-        acc = np.asarray(concrete[0])
-        # NaN read as "below 0.5" (tau = -1) and 2.0 as "above 0.9", without a word.
-        if not (np.issubdtype(acc.dtype, np.floating) or np.issubdtype(acc.dtype, np.integer)) \
-                or not np.all((acc >= 0) & (acc <= 1)):
-            raise ValueError(f"accuracy must be a fraction in [0, 1], got {acc.tolist()!r}")
-    levels = tau_levels(num_classes)
-    accuracy = jnp.asarray(accuracy)
-    tau = levels[-1]
-    for (least, _), level in reversed(list(zip(TAU_SCHEDULE, levels))):
-        tau = jnp.where(accuracy >= least, level, tau)
-    return tau
-
-
-def base_accuracy(features: Array, labels: Array, mask: Array | None = None) -> Array:
-    """Masked accuracy of argmax(0, m_1, ..., m_{n-1}) ``[..., N, n-1]``: NumPy or JAX arrays."""
-    pred = (features.max(axis=-1) > 0) * (features.argmax(axis=-1) + 1)
-    hit = (pred == labels).astype(features.dtype)
-    if mask is None:
-        return hit.mean(axis=-1)
-    return (hit * mask).sum(axis=-1) / (mask.sum(axis=-1)).clip(min=1.0)
-
-
-def _check_params(b, w, n1: int | None, where: str = "") -> None:
-    """b and w ``[..., n-1]`` of one shape, ``n-1`` matching the features' last axis
-    (shapes: checked even when traced), and finite where concrete."""
-    b_shape, w_shape = np.shape(b), np.shape(w)
-    if len(b_shape) < 1 or b_shape != w_shape:
-        raise ValueError(f"b{where} and w{where} must be [..., n-1] arrays of one shape, got "
-                         f"{b_shape} and {w_shape}")
-    if n1 is not None and b_shape[-1] != n1:
-        # Broadcasting [1] over [..., n-1] gave an n-class answer from 2-class parameters.
-        raise ValueError(f"b{where} and w{where} are for {b_shape[-1] + 1} classes ([..., "
-                         f"{b_shape[-1]}]) but features have {n1} log-odds per row ({n1 + 1} "
-                         "classes): pass parameters fitted on features of this width")
-    for name, arr in (("b", b), ("w", w)):
-        concrete = _concrete(arr)
-        if concrete is not None and not (np.issubdtype(concrete[0].dtype, np.floating)
-                                         or np.issubdtype(concrete[0].dtype, np.integer)):
-            raise ValueError(f"{name}{where} must be real numbers, got dtype {concrete[0].dtype}")
-        if concrete is not None and not np.all(np.isfinite(concrete[0])):
-            raise ValueError(f"{name}{where} holds NaN or infinite values: it is not a fit (check "
-                             "the fit's status: sc_jax.Status)")
-
-
-def _check_features(features, where: str = "") -> None:
-    if np.ndim(features) < 1 or np.shape(features)[-1] < 1:
-        raise ValueError(f"features{where} must be [..., n-1] log-odds with n >= 2, got shape "
-                         f"{np.shape(features)}")
-    concrete = _concrete(features)
-    if concrete is not None:
-        arr = np.asarray(concrete[0])
-        if not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
-            raise ValueError(f"features{where} must be real numbers, got dtype {arr.dtype}")
-        if not np.all(np.isfinite(arr)):
-            raise ValueError(f"features{where} hold NaN or infinite values")
-
-
-def calibrated_log_probs(b: Array | Calibration, w: Array | None = None,
-                         features: Array | None = None) -> Array:
-    """log f(m; theta) of Eq. affine_logit_model_formal: ``[..., n-1]`` log-odds ->
-    ``[..., n]`` log-probabilities (b, w ``[..., n-1]`` broadcast against features'
-    leading axes; their last axis must equal the features').
-
-    Also ``calibrated_log_probs(cal, features)`` with a :class:`Calibration`: then a
-    concrete status other than CONVERGED warns (RuntimeWarning). Bad input raises
-    ValueError naming the argument: parameters of another class count, NaN or
-    infinite parameters or features (where concrete)."""
-    if isinstance(b, Calibration):
-        cal, features = b, w
-        warn_unless_converged(cal.status, "calibrated_log_probs")
-        b, w = cal.b, cal.w
-    if w is None or features is None:
-        raise ValueError("calibrated_log_probs takes (b, w, features) or (calibration, features)")
-    _check_features(features)
-    _check_params(b, w, np.shape(features)[-1])
-    return _log_probs(Params(b, w), features)
-
-
-def ensemble_proba(b: Array, w: Array, features: Sequence[Array],
-                   weights: Array | None = None) -> Array:
-    """The two-level ensemble of Algorithm 2, Part 2.
-
-    b, w: ``[S, n-1]``, one fitted map per context size.
-    features: a sequence of S arrays ``[m_i, T, n-1]``: the T test queries' log-odds
-        under each of the m_i sampled sub-contexts of size i (m_i may differ).
-    weights: ``[S]`` size weights a_i (normalised here); None is uniform, the paper.
-    Returns ``[T, n]``: sum_i a_i (1/m_i) sum_j f(m(x; C_i^(j)); theta_i).
-
-    Raises ValueError naming the argument for: b, w not ``[S, n-1]``; a size with no
-    sub-contexts (m_i = 0: a mean over nothing) or other T or n-1; weights not ``[S]``,
-    negative, all zero or not finite (where concrete); NaN parameters or features.
-    """
-    if isinstance(features, (jax.Array, np.ndarray)):
-        features = list(features)
-    S = len(features)
-    if S == 0:
-        raise ValueError("features must hold one [m_i, T, n-1] array per fitted size, got none")
-    if np.ndim(b) != 2 or np.shape(b)[0] != S:
-        raise ValueError(f"b and w must be [S, n-1] with S = {S} (one row per feature array), got "
-                         f"{np.shape(b)}")
-    n1 = np.shape(b)[-1]
-    _check_params(b, w, n1)
-    T = None
-    for i, f in enumerate(features):
-        shape = np.shape(f)
-        if len(shape) != 3 or shape[-1] != n1 or shape[0] < 1 or T is not None and shape[1] != T:
-            raise ValueError(f"features[{i}] must be [m_i, T, {n1}] with m_i >= 1 and the same T "
-                             f"for every size, got {shape}")
-        T = shape[1]
-        _check_features(f, f"[{i}]")
-    if weights is not None:
-        if np.shape(weights) != (S,):
-            raise ValueError(f"weights must be [S] = [{S}], got shape {np.shape(weights)}")
-        concrete = _concrete(weights)
-        if concrete is not None:
-            wts = np.asarray(concrete[0], np.float64)
-            # [0, 0] divided by zero (NaN); [1, -2] gave "probabilities" above 1 and below 0.
-            if not np.all(np.isfinite(wts)) or np.any(wts < 0) or wts.sum() <= 0:
-                raise ValueError(f"weights must be finite, >= 0 and not all zero, got {wts.tolist()}")
-    per_size = jnp.stack([jnp.mean(jnp.exp(calibrated_log_probs(b[i], w[i], f)), axis=0)
-                          for i, f in enumerate(features)])  # [S, T, n]
-    if weights is None:
-        weights = jnp.ones(len(features), per_size.dtype)
-    weights = jnp.asarray(weights, per_size.dtype)
-    return jnp.einsum("s,stn->tn", weights / jnp.sum(weights), per_size)
 
 
 # ---------------------------------------------------------------------------------
@@ -316,32 +153,25 @@ def _differentiable_solver(sc_star: bool, options):
     return solve
 
 
-def _concrete(*arrays):
-    """NumPy copies of ``arrays`` (None stays None), or None if any is traced."""
-    try:
-        return [None if a is None else np.asarray(a) for a in arrays]
-    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
-        return None
-
 
 def _check_solver_and_dtype(solver: str, dtype):
     """``dtype`` as a ``jnp.dtype`` (None stays None), once solver and dtype are usable here."""
     if solver != "augmented_lagrangian":
         raise ValueError(f"calibrate solves with 'augmented_lagrangian' only, got {solver!r}; "
-                         "use sc_jax.calibration.calibrators.fit(..., solver=...) for the others")
+                         "use sc_jax.calibration.numpy_fit.fit(..., solver=...) for the others")
     if dtype is not None:
         dtype = jnp.dtype(dtype)
         if dtype == jnp.float64 and not jax.config.jax_enable_x64:
             raise ValueError('dtype="float64" needs 64-bit JAX: call '
                              'jax.config.update("jax_enable_x64", True) first (or use '
-                             'sc_jax.calibration.calibrators.fit, which enables it for the solve)')
+                             'sc_jax.calibration.numpy_fit.fit, which enables it for the solve)')
     return dtype
 
 
 def _host_checks(features, labels, query_ids, mask, num_queries, lambda_inv, tau) -> int:
     """The :mod:`sc_jax.calibration.validation` rules on whatever is concrete, before anything is
     compiled; returns ``num_queries`` (inferred from concrete query ids if None)."""
-    host = _concrete(features, labels, query_ids, mask)
+    host = concrete(features, labels, query_ids, mask)
     if host is not None:
         check_problem(*host[:3], mask=host[3], num_queries=num_queries)
         if num_queries is None:
@@ -352,9 +182,9 @@ def _host_checks(features, labels, query_ids, mask, num_queries, lambda_inv, tau
     for name, setting, check in (("lambda_inv", lambda_inv, check_lambda), ("tau", tau, check_tau)):
         if setting is not None:
             check_setting_shape(name, setting, tuple(np.shape(features))[:-2])
-        concrete = _concrete(setting)
-        if concrete is not None:
-            check(concrete[0])
+        host_setting = concrete(setting)
+        if host_setting is not None:
+            check(host_setting[0])
     return num_queries
 
 
@@ -421,13 +251,13 @@ def calibrate(features: Array, labels: Array, query_ids: Array, *,
         applies the Appendix A schedule to the base model's in-sample accuracy, in
         the graph.
     solver: "augmented_lagrangian" (the paper's mean constraint). The per-class
-        "projected" and the SciPy solvers are in :func:`sc_jax.calibration.calibrators.fit`.
+        "projected" and the SciPy solvers are in :func:`sc_jax.calibration.numpy_fit.fit`.
     sc_star: the bias-only calibrator SC* (w = 1).
     dtype: None follows ``features`` under JAX's own convention: float64 NumPy input
         is solved in float32 unless 64-bit JAX is on. "float64" requires
         ``jax_enable_x64`` (it raises instead of silently solving in float32).
     options: :class:`sc_jax.calibration.solvers.SolverOptions` (static). None picks the
-        starts as ``calibrators.fit_batch`` does: one where lambda_inv is below
+        starts as ``numpy_fit.fit_batch`` does: one where lambda_inv is below
         ``solvers.NONCONVEX_LAMBDA`` (0.5), where the objective is convex, and
         ``solvers.NONCONVEX_STARTS`` (96) where a concrete lambda_inv reaches it: there
         the objective has several basins and one start often ends in a worse one.
@@ -438,7 +268,7 @@ def calibrate(features: Array, labels: Array, query_ids: Array, *,
     Bad input (:mod:`sc_jax.calibration.validation`: no real rows, a non-finite feature, labels
     or query ids out of range, a class with no rows, tau outside [-1, 1],
     lambda_inv < 0, shapes that disagree) raises ``ValueError`` before anything is
-    compiled when the arrays are concrete, as :func:`sc_jax.calibration.calibrators.fit` does.
+    compiled when the arrays are concrete, as :func:`sc_jax.calibration.numpy_fit.fit` does.
     Under ``jit`` or ``vmap``, where values cannot be inspected, the same rules are
     evaluated in the graph: a problem that breaks one gets status ``INVALID_INPUT``
     (never ``CONVERGED``) and NaN b, w, objective and constraint.
@@ -486,9 +316,9 @@ def _lockstep() -> bool:
 def _default_options(lambda_inv) -> SolverOptions:
     """:func:`calibrate`'s solver options where the caller gives none: the multi-start
     of ``solvers.NONCONVEX_STARTS`` starts where a concrete lambda_inv reaches
-    ``solvers.NONCONVEX_LAMBDA``, else one start (as ``calibrators.fit_batch`` picks)."""
-    concrete = _concrete(lambda_inv)
-    if concrete is not None and np.any(concrete[0] >= solvers.NONCONVEX_LAMBDA):
+    ``solvers.NONCONVEX_LAMBDA``, else one start (as ``numpy_fit.fit_batch`` picks)."""
+    host = concrete(lambda_inv)
+    if host is not None and np.any(host[0] >= solvers.NONCONVEX_LAMBDA):
         return SolverOptions(num_starts=solvers.NONCONVEX_STARTS)
     return SolverOptions()
 

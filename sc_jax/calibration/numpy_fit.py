@@ -1,4 +1,4 @@
-"""Supervised Calibration (SC): fitting from NumPy arrays, and the two-level ensemble.
+"""Supervised Calibration (SC) fitted from NumPy arrays, many problems in one compiled call.
 
 Fitting (paper Algorithm 2, Part 1). For each context size i the surrogate data of
 Algorithm 1 are log-odds features ``[N, n-1]`` (``m_c = log p_c / p_0``), labels
@@ -14,24 +14,19 @@ compiled call::
 Defaults and where they come from:
 
 * ``tau=None`` sets tau = cos(alpha) from the base model's in-sample accuracy on the
-  surrogate data (paper Appendix A, :func:`tau_from_accuracy`).
-* ``lambda_inv = DEFAULT_LAMBDA_INV = 0.1``. The paper's 10 was tuned for *summed*
-  NLL and penalty terms; we use means (see :mod:`sc_jax.calibration.objective`), so the scale
-  differs. The choice rests on the ablation of ``benchmarks/bench_solver.py`` over
-  lambda in {0, 0.1, 1, 10} (figures in ``benchmarks/RESULTS.md``): 0 and 0.1 tie,
-  larger weights lose, because the symmetric cross-entropy rewards confident,
-  identical predictions and a large weight collapses the calibrated predictions
-  towards one class (what the reference code's unnormalised sum did). 0.1 keeps the
-  paper's invariance term at no measured cost.
+  surrogate data (paper Appendix A,
+  :func:`sc_jax.calibration.defaults.tau_from_accuracy`).
+* ``lambda_inv = DEFAULT_LAMBDA_INV = 0.1``: the evidence for it is at
+  :data:`sc_jax.calibration.defaults.DEFAULT_LAMBDA_INV` (means, not the paper's sums).
 * ``solver="augmented_lagrangian"``: the paper's mean-cosine constraint. ``"projected"``
   keeps every class inside its own cone, a subset of the paper's feasible set, so it
   is more conservative. ``"scipy"`` is the float64 trust-constr reference.
 * ``dtype="float32"``; ``"float64"`` runs under a local ``jax.enable_x64`` scope.
 
-Prediction (Algorithm 2, Part 2): calibrated probabilities are averaged over the m_i
-sampled sub-contexts of each size, then over sizes, uniformly as in the paper, or
-weighted by min(P(k, i)(k - i), 15000) as the reference code does
-(``size_weights="reference"``, :func:`reference_size_weights`).
+The results, :class:`~sc_jax.calibration.numpy_predict.FitResult`, and the two-level
+ensemble over them (Algorithm 2, Part 2) are in :mod:`sc_jax.calibration.numpy_predict`;
+the padding into buckets in :mod:`sc_jax.calibration.buckets`; the pure-JAX
+counterpart, :func:`sc_jax.calibrate`, in :mod:`sc_jax.calibration.jax_calibrate`.
 
 Departures from the reference code, all deliberate: means instead of sums in the
 objective; the identity (b=0, w=1) as the start point instead of zeros (where the
@@ -43,23 +38,16 @@ smoothed at the apex (``sc_jax.calibration.objective.COSINE_EPS``).
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sc_jax.calibration import functional, solvers
-from sc_jax.calibration.functional import (
-    DEFAULT_LAMBDA_INV,
-    _check_features,
-    _check_params,
-    calibrated_log_probs,
-    ensemble_proba,
-    tau_schedule,
-    warn_unless_converged,
-)
+from sc_jax.calibration import solvers
+from sc_jax.calibration.buckets import checked_dtype, pack_batch, pack_buckets
+from sc_jax.calibration.defaults import DEFAULT_LAMBDA_INV, base_accuracy, tau_from_accuracy
+from sc_jax.calibration.numpy_predict import FitResult
 from sc_jax.calibration.objective import Problem
 from sc_jax.calibration.solvers import (
     METHODS,
@@ -81,51 +69,8 @@ from sc_jax.calibration.validation import check_lambda, check_problem, check_tau
 # reference code's unconstrained bias-only form. Under the tau schedule the two agree
 # (below chance means accuracy < 0.5, where the schedule gives tau = -1 already).
 GUARDS = ("none", "bias_only", "bias_only_free")
-# Reference code (gundemkorel/ICL, ICL_modules/functions.py): the final average across
-# sizes is weighted by min(P(k, i)(k - i), 15000), the full surrogate row count of size i.
-REFERENCE_SIZE_WEIGHT_CAP = 15000
 
-__all__ = [
-    "DEFAULT_LAMBDA_INV",
-    "GUARDS",
-    "FitResult",
-    "base_accuracy",
-    "below_chance",
-    "calibrated_proba",
-    "fit",
-    "fit_batch",
-    "pack_batch",
-    "pack_buckets",
-    "predict_proba",
-    "reference_size_weights",
-    "tau_from_accuracy",
-]
-
-
-# ---------------------------------------------------------------------------------
-# Appendix A: trust-region level and number of test contexts.
-
-
-def tau_from_accuracy(accuracy: float, num_classes: int) -> float:
-    """tau = cos(alpha degrees), alpha from the base model's in-sample accuracy.
-
-    Paper Appendix A, with K the number of classes:
-    alpha = 20^(1/(K-1)) if accuracy >= 0.9; 45^(1/(K-1)) if >= 0.7; 90^(1/(K-1)) if
-    >= 0.5; 180 (tau = -1, no trust region) below 0.5. The schedule is
-    :func:`sc_jax.calibration.functional.tau_schedule`, here on a checked Python float.
-    """
-    if not 0.0 <= accuracy <= 1.0:
-        raise ValueError(f"accuracy must be in [0, 1], got {accuracy}")
-    if num_classes < 2:
-        raise ValueError(f"num_classes must be >= 2, got {num_classes}")
-    with jax.enable_x64(True):  # the schedule's float64 levels, unrounded
-        return float(tau_schedule(float(accuracy), num_classes))
-
-
-def base_accuracy(features: np.ndarray, labels: np.ndarray) -> float:
-    """In-sample accuracy of the base model, argmax of (0, m_1, ..., m_{n-1}):
-    :func:`sc_jax.calibration.functional.base_accuracy` in NumPy float64."""
-    return float(functional.base_accuracy(np.asarray(features, np.float64), np.asarray(labels)))
+__all__ = ["GUARDS", "below_chance", "fit", "fit_batch"]
 
 
 def below_chance(accuracy: float, num_classes: int) -> bool:
@@ -139,73 +84,6 @@ def below_chance(accuracy: float, num_classes: int) -> bool:
     (``sc_jax.experiment.diagnostics.diagnose`` measures both). Fitted there, SC learns to reverse
     the LLM (negative w)."""
     return accuracy < 1.0 / num_classes
-
-
-# ---------------------------------------------------------------------------------
-# Results.
-
-
-@dataclasses.dataclass(frozen=True)
-class FitResult:
-    """Fitted calibration for one context size.
-
-    b, w: ``[n-1]`` float64 NumPy arrays (w is all ones for SC*).
-    status: :class:`sc_jax.calibration.solvers.Status`; ``converged`` is status == CONVERGED.
-    objective: mean-NLL + lambda_inv * InvPenalty at (b, w).
-    constraint: mean cosine (1/(n-1)) sum_c w_c / ||(b_c, w_c)||; violation: of the
-        constraint form the solver kept (per-class cones for "projected").
-    tau, lambda_inv, solver, sc_star: the settings used (tau after the schedule).
-    num_rows: |T_i|; base_accuracy: in-sample accuracy of the base model.
-    guarded: SC was asked for and the guard fitted SC* instead (``sc_star`` True).
-    """
-
-    b: np.ndarray
-    w: np.ndarray
-    status: Status
-    iterations: int
-    outer_iterations: int
-    objective: float
-    constraint: float
-    violation: float
-    tau: float
-    lambda_inv: float
-    solver: str
-    sc_star: bool
-    num_rows: int
-    base_accuracy: float
-    guarded: bool = False
-
-    @property
-    def converged(self) -> bool:
-        return self.status == Status.CONVERGED
-
-    @property
-    def num_classes(self) -> int:
-        return self.b.shape[0] + 1
-
-    def predict_proba(self, features: np.ndarray) -> np.ndarray:
-        """``[..., n-1]`` log-odds -> ``[..., n]`` calibrated probabilities. Warns
-        (RuntimeWarning) when the fit's status is not CONVERGED; raises ValueError for
-        NaN parameters or features of another width."""
-        warn_unless_converged(np.int32(self.status), "FitResult.predict_proba")
-        return calibrated_proba(self.b, self.w, features)
-
-
-@jax.jit
-def _calibrated_proba(b, w, features):
-    return jnp.exp(calibrated_log_probs(b, w, features))
-
-
-def calibrated_proba(b: np.ndarray, w: np.ndarray, features: np.ndarray) -> np.ndarray:
-    """f(m; theta) of Eq. affine_logit_model_formal: ``[..., n-1]`` -> ``[..., n]``,
-    :func:`sc_jax.calibration.functional.calibrated_log_probs` in float64."""
-    b, w, features = (np.asarray(a, np.float64) for a in (b, w, features))
-    # The checks of calibrated_log_probs run here, where the arrays are concrete (inside
-    # the jit they could only check shapes).
-    _check_features(features)
-    _check_params(b, w, features.shape[-1])
-    with jax.enable_x64(True):
-        return np.asarray(_calibrated_proba(*(jnp.asarray(a, jnp.float64) for a in (b, w, features))))
 
 
 # ---------------------------------------------------------------------------------
@@ -225,119 +103,6 @@ def _per_problem(value, count: int, name: str) -> list:
     if len(value) != count:
         raise ValueError(f"{name} has {len(value)} entries for {count} problems")
     return value
-
-
-def _dtype(dtype):
-    dtype = jnp.dtype(dtype)
-    if dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.float64)):
-        raise ValueError(f"dtype must be float32 or float64, got {dtype}")
-    return dtype
-
-
-# ---------------------------------------------------------------------------------
-# Packing: a batch of problems padded to one N (a few buckets, so that batches of
-# similar sizes share a compilation).
-
-
-def _bucket_rows(n: int) -> int:
-    """Round up to a multiple of 1/8 of the next lower power of two (<= 12.5% padding),
-    at least 64."""
-    if n <= 64:
-        return 64
-    step = 1 << max(int(math.floor(math.log2(n))) - 3, 0)
-    return -(-n // step) * step
-
-
-def _bucket_queries(g: int) -> int:
-    return max(8, 1 << max(g - 1, 0).bit_length())
-
-
-def pack_batch(problems: Sequence[tuple], dtype="float32") -> tuple[Problem, list[int]]:
-    """Validate and pad ``[(features, labels, query_ids), ...]`` into one batched
-    :class:`Problem` with a leading ``[B]`` axis.
-
-    Rows are padded to a bucketed common N with mask 0, query ids are renumbered to
-    0..G-1 per problem and G is bucketed, so batches whose sizes fall in the same
-    buckets reuse one compilation. Returns the problem and each problem's row count.
-    Must be called (and its result used) under x64 for float64.
-    """
-    dtype = _dtype(dtype)
-    if len(problems) == 0:
-        raise ValueError("no problems to fit")
-    checked = []
-    for k, prob in enumerate(problems):
-        if len(prob) != 3:
-            raise ValueError(f"problem {k} must be (features, labels, query_ids)")
-        checked.append(check_problem(*prob, where=str(k), batch_axes=False)[:3])
-    n1 = {x.shape[1] for x, _, _ in checked}
-    if len(n1) != 1:
-        raise ValueError(f"all problems in a batch must have the same number of classes, "
-                         f"got n-1 in {sorted(n1)}; batch each class count separately")
-    n1 = n1.pop()
-    sizes = [x.shape[0] for x, _, _ in checked]
-    n_pad = _bucket_rows(max(sizes))
-    remapped = [np.unique(g, return_inverse=True)[1].reshape(-1) for _, _, g in checked]
-    g_pad = _bucket_queries(max(int(r.max()) + 1 for r in remapped))
-    b = len(checked)
-    feats = np.zeros((b, n_pad, n1), np.float64)
-    labels = np.zeros((b, n_pad), np.int32)
-    qids = np.zeros((b, n_pad), np.int32)
-    mask = np.zeros((b, n_pad), np.float64)
-    for k, ((x, y, _), g) in enumerate(zip(checked, remapped)):
-        n = x.shape[0]
-        feats[k, :n], labels[k, :n], qids[k, :n], mask[k, :n] = x, y, g, 1.0
-    problem = Problem(
-        features=jnp.asarray(feats, dtype),
-        labels=jnp.asarray(labels),
-        query_ids=jnp.asarray(qids),
-        mask=jnp.asarray(mask, dtype),
-        num_queries=g_pad,
-    )
-    return problem, sizes
-
-
-# Problems of at most this many rows share one bucket, padded to the largest of them.
-# Each bucket adds its own copies of the evaluations of f to the solver's compilation
-# (the loop itself is compiled once, solvers.solve_slots): 0.8 s for a 1,792-row
-# bucket, 1.7 s for 20,480 rows on the 2-core CPU, while padding a small problem costs
-# microseconds per evaluation. When every bucket had its own copy of the whole loop,
-# sharing the k = 8 batch's 56- and 336-row buckets took its cold call (compile + run,
-# bench_cold_call.py) from 9.2-9.8 s to 7.7-8.2 s; sharing up to 2,048 rows (1,680 at
-# k = 8) saved 1.3 s more but made the n = 3 benchmark batch's run 20-25% slower.
-SMALL_BUCKET_ROWS = 512
-
-
-def pack_buckets(problems: Sequence[tuple], dtype="float32"
-                 ) -> tuple[list[list[int]], list[Problem], list[int]]:
-    """Group problems by padded row count (:func:`_bucket_rows`) and pack each group
-    with :func:`pack_batch`; all problems of at most ``SMALL_BUCKET_ROWS`` rows go
-    to one group.
-
-    Returns (indices per bucket into ``problems``, one batched :class:`Problem` per
-    bucket, each problem's row count). Buckets are ordered by padded N; k = 8
-    surrogate data of sizes 1..5 (56 to 20,160 rows) give four buckets (56 and 336
-    rows share one), where one common padding would make every problem cost 20,480
-    rows.
-    """
-    if len(problems) == 0:
-        raise ValueError("no problems to fit")
-    groups: dict[int, list[int]] = {}
-    for k, prob in enumerate(problems):
-        # Malformed tuples go to one bucket, where pack_batch reports them clearly.
-        rows = np.shape(prob[1])[0] if len(prob) == 3 and np.ndim(prob[1]) >= 1 else 0
-        groups.setdefault(_bucket_rows(rows), []).append(k)
-    small = sorted(key for key in groups if key <= SMALL_BUCKET_ROWS)
-    for key in small[:-1]:
-        groups[small[-1]] += groups.pop(key)
-    indices, packed, sizes = [], [], [0] * len(problems)
-    for key in sorted(groups):
-        idx = groups[key]
-        prob, rows = pack_batch([problems[k] for k in idx], dtype)
-        indices.append(idx)
-        packed.append(prob)
-        for k, r in zip(idx, rows):
-            sizes[k] = r
-    return indices, packed, sizes
 
 
 # ---------------------------------------------------------------------------------
@@ -447,7 +212,7 @@ def _fit_packed(problems: Sequence[tuple], lams: list, taus: list, *, solver, sc
     """Problems of one class count and one start count: packed, tau filled in from
     the schedule, solved in one compiled call (a loop for "scipy") on the device
     :func:`sc_jax.calibration.solvers.batching.fit_device` picks, unpacked."""
-    dtype = _dtype(jnp.float64 if solver == "scipy" else dtype)
+    dtype = checked_dtype(jnp.float64 if solver == "scipy" else dtype)
     with jax.enable_x64(dtype == jnp.float64):
         indices, packed, sizes = _pack(problems, dtype, bucketed and solver != "scipy")
         n = packed[0].num_classes
@@ -489,8 +254,8 @@ def fit_batch(problems: Sequence[tuple], *, lambda_inv=DEFAULT_LAMBDA_INV, tau=N
     solver: "augmented_lagrangian" | "projected" (batched) | "scipy" (a loop of
         trust-constr solves, float64).
     bucketed: group the problems by padded row count, one vmap per group inside the
-        one compiled call (:func:`pack_buckets`). Under vmap each instance costs the
-        group's padded N times the group's largest iteration count, so mixing a
+        one compiled call (:func:`.buckets.pack_buckets`). Under vmap each instance
+        costs the group's padded N times the group's largest iteration count, so mixing a
         56-row and a 20,160-row problem makes the small one as dear as the large one
         and lets one hard instance hold up all the others: on the k = 8, n = 4
         benchmark batch (25 problems, float32, 2-core CPU) bucketing was 15x
@@ -538,8 +303,9 @@ def fit_batch(problems: Sequence[tuple], *, lambda_inv=DEFAULT_LAMBDA_INV, tau=N
         Batch size, threads and XLA options follow the device used. The solutions
         are the same wherever they are computed, up to the rounding of the device's
         arithmetic. Not used by "scipy", which evaluates on the host anyway.
-    Returns one :class:`FitResult` per problem, in order. Solver failures are reported
-    in ``status``, never raised; bad input raises ValueError before any solve.
+    Returns one :class:`.numpy_predict.FitResult` per problem, in order. Solver
+    failures are reported in ``status``, never raised; bad input raises ValueError
+    before any solve.
     """
     count = len(problems)
     lams, taus = _checked_settings(count, lambda_inv, tau, solver=solver, guard=guard,
@@ -598,84 +364,3 @@ def fit(features: np.ndarray, labels: np.ndarray, query_ids: np.ndarray, *,
                      solver=solver, sc_star=sc_star, dtype=dtype, options=options,
                      device=device)[0]
 
-
-# ---------------------------------------------------------------------------------
-# Prediction: the two-level ensemble of Algorithm 2.
-
-
-def reference_size_weights(shots: int, sizes: Sequence[int]) -> np.ndarray:
-    """The reference code's size weights, ``[len(sizes)]`` (unnormalised):
-
-        a_i = min(P(k, i) (k - i), 15000),  P(k, i) = k! / (k - i)!,
-
-    the number of surrogate rows of size i before any budget truncation (every ordered
-    i-tuple of the k demonstrations with each of the k - i held-out ones as query),
-    capped at 15000 (gundemkorel/ICL ``ICL_modules/functions.py``: ``min(math.perm(k, i)
-    * (k - i), 15000)``). It does not depend on the budget: at k = 8 with the default
-    budget 5000 the fitted sizes have 56, 336, 1680, 5000, 5000 rows but weights 56,
-    336, 1680, 6720, 15000."""
-    # int(1.5) read a size of 1: the weight of another size, without a word.
-    if isinstance(shots, bool) or not isinstance(shots, (int, np.integer)):
-        raise ValueError(f"shots (k) must be an integer, got {shots!r}")
-    if any(isinstance(i, bool) or not isinstance(i, (int, np.integer)) for i in sizes):
-        raise ValueError(f"sizes must be integers, got {list(sizes)}")
-    sizes = [int(i) for i in sizes]
-    if any(not 1 <= i < shots for i in sizes):
-        raise ValueError(f"sizes must lie in 1..k-1 = 1..{shots - 1}, got {sizes}")
-    return np.array([min(math.perm(shots, i) * (shots - i), REFERENCE_SIZE_WEIGHT_CAP)
-                     for i in sizes], float)
-
-
-def predict_proba(fits: Sequence[FitResult], features: Sequence[np.ndarray], *,
-                  size_weights: str = "uniform", shots: int | None = None,
-                  sizes: Sequence[int] | None = None) -> np.ndarray:
-    """p_SC(x) = sum_i a_i (1/m_i) sum_j f(m(x; C_i^(j)); theta_i) (Algorithm 2, Part 2).
-
-    fits: one :class:`FitResult` per context size i in I.
-    features: per size, ``[m_i, T, n-1]`` log-odds of the T test queries under each of
-        the m_i sampled sub-contexts of that size (``[T, n-1]`` means m_i = 1).
-    size_weights: "uniform" (a_i = 1/|I|, the paper) or "reference" (a_i proportional
-        to min(P(k, i)(k - i), 15000), the reference code: :func:`reference_size_weights`;
-        needs ``shots`` k and the fits' ``sizes`` i).
-    Returns ``[T, n]`` probabilities; the SC prediction is their argmax.
-    """
-    if len(fits) == 0 or len(fits) != len(features):
-        raise ValueError(f"need one feature array per fitted size: {len(fits)} fits, "
-                         f"{len(features)} feature arrays")
-    if size_weights == "uniform":
-        weights = np.ones(len(fits))
-    elif size_weights == "reference":
-        if shots is None or sizes is None or len(sizes) != len(fits):
-            raise ValueError("size_weights='reference' needs shots (k) and one size per fit")
-        weights = reference_size_weights(shots, sizes)
-    else:
-        raise ValueError(f"size_weights must be 'uniform' or 'reference', got {size_weights!r}")
-    feats_all = []
-    for i, (fit_i, feats) in enumerate(zip(fits, features)):
-        if not isinstance(fit_i, FitResult):
-            raise ValueError(f"fits[{i}] must be a FitResult (from fit or fit_batch), got "
-                             f"{type(fit_i).__name__}")
-        if not np.all(np.isfinite(fit_i.b)) or not np.all(np.isfinite(fit_i.w)):
-            raise ValueError(f"fits[{i}] has NaN or infinite parameters (status "
-                             f"{Status(int(fit_i.status)).name}): it is not a fit; refit that size")
-        warn_unless_converged(np.int32(fit_i.status), f"predict_proba (fits[{i}])")
-        feats = np.asarray(feats, np.float64)
-        if feats.ndim == 2:
-            feats = feats[None]
-        if feats.ndim != 3 or feats.shape[-1] != fit_i.num_classes - 1:
-            raise ValueError(f"features[{i}] must be [m_i, T, {fit_i.num_classes - 1}], "
-                             f"got {feats.shape}")
-        if feats.shape[0] == 0:
-            # A mean over no sub-contexts was NaN for every query.
-            raise ValueError(f"features[{i}] has no sub-contexts (m_i = 0, shape {feats.shape}): "
-                             "score the test queries under at least one context of that size")
-        if not np.all(np.isfinite(feats)):
-            raise ValueError("test features contain NaN or infinite values")
-        if feats_all and feats.shape[1] != feats_all[0].shape[1]:
-            raise ValueError("every size must score the same T test queries")
-        feats_all.append(feats)
-    with jax.enable_x64(True):
-        out = ensemble_proba(jnp.asarray(np.stack([f.b for f in fits])),
-                             jnp.asarray(np.stack([f.w for f in fits])),
-                             [jnp.asarray(f) for f in feats_all], jnp.asarray(weights))
-        return np.asarray(out)
