@@ -9,7 +9,8 @@ import jax.numpy as jnp
 features = jnp.asarray(sc_jax.log_odds(logp))       # m_c = log p_c - log p_0, [24, n-1]
 labels = jnp.asarray([y for _, y in demos])[pairs[:, 1]]    # the held-out demo's label
 query_ids = jnp.asarray(pairs[:, 1])                # rows sharing a query (invariance term)
-test_features = jnp.asarray(sc_jax.log_odds(test_logp)).reshape(len(ctx), len(tests), -1)  # [m, T, n-1]
+test_logodds = sc_jax.log_odds(test_logp)           # [12 * 2, n-1], context by context
+test_features = jnp.asarray(test_logodds).reshape(len(ctx), len(tests), -1)  # [m, T, n-1]
 
 @jax.jit
 def sc_proba(features, labels, query_ids, test_features):

@@ -94,7 +94,7 @@ def sc_jax_references(tree: ast.AST) -> set[str]:
     import y``, ``import sc_jax.x``)."""
     refs = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "sc_jax":
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "sc_jax":
             refs.update(f"{node.module}.{a.name}" for a in node.names if a.name != "*")
         elif isinstance(node, ast.Import):
             refs.update(a.name for a in node.names if a.name.split(".")[0] == "sc_jax")
@@ -112,8 +112,8 @@ def check_import_only(code: str, where: str, defined: set[str]) -> None:
     tree = ast.parse(code, where)
     compile(tree, where, "exec")
     known = defined | bound_names(tree) | set(dir(builtins))
-    unknown = sorted({n.id for n in ast.walk(tree)
-                      if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in known})
+    unknown = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
+                      and isinstance(n.ctx, ast.Load) and n.id not in known})
     assert not unknown, f"{where}: names never defined on the page: {unknown}"
     for ref in sorted(sc_jax_references(tree)):
         resolve(ref)
@@ -176,7 +176,8 @@ def sc_jax_argvs(cmd: list[str]) -> list[list[str]]:
 
 
 def shell_blocks():
-    return [(p, code, line) for p in PAGES for lang, code, line, _ in blocks(p) if lang in ("bash", "sh", "shell")]
+    return [(p, code, line) for p in PAGES for lang, code, line, _ in blocks(p)
+            if lang in ("bash", "sh", "shell")]
 
 
 @pytest.mark.parametrize("page,code,line", shell_blocks(),
@@ -185,18 +186,19 @@ def test_shell_blocks(page, code, line):
     argvs = [argv for cmd in shell_commands(code) for argv in sc_jax_argvs(cmd)]
     for cmd in shell_commands(code):
         if "/" in cmd[0] and not cmd[0].startswith((".venv", "/", "~", "$")):
-            assert (ROOT / cmd[0]).exists(), f"{rel(page)}:{line}: {cmd[0]} is not in the repository"
+            assert (ROOT / cmd[0]).exists(), f"{rel(page)}:{line}: no {cmd[0]} in the repository"
     for argv in argvs:
         try:
             parser().parse_args(argv)
         except SystemExit as e:
-            assert e.code == 0, f"{rel(page)}:{line}: `sc-jax {' '.join(argv)}` is refused by the parser"
+            assert e.code == 0, f"{rel(page)}:{line}: the parser refuses `sc-jax {' '.join(argv)}`"
 
 
 def test_some_sc_jax_commands_are_checked():
     """The shell checks see the README's main job and the docs' commands (a parsing
     slip here would pass every block without checking one)."""
-    argvs = [a for _, code, _ in shell_blocks() for cmd in shell_commands(code) for a in sc_jax_argvs(cmd)]
+    argvs = [a for _, code, _ in shell_blocks()
+             for cmd in shell_commands(code) for a in sc_jax_argvs(cmd)]
     assert len(argvs) >= 5 and ["run", "--shots", "4"] == argvs[0][:3]
 
 
