@@ -257,7 +257,7 @@ def test_traced_bad_input_is_invalid_input_never_converged():
 
 
 # ---------------------------------------------------------------------------------
-# A hyperparameter tuned by gradient descent through the solve (optax), the README's
+# A hyperparameter tuned by gradient descent through the solve (optax), docs/calibration.md's
 # research-code example: lambda_inv chosen by leave-one-demonstration-out NLL.
 
 
