@@ -31,7 +31,7 @@ PAGES = [README] + DOCS
 
 # Where the sc-jax command's parser is built: (module, function). The only place to
 # update when the command line moves.
-PARSER = ("sc_jax.cli", "build_parser")
+PARSER = ("sc_jax.cli.parser", "build_parser")
 
 IMPORT_ONLY = "<!-- check: import-only"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
