@@ -32,7 +32,7 @@ three processes with a ``timeout`` each (``--skip`` the other two, ``--out`` a f
 each): one that overruns then costs only itself.
 
 ``--smoke`` runs the same code paths on CPU with a tiny preset in under a minute; it
-is part of the test suite (tests/test_accelerator_suite.py), so the suite cannot rot.
+is part of the test suite (tests/benchmarks/test_accelerator_suite.py), so the suite cannot rot.
 
 On a GPU machine that has jax with CUDA but not this package's other dependencies:
 copy the checkout and the wheels of jaxopt and gguf (``pip download jaxopt gguf

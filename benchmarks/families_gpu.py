@@ -10,7 +10,7 @@ every step (a kill keeps what finished).
          prints the device command)
   there: that command, ``carry`` ["bench_out/fam"], timeout_s 600.
 
-``--smoke``: the tiny presets on CPU (CI does not run it; tests/test_gpu_check.py runs
+``--smoke``: the tiny presets on CPU (CI does not run it; tests/benchmarks/test_gpu_check.py runs
 gpu_check's smoke, whose code this reuses).
 
 Writes ``benchmarks/results/families_gpu/<machine>.json`` unless ``--out``.

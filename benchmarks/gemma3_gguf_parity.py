@@ -1,7 +1,7 @@
 """Gemma 3 270M (GGUF Q4_K_M): our Flax decoder against transformers reading the same .gguf.
 
 Both sides compute in float32 from the same dequantised weights (bit-identical:
-tests/test_gemma3_gguf.py); what remains is summation order over 18 layers. Prints the
+tests/models/test_gemma3_gguf.py); what remains is summation order over 18 layers. Prints the
 largest last-position |logit difference| per prompt and overall, and whether the argmax
 agrees.
 

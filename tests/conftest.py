@@ -6,9 +6,10 @@ import tempfile
 
 # LLVM's optimisation level 0 for XLA's CPU code: the suite is dominated by compiling
 # many small programs, each run a few times. Measured on the 2-core CI machine, one
-# file at a time with an empty compilation cache: test_functional.py 87 -> 63 s,
-# test_scoring.py + test_resume.py 192 -> 149 s. HLO passes still run; only the
-# machine-code optimisation is skipped, so every tolerance holds as at level 2.
+# file at a time with an empty compilation cache: test_functional.py (now
+# calibration/test_jax_calibrate.py) 87 -> 63 s, test_scoring.py + test_resume.py
+# 192 -> 149 s. HLO passes still run; only the machine-code optimisation is skipped, so
+# every tolerance holds as at level 2.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
                                    "--xla_backend_optimization_level=0")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -31,7 +32,7 @@ def no_persistent_cache_writes():
     jaxlib 0.12.0.1 (Python 3.13, the newest leg) segfaults inside
     Executable.serialize, the persistent compilation cache's write, after programs are
     compiled again under another trace context (``jax.default_device`` entered on a CPU
-    backend): tests/test_solvers.py aborted at its 61st test, deterministically, and
+    backend): tests/calibration/test_solvers.py aborted at its 61st test, deterministically, and
     passes whole with the writes off. The compiled programs and every result are the
     same either way; only these modules' cache entries are not written. jaxlib 0.10
     keeps its writes."""
@@ -74,9 +75,9 @@ def rt_csv(tmp_path_factory):
 # workers' loads even, and starts the model downloads of test_qwen2.py and
 # test_gguf.py early, beside CPU-bound work. Order within a file is unchanged.
 _LONGEST_FIRST = ("test_solvers.py", "test_qwen2.py", "test_gguf.py", "test_multiprocess.py",
-                  "test_scoring.py", "test_model.py", "test_functional.py",
+                  "test_scoring.py", "test_model.py", "test_jax_calibrate.py", "test_examples.py",
                   "test_accelerator_suite.py", "test_resume.py", "test_experiment.py",
-                  "test_calibrators.py", "test_plan.py")
+                  "test_numpy_fit.py", "test_plan.py")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -76,7 +76,7 @@ gpu_image() {
         --smoke --out "$out/suite"
     .venv-gpu-image/bin/python - "$out/suite/suite.json" <<'EOF'
 import json, sys
-# The checks tests/test_accelerator_suite.py makes, on the image's stack.
+# The checks tests/benchmarks/test_accelerator_suite.py makes, on the image's stack.
 out = json.load(open(sys.argv[1]))
 assert out["scoring"]["max_abs_diff_engine_vs_plain"] <= 1e-4, out["scoring"]
 for r in out["solvers"]:

@@ -5,7 +5,7 @@
   ``<!-- check: import-only ... -->`` (it needs a GPU, a real checkpoint, the hub, or
   minutes) is compiled instead, every name it reads must be defined on the page, and
   its ``sc_jax`` imports and ``sc_jax.x.y`` attributes must resolve. The README's Python
-  blocks are the examples/ scripts, which tests/test_examples.py runs; here they get
+  blocks are the examples/ scripts, which tests/end_to_end/test_examples.py runs; here they get
   the import-only checks.
 * Every ``sc-jax ...`` command in a shell block is parsed by the command's own argparse
   parser (PARSER below), and a repository file a shell line runs must exist.
@@ -126,7 +126,7 @@ def python_pages():
 @pytest.mark.parametrize("page", python_pages(), ids=rel)
 def test_python_blocks(page, tmp_path, monkeypatch):
     """A page's Python blocks, in order, in one namespace (the README's: import-only,
-    tests/test_examples.py runs them)."""
+    tests/end_to_end/test_examples.py runs them)."""
     monkeypatch.chdir(tmp_path)  # what a block writes stays in the test's directory
     namespace: dict = {"__name__": "__main__"}
     defined: set[str] = set()

@@ -14,7 +14,7 @@ Reading a ``config.json`` (its fields, and those refused) is
 :func:`sc_jax.models.hf_config.supported_model_type` its ``model_type``, map its fields
 in :func:`sc_jax.models.hf_config.hf_fields`, its tensor names in
 :func:`sc_jax.models.checkpoint.key_map` (and GGUF's in :mod:`sc_jax.models.gguf`), then
-add a tiny random case to ``tests/hf_models.py``: ``tests/test_model.py``'s parity tests
+add a tiny random case to ``tests/hf_models.py``: ``tests/models/test_model.py``'s parity tests
 run every case against transformers.
 """
 

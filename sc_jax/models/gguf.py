@@ -98,7 +98,7 @@ _HF_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "gemma3": "gemma3_text"}
 # wrong, with the fix. "smollm" and "starcoder" isolate every numeric character before
 # the GPT-2 split (llama.cpp's regex `\p{N}`; SmolLM2's own tokenizer.json has
 # `Digits(individual_digits=True)`); transformers 5.x does not know these names and
-# falls back to the plain GPT-2 split (tests/test_gguf.py pins where that changes the
+# falls back to the plain GPT-2 split (tests/models/test_gguf.py pins where that changes the
 # tokens).
 _DIGIT_SPLIT_PRE_TYPES = ("smollm", "starcoder")
 SUPPORTED_PRE_TOKENIZERS = ("gpt2", *_DIGIT_SPLIT_PRE_TYPES, *sorted(GGUF_PRE_TOKENIZER_SPLITS))

@@ -46,7 +46,7 @@ Accuracy: the recurrence is exact algebra, so the kernel differs from a float64
 softmax by rounding only: float32 inputs within 1e-5 (~1e-6: a softmax over a few
 hundred keys, products of Dh terms), bfloat16 inputs within 3e-2 (8 significant bits,
 probabilities rounded to bfloat16 before the ``p v`` product, as FlashAttention does);
-``tests/test_attention.py`` holds it to these bounds in the interpreter. On a GPU a
+``tests/models/test_attention.py`` holds it to these bounds in the interpreter. On a GPU a
 float32 product stays IEEE float32 (Triton's default for float32 inputs), not TF32.
 """
 

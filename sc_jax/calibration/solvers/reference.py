@@ -122,7 +122,7 @@ def _on_host():
     VM. Evaluated on the CPU device, the loop is the host loop it is reported as. On a
     CPU backend a ``default_device`` context would only change the trace context (a
     second compilation of the same programs; on jaxlib 0.12.0.1 that brought back the
-    crash that tests/test_solvers.py's cache fixture describes), so none is entered."""
+    crash that tests/calibration/test_solvers.py's cache fixture describes), so none is entered."""
     if jax.default_backend() == "cpu":
         return contextlib.nullcontext()
     try:

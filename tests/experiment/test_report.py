@@ -248,7 +248,7 @@ def _as_committed_before_added_methods(res: dict) -> dict:
 def test_a_committed_run_without_bc_reference_still_reports(tmp_path):
     # Runs made before bc_reference existed: their results.json has no such rows and
     # no such method in its config; the report is written as before, without them.
-    run = Path(__file__).resolve().parents[1] / "benchmarks/real_eval/qwen2.5-0.5b/k4"
+    run = Path(__file__).resolve().parents[2] / "benchmarks/real_eval/qwen2.5-0.5b/k4"
     res = _as_committed_before_added_methods(load_results(run))
     assert "bc_reference" not in res["config"]["methods"]
     paths = write_report(res, tmp_path)
@@ -263,7 +263,7 @@ def _committed_subset(tmp_path, dataset="ag_news", seeds=(0,)):
     as committed but for the config's datasets and seeds, and those score files."""
     import shutil
 
-    run = Path(__file__).resolve().parents[1] / "benchmarks/real_eval/qwen2.5-0.5b/k4"
+    run = Path(__file__).resolve().parents[2] / "benchmarks/real_eval/qwen2.5-0.5b/k4"
     res = _as_committed_before_added_methods(json.loads((run / "results.json").read_text()))
     res["config"].update(datasets=[dataset], seeds=list(seeds))
     res["rows"] = [r for r in res["rows"] if r["dataset"] == dataset and r["seed"] in seeds]

@@ -1,4 +1,4 @@
-"""One process of the multi-process engine test (tests/test_multiprocess.py), started
+"""One process of the multi-process engine test (tests/runtime/test_multiprocess.py), started
 by ``python -m sc_jax.runtime.launch``: label log-probs of tiny-llama-8h (8 heads, 4 key/value
 heads) from the prefix-shared engine and the flat path on meshes that span every
 process's devices, written to ``<out>/p<process>.npz``. :func:`problem` is also what

@@ -18,7 +18,7 @@ from sc_jax.experiment.samples import (
     write_samples,
 )
 
-RUN = Path(__file__).resolve().parents[1] / "benchmarks/real_eval/qwen2.5-0.5b/k4"
+RUN = Path(__file__).resolve().parents[2] / "benchmarks/real_eval/qwen2.5-0.5b/k4"
 
 
 def _records():

@@ -4,7 +4,7 @@ HF_HUB_CACHE and HF_HUB_OFFLINE set by monkeypatch after huggingface_hub was imp
 (sc_jax reads them at every call).
 
 Parity with transformers PyTorch (float32, max |logit difference| <= 1e-4, as in
-tests/test_model.py) needs torch; every other test runs without it.
+tests/models/test_model.py) needs torch; every other test runs without it.
 """
 
 from __future__ import annotations

@@ -313,7 +313,7 @@ QWEN = "qwen2.5-0.5b"
 def _qwen2_vocabulary():
     path = tokenizer_file(QWEN, fetch=False)
     if path is None:
-        pytest.skip(f"the {QWEN} vocabulary is not on this machine (tests/test_qwen2.py fetches it)")
+        pytest.skip(f"the {QWEN} vocabulary is not on this machine (tests/models/test_qwen2.py fetches it)")
     return path
 
 
@@ -439,7 +439,7 @@ def test_tokenizer_from_the_gguf_without_converting(tmp_path):
     model = MODELS[QWEN]
     gguf = model.file.cached_path(cache_root())
     if not gguf.is_file():
-        pytest.skip(f"the {QWEN} .gguf file is not on this machine (tests/test_qwen2.py fetches it)")
+        pytest.skip(f"the {QWEN} .gguf file is not on this machine (tests/models/test_qwen2.py fetches it)")
     assert tokenizer_file(QWEN, tmp_path, fetch=False) is None
     model.file.cached_path(tmp_path).parent.mkdir(parents=True)
     model.file.cached_path(tmp_path).symlink_to(gguf)

@@ -29,7 +29,7 @@ from sc_jax.runtime.launch import main as launch_main
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 TOL = 1e-4
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SC_JAX = [sys.executable, "-m", "sc_jax.cli"]
 
 
@@ -50,7 +50,7 @@ def _launch(command, timeout=420):
 def test_engine_across_processes_equals_one_process(tmp_path):
     import sc_jax
 
-    rc, out = _launch([sys.executable, str(ROOT / "tests" / "multiprocess_worker.py"), str(tmp_path)])
+    rc, out = _launch([sys.executable, str(ROOT / "tests" / "runtime" / "multiprocess_worker.py"), str(tmp_path)])
     assert rc == 0, out[-3000:]
     one = sc_jax.load_model(worker.MODEL, seed=worker.SEED)  # one device, this process
     ref = {mode: worker.scores(one, mode)[0] for mode in ("first_token", "sequence")}

@@ -1070,7 +1070,7 @@ def _family_subset(max_rows=1500):
     out = []
     # "mixture" stays out: with its instances in this module's batch, jaxlib 0.12's CPU
     # compiler aborts on a later compile in this module (strong_invariance-7's solve);
-    # jaxlib 0.10 does not. It is tested through calibrate (test_functional) and the
+    # jaxlib 0.10 does not. It is tested through calibrate (test_jax_calibrate) and the
     # sweep.
     for fam in (f for f in synthetic.FAMILIES if f != "mixture"):
         seed = 0

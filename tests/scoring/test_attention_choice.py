@@ -3,7 +3,7 @@ engine's fallback when the chosen one fails in the whole program: candidates tha
 compile, fail when they run, or disagree with the dense path are never chosen; the
 decision is kept per device and call shape and read back instead of timed again; the
 engine falls back on a failure at run time as well as at compile time and still scores
-what the plain path scores (float32: <= 1e-4, the tolerance of tests/test_scoring.py).
+what the plain path scores (float32: <= 1e-4, the tolerance of tests/scoring/test_scoring.py).
 
 The failing candidates are planted by wrapping the attention function: "broken" raises
 while tracing (a kernel that does not build), "fails_at_run" calls back into Python and

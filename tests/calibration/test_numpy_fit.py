@@ -235,7 +235,7 @@ def test_bad_input_is_rejected_before_any_solve(monkeypatch):
     for kwargs, match in cases:
         with pytest.raises(ValueError, match=match):
             fit(**kwargs)
-    # Mixed class counts are grouped, one solver per n (tests/test_functional.py);
+    # Mixed class counts are grouped, one solver per n (tests/calibration/test_jax_calibrate.py);
     # pack_batch itself still refuses them.
     with pytest.raises(ValueError, match="same number of classes"):
         buckets.pack_batch([(x, y, g), (x[:, :1], y % 2, g)])
