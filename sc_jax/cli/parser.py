@@ -38,13 +38,15 @@ _DTYPE_HELP = "dtype of the model's weights and activations"
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
     """Appends an option's default to its help once: not where the help already says
-    it (:data:`SAYS_DEFAULT`), nor for a default of None or a flag's False. Raw
-    descriptions: argparse would wrap the --version line at the terminal's width."""
+    it (:data:`SAYS_DEFAULT`), nor for a default of None, an empty list or a flag's
+    False. Raw descriptions: argparse would wrap the --version line at the terminal's
+    width."""
 
     def _get_help_string(self, action):
         text = action.help or ""
         default = action.default
         if (SAYS_DEFAULT.search(text) or default is None or default is False
+                or (isinstance(default, (list, tuple)) and not default)
                 or default is argparse.SUPPRESS
                 or not (action.option_strings or action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE))):
             return text

@@ -59,8 +59,8 @@ def _too_long(name, dataset, split, sj: SeedJobs, tag: str, r: int, n: int, limi
 def _memory_check(config: RunConfig, model_config, policy: MemoryPolicy | None = None):
     """A function ``(pieces, jobs)`` that raises :class:`PlanError` where the
     engine's packed schedule of one seed's jobs (``policy.plan``, as
-    :class:`ScoringEngine` makes it) cannot fit the budget; None where the run
-    gives ``max_tokens_per_batch`` (the engine then derives nothing). The weights alone
+    :class:`sc_jax.scoring.engine.ScoringEngine` makes it) cannot fit the budget; None
+    where the run gives ``max_tokens_per_batch`` (the engine then derives nothing). The weights alone
     not fitting raise here, once. ``policy``: default :func:`run_policy`."""
     if config.max_tokens_per_batch is not None:
         return None

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
-import hashlib
 import json
 import math
 from collections import defaultdict
@@ -44,6 +43,7 @@ from sc_jax.experiment.jobs import draw_split, load_datasets
 from sc_jax.experiment.methods import method_probs, sc_size_probs
 from sc_jax.experiment.store import load_run_scores
 from sc_jax.experiment.task_loading import DataUnavailableError
+from sc_jax.models.identity import text_hash  # a query named without copying its text
 
 SAMPLES_FILE = "samples.jsonl"
 GZIP_ABOVE = 4 << 20  # bytes of JSONL; a 9-task, 3-seed, 128-query run is about 5 MB
@@ -52,12 +52,6 @@ DIGITS = 8  # significant digits kept of each probability
 __all__ = ["SAMPLES_FILE", "check_samples", "paired_counts", "read_samples", "regenerate_samples",
            "rows_from_samples", "sample_paths", "samples_markdown", "seed_records", "text_hash",
            "write_samples"]
-
-
-def text_hash(text: str) -> str:
-    """First 16 hex digits of the sha256 of ``text`` (UTF-8): names a query without
-    copying the dataset into the log."""
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
 def _rounded(p: np.ndarray) -> list:

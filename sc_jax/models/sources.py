@@ -38,8 +38,8 @@ class ModelSource:
 
 
 def locate(source, revision: str | None = None, *, weights: bool = True) -> ModelSource:
-    """Resolve a model source as :func:`load_model` takes it, in its order (random
-    preset or directory, named model, local path, Hugging Face id). ``weights``: a named model is
+    """Resolve a model source as :func:`sc_jax.models.loading.load_model` takes it, in
+    its order (random preset or directory, named model, local path, Hugging Face id). ``weights``: a named model is
     fetched and converted first where it is not yet, and a hub id's snapshot includes
     its weights; without, nothing is fetched for a named model (one not converted yet
     is refused) and a hub snapshot needs only its configuration and tokenizer."""
@@ -198,8 +198,8 @@ def model_parts(src: ModelSource) -> ModelParts:
 
 
 def load_config_and_tokenizer(source: str, *, revision: str | None = None):
-    """``(ModelConfig, tokenizer)`` of a model source (as :func:`load_model` takes it)
-    without reading any weight: for planning (``sc-jax plan``). Named models must have
+    """``(ModelConfig, tokenizer)`` of a model source (as
+    :func:`sc_jax.models.loading.load_model` takes it) without reading any weight: for planning (``sc-jax plan``). Named models must have
     been converted once (their first ``load_model`` does it); a Hugging Face id needs
     only its configuration and tokenizer in the local hub cache (or a reachable hub)."""
     parts = load_model_parts(source, revision=revision)

@@ -58,12 +58,6 @@ def vocabulary_hash(tok) -> str:
     return hashlib.sha256(tok._tok.to_str().encode()).hexdigest()[:16]
 
 
-def preset_tokenizer(name: str, config: ModelConfig):
-    """``(tokenizer, identity)`` of a random preset (:func:`preset_vocabulary`)."""
-    tok, ident, _, _ = preset_vocabulary(name, config)
-    return tok, ident
-
-
 def preset_vocabulary(name: str, config: ModelConfig):
     """``(tokenizer, identity, tokenizer.json path or None, why the stand-in)`` of a
     random preset: the real vocabulary of :data:`PRESET_TOKENIZERS` (identity: a hash

@@ -231,7 +231,9 @@ class ScoringEngine:
 
     def plan(self, pieces: PromptPieces, jobs, mode: str) -> Planned:
         """The packed schedule of ``jobs`` (checked inputs) under this engine's policy,
-        and the budgets it was made under."""
+        and the budgets it was made under. Assigns nothing; where an earlier
+        :meth:`score_jobs` ran, the plan keeps that call's shape where the items fit
+        (the ``_last_shape`` cache), so a process reuses its compiled program."""
         m = self.model
         prefer = self._last_shape[-1] if self._last_shape else None
         return self.policy.plan(m.config, m.dtype, pieces, jobs, mode, prefer=prefer)

@@ -1,7 +1,10 @@
 """`benchmarks/accelerator_suite.py --smoke`: the GPU suite's code paths on CPU with a
 tiny preset, so the suite cannot rot before a GPU runs it. Checks what the suite
 itself checks (engine against batch 1 within 1e-4 in float32, solver gaps and
-statuses, an SC seed end to end) and that the JSON and tables are written."""
+statuses) and that the JSON and tables are written. The suite's third section, one SC
+seed as a fresh `sc-jax run` process (bench_seed's cold phase, which
+tests/benchmarks/test_gpu_check.py and gpu_check's smoke also run), is skipped here:
+tests/legs.sh's gpu-image leg runs the whole smoke suite and checks that section."""
 
 import importlib.util
 import json
@@ -22,7 +25,7 @@ def _suite():
 
 def test_smoke(tmp_path, capsys):
     suite = _suite()
-    assert suite.main(["--smoke", "--out", str(tmp_path)]) == 0
+    assert suite.main(["--smoke", "--skip", "end_to_end", "--out", str(tmp_path)]) == 0
     out = json.loads((tmp_path / "suite.json").read_text())
     s = out["scoring"]
     assert s["max_abs_diff_engine_vs_plain"] <= 1e-4
@@ -31,10 +34,8 @@ def test_smoke(tmp_path, capsys):
     assert s["planned_peak_bytes"] > 0 and "unfinished" not in s
     for r in out["solvers"]:
         assert r["jax_not_converged"] == 0 and r["max_rel_gap"] <= 1e-4, r
-    e = out["end_to_end"]
-    assert e["status"] == "ok" and e["forward_s"] > 0 and len(e["sc_macro_f1"]) == 1
-    table = (tmp_path / "suite.md").read_text()
-    assert "batch-1/engine" in table and "SC seed" in table
+    assert "end_to_end" not in out
+    assert "batch-1/engine" in (tmp_path / "suite.md").read_text()
     assert "wrote" in capsys.readouterr().out
 
 

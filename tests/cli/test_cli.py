@@ -776,7 +776,9 @@ def test_every_option_has_help_and_its_default_once():
             text = formatter._expand_help(action)  # as --help prints it
             said = len(_DEFAULT_SAID.findall(text))
             assert said <= 1, f"{where} names its default {said} times: {text}"
-            if action.option_strings and action.default not in (None, False, argparse.SUPPRESS):
+            empty = isinstance(action.default, (list, tuple)) and not action.default
+            if action.option_strings and action.default not in (None, False, argparse.SUPPRESS) \
+                    and not empty:  # "(default: )" says nothing
                 assert said == 1, f"{where} does not print its default {action.default!r}: {text}"
             seen += 1
     assert seen > 60
@@ -786,6 +788,8 @@ def test_every_option_has_help_and_its_default_once():
     p.add_argument("--b", nargs="+", default=[4, 8], help="numbers")
     help_text = " ".join(p.format_help().split())
     assert "a number (default 8) --b" in help_text and "numbers (default: 4 8)" in help_text
+    p.add_argument("--c", action="append", default=[], help="files")
+    assert "files" in p.format_help() and "(default: )" not in p.format_help()
 
 
 def test_demo_fits_sc_and_the_baselines_and_prints_them(capsys):

@@ -42,8 +42,8 @@ def coarse_subsample(num_rows: int, size: int) -> np.ndarray:
 
 
 def level_designs(problem: Problem, sizes: list) -> list:
-    """The :class:`Design` of each level of one unbatched problem: its fixed random
-    subsample of each size in ``sizes`` (:func:`coarse_subsample`), then all rows."""
+    """The :class:`sc_jax.calibration.objective.Design` of each level of one unbatched
+    problem: its fixed random subsample of each size in ``sizes`` (:func:`coarse_subsample`), then all rows."""
     num_rows = problem.features.shape[0]
     return [design(jax.tree.map(lambda a, r=coarse_subsample(num_rows, m): a[r], problem))
             for m in sizes] + [design(problem)]
