@@ -53,13 +53,6 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything below is local
 
 gguf = pytest.importorskip("gguf")
-try:
-    import torch
-except ImportError:  # tests/legs.sh's newest leg has no torch: only the HF PyTorch parity tests skip
-    torch = None
-# transformers' models, and its GGUF reader (AutoTokenizer from a .gguf too), import torch.
-needs_torch = pytest.mark.skipif(torch is None, reason="HF PyTorch parity: the test extra installs "
-                                                       "torch (CPU build) on Python 3.11 only")
 transformers = pytest.importorskip("transformers")
 
 import sc_jax  # noqa: E402
@@ -67,11 +60,11 @@ from sc_jax.runtime import wheel_files  # noqa: E402
 from sc_jax.models import named_models as nm  # noqa: E402
 from sc_jax.models.gguf import GGUFError, read_gguf  # noqa: E402
 from sc_jax.scoring.prompts import TEMPLATES  # noqa: E402
-from test_gguf import assert_same_dequantisation  # noqa: E402
+# torch, or None where the leg has none (test_gguf sets its threads), and the mark of
+# the HF PyTorch parity tests: one definition for both GGUF test files.
+from test_gguf import assert_same_dequantisation, needs_torch, torch  # noqa: E402
 from tokenizers import AddedToken  # noqa: E402
 
-if torch is not None:
-    torch.set_num_threads(2)
 REAL_TOL = 5e-4
 TINY_TOL = 2e-5
 QWEN = "qwen2.5-0.5b"
