@@ -763,8 +763,8 @@ _DEFAULT_SAID = re.compile(r"\(default\b|\bdefault:")
 
 
 def test_every_option_has_help_and_its_default_once():
-    """Issue 65: --dtype, --solver and demo's --seed had no help, and a help text that
-    said its default got a second one from argparse's formatter."""
+    """Every option of every subcommand has help, and --help shows its default once:
+    not a second time where the help text already says it, and not as "(default: )"."""
     seen = 0
     for name, sub in _subcommands():
         formatter = sub._get_formatter()
@@ -793,8 +793,8 @@ def test_every_option_has_help_and_its_default_once():
 
 
 def test_demo_fits_sc_and_the_baselines_and_prints_them(capsys):
-    """Issue 65: `sc-jax demo` printed surrogate statistics and base accuracy and
-    fitted nothing. Now: the baselines and SC, each with its accuracy and macro-F1."""
+    """`sc-jax demo` fits the baselines and SC on its few sentences and prints each
+    with its accuracy and macro-F1."""
     assert cli.main(["demo", "--model", "random:tiny-llama", "--quiet"]) == 0
     out = capsys.readouterr().out
     for method in ("Base", "CC", "DC", "BC", "SC"):

@@ -1,5 +1,5 @@
 """ScoringEngine is what it was built as: its settings are fixed in ``__init__``, and a
-call changes nothing but the caches ``__init__`` names (issue 65)."""
+call changes nothing but the caches ``__init__`` names."""
 
 import ast
 import inspect
