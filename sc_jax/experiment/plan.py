@@ -113,10 +113,11 @@ def _plan_setting(pl: _Planner, name: str, ds, k: int) -> dict[str, Any]:
         setting["stand_in_inflation"] = setting["prompt_tokens"] / setting["prompt_tokens_reference"]
     lowered = pl.mesh is not None or pl.model_shards * pl.n_devices == 1
     # The program as the engine compiles it; the fused kernels compile on a GPU only (the
-    # Pallas one elsewhere is its interpreter), so elsewhere their XLA figures are the
-    # dense path's (more temporaries, not fewer).
-    gpu_only = pl.attention in ("cudnn", "pallas") and jax.default_backend() != "gpu"
-    lowered_attention = "dense" if gpu_only else pl.attention
+    # Pallas one also on a TPU; on a CPU it is its interpreter), so elsewhere their XLA
+    # figures are the dense path's (more temporaries, not fewer).
+    fused_on = {"cudnn": ("gpu",), "pallas": ("gpu", "tpu")}.get(pl.attention)
+    no_kernel = fused_on is not None and jax.default_backend() not in fused_on
+    lowered_attention = "dense" if no_kernel else pl.attention
     kw = {"mode": pl.run.mode, "mesh": pl.mesh, "attention": lowered_attention}
     setting["xla_attention"] = lowered_attention
     if pl.compile_time and lowered:

@@ -26,11 +26,12 @@ implementations, one answer (to float rounding), chosen on the device by timing 
 * ``"cudnn"``: ``jax.nn.dot_product_attention(implementation="cudnn")`` over the row's
   ``C + W`` keys with the packed mask: cuDNN's fused flash kernel (GPU, bfloat16 or
   float16) never writes the scores to memory, at the price of scoring masked keys.
-* ``"pallas"``: one Pallas kernel (:mod:`sc_jax.models.pallas_attention`, Triton on a
-  GPU) that scores only the key blocks of ``"blocked"``, with the block bounds read
-  inside the kernel, so its loops never leave the device. On a CPU the same kernel
-  runs in Pallas' interpreter (slow: for tests); on a TPU, the accelerator form of
-  ``"blocked"``.
+* ``"pallas"``: one Pallas kernel that scores only the key blocks of ``"blocked"``,
+  with the block bounds read inside the kernel, so its loops never leave the device:
+  Triton on a GPU (:mod:`sc_jax.models.pallas_attention`), Mosaic on a TPU
+  (:mod:`sc_jax.models.pallas_tpu_attention`). On a CPU the GPU kernel runs in
+  Pallas' interpreter (slow: for tests); on another accelerator, the accelerator form
+  of ``"blocked"``.
 
 Where a path differs by platform, ``jax.lax.platform_dependent`` picks the branch when
 the program is lowered for its platform, so a program exported for a GPU from a CPU
@@ -48,7 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sc_jax.models import pallas_attention
+from sc_jax.models import pallas_attention, pallas_tpu_attention
 
 IMPLEMENTATIONS = ("dense", "blocked", "cudnn", "pallas")
 #: Query and packed-key block of ``"blocked"`` (tokens; divides W) and its cache-key
@@ -193,6 +194,8 @@ def packed_attention(q, k, v, ck, cv, masks: PackedMasks, window, *, implementat
         return jax.lax.platform_dependent(
             cpu=lambda: _pallas(q, k, v, ck, cv, masks, window, interpret=True),
             cuda=lambda: _pallas(q, k, v, ck, cv, masks, window, interpret=False),
+            tpu=lambda: _pallas(q, k, v, ck, cv, masks, window, interpret=False,
+                                kernel=pallas_tpu_attention.packed_attention),
             default=lambda: _blocked(q, k, v, ck, cv, masks, window, static=True))
     if implementation == "cudnn":
         return _cudnn(q, k, v, ck, cv, masks, window)
@@ -229,9 +232,11 @@ def _cudnn(q, k, v, ck, cv, masks, window):
                                         scale=1.0 / np.sqrt(q.shape[-1]), implementation="cudnn")
 
 
-def _pallas(q, k, v, ck, cv, masks, window, *, interpret: bool):
+def _pallas(q, k, v, ck, cv, masks, window, *, interpret, kernel=pallas_attention.packed_attention):
+    """``kernel``: the GPU's (:mod:`sc_jax.models.pallas_attention`) or the TPU's
+    (:mod:`sc_jax.models.pallas_tpu_attention`), which take the same inputs."""
     big = pallas_attention.INVALID
-    return pallas_attention.packed_attention(
+    return kernel(
         q, k, v, ck, cv, window, q_pos=masks.q_pos, q_slot=masks.q_slot, q_seg=masks.q_seg,
         k_id=jnp.where(masks.k_valid, masks.q_seg, big), c_pos=masks.c_pos,
         c_id=jnp.where(masks.c_valid, masks.c_slot, big), c_lo=masks.c_lo, c_n=masks.c_n,

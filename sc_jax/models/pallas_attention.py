@@ -36,11 +36,12 @@ memory, and skip keys in units of 64: each slot of S cached keys costs at most
 first token to itself. The same blocks
 serve every platform, so a program lowered for a GPU on any host has the GPU's blocks.
 
-Platforms: the Triton kernel on CUDA; on a CPU the same kernel in Pallas' interpreter
-(tests, and the engine run on a CPU); elsewhere (TPU) the static-trip XLA path of
-:mod:`sc_jax.models.attention` over the same bounds. The choice is made when the
-program is lowered for its platform (``jax.lax.platform_dependent``), not when it is
-traced.
+Platforms: the Triton kernel on CUDA; on a TPU its Mosaic form
+(:mod:`sc_jax.models.pallas_tpu_attention`, same inputs and blocks); on a CPU the
+Triton kernel in Pallas' interpreter (tests, and the engine run on a CPU); elsewhere
+the static-trip XLA path of :mod:`sc_jax.models.attention` over the same bounds. The
+choice is made when the program is lowered for its platform
+(``jax.lax.platform_dependent``), not when it is traced.
 
 Accuracy: the recurrence is exact algebra, so the kernel differs from a float64
 softmax by rounding only: float32 inputs within 1e-5 (~1e-6: a softmax over a few

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sc_jax.models import attention as attn
-from sc_jax.models import pallas_attention
+from sc_jax.models import pallas_attention, pallas_tpu_attention
 from sc_jax.runtime import multihost
 from sc_jax.scoring.packing import PackShape
 
@@ -77,15 +77,16 @@ class Trial:
 
 
 def candidates(platform: str, dtype, devices: int = 1) -> tuple[str, ...]:
-    """The implementations worth timing on a backend: on a GPU the Pallas kernel (on one
-    device: XLA has no rule to split a Pallas call over a mesh, so it would gather the
-    whole batch onto every device), cuDNN's fused kernel (16-bit floats only), the
-    block-sparse and the dense XLA paths; on a TPU the XLA paths; on a CPU the
-    block-sparse path alone."""
+    """The implementations worth timing on a backend: on a GPU the Pallas kernel (Triton;
+    on one device: XLA has no rule to split a Pallas call over a mesh, so it would
+    gather the whole batch onto every device), cuDNN's fused kernel (16-bit floats
+    only), the block-sparse and the dense XLA paths; on a TPU the Pallas kernel
+    (Mosaic; one device, as on a GPU) and the XLA paths; on a CPU the block-sparse
+    path alone."""
     if platform == "cpu":
         return ("blocked",)
     names = []
-    if platform in ("gpu", "cuda") and devices == 1 and "pallas" in attn.IMPLEMENTATIONS:
+    if platform in ("gpu", "cuda", "tpu") and devices == 1 and "pallas" in attn.IMPLEMENTATIONS:
         names.append("pallas")
     if platform in ("gpu", "cuda") and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
         names.append("cudnn")
@@ -201,7 +202,7 @@ def decision_key(config, dtype, shape: PackShape, rows: int, platform: str) -> s
 def code_digest() -> str:
     """The first 12 hex digits of the SHA-256 of the attention's source files."""
     h = hashlib.sha256()
-    for module in (attn, pallas_attention):
+    for module in (attn, pallas_attention, pallas_tpu_attention):
         with open(module.__file__, "rb") as f:
             h.update(f.read())
     return h.hexdigest()[:12]

@@ -107,12 +107,15 @@ class Roofline:
 
 
 def attention_reads(implementation: str, *, W: int, C: int, scored: float, bq: int = 0,
-                    G: int = 1) -> tuple[float, float]:
+                    G: int = 1, platform: str = "default") -> tuple[float, float]:
     """(scored keys per token, key reads per row) of one call: the dense paths score
     all ``C + W`` keys and read them once per row (cuDNN: once per 128-query tile);
     the block-sparse path (``scored`` keys per query block of ``bq``; on an
     accelerator every key, ``scored = C + W``) reads them once per block, the Pallas
-    kernel once per block and query head of a group of ``G``."""
+    kernel once per block and query head of a group of ``G`` (on a TPU once per row:
+    its Mosaic form keeps a row's keys in VMEM across the row's query blocks)."""
+    if implementation == "pallas" and platform == "tpu":
+        return scored, float(C + W)
     if implementation in ("blocked", "pallas"):
         return scored, (W // bq) * scored * (G if implementation == "pallas" else 1)
     tiles = -(-W // 128) if implementation == "cudnn" else 1
@@ -191,7 +194,8 @@ def replay(sched: Schedule, config, *, attention: str = "dense", platform: str =
             trips = call_trips(st, r0, sh.B, sh.W, sh.cache, bq, bk)
         else:  # the accelerator's blocked path visits every key block (static loops)
             trips = sh.cache + sh.W
-        scored, reads = attention_reads(attention, W=sh.W, C=sh.cache, scored=trips, bq=bq, G=G)
+        scored, reads = attention_reads(attention, W=sh.W, C=sh.cache, scored=trips, bq=bq, G=G,
+                                        platform=platform)
         d_flops, d_bytes = cost.dense(sh.B, sh.W)
         r_flops, r_bytes = cost.readout(sh.R, sh.labels, mode == "sequence")
         d_flops, d_bytes = d_flops + r_flops, d_bytes + r_bytes

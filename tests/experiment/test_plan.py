@@ -148,6 +148,17 @@ def test_cost_model_counts_the_keys_the_device_scores(platform):
     assert blocked["attention_bytes"] < dense["attention_bytes"]
 
 
+def test_key_reads_of_the_pallas_kernels():
+    """Per row of a 7B call, 300 keys scored per query block: the GPU kernel reads them
+    once per query block and query head (8 blocks, G = 7), the TPU kernel each of the
+    row's C + W keys once (held in VMEM across its query blocks)."""
+    from sc_jax.scoring.costs import attention_reads
+
+    kw = dict(W=512, C=2048, scored=300.0, bq=64, G=7)
+    assert attention_reads("pallas", **kw, platform="gpu") == (300.0, 8 * 300 * 7)
+    assert attention_reads("pallas", **kw, platform="tpu") == (300.0, 2048 + 512)
+
+
 def test_readout_cost_at_gemma_3s_262k_vocabulary():
     """The readout of a call's R positions: first-token mode multiplies the label rows
     alone, sequence mode the whole 262k-row table, with its float32 logits [R, V] twice

@@ -1,8 +1,9 @@
 """Packed attention (sc_jax.models.attention): the dense, block-sparse and Pallas paths
-(the kernel in Pallas' interpreter) against a float64 brute force that applies the rule
-token by token (a token sees the valid cached keys of its slot and the valid keys of its
-own segment, none later than itself, none outside a sliding window), and the block
-bounds against the keys a token may see.
+(the GPU kernel in Pallas' interpreter, the TPU kernel in Pallas' TPU interpreter)
+against a float64 brute force that applies the rule token by token (a token sees the
+valid cached keys of its slot and the valid keys of its own segment, none later than
+itself, none outside a sliding window), and the block bounds against the keys a token
+may see.
 
 Tolerances: float32 inputs of size O(1), outputs O(1): rounding of a softmax over at
 most 384 keys and two products of 16 terms leaves ~1e-6 (at most 7e-7 seen); 1e-5 is
@@ -17,7 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sc_jax.models import attention, pallas_attention
+from jax.experimental.pallas import tpu as pltpu
+
+from sc_jax.models import attention, pallas_attention, pallas_tpu_attention
 from sc_jax.models.attention import BLOCKS, block_ranges, packed_attention, packed_masks
 
 B, W, C, H, K, Dh = 3, 128, 256, 4, 2, 16
@@ -86,12 +89,17 @@ def brute_force(arrays, meta, window):
 
 def run(arrays, meta, window, implementation, platform):
     """The path on this CPU; ``"blocked-static"``: the blocked path with the full trip
-    counts it runs on an accelerator."""
-    static = implementation == "blocked-static"
-    implementation = "blocked" if static else implementation
+    counts it runs on an accelerator; ``"pallas-tpu"``: the TPU kernel in Pallas' TPU
+    interpreter (which raises on an out-of-bounds read and fills unwritten memory with
+    NaN)."""
+    static, tpu = implementation == "blocked-static", implementation == "pallas-tpu"
+    implementation = "blocked" if static else "pallas" if tpu else implementation
     masks = packed_masks(**meta, windows=window > 0, implementation=implementation, platform=platform)
     if static:
         fn = jax.jit(lambda *a: attention._blocked(*a, static=True))
+    elif tpu:
+        fn = jax.jit(lambda *a: attention._pallas(*a, interpret=pltpu.InterpretParams(),
+                                                  kernel=pallas_tpu_attention.packed_attention))
     else:
         fn = jax.jit(lambda *a: packed_attention(*a, implementation=implementation))
     return np.asarray(fn(*arrays, masks, jnp.int32(window)), np.float64)
@@ -136,6 +144,18 @@ def test_pallas_kernel_equals_the_rule(heads, window, dtype):
     masks = packed_masks(**meta, windows=True, implementation="pallas")
     assert (masks.bq, masks.bk) == pallas_attention.BLOCKS == pallas_attention.blocks(512, 2048)
     assert_equals_the_rule(arrays, meta, window, [("pallas", "cpu"), ("blocked-static", "default")])
+
+
+@pytest.mark.parametrize("S,heads,window,dtype", [
+    (64, (7, 1), 0, jnp.float32), (96, (14, 2), 5, jnp.bfloat16), (32, (2, 2), 9, jnp.float32)])
+def test_tpu_kernel_equals_the_rule(S, heads, window, dtype):
+    """The TPU kernel (Pallas' TPU interpreter) at the masks' blocks (those of the 7B
+    call: two query blocks and four cache blocks per row), with a row of padding only:
+    G = 7 in one block of heads; slots that straddle cache blocks with a window and
+    bfloat16; eight small slots per row and G = 1."""
+    rng = np.random.default_rng(S + heads[0] + window)
+    arrays, meta = packed_call(rng, S, dtype, heads=heads, empty_rows=(1,))
+    assert_equals_the_rule(arrays, meta, window, [("pallas-tpu", "tpu")])
 
 
 @pytest.mark.parametrize("platform", ["cpu", "default"])

@@ -143,6 +143,26 @@ def test_cpu_keeps_blocked_without_timing(config, monkeypatch):
     assert "pallas" not in ac.candidates("gpu", jnp.bfloat16, devices=2)
 
 
+def test_tpu_times_the_mosaic_kernel_against_the_xla_paths(config, monkeypatch, tmp_path):
+    """On a TPU (the platform named, not present) "auto" times the Pallas kernel, which
+    is Mosaic there, beside the block-sparse and dense XLA paths, on one device only,
+    and keeps the fastest; the timing itself is stubbed (the kernel runs on a TPU)."""
+    timed = []
+
+    def timing(config, dtype, shape, names, **kw):
+        timed.append(names)
+        return [ac.Trial(n, True, True, 1e-4 * (i + 1), 0.0, 3e-2) for i, n in enumerate(names)]
+    monkeypatch.setattr(ac, "time_attention", timing)
+    name, trials, cached = ac.choose_attention(config, jnp.bfloat16, SHAPE, platform="tpu",
+                                               cache_dir=str(tmp_path))
+    assert timed == [("pallas", "blocked", "dense")] and not cached
+    assert name == "pallas" and [t.name for t in trials] == list(timed[0])
+    (key,) = json.loads((tmp_path / ac.CHOICES_FILE).read_text())
+    assert key.startswith("tpu|")
+    assert ac.candidates("tpu", jnp.float32) == ("pallas", "blocked", "dense")
+    assert ac.candidates("tpu", jnp.bfloat16, devices=4) == ("blocked", "dense")
+
+
 def test_engine_falls_back_when_the_chosen_attention_fails_at_run_time(plant, monkeypatch):
     model = sc_jax.load_model("random:tiny-llama", seed=1)
     rng = np.random.default_rng(0)
