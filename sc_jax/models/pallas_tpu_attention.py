@@ -40,6 +40,14 @@ Accuracy: the GPU kernel's arithmetic (float32 scores, probabilities rounded to 
 value dtype before ``p v``), so its bounds: float32 within 1e-5 and bfloat16 within
 3e-2 of a float64 softmax (``tests/models/test_attention.py``, in Pallas' TPU
 interpreter).
+
+What a host without a TPU checks: the arithmetic (the interpreter, which also raises
+on an out-of-bounds read and fills unwritten memory with NaN) and the lowering to a
+Mosaic module (``tests/scoring/test_lowering.py``). Mosaic's layout passes and its
+compilation run in the TPU runtime, and the speed is a TPU's: ``"auto"`` times the
+kernel there and, should it not compile or run, records why and keeps an XLA path
+(:mod:`sc_jax.scoring.attention_choice`). At 64 keys a block the score tile fills
+half of a vreg's 128 lanes; a TPU's timing may favour 128.
 """
 
 from __future__ import annotations
@@ -143,7 +151,7 @@ def packed_attention(q, k, v, ck, cv, window, *, q_pos, q_slot, q_seg, k_id, c_p
     B, W, H, Dh = q.shape
     K, C = k.shape[2], ck.shape[1]
     G, nq, nc = H // K, W // bq, C // bk
-    scale = 1.0 / np.sqrt(Dh)
+    scale = float(1.0 / np.sqrt(Dh))  # a Python float: weakly typed, never float64
     ck, cv = ck.astype(q.dtype), cv.astype(q.dtype)
     if not interpret and Dh % LANES:  # Mosaic's blocks tile the lanes; zeros add nothing
         pad = [(0, 0)] * 3 + [(0, -Dh % LANES)]
