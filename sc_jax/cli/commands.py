@@ -33,6 +33,7 @@ from sc_jax.models.hub import cached_models_lines
 from sc_jax.models.loading import load_model
 from sc_jax.models.named_models import MODELS
 from sc_jax.runtime.multihost import is_writer
+from sc_jax.runtime.runlock import run_lock
 from sc_jax.scoring.engine import ScoringEngine
 from sc_jax.scoring.enumeration import default_m, sample_contexts, surrogate_contexts, surrogate_pairs
 from sc_jax.scoring.prompts import TEMPLATES, build_pieces
@@ -244,13 +245,15 @@ def _lambda_grid(values):
 def ablate_command(args) -> int:
     lambdas = _lambda_grid(args.lambda_inv)
     out = Path(args.dir) / "ablation" if args.out is None else args.out
-    check_ablation_out(out, args.overwrite)  # before the refits, not after them
-    rows = ablate(args.dir, lambda_invs=lambdas,
-                  m_values=None if args.m_values is None else tuple(args.m_values),
-                  solver=args.solver, guard=args.guard, progress=not args.quiet)
-    diag = diagnose(args.dir, solver=args.solver)
-    files = write_ablation(rows, out, diagnostics=diag,
-                           model=load_results(args.dir)["config"]["model"])
+    out = check_ablation_out(out, args.overwrite)  # before the refits, not after them
+    # One ablate (or run) writes into a folder at a time: two would interleave their files.
+    with run_lock(out, None if args.out is not None else f"the ablation folder {out}"):
+        rows = ablate(args.dir, lambda_invs=lambdas,
+                      m_values=None if args.m_values is None else tuple(args.m_values),
+                      solver=args.solver, guard=args.guard, progress=not args.quiet)
+        diag = diagnose(args.dir, solver=args.solver)
+        files = write_ablation(rows, out, diagnostics=diag,
+                               model=load_results(args.dir)["config"]["model"])
     print(files["table"].read_text())
     print(files["diagnostics"].read_text())
     print("wrote " + ", ".join(str(p) for p in files.values()))

@@ -115,12 +115,26 @@ def _unraisable(info):
 
 
 def _kept(args, argv, what: str) -> str:
-    """``what``, then what is kept and, for `run`, how to resume."""
+    """``what``, then what is kept and, for `run`, how to resume: the score cache is
+    named only where it holds a score (an interrupt in the up-front check or the
+    model's load comes before the cache folder is made)."""
     if args.command != "run":
         return f"{what}: nothing of `sc-jax {args.command}` was kept"
     command = shlex.join(["sc-jax", *(sys.argv[1:] if argv is None else argv)])
-    return (f"{what}: the scores computed so far are saved in {Path(args.out) / 'cache'}; "
+    cache = Path(args.out) / "cache"
+    if not _holds_scores(cache):
+        return f"{what}: no score was saved yet; run the same command to start again: {command}"
+    return (f"{what}: the scores computed so far are saved in {cache}; "
             f"run the same command to resume from them: {command}")
+
+
+def _holds_scores(cache: Path) -> bool:
+    """Whether the score cache folder ``cache`` holds one complete entry (its writes in
+    progress are hidden ``.tmp-*`` files); stops at the first."""
+    try:
+        return any(not p.name.startswith(".tmp-") for p in cache.glob("*/*.npz"))
+    except OSError:
+        return False
 
 
 #: Commands that run on several processes when launched so (:mod:`sc_jax.runtime.multihost`).

@@ -52,6 +52,7 @@ from sc_jax.experiment.store import (
     package_versions,
     refuse_other_config,
     save_scores,
+    score_meta,
     scores_path,
     write_json,
 )
@@ -157,7 +158,8 @@ def _score_seeds(model, engine, cache, ds, name: str, k: int, config: RunConfig,
                                          label=label if progress else None)
         if is_writer():
             save_scores(scores_path(out, name, k, seed), scores[seed],
-                        config_tag(json.loads(json.dumps(config.to_json()))))
+                        config_tag(json.loads(json.dumps(config.to_json()))),
+                        score_meta(name, k, seed, split, model.identity))
         timings.append(_seed_timing(name, k, seed, time.perf_counter() - t, stats))
         if progress:
             log.info("%s %s", label, _seed_line(timings[-1]))
@@ -288,6 +290,10 @@ def run_experiment(config: RunConfig, out_dir, *, progress: bool = True,
             held.enter_context(run_lock(made))
             if not overwrite:
                 refuse_other_config(made, config)
+                if not log_samples:
+                    # Kept records are checked against the new rows at the end: an
+                    # empty or unreadable log is refused now, not after the scoring.
+                    samples.read_samples(made)
             elif not log_samples:
                 # Records of the replaced run would be read (and fail the check) beside
                 # the new results.

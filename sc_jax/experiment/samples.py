@@ -115,18 +115,33 @@ def write_samples(run_dir, records: Sequence[dict]) -> Path:
 
 
 def read_samples(run_dir) -> list[dict] | None:
-    """The records in ``run_dir`` (either form), or None when it has none. A file that
-    is not JSON lines raises ValueError naming it."""
+    """The records in ``run_dir`` (either form), or None when it has no such file. A
+    file that is not JSON lines, or holds no record (a run writes one per test query,
+    so an empty log is a damaged one, not an absent one), raises ValueError naming it."""
     run_dir = Path(run_dir)
     for path in sample_paths(run_dir):
         if path.exists():
             try:
                 raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-                return [json.loads(line) for line in raw.decode().split("\n") if line]
+                records = [json.loads(line) for line in raw.decode().split("\n") if line.strip()]
             except (OSError, EOFError, ValueError) as e:
                 raise ValueError(f"{path}: unreadable sample log ({type(e).__name__}: {e}); "
                                  "rewrite it with `sc-jax report DIR --log-samples`") from e
+            if not records:
+                raise ValueError(f"{path} is empty (a sample log holds one record per test "
+                                 "query): rewrite it with `sc-jax report DIR --log-samples`, or "
+                                 "delete it")
+            for j, r in enumerate(records):
+                if not isinstance(r, dict) or not _RECORD_KEYS <= set(r):
+                    raise ValueError(f"{path}, record {j + 1}: not a sample record (an object with "
+                                     f"{', '.join(sorted(_RECORD_KEYS))}); rewrite it with "
+                                     "`sc-jax report DIR --log-samples`")
+            return records
     return None
+
+
+# What the checks and tables read of each record (seed_records writes more).
+_RECORD_KEYS = frozenset(("dataset", "shots", "seed", "gold", "pred", "probs"))
 
 
 def _groups(records) -> dict:

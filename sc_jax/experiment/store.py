@@ -1,6 +1,7 @@
 """A run's files: the output directory (:func:`make_out_dir`, refusing another
 configuration's), its score files (:func:`save_scores` / :func:`load_scores`, tagged with
-the configuration that made them) and the JSON it writes atomically.
+the configuration that made them and naming what they hold, :func:`score_meta`) and the
+JSON it writes atomically.
 """
 
 from __future__ import annotations
@@ -16,9 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
+from sc_jax.experiment import metrics
 from sc_jax.experiment.config import RunConfig
 from sc_jax.experiment.jobs import SeedScores
+from sc_jax.experiment.methods import method_probs
 from sc_jax.experiment.results import load_results
+from sc_jax.experiment.splits import test_set_hash
 
 
 def scores_path(out_dir, dataset: str, k: int, seed: int) -> Path:
@@ -33,13 +37,29 @@ def config_tag(config_json: dict) -> str:
     return hashlib.sha256(json.dumps(config_json, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def save_scores(path: Path, s: SeedScores, tag: str | None = None) -> None:
+def score_meta(dataset: str, k: int, seed: int, split, model_identity: str | None) -> dict:
+    """What one score file holds, stored in it (:func:`save_scores`) so that a file is
+    never taken for another by its name: the dataset, k, seed, the demonstrations'
+    and test queries' data rows (``split``: its
+    :class:`sc_jax.experiment.splits.Split`) and the model's identity
+    (:func:`sc_jax.models.identity.files_identity`)."""
+    return {"dataset": dataset, "shots": int(k), "seed": int(seed),
+            "demo_indices": [int(i) for i in split.demo_indices],
+            "test_indices": [int(i) for i in split.test_indices],
+            "model_identity": model_identity}
+
+
+def save_scores(path: Path, s: SeedScores, tag: str | None = None,
+                meta: dict | None = None) -> None:
     """Write one seed's :class:`SeedScores` (a few hundred KB) atomically: refits
     (``sc-jax ablate``) read these, with no model and no forward pass. ``tag``: the
-    run's :func:`config_tag`, stored beside the scores."""
+    run's :func:`config_tag`, stored beside the scores; ``meta``: what they hold
+    (:func:`score_meta`), checked when they are read (:func:`load_run_scores`)."""
     arrays = {"base": s.base, "cc": s.cc, "dc": s.dc, "y_test": s.y_test}
     if tag is not None:
         arrays["config"] = np.asarray(tag)
+    if meta is not None:
+        arrays["meta"] = np.asarray(json.dumps(meta, sort_keys=True))
     for i, (lp, y, q) in s.surrogate.items():
         arrays.update({f"surrogate{i}_logp": lp, f"surrogate{i}_labels": y,
                        f"surrogate{i}_queries": q})
@@ -52,19 +72,25 @@ def save_scores(path: Path, s: SeedScores, tag: str | None = None) -> None:
     tmp.replace(path)
 
 
-def load_scores(path: Path, tag: str | None = None) -> SeedScores:
+def _unreadable(path: Path, e: Exception) -> ValueError:
+    return ValueError(f"{path}: unreadable score file ({type(e).__name__}: {e}); rerun the "
+                      "same `sc-jax run` command to rewrite it from the score cache")
+
+
+def load_scores(path: Path, tag: str | None = None, expect: dict | None = None) -> SeedScores:
     """The :class:`SeedScores` written by :func:`save_scores`.
 
     Raises ValueError naming ``path`` for a truncated or foreign file (the score cache
     still holds the scores: rerunning the run's command rewrites it), or, given the
     ``tag`` of the configuration expected, for a file saved by a run of another
-    configuration (files saved before tags existed carry none and are read as they are)."""
+    configuration (files saved before tags existed carry none and are read as they are),
+    or, given ``expect`` (what the file should hold: :func:`check_holds`), for a file
+    that holds another dataset, k, seed, split or model's scores."""
     try:  # a damaged file: zipfile.BadZipFile (not an OSError), EOFError, ValueError, OSError
         with np.load(path) as z:
             a = {name: z[name] for name in z.files}
     except (zipfile.BadZipFile, EOFError, OSError, ValueError) as e:
-        raise ValueError(f"{path}: unreadable score file ({type(e).__name__}: {e}); rerun the "
-                         "same `sc-jax run` command to rewrite it from the score cache") from e
+        raise _unreadable(path, e) from e
     saved = str(a.pop("config")) if "config" in a else None
     if tag is not None and saved is not None and saved != tag:
         raise ValueError(f"{path} holds the scores of another configuration than the run's "
@@ -72,15 +98,83 @@ def load_scores(path: Path, tag: str | None = None) -> SeedScores:
                          "rerun the command of results.json with the same --out to rewrite them, "
                          "or finish the other one")
     try:
+        meta = json.loads(str(a.pop("meta"))) if "meta" in a else None
+        if meta is not None and not isinstance(meta, dict):
+            raise ValueError(f"its record of what it holds is a JSON {type(meta).__name__}")
         sizes = sorted(int(name[len("test"):]) for name in a if name.startswith("test"))
-        return SeedScores(
+        s = SeedScores(
             base=a["base"], cc=a["cc"], dc=a["dc"], y_test=a["y_test"],
             surrogate={i: (a[f"surrogate{i}_logp"], a[f"surrogate{i}_labels"],
                            a[f"surrogate{i}_queries"]) for i in sizes},
             test={i: a[f"test{i}"] for i in sizes})
     except (KeyError, ValueError) as e:  # a foreign archive: a key missing or misnamed
-        raise ValueError(f"{path}: unreadable score file ({type(e).__name__}: {e}); rerun the "
-                         "same `sc-jax run` command to rewrite it from the score cache") from e
+        raise _unreadable(path, e) from e
+    if expect is not None:
+        check_holds(path, s, meta, expect)
+    return s
+
+
+# What a score file's record (score_meta) is checked against, and how a person reads it.
+_HELD = (("dataset", "dataset"), ("shots", "k"), ("seed", "seed"),
+         ("demo_indices", "demonstration rows"), ("model_identity", "model"))
+# Baselines whose results.json rows a score file without a record must reproduce.
+_LEGACY_METHODS = ("base", "cc", "dc")
+
+
+def check_holds(path: Path, s: SeedScores, meta: dict | None, expect: dict) -> None:
+    """A ValueError naming ``path`` when the scores ``s`` (with their record ``meta``,
+    :func:`score_meta`; None for a file written before records) are not those of
+    ``expect``: ``dataset``, ``shots``, ``seed`` and, where known, ``demo_indices``,
+    ``test_hash`` (:func:`sc_jax.experiment.splits.test_set_hash`) and
+    ``model_identity`` (from results.json). A file without a record is checked by its
+    content instead: every Base / CC / DC row of ``expect["rows"]`` (results.json's
+    rows of this dataset, k and seed) recomputed from it, to 1e-9 (the run computed
+    them in float64 from the same float32 scores)."""
+    want = f"{expect['dataset']} k={expect['shots']} seed {expect['seed']}"
+    redo = ("rerun the `sc-jax run` command of results.json with the same --out to rewrite "
+            "it from the score cache")
+    if meta is None:
+        problem = _legacy_problem(s, expect)
+        if problem:
+            raise ValueError(f"{path} does not record what it holds (written before score files "
+                             f"did) and {problem}, so it may hold another seed's or run's scores "
+                             f"than results.json's {want}: {redo}")
+        return
+    got = dict(meta)
+    got["test_hash"] = test_set_hash(meta.get("test_indices", []))
+    for key, name in (*_HELD, ("test_hash", "test set")):
+        if key in expect and expect[key] is not None and got.get(key) != expect[key]:
+            shown = f"{_short(got.get(key))} here, {_short(expect[key])} in results.json"
+            raise ValueError(f"{path} holds the scores of {meta.get('dataset')} "
+                             f"k={meta.get('shots')} seed {meta.get('seed')}, not results.json's "
+                             f"{want} (its {name}: {shown}): {redo}")
+    if len(meta.get("test_indices", [])) != len(s.y_test):
+        raise ValueError(f"{path} names {len(meta.get('test_indices', []))} test rows and holds "
+                         f"scores of {len(s.y_test)}: {redo}")
+
+
+def _short(value) -> str:
+    text = str(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _legacy_problem(s: SeedScores, expect: dict) -> str | None:
+    """Why scores without a record cannot be taken for ``expect``'s, or None: its
+    Base / CC / DC rows must be in results.json and be reproduced from them."""
+    rows = [r for r in expect.get("rows", ()) if r["method"] in _LEGACY_METHODS]
+    if not rows:
+        return "results.json has no Base, CC or DC row of it to check its scores against"
+    n = s.base.shape[-1]
+    for r in rows:
+        p = method_probs(r["method"], s, None, [])
+        got = dict(accuracy=metrics.accuracy(s.y_test, p.argmax(-1)),
+                   macro_f1=metrics.macro_f1(s.y_test, p.argmax(-1), num_classes=n),
+                   ece=metrics.expected_calibration_error(p, s.y_test))
+        for key, value in got.items():
+            if key in r and not abs(value - r[key]) <= 1e-9:
+                return (f"its {r['method']} {key} {value:.6f} is not results.json's "
+                        f"{r[key]:.6f}")
+    return None
 
 
 def load_run_scores(run_dir: Path) -> tuple[dict, dict]:
@@ -93,6 +187,8 @@ def load_run_scores(run_dir: Path) -> tuple[dict, dict]:
     skipped = {(x["dataset"], x["shots"]) for x in results.get("skipped", [])}
     runs, missing = {}, []
     tag = config_tag(config)
+    splits = {(x.get("dataset"), x.get("shots"), x.get("seed")): x
+              for x in results.get("splits") or [] if isinstance(x, dict)}
     for name in config["datasets"]:
         for k in config["shots"]:
             if (name, k) in skipped:
@@ -100,7 +196,14 @@ def load_run_scores(run_dir: Path) -> tuple[dict, dict]:
             for seed in config["seeds"]:
                 path = scores_path(run_dir, name, k, seed)
                 if path.exists():
-                    runs.setdefault((name, k), {})[seed] = load_scores(path, tag)
+                    split = splits.get((name, k, seed), {})
+                    rows = [r for r in results["rows"]
+                            if (r["dataset"], r["shots"], r["seed"]) == (name, k, seed)]
+                    expect = dict(dataset=name, shots=k, seed=seed, rows=rows,
+                                  demo_indices=split.get("demo_indices"),
+                                  test_hash=split.get("test_hash"),
+                                  model_identity=results.get("model_identity"))
+                    runs.setdefault((name, k), {})[seed] = load_scores(path, tag, expect)
                 else:
                     missing.append(path.name)
     if missing:
@@ -247,10 +350,12 @@ def refuse_other_config(out: Path, config: RunConfig) -> None:
         try:
             old = json.loads(path.read_text())
             old = old["config"] if name == "results.json" else old
+            if not isinstance(old, dict):  # `[]` would compare as a default configuration
+                raise TypeError(f"a JSON {type(old).__name__}, not a configuration")
         except (OSError, ValueError, KeyError, TypeError):
             raise ValueError(f"--out {out} holds an unreadable {name}; rerun with --overwrite "
                              "to replace it, or choose another --out") from None
-        diff = _config_differences(old if isinstance(old, dict) else {}, new)
+        diff = _config_differences(old, new)
         if diff:
             raise ValueError(f"--out {out} holds a run with another configuration "
                              f"({'; '.join(diff[:3])}{'; ...' if len(diff) > 3 else ''}): rerun "

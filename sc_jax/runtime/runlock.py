@@ -31,13 +31,13 @@ def _holder(path: Path) -> str:
         return ""
 
 
-def _in_use(out: Path, path: Path) -> ValueError:
+def _in_use(out: str, path: Path) -> ValueError:
     who = _holder(path)
-    return ValueError(f"--out {out} is in use by another sc-jax run ({who + '; ' if who else ''}"
+    return ValueError(f"{out} is in use by another sc-jax run ({who + '; ' if who else ''}"
                       f"lock file {path}): wait for it to finish, or choose another --out")
 
 
-def _take(out: Path, path: Path) -> int | None:
+def _take(out: str, path: Path) -> int | None:
     """Open ``path`` and take its flock without waiting; returns the descriptor, or None
     on a filesystem without flock. Raises ValueError while another process holds it."""
     while True:
@@ -64,7 +64,7 @@ def _take(out: Path, path: Path) -> int | None:
 
 
 @contextlib.contextmanager
-def run_lock(out: Path):
+def run_lock(out: Path, name: str | None = None):
     """Hold the flock of ``out/.lock`` (the file naming this process's pid and host) while
     a run writes into ``out``; removed on exit, whatever the exit. A lock left by a run
     that died (SIGKILL, a crash, a container torn down) holds no flock and is taken
@@ -74,15 +74,17 @@ def run_lock(out: Path):
 
     On a filesystem without ``flock`` (some network mounts) a run creates the file
     exclusively instead, and an existing lock file there cannot be judged: the refusal
-    says to delete it once its run is known to have ended."""
+    says to delete it once its run is known to have ended. ``name``: the folder as the
+    messages call it (``--out OUT`` by default; ablate's folder when --out was not given)."""
     path = out / LOCK_FILE
     me = f"{os.getpid()} {socket.gethostname()}\n"
-    fd = _take(out, path)
+    shown = name or f"--out {out}"
+    fd = _take(shown, path)
     if fd is None:
         existing = path.exists() and path.stat().st_size > 0
         if existing:
             who = _holder(path)
-            raise ValueError(f"--out {out}: its lock file {path} names {who or 'no process'} and "
+            raise ValueError(f"{shown}: its lock file {path} names {who or 'no process'} and "
                              "this filesystem has no flock to tell whether that run still runs: "
                              f"if it has ended, delete {path}; otherwise wait, or choose another --out")
     elif path.stat().st_size > 0:
@@ -94,7 +96,7 @@ def run_lock(out: Path):
         path.unlink(missing_ok=True)
         if fd is not None:
             os.close(fd)
-        raise ValueError(f"--out {out}: could not write the lock file {path} "
+        raise ValueError(f"{shown}: could not write the lock file {path} "
                          f"({e.strerror or e}); free some space or choose another --out") from e
     try:
         yield

@@ -328,7 +328,10 @@ def test_column_hint_names_options_that_exist(tmp_path, capsys):
 
 def test_ctrl_c_during_a_run_is_one_line_naming_the_cache_and_the_command(tmp_path, capsys,
                                                                          monkeypatch):
-    def interrupted(*a, **k):
+    def interrupted(config, out, **k):
+        entry = Path(out) / "cache" / "ab" / "ab01.npz"  # one score kept before Ctrl-C
+        entry.parent.mkdir(parents=True)
+        entry.write_bytes(b"")
         raise KeyboardInterrupt
 
     monkeypatch.setattr(commands, "run_experiment", interrupted)
@@ -517,7 +520,9 @@ def test_a_full_disk_while_scoring_is_one_line_and_releases_the_lock(tmp_path, c
     out = tmp_path / "run"
     assert cli.main(["run", "--out", str(out), "--data-file", str(_data(tmp_path))] + TINY) == 2
     line = _one_error(capsys)
-    assert "No space left on device" in line and "run the same command to resume" in line
+    # Every write failed: no score is saved, and the line does not say there is one.
+    assert "No space left on device" in line
+    assert "no score was saved yet; run the same command" in line
     assert not (out / ".lock").exists()
 
 
@@ -536,7 +541,10 @@ def test_sigterm_is_handled_as_ctrl_c(tmp_path):
     _, err = proc.communicate(timeout=120)
     lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
     assert proc.returncode == 143 and "Traceback" not in err, err
-    assert len(lines) == 1 and lines[0].startswith("error: terminated (SIGTERM): the scores"), err
+    assert len(lines) == 1 and lines[0].startswith("error: terminated (SIGTERM): "), err
+    # The cache is named where (and only where) it holds a score.
+    named = "the scores computed so far are saved in" in lines[0]
+    assert named == process._holds_scores(out / "cache"), err
     assert not (out / ".lock").exists()
 
 
@@ -665,9 +673,12 @@ def test_report_and_ablate_refuse_rows_that_disagree_with_the_config(tmp_path, c
 
 
 def _run_with_scores(tmp_path):
-    """A one-seed results.json and its score file (one test-time sub-context of size 1)."""
+    """A one-seed results.json and its score file (one test-time sub-context of size 1),
+    recording what it holds (its four test rows)."""
+    from types import SimpleNamespace
+
     from sc_jax.experiment.jobs import SeedScores
-    from sc_jax.experiment.store import config_tag, save_scores, scores_path
+    from sc_jax.experiment.store import config_tag, save_scores, score_meta, scores_path
 
     (tmp_path / "run").mkdir()
     run = _results(tmp_path / "run")
@@ -676,7 +687,9 @@ def _run_with_scores(tmp_path):
     scores = SeedScores(base=logp, cc=logp, dc=logp, y_test=np.array([0, 1, 0, 1]),
                         surrogate={1: (logp, np.array([0, 1, 0, 1]), np.array([0, 1, 2, 3]))},
                         test={1: logp[None]})
-    save_scores(scores_path(run, "rotten_tomatoes", 4, 0), scores, config_tag(config))
+    split = SimpleNamespace(demo_indices=np.arange(4), test_indices=np.arange(4, 8))
+    save_scores(scores_path(run, "rotten_tomatoes", 4, 0), scores, config_tag(config),
+                score_meta("rotten_tomatoes", 4, 0, split, None))
     return run
 
 
@@ -803,3 +816,61 @@ def test_demo_fits_sc_and_the_baselines_and_prints_them(capsys):
     assert len(re.findall(r"^  Base [01]\.\d{3}  SC [01]\.\d{3}  true=", out, re.M)) == 16
     assert cli.main(["demo", "--k", "9"]) == 2
     assert capsys.readouterr().err == "error: --k must be between 2 and 8, got 9\n"
+
+
+def test_an_interrupt_before_any_score_names_no_cache(tmp_path, capsys, monkeypatch):
+    """SIGTERM during the up-front check said the scores were saved in OUT/cache, a
+    folder not made yet. The line names the cache only where it holds a score."""
+    import shlex
+
+    def terminated(*a, **k):
+        raise process.Terminated()
+
+    monkeypatch.setattr("sc_jax.experiment.run.check_run", terminated)
+    out = tmp_path / "run"
+    argv = ["run", "--out", str(out), "--data-file", str(_data(tmp_path))] + TINY
+    assert cli.main(argv) == 143
+    assert not (out / "cache").exists() and not (out / ".lock").exists()
+    command = shlex.join(["sc-jax", *argv])
+    assert _one_error(capsys) == ("error: terminated (SIGTERM): no score was saved yet; run the "
+                                  f"same command to start again: {command}")
+
+
+def test_two_ablates_into_one_folder_are_refused(tmp_path, capsys):
+    """ablate took no lock: two into one folder both wrote it. The second is refused,
+    naming the folder (not an --out that was not given) and the holder."""
+    run = _results(tmp_path)
+    out = run / "ablation"
+    out.mkdir()
+    holder = _hold_flock(out)
+    try:
+        assert cli.main(["ablate", str(run), "--quiet"]) == 2
+        assert _one_error(capsys) == (
+            f"error: the ablation folder {out} is in use by another sc-jax run (pid {holder.pid} "
+            f"on {socket.gethostname()}; lock file {out / '.lock'}): wait for it to finish, or "
+            "choose another --out")
+        other = tmp_path / "mine"
+        other.mkdir()
+        second = _hold_flock(other)
+        try:
+            assert cli.main(["ablate", str(run), "--out", str(other), "--quiet"]) == 2
+            assert _one_error(capsys).startswith(f"error: --out {other} is in use by another "
+                                                 "sc-jax run")
+        finally:
+            second.kill()
+            second.wait()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_run_config_that_is_not_an_object_is_refused(tmp_path, capsys, monkeypatch):
+    """A run_config.json holding `[]` was compared as a default configuration."""
+    _stop_at_the_model(monkeypatch)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "run_config.json").write_text("[]")
+    argv = ["run", "--out", str(out), "--data-file", str(_data(tmp_path))] + TINY
+    assert cli.main(argv) == 2
+    assert _one_error(capsys) == (f"error: --out {out} holds an unreadable run_config.json; rerun "
+                                  "with --overwrite to replace it, or choose another --out")

@@ -203,7 +203,15 @@ def test_m_study_subsets_are_uniform_and_nested():
     np.testing.assert_array_equal(context_subset(4, 8, 0, size=1), np.arange(4))
 
 
-def test_log_samples_writes_records_that_reproduce_the_rows(config, tmp_path):
+@pytest.fixture(scope="module")
+def logged_run(config, tmp_path_factory):
+    """A finished two-seed run with --log-samples: its RunConfig and Results."""
+    cfg = RunConfig(**dict(config, shots=(3,)))
+    return cfg, run_experiment(cfg, tmp_path_factory.mktemp("logged") / "run", progress=False,
+                               log_samples=True)
+
+
+def test_log_samples_writes_records_that_reproduce_the_rows(config, logged_run):
     """`run --log-samples`: one record per (seed, test query), naming its data row and
     text, whose predictions and probabilities give back every row of results.json;
     regenerating them from the score files (no model) gives the same records."""
@@ -213,10 +221,10 @@ def test_log_samples_writes_records_that_reproduce_the_rows(config, tmp_path):
 
     from sc_jax.experiment import samples
 
-    cfg = RunConfig(**dict(config, shots=(3,)))
-    res = run_experiment(cfg, tmp_path / "run", progress=False, log_samples=True)
-    recs = samples.read_samples(tmp_path / "run")
-    assert res.files["samples"] == tmp_path / "run" / samples.SAMPLES_FILE
+    cfg, res = logged_run
+    run = res.out_dir
+    recs = samples.read_samples(run)
+    assert res.files["samples"] == run / samples.SAMPLES_FILE
     assert len(recs) == len(cfg.seeds) * cfg.test_size
     assert samples.check_samples(recs, res.rows) == []
     assert set(recs[0]["probs"]) == set(cfg.methods) == set(recs[0]["pred"])
@@ -231,6 +239,97 @@ def test_log_samples_writes_records_that_reproduce_the_rows(config, tmp_path):
     flipped = [dict(r, pred=dict(r["pred"], sc=1 - r["pred"]["sc"])) if r["index"] == 0 else r
                for r in recs]
     assert any("sc: accuracy" in p for p in samples.check_samples(flipped, res.rows))
-    first = (tmp_path / "run" / samples.SAMPLES_FILE).read_bytes()
-    samples.regenerate_samples(tmp_path / "run")
-    assert (tmp_path / "run" / samples.SAMPLES_FILE).read_bytes() == first
+    first = (run / samples.SAMPLES_FILE).read_bytes()
+    samples.regenerate_samples(run)
+    assert (run / samples.SAMPLES_FILE).read_bytes() == first
+
+
+def _copy_run(res, tmp_path):
+    """A copy of a finished run's folder (its cache left behind) to damage."""
+    import shutil
+
+    dst = tmp_path / "run"
+    shutil.copytree(res.out_dir, dst, ignore=shutil.ignore_patterns("cache", ".lock"))
+    return dst
+
+
+def _errors(capsys):
+    return [ln for ln in capsys.readouterr().err.splitlines() if not ln.startswith("sc_jax:")]
+
+
+def _resave(path, src=None, **meta):
+    """Rewrite score file ``path`` with the arrays of ``src`` (default: its own), its
+    record of what it holds changed by ``meta``, or dropped (``drop=True``)."""
+    with np.load(src or path) as z:
+        arrays = {name: z[name] for name in z.files}
+    record = json.loads(str(arrays.pop("meta")))
+    if not meta.get("drop"):
+        arrays["meta"] = np.asarray(json.dumps({**record, **meta}))
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+
+
+def test_score_files_name_what_they_hold_and_a_renamed_one_is_refused(logged_run, tmp_path,
+                                                                      capsys, monkeypatch):
+    """`cp scores/T-k3-seed0.npz scores/T-k3-seed1.npz` made `ablate` count seed 0
+    twice (exit 0) and `report --log-samples` only note the disagreement. Each score file
+    records its dataset, k, seed, demonstration and test rows and the model, checked
+    against results.json; a file written before these records is checked by its
+    content (its Base, CC and DC rows) and refused when that does not match."""
+    import shutil
+
+    from sc_jax import cli
+    from sc_jax.experiment import ablation
+    from sc_jax.experiment.store import scores_path
+
+    monkeypatch.setenv("SC_JAX_XLA_CACHE", "")
+    run = _copy_run(logged_run[1], tmp_path)
+    seed0, seed1 = (scores_path(run, "rotten_tomatoes", 3, s) for s in (0, 1))
+    shutil.copyfile(seed0, seed1)
+    redo = ("rerun the `sc-jax run` command of results.json with the same --out to rewrite it "
+            "from the score cache")
+    for argv in (["ablate", str(run), "--quiet"], ["report", str(run), "--log-samples"]):
+        assert cli.main(argv) == 2
+        assert _errors(capsys) == [
+            f"error: {seed1} holds the scores of rotten_tomatoes k=3 seed 0, not results.json's "
+            f"rotten_tomatoes k=3 seed 1 (its seed: 0 here, 1 in results.json): {redo}"]
+    original = scores_path(logged_run[1].out_dir, "rotten_tomatoes", 3, 1)
+    with np.load(original) as z:
+        record = json.loads(str(z["meta"]))
+    splits = json.loads((run / "results.json").read_text())["splits"]
+    assert record["seed"] == 1 and record["demo_indices"] == splits[1]["demo_indices"]
+    assert len(record["test_indices"]) == 6
+    assert record["model_identity"] == logged_run[1].data["model_identity"]
+    # Another model's scores under the right names.
+    _resave(seed1, seed0, seed=1, demo_indices=splits[1]["demo_indices"], model_identity="other")
+    with pytest.raises(ValueError, match=r"seed1.npz holds the scores of rotten_tomatoes k=3 "
+                                         r"seed 1, not .* \(its model: other here, "):
+        ablation.ablate(run)
+    # Files without a record: seed 1's own scores are taken (they give its rows back),
+    # seed 0's under seed 1's name are refused.
+    _resave(seed0, drop=True)
+    _resave(seed1, original, drop=True)
+    assert {r["seed"] for r in ablation.ablate(run, lambda_invs=(None,))} == {0, 1}
+    shutil.copyfile(seed0, seed1)
+    with pytest.raises(ValueError, match=r"seed1.npz does not record what it holds .* and its "
+                                         r"base (accuracy|macro_f1|ece) "):
+        ablation.ablate(run)
+
+
+def test_an_empty_sample_log_is_refused_by_name(logged_run, tmp_path, capsys, monkeypatch):
+    """An empty samples.jsonl was read as no log at all: `report` exited 0 without
+    the records' check. It is refused by name, up front by a resumed run too."""
+    from sc_jax import cli
+    from sc_jax.experiment.samples import SAMPLES_FILE
+
+    monkeypatch.setenv("SC_JAX_XLA_CACHE", "")
+    run = _copy_run(logged_run[1], tmp_path)
+    (run / SAMPLES_FILE).write_text("")
+    assert cli.main(["report", str(run)]) == 2
+    assert _errors(capsys) == [
+        f"error: {run / SAMPLES_FILE} is empty (a sample log holds one record per test query): "
+        "rewrite it with `sc-jax report DIR --log-samples`, or delete it"]
+    with pytest.raises(ValueError, match="is empty"):  # before any model or score
+        run_experiment(logged_run[0], run, progress=False)
+    assert cli.main(["report", str(run), "--log-samples"]) == 0  # rewritten from the scores
+    assert (run / SAMPLES_FILE).stat().st_size > 0

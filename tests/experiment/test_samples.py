@@ -47,6 +47,23 @@ def test_records_round_trip_plain_and_gzipped(tmp_path, monkeypatch):
         read_samples(tmp_path)
 
 
+@pytest.mark.parametrize("name, data", [("samples.jsonl", b""), ("samples.jsonl", b"\n \n"),
+                                        ("samples.jsonl.gz", None)])
+def test_an_empty_sample_log_is_refused_not_read_as_absent(tmp_path, name, data):
+    """An empty log was read as no log (None), so its check against results.json
+    never ran. It is refused by name; a line that is no record too."""
+    import gzip
+
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(b"") if data is None else data)
+    with pytest.raises(ValueError, match=f"^{path} is empty .*`sc-jax report DIR --log-samples`"):
+        read_samples(tmp_path)
+    path.unlink()
+    (tmp_path / "samples.jsonl").write_text('{"dataset": "t"}\n')
+    with pytest.raises(ValueError, match="samples.jsonl, record 1: not a sample record"):
+        read_samples(tmp_path)
+
+
 def test_check_and_paired_counts():
     recs = _records()
     rows = [{"dataset": "t", "shots": 4, "seed": 0, "method": "sc", "accuracy": 1.0, "macro_f1": 1.0},
