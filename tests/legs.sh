@@ -89,7 +89,8 @@ EOF
     # The one device command of a lent GPU machine (benchmarks/gpu_check.py), every phase:
     # the stack, the attention candidates, one seed cold and in a second process (the
     # script makes bench_seed's checks: the timing adds up, the second process compiles no
-    # model program); the peer phase records that this stack has no torch.
+    # model program), two tasks in one run projected to a small grid (its records and
+    # projections add up); the peer phase records that this stack has no torch.
     PYTHONPATH=. JAX_PLATFORMS=cpu .venv-gpu-image/bin/python benchmarks/gpu_check.py \
         --smoke --out "$out/gpu_check.json"
     rm -rf "$out"

@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from sc_jax.experiment.config import run_policy
+from sc_jax.experiment.grid import grid_table, project_grid
 from sc_jax.experiment.jobs import draw_split, load_datasets, seed_jobs
 from sc_jax.experiment.preflight import check_run
 from sc_jax.models import attention as attn
@@ -182,7 +183,9 @@ def plan_run(run_config, *, peak_flops: float | None = None, mfu: float = 0.4, x
     ``flops`` is what the device executes (every row of every call, padding and
     masked attention keys included); ``model_flops`` is 2 x non-embedding parameters
     x unique tokens, the usual numerator of MFU. Seeds repeat the same work with other
-    demonstrations, so totals multiply the first seed's figures by the number of seeds.
+    demonstrations, so totals multiply the first seed's figures by the number of seeds,
+    and so does ``grid``, the whole grid projected per (dataset, k), dataset and k
+    (:func:`sc_jax.experiment.grid.project_grid`).
     The memory budget and the mesh are the run's own (``run_config.device_memory``,
     ``mesh_devices``, ``mesh_model``), resolved once by
     :func:`sc_jax.experiment.config.run_policy`, as the run resolves them.
@@ -268,6 +271,7 @@ def plan_run(run_config, *, peak_flops: float | None = None, mfu: float = 0.4, x
                              pl.score_seconds, devices)
             out["settings"].append(setting)
     out.update(_run_totals(out["settings"], len(run_config.seeds), pl.measured))
+    out["grid"] = project_grid(out)
     return out
 
 
@@ -463,4 +467,17 @@ def plan_table(plan: dict[str, Any]) -> str:
               f"about {plan['total_forward_seconds'] / 60:.1f} min of forward passes on the stated "
               f"roofline ({plan['total_attention_seconds'] / 60:.1f} min of it attention)"
               + expect, _compile_line(plan)]
+    if "grid" in plan:
+        lines += ["", _grid_heading(plan), grid_table(plan["grid"])]
     return "\n".join(lines)
+
+
+def _grid_heading(plan: dict[str, Any]) -> str:
+    g = plan["grid"]
+    datasets = len({s["dataset"] for s in g["settings"]})
+    shots = ", ".join(str(k) for k in sorted({s["k"] for s in g["settings"]}))
+    return (f"the grid: {datasets} dataset(s) x k = {shots} x {g['seeds']} seed(s), projected from the "
+            "plan's forward time per seed times the seeds (the plan replays the first seed of each "
+            "(dataset, k); the other seeds differ in their demonstrations and are projected at its "
+            "cost); the plan has no cost model of the fits, host work and metrics (gpu_check's grid "
+            "phase measures them and projects from its rates):")

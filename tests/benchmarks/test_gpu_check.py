@@ -54,14 +54,46 @@ def test_a_phase_past_its_deadline_is_recorded_and_the_next_runs(tmp_path, monke
     monkeypatch.setattr(gc.bench_seed, "phase", phase)
     monkeypatch.setattr(gc, "peer", lambda args, out, timeout, env, chosen: {
         "status": "skipped", "why": f"chose {chosen}"})
-    assert gc.main(["--budget-s", "4", "--out", str(tmp_path / "g.json")]) == 1
+    assert gc.main(["--budget-s", "4", "--skip", "--out", str(tmp_path / "g.json")]) == 1
     assert [sorted(p) for p in written] == [["attention", "stack"], ["attention", "cold", "stack"]]
     data = json.loads((tmp_path / "g.json").read_text())
     p = data["phases"]
-    assert [p[n]["status"] for n in gc.PHASES] == ["ok", "timeout", "failed", "ok", "skipped"]
+    assert [p[n]["status"] for n in gc.PHASES] == ["ok", "timeout", "failed", "ok", "ok", "skipped"]
     assert 0.9 < p["attention"]["seconds"] < 5 and p["attention"]["deadline_s"] == 1.0
     assert p["cold"]["exit_code"] == 3 and p["peer"]["why"] == "chose blocked"
     assert data["header"]["machine"] and "gpu_check.py" in data["header"]["command"]
+    # By default the peer phase is left out, and the deadlines count only the phases that
+    # run: the last one that runs may take the rest of the budget.
+    assert gc.main(["--budget-s", "4", "--out", str(tmp_path / "g.json")]) == 1
+    p = json.loads((tmp_path / "g.json").read_text())["phases"]
+    assert p["peer"] == {"status": "skipped", "why": "left out (--skip)"}
+    assert gc.deadline("grid", 100, 50, ("cold", "grid")) == 50
+    assert gc.deadline("cold", 100, 30, ("cold", "grid")) == 30 - gc.FLOOR
+    assert gc.deadline("cold", 100, 30) == 30 - 3 * gc.FLOOR  # second, grid and peer after it
+
+
+def test_grid_records_and_a_grid_phase_killed_in_its_plan_keeps_them(tmp_path, monkeypatch):
+    """The grid phase's records per dataset come from a run's timing (seconds = the seed's
+    scoring and its fit; MFU = 2 x non-embedding parameters x unique tokens / forward s /
+    peak); a grid child past its deadline after its run keeps the records it wrote."""
+    gc = _gpu_check()
+    timing = {"seeds": [dict(dataset="a", shots=8, wall_s=10.0, compile_s=3.0, forward_s=5.0, host_s=2.0,
+                             programs=4, model_programs=1, cache_hits=2, calls=7, tokens=1000,
+                             executed_tokens=1200, attention="pallas")],
+              "fits": [dict(dataset="a", shots=8, wall_s=1.5, compile_s=1.0, programs=3)]}
+    (r,) = gc.grid_records(timing, nonembed=50, peak=1e5)
+    assert r["seconds"] == 11.5 and r["mfu"] == 2 * 50 * 1000 / 5.0 / 1e5
+    assert (r["programs"], r["model_programs"], r["fit_programs"]) == (4, 1, 3)
+
+    def run_child(cmd, timeout, env):  # a child that wrote its records, then was killed
+        out = Path(cmd[cmd.index("--child-out") + 1])
+        out.write_text(json.dumps({"datasets": [1], "unfinished": "the plan"}))
+        return {"status": "timeout", "seconds": timeout, "deadline_s": timeout}, ""
+
+    monkeypatch.setattr(gc.bench_seed, "run_child", run_child)
+    args = gc.argparse.Namespace(smoke=True, data_dir="x")
+    rec = gc.own_child("grid", args, tmp_path / "grid.json", 0.5, {})
+    assert rec["status"] == "timeout" and rec["datasets"] == [1] and rec["unfinished"] == "the plan"
 
 
 def test_benchmarks_never_replace_a_users_file(tmp_path, capsys):

@@ -317,6 +317,81 @@ def test_plan_time_is_for_the_device_it_names(data_dir, tmp_path, capsys):
     assert p["peak_flops"] == 989e12 and p["peak_source"] == "H100 datasheet, dense bf16"
 
 
+@pytest.fixture(scope="module")
+def grid_dir(tmp_path_factory):
+    """Two small tasks of six-word texts: a binary one, and a 4-class one that k = 2 skips."""
+    d = tmp_path_factory.mktemp("grid")
+    rng = np.random.default_rng(1)
+    for name, classes in (("rotten_tomatoes", 2), ("tweet_eval_emotion", 4)):
+        (d / f"{name}.jsonl").write_text("".join(
+            json.dumps({"text": " ".join(rng.choice(WORDS, 6)), "label": i % classes}) + "\n"
+            for i in range(60)))
+    return d
+
+
+def test_grid_projection_adds_up_and_the_cli_prints_it(grid_dir, tmp_path, capsys):
+    """`sc-jax plan` projects the whole grid (datasets x k x seeds): each (dataset, k) is
+    its first seed's forward time times the seeds, the per-dataset and per-k totals and
+    the grand total are their sums (the plan's own total forward time), a skipped
+    setting counts nothing; the table and the JSON hold it. From measured rates, every
+    part follows from the plan's executed tokens and the rates."""
+    from sc_jax.experiment.grid import MeasuredRates, project_grid
+
+    out = tmp_path / "plan.json"
+    assert cli.main(["plan", "--model", "random:tiny-llama", "--dataset", "rotten_tomatoes",
+                     "tweet_eval_emotion", "--data-dir", str(grid_dir), "--shots", "2", "4",
+                     "--seeds", "3", "--test-size", "8", "--m-cap", "2", "--max-size", "1",
+                     "--device-memory", "2GiB", "--accelerator", "h100", "--no-xla",
+                     "--no-compile-time", "--quiet", "--json", str(out)]) == 0
+    p = json.loads(out.read_text())
+    g = p["grid"]
+    done = [s for s in p["settings"] if not s.get("skipped")]
+    assert g["source"] == "plan" and g["seeds"] == 3 and len(g["settings"]) == 4 and len(done) == 3
+    assert [(r["dataset"], r["k"]) for r in g["settings"] if r.get("skipped")] == [("tweet_eval_emotion", 2)]
+    for s, r in zip(done, [r for r in g["settings"] if not r.get("skipped")]):
+        assert r["forward_s"] == pytest.approx(3 * s["forward_seconds_per_seed"]) == r["seconds"]
+        assert r["seconds_per_seed"] == pytest.approx(s["forward_seconds_per_seed"])
+    by_d = {d["dataset"]: d["seconds"] for d in g["by_dataset"]}
+    by_k = {d["k"]: d["seconds"] for d in g["by_k"]}
+    assert by_d["tweet_eval_emotion"] == pytest.approx(3 * done[2]["forward_seconds_per_seed"])
+    assert by_k[2] == pytest.approx(3 * done[0]["forward_seconds_per_seed"])
+    assert sum(by_d.values()) == pytest.approx(sum(by_k.values())) == pytest.approx(g["total_seconds"])
+    assert g["total_seconds"] == pytest.approx(p["total_forward_seconds"]) and g["once"] == {}
+    assert g["total_minutes"] == pytest.approx(g["total_seconds"] / 60)
+    text = capsys.readouterr().out
+    assert "the grid: 2 dataset(s) x k = 2, 4 x 3 seed(s), projected from the plan's forward time" in text
+    assert "| tweet_eval_emotion | skipped | " in text
+    assert f"| all | {done[0]['forward_seconds_per_seed']:.1f} | " in text
+    assert f"\ntotal: about {g['total_minutes']:.1f} min = forward {g['total_minutes']:.1f} (minutes)" in text
+
+    # Measured rates (a run's timing: two settings of one seed each) applied to the plan.
+    timing = {"load_s": 4.0, "report_s": 1.0, "unaccounted_s": 0.5, "metrics_s": 0.6,
+              "seeds": [dict(dataset="a", shots=8, executed_tokens=3000, forward_s=2.0, host_s=0.3,
+                             compile_s=10.0),
+                        dict(dataset="b", shots=8, executed_tokens=1000, forward_s=2.0, host_s=0.1,
+                             compile_s=2.0)],
+              "fits": [dict(seeds=[0], solve_s=0.2, compile_s=5.0), dict(seeds=[0], solve_s=0.4, compile_s=1.0)]}
+    rates = MeasuredRates.from_timing(timing)
+    assert rates == MeasuredRates(forward_tokens_per_s=1000.0, host_seconds_per_token=1e-4,
+                                  compile_first_s=10.0, compile_per_setting_s=2.0,
+                                  fit_solve_per_seed_s=pytest.approx(0.3), fit_compile_per_setting_s=3.0,
+                                  metrics_per_seed_s=pytest.approx(0.3), once_s=5.5)
+    m = project_grid(p, rates)
+    rows = [r for r in m["settings"] if not r.get("skipped")]
+    for i, (s, r) in enumerate(zip(done, rows)):
+        tokens = 3 * s["executed_tokens"]
+        assert r["forward_s"] == pytest.approx(tokens / 1000) and r["host_s"] == pytest.approx(tokens * 1e-4)
+        assert r["compile_s"] == (10.0 if i == 0 else 2.0)
+        assert r["fit_s"] == pytest.approx(3 * 0.3 + 3.0) and r["metrics_s"] == pytest.approx(3 * 0.3)
+        assert r["seconds"] == pytest.approx(sum(r[q] for q in ("forward_s", "host_s", "compile_s", "fit_s",
+                                                                 "metrics_s")))
+    assert m["source"] == "measured" and m["once"] == {"load_and_report_s": 5.5}
+    assert m["total_seconds"] == pytest.approx(sum(r["seconds"] for r in rows) + 5.5)
+    assert sum(m["parts"].values()) + 5.5 == pytest.approx(m["total_seconds"])
+    with pytest.raises(ValueError, match="no scored seed"):
+        MeasuredRates.from_timing(dict(timing, seeds=[]))
+
+
 # ------------------------------------------------------------------ tokenizers and compile time
 QWEN = "qwen2.5-0.5b"
 
