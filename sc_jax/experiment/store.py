@@ -250,7 +250,11 @@ def refuse_other_config(out: Path, config: RunConfig) -> None:
         except (OSError, ValueError, KeyError, TypeError):
             raise ValueError(f"--out {out} holds an unreadable {name}; rerun with --overwrite "
                              "to replace it, or choose another --out") from None
-        diff = _config_differences(old if isinstance(old, dict) else {}, new)
+        if not isinstance(old, dict):  # `[]` was read as a default configuration
+            raise ValueError(f"--out {out} holds a {name} that is no run configuration (a JSON "
+                             f"{type(old).__name__}, not an object); rerun with --overwrite to "
+                             "replace it, or choose another --out")
+        diff = _config_differences(old, new)
         if diff:
             raise ValueError(f"--out {out} holds a run with another configuration "
                              f"({'; '.join(diff[:3])}{'; ...' if len(diff) > 3 else ''}): rerun "

@@ -34,6 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sc_jax import ranges
+
 from sc_jax.runtime.multihost import smallest
 from sc_jax.scoring.packing import PackShape, pow2_at_least
 from sc_jax.scoring.schedule import Schedule, build_schedule, schedule_geometry
@@ -271,7 +273,11 @@ class MemoryPolicy:
         not enforced. ``platform``: default from the backend (a given budget on a
         CPU plans as an accelerator would, for ``sc-jax plan``'s figures). ``agree``:
         take the smallest figure over the processes (a collective every process must
-        reach; a dry run that only reports may leave it)."""
+        reach; a dry run that only reports may leave it). Each given figure is checked
+        against its range (:mod:`sc_jax.ranges`) first."""
+        ranges.check("device_memory", device_memory)
+        ranges.check("max_tokens_per_batch", max_tokens_per_batch)
+        ranges.check("max_cache_tokens", max_cache_tokens)
         dev = device_memory_bytes()
         least = smallest if agree else int
         if device_memory is not None:
