@@ -97,6 +97,10 @@ RANGES: dict[str, Range] = {
     "device_memory": Range("--device-memory", MIN_DEVICE_MEMORY, out_of_range=(
         "of {value} bytes is below 64 MiB, too small for any model: give the memory per "
         "device, e.g. 80GiB (a bare number is GiB)")),
+    # The API's budget (ScoringEngine, MemoryPolicy) takes any positive figure: a tiny
+    # model's plan fits in kilobytes, so the command line's 64 MiB floor (a unit typo
+    # there) is not the API's.
+    "device_memory_bytes": Range("bytes per device", 1),
     "lambda_inv": Range("--lambda-inv", 0, LAMBDA_MAX, integer=False,
                         why=" (beyond it the penalty's weight overflows float32)"),
     "tau": Range("--tau", -1, 1, integer=False, hi_open=True,
@@ -107,15 +111,15 @@ RANGES: dict[str, Range] = {
 }
 
 
-def check(name: str, value, *, where: str = ""):
+def check(name: str, value, *, field: str | None = None):
     """``value`` once it lies in ``RANGES[name]``; else ValueError naming the field
-    and its option (and ``where`` it came from, e.g. a file). None passes (unset)."""
+    (``field``, default ``name``) and its option. None passes (unset)."""
     if value is None:
         return value
     rng = RANGES[name]
     problem = rng.problem(value)
     if problem:
-        raise ValueError(f"{where}{name} ({rng.option}) {problem}")
+        raise ValueError(f"{field or name} ({rng.option}) {problem}")
     return value
 
 

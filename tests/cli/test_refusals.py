@@ -65,8 +65,7 @@ def tiny():
 @pytest.mark.parametrize("kwargs, message", [
     (dict(max_tokens_per_batch=0), "max_tokens_per_batch (--max-tokens-per-batch) must be at least 1, got 0"),
     (dict(max_cache_tokens=-5), "max_cache_tokens (--max-cache-tokens) must be at least 1, got -5"),
-    # said "0.00 GiB" usable when a plan came
-    (dict(device_memory=1), "device_memory (--device-memory) of 1 bytes is below 64 MiB"),
+    (dict(device_memory=0), "device_memory (bytes per device) must be at least 1, got 0"),
 ])
 def test_scoring_engine_refuses_what_the_cli_refuses(tiny, kwargs, message):
     from sc_jax.scoring.engine import ScoringEngine
@@ -74,6 +73,21 @@ def test_scoring_engine_refuses_what_the_cli_refuses(tiny, kwargs, message):
     with pytest.raises(ValueError) as err:
         ScoringEngine(tiny, progress=False, **kwargs)
     assert str(err.value).startswith(message), str(err.value)
+
+
+def test_a_budget_below_the_weights_is_named_in_units_that_show_it(tiny):
+    """ScoringEngine(device_memory=1) planned against "0.00 GiB usable of a 0.00 GiB
+    budget"."""
+    from sc_jax.scoring.engine import ScoringEngine
+    from sc_jax.scoring.memory import PlanError
+    from sc_jax.scoring.prompts import Template, build_pieces
+
+    pieces = build_pieces(tiny.tokenizer, Template("review:", "sentiment:", ("neg", "pos")),
+                          [("a film", 1), ("bad", 0)], ["fine"])
+    with pytest.raises(PlanError, match=r"^the weights need \d+ bytes per device, more than the 0 "
+                                        r"bytes usable of a 1 bytes budget"):
+        ScoringEngine(tiny, device_memory=1, progress=False).score_jobs(
+            pieces, {"x": (np.array([[0]]), np.array([[0, 0]]))})
 
 
 def test_load_model_refuses_float16_as_the_cli_does():
