@@ -97,18 +97,6 @@ def test_a_model_axis_larger_than_the_devices_names_the_device_count():
         make_mesh(devices=jax.devices()[:1], model=3)
 
 
-def test_empty_and_whitespace_texts_are_refused_naming_the_rows(tmp_path, capsys, monkeypatch):
-    """Empty and whitespace-only texts were accepted (one became a test query)."""
-    _stop_at_the_model(monkeypatch)
-    path = _data(tmp_path)
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
-    rows[3]["text"], rows[7]["text"] = "", " \t "
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert cli.main(["run", "--out", str(tmp_path / "run"), "--data-file", str(path)] + TINY) == 2
-    assert _one_error(capsys) == (f"error: {path}: 2 rows have an empty or whitespace-only text in "
-                                  "column 'text' (rows [4, 8]); remove them")
-
-
 def test_nan_model_scores_are_named_as_the_model_s(tmp_path, capsys, monkeypatch):
     """NaN scores from the model were reported as "features contain NaN ... clip the
     probabilities", as if the data were at fault."""

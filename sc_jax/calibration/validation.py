@@ -28,6 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sc_jax.ranges import LAMBDA_MAX  # defined with the other options' ranges
+
 __all__ = ["check_features", "check_lambda", "check_params", "check_problem",
            "check_setting_shape", "check_tau", "concrete", "valid_problem"]
 
@@ -149,12 +151,6 @@ def check_tau(tau) -> None:
     if not np.all(np.isfinite(t) & (t >= -1.0) & (t <= 1.0)):
         raise ValueError(f"tau must be a cosine in [-1, 1] (-1 disables the trust region), "
                          f"got {tau}")
-
-
-#: Largest lambda_inv accepted: beyond it the penalty's weight overflows float32 in
-#: the solver (1e39 did, giving INVALID_INPUT and overflow warnings); the objective is
-#: long flat in lambda_inv well before it.
-LAMBDA_MAX = 1e30
 
 
 def check_setting_shape(name: str, value, batch: tuple) -> None:

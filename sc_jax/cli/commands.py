@@ -5,7 +5,6 @@ turns their errors into one line)."""
 from __future__ import annotations
 
 import json
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -111,10 +110,7 @@ def _demo_jobs(k: int, n_test: int, n_refs: int, seed: int) -> tuple[dict, dict]
 def demo_command(args) -> int:
     """`sc-jax demo`: the baselines (Base, CC, DC, BC) and SC, fitted on the scores
     of k built-in demonstrations, each evaluated on the held-out sentences."""
-    k = args.k
-    if not 2 <= k <= 8:
-        print(f"error: --k must be between 2 and 8, got {k}", file=sys.stderr)
-        return 2
+    k = args.k  # in 2..8: the parser checks it (sc_jax.ranges)
     demos, tests = _demo_split(k, args.seed)
     texts, y_test = [t for t, _ in tests], np.array([y for _, y in tests])
     template = TEMPLATES["rotten_tomatoes"]
@@ -170,6 +166,7 @@ def run_config(args) -> RunConfig:
         data_files=tuple(tuple(x.split("=", 1)) if "=" in x else (datasets[0], x)
                          for x in args.data_file),
         data_dir=args.data_dir, text_column=args.text_column, label_column=args.label_column,
+        strict_data=args.strict_data,
         test_seed=None if args.per_seed_test_sets else args.test_seed,
         shots=tuple(args.shots), seeds=seeds, methods=tuple(args.methods.split(",")),
         test_size=args.test_size, mode=args.mode, max_size=args.max_size,
@@ -244,6 +241,9 @@ def _lambda_grid(values):
 
 def ablate_command(args) -> int:
     lambdas = _lambda_grid(args.lambda_inv)
+    if Path(args.dir).is_file():  # it named the --out it would derive from a file
+        raise ValueError(f"{args.dir} is a file, not a run's output directory: pass the folder "
+                         "holding results.json")
     out = Path(args.dir) / "ablation" if args.out is None else args.out
     out = check_ablation_out(out, args.overwrite)  # before the refits, not after them
     # One ablate (or run) writes into a folder at a time: two would interleave their files.

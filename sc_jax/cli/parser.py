@@ -12,6 +12,7 @@ import platform
 import re
 
 from sc_jax import __version__
+from sc_jax.ranges import DTYPES, arg_type
 from sc_jax.calibration.numpy_fit import GUARDS
 from sc_jax.cli import commands
 from sc_jax.experiment.config import METHODS
@@ -24,7 +25,6 @@ from sc_jax.runtime.sharding import parse_mesh
 #: or argparse's own "%(default)s". The formatter adds none to such a text.
 SAYS_DEFAULT = re.compile(r"\(default\b|\bdefault:|%\(default\)")
 
-DTYPES = ["float32", "bfloat16"]
 SOLVERS = ["augmented_lagrangian", "projected", "scipy"]
 
 _MODEL_HELP = ("a named model ('default' = smollm2-135m, qwen2.5-0.5b, gemma3-270m; `sc-jax info` lists them), "
@@ -108,6 +108,10 @@ def _add_run_options(r) -> None:
     r.add_argument("--text-column", default=None,
                    help="column of the texts in --data-file / --data-dir files (default: the "
                         "task's own name, else 'text')")
+    r.add_argument("--strict-data", action="store_true",
+                   help="refuse a dataset with rows whose text is empty or whitespace-only "
+                        "(by default they are left out of every draw, with a warning, and "
+                        "listed in results.json)")
     r.add_argument("--label-column", default=None,
                    help="column of the labels in those files (default: the task's own name, else "
                         "'label')")
@@ -161,8 +165,8 @@ def _add_demo_parser(sub) -> None:
                        formatter_class=HelpFormatter)
     d.add_argument("--model", default="default", help=_MODEL_HELP)
     d.add_argument("--dtype", default="float32", choices=DTYPES, help=_DTYPE_HELP)
-    d.add_argument("--k", type=int, default=4, help="number of demonstrations (2..8)")
-    d.add_argument("--seed", type=int, default=0,
+    d.add_argument("--k", type=arg_type("k"), default=4, help="number of demonstrations (2..8)")
+    d.add_argument("--seed", type=arg_type("seed"), default=0,
                    help="seed of the draw of the demonstrations and the test-time sub-contexts")
     d.add_argument("--quiet", action="store_true", help="no progress bars")
     d.set_defaults(fn=commands.demo_command)

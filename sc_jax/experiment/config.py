@@ -7,9 +7,9 @@ engine, the up-front check and ``sc-jax plan`` share.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
+from sc_jax import ranges
 from sc_jax.calibration.numpy_fit import GUARDS
 from sc_jax.experiment.splits import DEFAULT_TEST_SEED
 from sc_jax.scoring.memory import MemoryPolicy
@@ -41,15 +41,12 @@ DEFAULT_GUARD = "bias_only"
 LABEL_MODES = ("first_token", "sequence")
 
 
-# The largest k a run accepts: the paper's largest is 16. Above a few dozen, the k-shot
-# prompt outgrows small models' context windows and a run compiles for minutes before
-# its first score, so a typo such as --shots 100 is refused instead.
-MAX_SHOTS = 32
-
-
-#: The least --device-memory accepted: below it no model's weights and activations fit,
-#: and a figure that small is a unit typo (1KiB for 1GiB).
-MIN_DEVICE_MEMORY = 64 << 20
+# The fields given as lists of values (a tuple each once built) and the fields that hold
+# one number each, checked against sc_jax.ranges.RANGES under their own names.
+_LISTS = ("datasets", "shots", "seeds", "methods", "data_files")
+_NUMBERS = ("test_size", "test_seed", "max_size", "lambda_inv", "tau", "budget", "m_cap",
+            "mesh_devices", "mesh_model", "max_tokens_per_batch", "device_memory", "bc_batch",
+            "dc_strings")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +60,8 @@ class RunConfig:
     data_dir: str | None = None  # DIR/<dataset>.jsonl (or .csv, .parquet) for the rest
     text_column: str | None = None  # None: the task's own, else "text" (sc_jax.experiment.task_loading.load_task)
     label_column: str | None = None  # None: the task's own, else "label"
+    # Rows with a blank text are left out of every draw (with a warning); True refuses them.
+    strict_data: bool = False
     shots: tuple[int, ...] = (4, 8)
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     methods: tuple[str, ...] = METHODS
@@ -90,16 +89,15 @@ class RunConfig:
     dc_strings: int = 20
 
     def __post_init__(self):
+        self._as_tuples()
         bad = [m for m in self.methods if m not in METHODS]
         if bad:
             raise ValueError(f"unknown method(s) {bad}; choose from {', '.join(METHODS)}")
         if self.mode not in LABEL_MODES:
             raise ValueError(f"mode must be one of {LABEL_MODES}, got {self.mode!r}")
-        if not self.shots or min(self.shots) < 2:
-            raise ValueError(f"shots must be >= 2 (SC needs a held-out demonstration), got {self.shots}")
-        if max(self.shots) > MAX_SHOTS:
-            raise ValueError(f"shots must be at most {MAX_SHOTS} (the paper uses 4, 8 and 16; "
-                             f"SC's sub-contexts grow with k), got {max(self.shots)}")
+        ranges.check_dtype(self.dtype)
+        if not self.shots:
+            raise ValueError("shots (--shots) is empty: give at least one k")
         if not self.seeds:
             raise ValueError("at least one seed is needed")
         # A value given twice would be run (or reported) twice and counted as two:
@@ -110,19 +108,15 @@ class RunConfig:
             if twice:
                 raise ValueError(f"{name} ({option}) list {', '.join(map(str, twice))} more than once "
                                  f"in {list(values)}; give each once")
-        if min(self.seeds) < 0:
-            raise ValueError(f"seeds (--seed-list) must be 0 or more, got {min(self.seeds)}")
-        # Each of these would run without a word and record a value it did not use
-        # (m_cap 0 still draws one sub-context) or fail only after the scoring.
-        for name, value in (("m_cap", self.m_cap), ("max_size", self.max_size),
-                            ("budget", self.budget), ("bc_batch", self.bc_batch),
-                            ("dc_strings", self.dc_strings),
-                            ("max_tokens_per_batch", self.max_tokens_per_batch)):
-            if value is not None and value < 1:
-                raise ValueError(f"{name} (--{name.replace('_', '-')}) must be at least 1, got {value}")
-        if self.test_seed is not None and self.test_seed < 0:
-            # NumPy's "expected non-negative integer" named no option.
-            raise ValueError(f"test_seed (--test-seed) must be 0 or more, got {self.test_seed}")
+        # Every range up front (sc_jax.ranges): each of these would otherwise run without
+        # a word and record a value it did not use (m_cap 0 still draws one sub-context),
+        # or fail only after the model was loaded and every seed scored (lambda_inv 1e40).
+        for value in self.shots:
+            ranges.check("shots", value)
+        for value in self.seeds:
+            ranges.check("seeds", value)
+        for name in _NUMBERS:
+            ranges.check(name, getattr(self, name))
         if self.budget is not None and self.budget < max(self.shots):
             # Below k, the largest size i = k - 1 keeps fewer than its k contexts (one held-out
             # demonstration each): a demonstration's class can go unseen, and the fit failed
@@ -130,23 +124,6 @@ class RunConfig:
             raise ValueError(f"budget (--budget) must be at least the largest --shots k = "
                              f"{max(self.shots)} (each size's surrogate data must hold every "
                              f"demonstration out at least once), got {self.budget}")
-        if self.device_memory is not None and self.device_memory < MIN_DEVICE_MEMORY:
-            # 1KiB planned against "0.00 GiB usable": a typo for GiB, not a device.
-            raise ValueError(f"device_memory (--device-memory) of {self.device_memory} bytes is "
-                             f"below {MIN_DEVICE_MEMORY >> 20} MiB, too small for any model: give "
-                             "the memory per device, e.g. 80GiB (a bare number is GiB)")
-        if self.test_size < 1:
-            raise ValueError(f"test_size must be positive, got {self.test_size}")
-        if self.tau is not None and not -1.0 <= self.tau < 1.0:
-            # tau = 1 admits b = 0 alone, which the smoothed cosine of the constraint
-            # (sc_jax.calibration.objective.COSINE_EPS) only approaches: every fit ended INFEASIBLE.
-            raise ValueError(f"tau (--tau) must lie in [-1, 1): at 1 the trust region admits "
-                             f"only b = 0, which its smoothed cosine never reaches (every fit "
-                             f"would end INFEASIBLE); use e.g. 0.9999, got {self.tau}")
-        # NaN passes any comparison that refuses by "<": it would be scored with, written
-        # into run_config.json and only then fail.
-        if self.lambda_inv is not None and not 0 <= self.lambda_inv < math.inf:
-            raise ValueError(f"lambda_inv (--lambda-inv) must be a finite number >= 0, got {self.lambda_inv}")
         if self.guard not in GUARDS:
             raise ValueError(f"guard must be one of {GUARDS}, got {self.guard!r}")
         if self.size_weighting not in ("uniform", "reference"):
@@ -159,9 +136,29 @@ class RunConfig:
             files = [f for n, f in self.data_files if n == name]
             raise ValueError(f"--data-file gives {len(files)} files for {name!r} ({', '.join(files)}); "
                              "give one per dataset")
-        for name, _ in self.data_files:
+        for name, file in self.data_files:
+            if not str(file).strip():
+                raise ValueError(f"--data-file {name}= names no file: give {name}=FILE (a .jsonl, "
+                                 ".csv or .parquet file)")
             if name not in known:
                 raise ValueError(f"--data-file given for {name!r}, which is not among the datasets")
+
+    def _as_tuples(self):
+        """Lists as tuples (a list would make the frozen config unhashable); one name or
+        number given for a list field as a list of one (``datasets="sst2"`` is one
+        dataset, not four letters)."""
+        for name in _LISTS:
+            value = getattr(self, name)
+            if name == "data_files":
+                if not (isinstance(value, (list, tuple))
+                        and all(isinstance(p, (list, tuple)) and len(p) == 2 for p in value)):
+                    raise ValueError(f"data_files takes (dataset, file) pairs, got {value!r}")
+                value = tuple(tuple(pair) for pair in value)
+            elif isinstance(value, (str, int, float)):
+                value = (value,)
+            elif not isinstance(value, (list, tuple)):
+                raise ValueError(f"{name} must be a list or tuple, got {value!r}")
+            object.__setattr__(self, name, tuple(value))
 
     def sizes(self, k: int) -> list[int]:
         return list(range(1, min(self.max_size, k - 1) + 1))

@@ -94,7 +94,8 @@ def load_datasets(config: RunConfig) -> dict:
     ``--data-file``, ``--data-dir`` or default source."""
     files = dict(config.data_files)
     return {name: load_task(name, data_file=files.get(name), data_dir=config.data_dir,
-                            text_column=config.text_column, label_column=config.label_column)
+                            text_column=config.text_column, label_column=config.label_column,
+                            strict=config.strict_data)
             for name in config.datasets}
 
 

@@ -26,7 +26,10 @@ def load_results(path: str | Path) -> dict:
         raise FileNotFoundError(f"{path} not found: pass the output directory of a run (the folder holding results.json)")
     try:
         res = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        if path.name != "results.json":  # another file given for the run's directory
+            raise ValueError(f"{path} is a file, not a run's output directory: pass the folder "
+                             "holding results.json (or results.json itself)") from None
         raise ValueError(f"{path} is not valid JSON ({e}); re-run `sc-jax run` to regenerate it") from e
     problem = results_problem(res)
     if problem:

@@ -133,6 +133,19 @@ class Results:
 
 
 
+def rows_passed_over(datasets: dict) -> tuple[list[str], dict[str, list[int]]]:
+    """The notes on the rows of ``datasets`` (name -> Dataset) that no seed draws, and
+    results.json's ``left_out_rows``: per dataset, the file's rows (1-based) left out
+    for their blank text, with which the splits are reproducible from the file alone."""
+    notes = [f"{name}: {ds.duplicate_rows} of {len(ds)} rows repeat an earlier text; each "
+             "text is drawn once, so no test query is also a demonstration"
+             for name, ds in datasets.items() if ds.duplicate_rows]
+    notes += [f"{name}: {len(ds.blank_rows)} of {len(ds)} rows have an empty or whitespace-only "
+              "text and are left out of every draw (left_out_rows)"
+              for name, ds in datasets.items() if ds.blank_rows]
+    return notes, {name: [i + 1 for i in ds.blank_rows] for name, ds in datasets.items() if ds.blank_rows}
+
+
 def _split_record(name: str, k: int, seed: int, split) -> dict:
     """What results.json keeps of one seed's split: its demonstrations and a hash of its test set."""
     return dict(dataset=name, shots=k, seed=seed, demo_indices=split.demo_indices.tolist(),
@@ -365,9 +378,8 @@ def _run_locked(config: RunConfig, out: Path, progress: bool, log_samples: bool)
         cache = ScoreCache(out / "cache")
     lam = DEFAULT_LAMBDA_INV if config.lambda_inv is None else config.lambda_inv
     rows, params, notes, splits, skipped, records = [], [], [], [], [], []
-    notes += [f"{name}: {ds.duplicate_rows} of {len(ds)} rows repeat an earlier text; each "
-              "text is drawn once, so no test query is also a demonstration"
-              for name, ds in datasets.items() if ds.duplicate_rows]
+    passed_over, left_out = rows_passed_over(datasets)
+    notes += passed_over
     seed_times, fit_times = [], []
     for name, ds in datasets.items():
         n = ds.n_classes
@@ -396,6 +408,7 @@ def _run_locked(config: RunConfig, out: Path, progress: bool, log_samples: bool)
                 "model_source": model.source,
                 "versions": package_versions(), "rows": rows, "params": params, "splits": splits,
                 "skipped": skipped, "notes": notes, "timing": {},
+                "left_out_rows": left_out,
                 "cache": {"hits": cache.hits, "misses": cache.misses, "corrupt": cache.corrupt},
                 "runtime": {"processes": jax.process_count(), "devices": jax.device_count(),
                             "mesh": {"data": model.n_devices, "model": model.model_shards}},

@@ -106,7 +106,8 @@ def split_protocol(dataset: Dataset, *, k: int, test_size: int = 256, seed: int,
     are then shuffled into prompt order. Identical (dataset, k, test_size, seed) give
     identical splits, and the test set does not depend on k.
 
-    Rows whose text repeats an earlier drawn one (`normalise_text`) are passed over in
+    Rows with a blank text (`Dataset.blank_rows`) and rows whose text repeats an
+    earlier drawn one (`normalise_text`) are passed over in
     both the test set and the pool, and the pool holds no test query's text, so no
     test query is also a demonstration and no two test queries are the same text; on
     data without repeated texts nothing is passed over.
@@ -124,7 +125,7 @@ def split_protocol(dataset: Dataset, *, k: int, test_size: int = 256, seed: int,
     if test_size < 0:
         raise ValueError(f"test_size must be non-negative, got {test_size}")
     n_rows, n = len(dataset), dataset.n_classes
-    n_distinct = n_rows - dataset.duplicate_rows
+    n_distinct = n_rows - dataset.passed_over
     if n_distinct < k + test_size:
         what = f"{n_rows} examples" + (f" ({n_distinct} distinct texts)" if n_distinct < n_rows else "")
         raise ValueError(f"{dataset.task.name}: {what}, fewer than k + test_size = "
@@ -137,7 +138,7 @@ def split_protocol(dataset: Dataset, *, k: int, test_size: int = 256, seed: int,
         pool = order[test_size:]
     else:
         test = fixed_test_indices(n_rows, test_size, test_seed)
-        if dataset.duplicate_rows:
+        if dataset.passed_over:
             perm = np.random.default_rng(test_seed).permutation(n_rows).astype(np.int64)
             test = _first_of_each_text(dataset, perm)[:test_size]
         pool = order[~np.isin(order, test)]
@@ -177,9 +178,9 @@ def _first_of_each_text(dataset: Dataset, rows: np.ndarray, seen: set | None = N
     is in ``seen`` (texts of rows outside ``rows``) or repeats an earlier one of
     ``rows``: int64 [M' <= M]. On data without repeated texts this is ``rows`` itself, so such data
     draws exactly the rows it drew before duplicates were handled."""
-    if not dataset.duplicate_rows:  # ``seen`` holds texts of other rows: none can match
+    if not dataset.passed_over:  # ``seen`` holds texts of other rows: none can match
         return rows
-    seen = set(seen or ())
+    seen = set(seen or ()) | {""}  # a blank text (normalised to "") is never drawn
     keys = dataset.text_keys
     keep = []
     for r in rows.tolist():

@@ -138,6 +138,7 @@ def load_task(
     split: str = "train",
     text_column: str | None = None,
     label_column: str | None = None,
+    strict: bool = False,
 ) -> Dataset:
     """Loads one task's labelled data.
 
@@ -154,16 +155,30 @@ def load_task(
       text_column, label_column: column names, overriding the task's. In a local file
         where the task's column is absent and none was named, "text" / "label" are
         used if present.
+      strict: refuse rows with an empty or whitespace-only text (`Dataset.blank_rows`)
+        instead of leaving them out of every draw with one warning.
     Returns:
       A `Dataset`: N texts, int64 labels [N] in the template's class order.
     Raises:
       ValueError: unknown task, missing columns, labels outside the label set, no rows,
-        unreadable file.
+        unreadable file, blank texts with `strict`.
       DataUnavailableError: no local file was given and the data cannot be fetched; the
         message says how to pass a local file.
     """
     dataset = _load_task(name, data_file=data_file, data_dir=data_dir, split=split,
                          text_column=text_column, label_column=label_column)
+    if dataset.blank_rows:
+        # An empty or whitespace-only text is no example: as a demonstration it teaches
+        # nothing, and as a test query it is scored and counted like any other. Such rows
+        # stay in the Dataset (row numbers stay the file's) and the protocol never draws
+        # them (sc_jax.experiment.splits); `strict` refuses them instead.
+        blank = dataset.blank_rows
+        what = (f"{dataset.source}: {len(blank)} {'row has' if len(blank) == 1 else 'rows have'} "
+                f"an empty or whitespace-only text (rows {[i + 1 for i in blank[:10]]}{' ...' if len(blank) > 10 else ''})")
+        if strict:
+            raise ValueError(f"{what}; remove them, or leave out --strict-data to pass over them")
+        log.warning("%s; they are left out: never a demonstration or a test query "
+                    "(--strict-data refuses such data)", what)
     if dataset.duplicate_rows:
         # Real data repeats texts (GLUE's SST-2 train split 371 times); the protocol
         # keeps one copy of each, so a test query is never also a demonstration.
@@ -365,14 +380,6 @@ def _to_dataset(columns: Mapping[str, Sequence], spec: TaskSpec, text_column: st
         raise ValueError(f"{where}: {len(not_text)} rows hold something other than text in column "
                          f"{text_column!r} (row {i + 1}: a {type(texts_raw[i]).__name__}, "
                          f"{str(texts_raw[i])[:40]!r}); the texts must be strings")
-    # An empty or whitespace-only text is no example: as a demonstration it teaches
-    # nothing, and as a test query it is scored and counted like any other. Refused, as
-    # rows without text are, rather than dropped: the rows a run uses stay the file's.
-    blank = [i for i, t in enumerate(texts_raw) if not t.strip()]
-    if blank:
-        raise ValueError(f"{where}: {len(blank)} {'row has' if len(blank) == 1 else 'rows have'} "
-                         f"an empty or whitespace-only text in column "
-                         f"{text_column!r} (rows {[i + 1 for i in blank[:5]]}); remove them")
     labels = _encode_labels(labels_raw, spec, where, label_column)
     return Dataset(tuple(texts_raw), labels, spec, source)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import unicodedata
 
 import numpy as np
 
@@ -150,9 +151,22 @@ class Dataset:
         return tuple(normalise_text(t) for t in self.texts)
 
     @functools.cached_property
+    def blank_rows(self) -> tuple[int, ...]:
+        """Rows (0-based) whose text is empty once whitespace and invisible format
+        characters (`is_blank`) are taken out: no example, never drawn."""
+        return tuple(i for i, t in enumerate(self.texts) if is_blank(t))
+
+    @functools.cached_property
+    def passed_over(self) -> int:
+        """Rows the protocol never draws: blank ones (`blank_rows`) and those whose text
+        repeats an earlier row's."""
+        return len(self.blank_rows) + self.duplicate_rows
+
+    @functools.cached_property
     def duplicate_rows(self) -> int:
-        """Rows whose text (`normalise_text`) repeats an earlier row's."""
-        return len(self.texts) - len(set(self.text_keys))
+        """Rows whose text (`normalise_text`) repeats an earlier row's (blank rows apart)."""
+        keys = [key for key in self.text_keys if key]
+        return len(keys) - len(set(keys))
 
     def class_counts(self) -> np.ndarray:
         """Examples per class, int64 [n_classes]."""
@@ -164,8 +178,15 @@ class Dataset:
         return Dataset(tuple(self.texts[i] for i in indices), self.labels[indices], self.task, self.source)
 
 
+def is_blank(text: str) -> bool:
+    """Whether ``text`` holds nothing but whitespace and invisible format characters
+    (Unicode category Cf: zero-width spaces and joiners, the byte-order mark), which a
+    tokenizer turns into tokens that show nothing."""
+    return not "".join(c for c in str(text) if unicodedata.category(c) != "Cf").strip()
+
+
 def normalise_text(text: str) -> str:
     """The form in which the protocol compares two texts: case folded, every run of
     whitespace one space (prompts normalise whitespace too, so two texts that differ
-    only there are the same prompt)."""
-    return " ".join(str(text).split()).casefold()
+    only there are the same prompt); a blank text (`is_blank`) is "" ."""
+    return "" if is_blank(text) else " ".join(str(text).split()).casefold()

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from sc_jax import ranges
 from sc_jax.models.checkpoint import convert, decoder_from_arrays, read_safetensors, safetensors_files
 from sc_jax.models.config import ModelConfig
 from sc_jax.models.identity import files_identity, text_hash
@@ -46,7 +47,7 @@ from sc_jax.runtime.sharding import (
 )
 
 #: The dtypes :func:`load_model` takes, by name.
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}  # the names of sc_jax.ranges.DTYPES
 
 
 def bucket_length(n: int, minimum: int = 16) -> int:
@@ -288,9 +289,7 @@ def load_model(source: str, *, dtype: str = "float32", mesh=None, seed: int = 0,
     split over its ``data`` axis and weights over its ``model`` axis by the rules of
     :mod:`sc_jax.runtime.sharding` (replicated when ``model`` is 1).
     """
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    jdtype = DTYPES[dtype]
+    jdtype = DTYPES[ranges.check_dtype(dtype)]
     if isinstance(mesh, (str, int)) and not isinstance(mesh, bool):
         data, model = parse_mesh(mesh)
         mesh = make_mesh(data, model=model)

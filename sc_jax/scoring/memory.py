@@ -34,6 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sc_jax import ranges
+
 from sc_jax.runtime.multihost import smallest
 from sc_jax.scoring.packing import PackShape, pow2_at_least
 from sc_jax.scoring.schedule import Schedule, build_schedule, schedule_geometry
@@ -195,15 +197,21 @@ def level_peak_tokens(sched) -> int:
     return best
 
 
+def size_text(nbytes: int) -> str:
+    """``nbytes`` in GiB, or in MiB or bytes where GiB would print 0.00."""
+    if nbytes >= 2 ** 28:
+        return f"{nbytes / 2 ** 30:.2f} GiB"
+    return f"{nbytes / 2 ** 20:.2f} MiB" if nbytes >= 2 ** 20 else f"{int(nbytes)} bytes"
+
+
 def weights_fit(config, dtype, budget_bytes: int, model_shards: int = 1) -> int:
     """Bytes of the weights per device; :class:`PlanError` where they leave nothing
     of the budget (after :data:`RESERVE`)."""
     w = weight_bytes(config, dtype, model_shards)
     usable = int(budget_bytes * (1 - RESERVE))
-    gib = 2 ** 30
     if w >= usable:
-        raise PlanError(f"the weights need {w / gib:.2f} GiB per device, more than the "
-                        f"{usable / gib:.2f} GiB usable of a {budget_bytes / gib:.2f} GiB budget "
+        raise PlanError(f"the weights need {size_text(w)} per device, more than the "
+                        f"{size_text(usable)} usable of a {size_text(budget_bytes)} budget "
                         f"(after a {RESERVE:.0%} reserve); shard them over more devices or use a "
                         "smaller dtype")
     return w
@@ -271,7 +279,11 @@ class MemoryPolicy:
         not enforced. ``platform``: default from the backend (a given budget on a
         CPU plans as an accelerator would, for ``sc-jax plan``'s figures). ``agree``:
         take the smallest figure over the processes (a collective every process must
-        reach; a dry run that only reports may leave it)."""
+        reach; a dry run that only reports may leave it). Each given figure is checked
+        against its range (:mod:`sc_jax.ranges`) first."""
+        ranges.check("device_memory_bytes", device_memory, field="device_memory")
+        ranges.check("max_tokens_per_batch", max_tokens_per_batch)
+        ranges.check("max_cache_tokens", max_cache_tokens)
         dev = device_memory_bytes()
         least = smallest if agree else int
         if device_memory is not None:

@@ -32,6 +32,7 @@ becomes one space) so that a text can never break the template's line structure.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 
 import numpy as np
 
@@ -165,6 +166,11 @@ def build_pieces(tokenizer, template: Template, demos, queries, *, add_bos: bool
     demos = list(demos)
     n = template.n_classes
     for j, (_, y) in enumerate(demos):
+        # A label word ("positive") or a float is a caller's slip that int() would
+        # answer with "invalid literal" or silently truncate.
+        if isinstance(y, bool) or not isinstance(y, numbers.Integral):
+            raise ValueError(f"demonstration {j} has label {y!r}: labels are class ids, integers "
+                             f"0..{n - 1} in the template's order ({', '.join(template.labels)})")
         if not 0 <= int(y) < n:
             raise ValueError(f"demonstration {j} has label {y}, outside 0..{n - 1}")
     sep = template.separator

@@ -72,6 +72,15 @@ def check_inputs(model: LoadedModel, pieces: PromptPieces, contexts, pairs, mode
         raise ValueError(f"context size {contexts.shape[1]} exceeds the {k} demonstrations")
     if contexts.size and (contexts.min() < 0 or contexts.max() >= k):
         raise ValueError(f"context entries must index the {k} demonstrations")
+    # A sub-context is an ordered selection of distinct demonstrations (paper Section 3):
+    # one that repeats a demonstration is no such context, and the trie would score it.
+    if contexts.shape[1] > 1:
+        ordered = np.sort(contexts, axis=1)
+        repeats = np.flatnonzero((ordered[:, 1:] == ordered[:, :-1]).any(axis=1))
+        if repeats.size:
+            raise ValueError(f"context {int(repeats[0])} ({contexts[repeats[0]].tolist()}) repeats a "
+                             f"demonstration ({repeats.size} contexts do): a sub-context holds each "
+                             "demonstration at most once")
     if pairs.ndim != 2 or pairs.shape[1] != 2:
         raise ValueError(f"pairs must be [N, 2] (context index, query index), got {pairs.shape}")
     if pairs.size and (pairs[:, 0].min() < 0 or pairs[:, 0].max() >= len(contexts)):

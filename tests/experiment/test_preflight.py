@@ -108,7 +108,7 @@ def test_more_classes_than_shots_everywhere_is_an_error_not_an_empty_table(tmp_p
     (["--m-cap", "0"], "m_cap (--m-cap) must be at least 1, got 0"),
     (["--max-size", "0"], "max_size (--max-size) must be at least 1, got 0"),
     (["--budget", "0"], "budget (--budget) must be at least 1, got 0"),
-    (["--shots", "100"], "shots must be at most 32"),
+    (["--shots", "100"], "shots (--shots) must be in [2, 32]"),
 ])
 def test_option_ranges(tmp_path, capsys, option, message):
     path = _write(tmp_path / "rt.jsonl", _short(40), np.arange(40) % 2)
