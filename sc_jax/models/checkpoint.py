@@ -187,28 +187,61 @@ def convert(config: ModelConfig, tensors: Mapping[str, np.ndarray] | Callable[[s
 
 # ------------------------------------------------------------------ safetensors dirs
 def safetensors_files(model_dir: Path) -> list[Path]:
-    """The weight files of an HF directory: ``model.safetensors`` or the shards listed
-    in ``model.safetensors.index.json``."""
-    index = model_dir / "model.safetensors.index.json"
+    """The weight files of an HF directory, picked as transformers picks a local
+    folder's (``_get_resolved_checkpoint_files`` in its modeling_utils.py, 5.x): the
+    file config.json's ``transformers_weights`` names, else ``model.safetensors``
+    (its SAFE_WEIGHTS_NAME), else the shards listed in ``model.safetensors.index.json``
+    (SAFE_WEIGHTS_INDEX_NAME). A folder holding both loads the single file, as there."""
+    named = _named_weights(model_dir)
+    if named is not None:
+        if named.name.endswith(".safetensors.index.json"):
+            return _shards(named)
+        if not named.is_file():
+            raise FileNotFoundError(f"{model_dir / 'config.json'}: transformers_weights names "
+                                    f"{named.name}, which does not exist")
+        return [named]
     single = model_dir / "model.safetensors"
-    if index.exists():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError) as e:
-            raise ValueError(f"{index} is not a valid safetensors index ({e})") from e
-        files = sorted(set(weight_map.values()))
-        missing = [f for f in files if not (model_dir / f).exists()]
-        if missing:
-            raise FileNotFoundError(f"{index} lists shard(s) that do not exist: {missing}")
-        return [model_dir / f for f in files]
     if single.exists():
         return [single]
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        return _shards(index)
     if list(model_dir.glob("*.bin")) or list(model_dir.glob("*.pth")):
         raise ValueError(f"{model_dir} holds PyTorch .bin weights only; sc_jax reads "
                          "safetensors (no torch at run time). Re-save the model with "
                          "save_pretrained(..., safe_serialization=True).")
     raise FileNotFoundError(f"{model_dir} has neither model.safetensors nor "
                             "model.safetensors.index.json")
+
+
+def _named_weights(model_dir: Path) -> Path | None:
+    """The weights file config.json's ``transformers_weights`` names (a .safetensors
+    file or index inside ``model_dir``, as transformers requires), or None."""
+    cfg_path = model_dir / "config.json"
+    try:
+        name = json.loads(cfg_path.read_text()).get("transformers_weights")
+    except (OSError, ValueError, AttributeError):
+        return None  # no readable config.json mapping: reading it is the config's job
+    if name is None:
+        return None
+    inside = isinstance(name, str) and Path(name).name == name and name not in (".", "..")
+    if not inside or not name.endswith((".safetensors", ".safetensors.index.json")):
+        raise ValueError(f"{cfg_path}: field 'transformers_weights' must name a .safetensors "
+                         f"file or index in {model_dir}, got {json.dumps(name)}")
+    return model_dir / name
+
+
+def _shards(index: Path) -> list[Path]:
+    """The shard files a safetensors index lists, each present."""
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        files = sorted(set(weight_map.values()))
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{index} is not a valid safetensors index ({e})") from e
+    missing = [f for f in files if not (index.parent / f).exists()]
+    if missing:
+        raise FileNotFoundError(f"{index} lists shard(s) that do not exist: {missing}")
+    return [index.parent / f for f in files]
 
 
 def untie_distinct_head(config: ModelConfig, shapes: Mapping[str, tuple[int, ...]],

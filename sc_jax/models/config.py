@@ -28,11 +28,11 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from sc_jax.models.hf_config import SUPPORTED_MODEL_TYPES, hf_fields
+from sc_jax.models.hf_config import (SUPPORTED_MODEL_TYPES, ConfigError, check_bool, check_int,
+                                     check_number, hf_fields, rope_scaling_fields)
 
 #: Activations of the gated MLP: ``act(x W_gate) * (x W_up)``.
 ACTIVATIONS = ("silu", "gelu_tanh")
-_SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,31 +89,40 @@ class ModelConfig:
     local_rope_theta: float | None = None
 
     def __post_init__(self):
+        # The same checks as a config.json's (sc_jax.models.hf_config), on this class's
+        # names: a ModelConfig built by hand is held to them too.
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
-                     "num_heads", "num_kv_heads", "head_dim"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v <= 0:
-                raise ValueError(f"ModelConfig.{name} must be a positive integer, got {v!r}")
+                     "num_heads", "num_kv_heads", "head_dim", "max_position_embeddings"):
+            check_int(f"ModelConfig.{name}", getattr(self, name))
+        for name in ("rms_norm_eps", "rope_theta"):
+            check_number(f"ModelConfig.{name}", getattr(self, name))
+        for name in ("embed_scale", "attn_scale", "local_rope_theta"):
+            if getattr(self, name) is not None:
+                check_number(f"ModelConfig.{name}", getattr(self, name))
+        for name in ("tie_word_embeddings", "qkv_bias", "o_bias", "qk_norm", "sandwich_norm"):
+            check_bool(f"ModelConfig.{name}", getattr(self, name))
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(
+            raise ConfigError(
                 f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
-                f"({self.num_kv_heads}) for grouped-query attention")
+                f"({self.num_kv_heads}) for grouped-query attention", "num_kv_heads")
         if self.head_dim % 2:
-            raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+            raise ConfigError(f"head_dim must be even for rotary embeddings, got {self.head_dim}",
+                              "head_dim")
         if self.model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(f"model_type {self.model_type!r} is not supported; "
-                             f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
-        if self.layer_windows is not None and len(self.layer_windows) != self.num_layers:
-            raise ValueError(f"layer_windows has {len(self.layer_windows)} entries for "
-                             f"{self.num_layers} layers")
+            raise ConfigError(f"model_type {self.model_type!r} is not supported; "
+                              f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}", "model_type")
+        if self.layer_windows is not None:
+            if len(self.layer_windows) != self.num_layers:
+                raise ConfigError(f"layer_windows has {len(self.layer_windows)} entries for "
+                                  f"{self.num_layers} layers", "layer_windows")
+            for w in self.layer_windows:  # 0: a full layer
+                check_int("ModelConfig.layer_windows", w, minimum=0)
         if self.hidden_act not in ACTIVATIONS:
-            raise ValueError(f"hidden_act {self.hidden_act!r} is not supported; supported: "
-                             f"{', '.join(ACTIVATIONS)}")
+            raise ConfigError(f"hidden_act {self.hidden_act!r} is not supported; supported: "
+                              f"{', '.join(ACTIVATIONS)}", "hidden_act")
         if self.rope_scaling is not None:
-            rtype = dict(self.rope_scaling).get("rope_type", "default")
-            if rtype not in _SUPPORTED_ROPE_TYPES:
-                raise ValueError(f"rope scaling type {rtype!r} is not supported; supported: "
-                                 f"{', '.join(_SUPPORTED_ROPE_TYPES)}")
+            rope_scaling_fields(dict(self.rope_scaling), self.max_position_embeddings,
+                                "ModelConfig.rope_scaling")
 
     @property
     def windows(self) -> tuple[int, ...]:
@@ -143,12 +152,19 @@ class ModelConfig:
 
     # ------------------------------------------------------------------ HF I/O
     @classmethod
-    def from_hf(cls, cfg: Mapping[str, Any]) -> "ModelConfig":
-        """Build from a Hugging Face ``config.json`` dict (transformers 4.x or 5.x keys).
+    def from_hf(cls, cfg: Mapping[str, Any], source: str | Path | None = None) -> "ModelConfig":
+        """Build from a Hugging Face ``config.json`` dict (transformers 4.x or 5.x keys),
+        every field checked (:mod:`sc_jax.models.hf_config`) before any weight is read.
 
-        Raises ValueError, naming the field, for unsupported architectures or values.
+        Raises ConfigError (a ValueError): one line naming the field, the value and
+        ``source`` (the file, or where the dict came from), where given.
         """
-        return cls(**hf_fields(cfg))
+        try:
+            return cls(**hf_fields(cfg))
+        except ConfigError as e:
+            if source is None:
+                raise
+            raise ConfigError(f"{source}: {e}", e.field) from None
 
     @classmethod
     def from_json(cls, path: str | Path) -> "ModelConfig":
@@ -156,8 +172,8 @@ class ModelConfig:
         try:
             cfg = json.loads(path.read_text())
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path} is not valid JSON: {e}") from e
-        return cls.from_hf(cfg)
+            raise ConfigError(f"{path} is not valid JSON: {e}") from e
+        return cls.from_hf(cfg, source=path)
 
 
 # ------------------------------------------------------------------ presets
@@ -304,7 +320,7 @@ def preset_hf_config(name: str) -> dict[str, Any]:
 
 def preset(name: str) -> ModelConfig:
     """A :class:`ModelConfig` for a named preset (see :data:`PRESETS`)."""
-    return ModelConfig.from_hf(preset_hf_config(name))
+    return ModelConfig.from_hf(preset_hf_config(name), source=f"preset {name!r}")
 
 
 def layer_inv_freq(config: ModelConfig):
@@ -332,10 +348,11 @@ def rope_inv_freq(config: ModelConfig):
     if rtype == "linear":
         return inv / float(s["factor"])
     if rtype == "llama3":
+        # Complete and checked at construction (hf_config.rope_scaling_fields).
         factor = float(s["factor"])
-        low = float(s.get("low_freq_factor", 1.0))
-        high = float(s.get("high_freq_factor", 4.0))
-        old_ctx = float(s.get("original_max_position_embeddings", 8192))
+        low = float(s["low_freq_factor"])
+        high = float(s["high_freq_factor"])
+        old_ctx = float(s["original_max_position_embeddings"])
         low_wl, high_wl = old_ctx / low, old_ctx / high
         wl = 2 * math.pi / inv
         scaled = np.where(wl > low_wl, inv / factor, inv)

@@ -420,6 +420,30 @@ _LLAMA3_ROPE_SETTINGS = {
 _ROPE_FREQS_RTOL = 1e-5
 
 
+# The metadata key (after `<arch>.`) each config.json field of :func:`_hf_config` is read
+# from, for the messages of :func:`_model_config`.
+_GGUF_KEYS = {
+    "hidden_size": "embedding_length", "num_attention_heads": "attention.head_count",
+    "num_key_value_heads": "attention.head_count_kv", "head_dim": "attention.key_length",
+    "num_hidden_layers": "block_count", "intermediate_size": "feed_forward_length",
+    "vocab_size": "vocab_size", "rms_norm_eps": "attention.layer_norm_rms_epsilon",
+    "rope_theta": "rope.freq_base", "rope_scaling.factor": "rope.scaling.factor",
+    "max_position_embeddings": "context_length", "sliding_window": "attention.sliding_window",
+    "rope_local_base_freq": "rope.freq_base_swa",
+}
+
+
+def _model_config(path: Path, arch: str, config: dict) -> ModelConfig:
+    """``config`` (built from the file's metadata) as a checked :class:`ModelConfig`; a
+    refused value names the file and the metadata key it came from."""
+    try:
+        return ModelConfig.from_hf(config)
+    except ValueError as e:
+        key = _GGUF_KEYS.get(getattr(e, "field", None))
+        where = f" (metadata key {arch}.{key})" if key else ""
+        raise GGUFError(f"{path}{where}: {e}") from None
+
+
 def _llama3_rope_divisors(config: dict, scaling: dict) -> np.ndarray:
     """llama.cpp's `rope_freqs` for the HF `config` with llama3 `scaling` (float64)."""
     model = ModelConfig.from_hf(config | {"rope_scaling": scaling})
@@ -580,6 +604,7 @@ def _hf_config(meta: _Metadata, arch: str, infos: list[_TensorInfo]) -> dict:
     else:
         config |= _gemma3_fields(meta, hidden, n_heads, head_dim, n_layers)
     config |= _special_token_ids(meta)
+    _model_config(meta.path, arch, config)  # every value checked before the rope_freqs read
     if _ROPE_FREQS in tensor_names and arch == "llama":
         rope_freqs = next(t for t in infos if t.name == _ROPE_FREQS)
         config["rope_scaling"] = _llama3_rope_scaling(meta, config, rope_freqs)
@@ -592,7 +617,7 @@ def _hf_names(path: Path, config: dict, infos: list[_TensorInfo], arch: str) -> 
     The GGUF name of each HF parameter comes from `gguf`'s `TensorNameMap`. Missing,
     unexpected and misshapen tensors are one error, raised before any data is read.
     """
-    model_config = ModelConfig.from_hf(config)
+    model_config = _model_config(path, arch, config)
     gguf_arch = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == arch)
     name_map = gguf.get_tensor_name_map(gguf_arch, config["num_hidden_layers"])
     to_hf = {name_map.get_name(hf, try_suffixes=(".weight", ".bias")): hf for hf in key_map(model_config)}

@@ -111,10 +111,7 @@ def _hf_dir(path: Path, *, weights: bool = True):
     cfg_path = path / "config.json"
     if not cfg_path.exists():
         raise FileNotFoundError(f"{path} has no config.json: not a Hugging Face model directory")
-    try:
-        config = ModelConfig.from_json(cfg_path)
-    except ValueError as e:  # the family's refusal, named with its file
-        raise ValueError(f"{cfg_path}: {e}") from e
+    config = ModelConfig.from_json(cfg_path)  # a refusal names the field, value and file
     tok = Tokenizer.from_file(path / "tokenizer.json", bos_token_id=config.bos_token_id,
                               eos_token_id=config.eos_token_id)
     return config, tok, safetensors_files(path) if weights else []

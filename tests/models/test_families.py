@@ -50,7 +50,7 @@ def test_gemma3_transformers_4_and_5_spellings_agree():
     ("tiny-qwen3", "num_experts", 8, "mixture of experts"),
     ("tiny-qwen3", "rope_parameters", {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0},
      "rope scaling type 'yarn' is not supported"),
-    ("tiny-gemma3", "hidden_activation", "relu", "hidden_activation 'relu' is not supported"),
+    ("tiny-gemma3", "hidden_activation", "relu", "field 'hidden_activation' must be one of .*got \"relu\""),
     ("tiny-gemma3", "layer_types", ["sliding_attention"] * 3, "layer_types has 3 entries"),
     ("tiny-gemma3", "layer_types", ["chunked_attention"] * 4, "chunked_attention"),
     ("tiny-gemma3", "rope_parameters", {"full_attention": {"rope_type": "default", "rope_theta": 1e6},

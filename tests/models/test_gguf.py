@@ -529,17 +529,18 @@ def _to_gguf_names(hf: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
-def _write_tiny_gguf(path: Path, *, arch="llama", drop=(), extra=None, pre="smollm", hf=None, quantize=()):
+def _write_tiny_gguf(path: Path, *, arch="llama", drop=(), extra=None, pre="smollm", hf=None, quantize=(),
+                     context_length=128, freq_base=10000.0):
     tokens, merges, types = _tiny_vocab()
     hf = _tiny_hf_tensors(len(tokens)) if hf is None else hf
     w = gguf.GGUFWriter(str(path), arch)
     w.add_uint32(f"{arch}.block_count", TINY["layers"])
-    w.add_uint32(f"{arch}.context_length", 128)
+    w.add_uint32(f"{arch}.context_length", context_length)
     w.add_uint32(f"{arch}.embedding_length", TINY["hidden"])
     w.add_uint32(f"{arch}.feed_forward_length", TINY["ff"])
     w.add_uint32(f"{arch}.attention.head_count", TINY["heads"])
     w.add_uint32(f"{arch}.attention.head_count_kv", TINY["kv_heads"])
-    w.add_float32(f"{arch}.rope.freq_base", 10000.0)
+    w.add_float32(f"{arch}.rope.freq_base", freq_base)
     w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
     w.add_uint32(f"{arch}.rope.dimension_count", TINY["head_dim"])
     w.add_tokenizer_model("gpt2")
@@ -694,6 +695,19 @@ def test_missing_and_unexpected_tensors(tmp_path, no_dequantize):
     _write_tiny_gguf(tmp_path / "extra.gguf", extra=bias)
     with pytest.raises(GGUFError, match=r"llama model of the size its metadata states: unknown tensors \(1\): blk\.0\.attn_q\.bias"):
         read_gguf(tmp_path / "extra.gguf")
+
+
+@pytest.mark.parametrize("change, key, message", [
+    ({"context_length": 0}, "llama.context_length", "field 'max_position_embeddings' must be positive, got 0"),
+    ({"freq_base": -1.0}, "llama.rope.freq_base", "field 'rope_theta' must be positive, got -1.0"),
+])
+def test_metadata_is_checked_as_config_fields(tmp_path, no_dequantize, change, key, message):
+    """The metadata goes through config.json's checks, named by its key (a context of 0
+    loaded and failed at the first prompt; a negative rotary base loaded)."""
+    _write_tiny_gguf(tmp_path / "bad.gguf", **change)
+    with pytest.raises(GGUFError) as e:
+        read_gguf(tmp_path / "bad.gguf")
+    assert str(e.value) == f"{tmp_path / 'bad.gguf'} (metadata key {key}): {message}"
 
 
 def test_unsupported_tokenizer_pre(tmp_path, no_dequantize):
