@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sc_jax.ranges import LAMBDA_MAX  # defined with the other options' ranges
+from sc_jax.runtime.ranges import LAMBDA_MAX  # defined with the other options' ranges
 
 __all__ = ["check_features", "check_lambda", "check_params", "check_problem",
            "check_setting_shape", "check_tau", "concrete", "valid_problem"]

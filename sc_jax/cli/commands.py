@@ -110,7 +110,7 @@ def _demo_jobs(k: int, n_test: int, n_refs: int, seed: int) -> tuple[dict, dict]
 def demo_command(args) -> int:
     """`sc-jax demo`: the baselines (Base, CC, DC, BC) and SC, fitted on the scores
     of k built-in demonstrations, each evaluated on the held-out sentences."""
-    k = args.k  # in 2..8: the parser checks it (sc_jax.ranges)
+    k = args.k  # in 2..8: the parser checks it (sc_jax.runtime.ranges)
     demos, tests = _demo_split(k, args.seed)
     texts, y_test = [t for t, _ in tests], np.array([y for _, y in tests])
     template = TEMPLATES["rotten_tomatoes"]

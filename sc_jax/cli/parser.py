@@ -12,7 +12,7 @@ import platform
 import re
 
 from sc_jax import __version__
-from sc_jax.ranges import DTYPES, arg_type
+from sc_jax.runtime.ranges import DTYPES, arg_type
 from sc_jax.calibration.numpy_fit import GUARDS
 from sc_jax.cli import commands
 from sc_jax.experiment.config import METHODS

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from sc_jax import ranges
+from sc_jax.runtime import ranges
 from sc_jax.calibration.numpy_fit import GUARDS
 from sc_jax.experiment.splits import DEFAULT_TEST_SEED
 from sc_jax.scoring.memory import MemoryPolicy
@@ -42,7 +42,7 @@ LABEL_MODES = ("first_token", "sequence")
 
 
 # The fields given as lists of values (a tuple each once built) and the fields that hold
-# one number each, checked against sc_jax.ranges.RANGES under their own names.
+# one number each, checked against sc_jax.runtime.ranges.RANGES under their own names.
 _LISTS = ("datasets", "shots", "seeds", "methods", "data_files")
 _NUMBERS = ("test_size", "test_seed", "max_size", "lambda_inv", "tau", "budget", "m_cap",
             "mesh_devices", "mesh_model", "max_tokens_per_batch", "device_memory", "bc_batch",
@@ -108,7 +108,7 @@ class RunConfig:
             if twice:
                 raise ValueError(f"{name} ({option}) list {', '.join(map(str, twice))} more than once "
                                  f"in {list(values)}; give each once")
-        # Every range up front (sc_jax.ranges): each of these would otherwise run without
+        # Every range up front (sc_jax.runtime.ranges): each of these would otherwise run without
         # a word and record a value it did not use (m_cap 0 still draws one sub-context),
         # or fail only after the model was loaded and every seed scored (lambda_inv 1e40).
         for value in self.shots:

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from sc_jax import ranges
+from sc_jax.runtime import ranges
 from sc_jax.models.checkpoint import convert, decoder_from_arrays, read_safetensors, safetensors_files
 from sc_jax.models.config import ModelConfig
 from sc_jax.models.identity import files_identity, text_hash
@@ -47,7 +47,7 @@ from sc_jax.runtime.sharding import (
 )
 
 #: The dtypes :func:`load_model` takes, by name.
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}  # the names of sc_jax.ranges.DTYPES
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}  # the names of sc_jax.runtime.ranges.DTYPES
 
 
 def bucket_length(n: int, minimum: int = 16) -> int:

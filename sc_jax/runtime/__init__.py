@@ -2,8 +2,9 @@
 :mod:`~sc_jax.runtime.launch`), device meshes and the logical-axis rules
 (:mod:`~sc_jax.runtime.sharding`), files fetched from PyPI
 (:mod:`~sc_jax.runtime.wheel_files`), an output directory's lock
-(:mod:`~sc_jax.runtime.runlock`), compile/run clocks (:mod:`~sc_jax.runtime.timing`) and
-the devices' peak FLOP/s and memory bandwidth (:mod:`~sc_jax.runtime.devices`).
+(:mod:`~sc_jax.runtime.runlock`), compile/run clocks (:mod:`~sc_jax.runtime.timing`),
+the devices' peak FLOP/s and memory bandwidth (:mod:`~sc_jax.runtime.devices`) and every
+option's accepted range (:mod:`~sc_jax.runtime.ranges`).
 
 Nothing here knows about models, prompts or calibration; every other package may
 import from here.

@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sc_jax import ranges
+from sc_jax.runtime import ranges
 
 from sc_jax.runtime.multihost import smallest
 from sc_jax.scoring.packing import PackShape, pow2_at_least
@@ -280,7 +280,7 @@ class MemoryPolicy:
         CPU plans as an accelerator would, for ``sc-jax plan``'s figures). ``agree``:
         take the smallest figure over the processes (a collective every process must
         reach; a dry run that only reports may leave it). Each given figure is checked
-        against its range (:mod:`sc_jax.ranges`) first."""
+        against its range (:mod:`sc_jax.runtime.ranges`) first."""
         ranges.check("device_memory_bytes", device_memory, field="device_memory")
         ranges.check("max_tokens_per_batch", max_tokens_per_batch)
         ranges.check("max_cache_tokens", max_cache_tokens)

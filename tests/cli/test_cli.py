@@ -816,7 +816,7 @@ def test_demo_fits_sc_and_the_baselines_and_prints_them(capsys):
         assert re.search(rf"^{method} +[01]\.\d{{3}} +[01]\.\d{{3}}$", out, re.M), out
     assert len(re.findall(r"^  SC, size \d: fitted on \d+ surrogate pairs", out, re.M)) == 3  # k = 4
     assert len(re.findall(r"^  Base [01]\.\d{3}  SC [01]\.\d{3}  true=", out, re.M)) == 16
-    with pytest.raises(SystemExit) as stop:  # refused by the parser (sc_jax.ranges)
+    with pytest.raises(SystemExit) as stop:  # refused by the parser (sc_jax.runtime.ranges)
         cli.main(["demo", "--k", "9"])
     assert stop.value.code == 2 and "argument --k: must be in [2, 8]" in capsys.readouterr().err
 

@@ -1,6 +1,6 @@
 """Every refusal names its subject: the option, field or file at fault and what to do,
 in one line, before any model is loaded or any prompt scored. Ranges are defined once
-(sc_jax.ranges) and checked the same through RunConfig, the API's constructors and the
+(sc_jax.runtime.ranges) and checked the same through RunConfig, the API's constructors and the
 command line."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def test_run_config_takes_one_value_or_a_list_for_its_list_fields():
 
 
 def test_one_range_serves_the_config_the_api_and_the_parser():
-    from sc_jax import ranges
+    from sc_jax.runtime import ranges
 
     rng = ranges.RANGES["max_tokens_per_batch"]
     assert rng.problem(0) == "must be at least 1, got 0" and rng.problem(1) is None
