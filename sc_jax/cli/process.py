@@ -18,6 +18,7 @@ import jax
 from sc_jax.calibration.solvers.batching import threads_from_env
 from sc_jax.cli.parser import build_parser
 from sc_jax.experiment.task_loading import DataUnavailableError
+from sc_jax.experiment import staging
 from sc_jax.experiment.store import probe_writable
 from sc_jax.runtime.multihost import initialize_distributed, is_writer
 from sc_jax.runtime.wheel_files import WheelFileError
@@ -119,6 +120,10 @@ def _kept(args, argv, what: str) -> str:
     named only where it holds a score (an interrupt in the up-front check or the
     model's load comes before the cache folder is made)."""
     if args.command != "run":
+        if staging.COMMITTED:  # interrupted after its files were all in place
+            names = ", ".join(p.name for p in staging.COMMITTED)
+            return (f"{what} after `sc-jax {args.command}` wrote {names} into "
+                    f"{staging.COMMITTED[-1].parent}")
         return f"{what}: nothing of `sc-jax {args.command}` was kept"
     command = shlex.join(["sc-jax", *(sys.argv[1:] if argv is None else argv)])
     cache = Path(args.out) / "cache"
@@ -145,6 +150,7 @@ def main(argv=None) -> int:
     """``sc-jax ARGS``: parse, run the command, return its exit status (0; 2 for one
     ``error:`` line; 130 for Ctrl-C, 143 for SIGTERM)."""
     args = build_parser().parse_args(argv)
+    staging.COMMITTED.clear()  # what this command puts in place (:func:`_kept`)
     show_log_messages()
     enable_compilation_cache()
     with Interrupts() as interrupts:

@@ -13,7 +13,8 @@
   3 and 4 (:mod:`sc_jax.experiment.figures`).
 
 ``sc-jax report DIR`` calls :func:`write_report` on ``DIR/results.json``
-(read and checked by :func:`sc_jax.experiment.results.load_results`).
+(read and checked by :func:`sc_jax.experiment.results.load_results`), which puts its
+files in place all together or not at all (:mod:`sc_jax.experiment.staging`).
 :func:`mean_std_table` draws the mean ± std tables, here and in the ablation report.
 """
 
@@ -29,6 +30,7 @@ import numpy as np
 from sc_jax.experiment.figures import can_plot, plot_f1_bars, plot_params
 from sc_jax.experiment.results import METHOD_NAMES, load_results
 from sc_jax.experiment.samples import read_samples, rows_from_samples, samples_markdown
+from sc_jax.experiment.staging import Staging
 from sc_jax.models.named_models import display_name
 
 CSV_FIELDS = ("dataset", "model", "shots", "method", "seed", "accuracy", "macro_f1", "ece",
@@ -344,9 +346,11 @@ def latex_table(results: dict) -> str:
 
 
 def write_report(results: dict | str | Path, out_dir: str | Path | None = None) -> dict[str, Path]:
-    """Write table.md, results.csv and the plots. Returns ``{name: path}``. Per-sample
-    records (``samples.jsonl[.gz]``) in the run's directory (``results`` when it is a
-    path, else ``out_dir``) are checked against the rows and summarised in table.md."""
+    """Write table.md, results.csv, results.tex and the plots, all or none
+    (:class:`~sc_jax.experiment.staging.Staging`: an error or an interrupt leaves the
+    folder's earlier files as they were). Returns ``{name: path}``. Per-sample records
+    (``samples.jsonl[.gz]``) in the run's directory (``results`` when it is a path, else
+    ``out_dir``) are checked against the rows and summarised in table.md."""
     if not isinstance(results, dict):
         src = Path(results)
         run_dir = src if src.is_dir() else src.parent
@@ -354,10 +358,16 @@ def write_report(results: dict | str | Path, out_dir: str | Path | None = None) 
         results = load_results(src)
     else:
         run_dir = Path(out_dir)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    with Staging(out_dir) as stage:
+        staged = report_files(results, stage.dir, read_samples(run_dir))
+    return {name: stage.final(path) for name, path in staged.items()}
+
+
+def report_files(results: dict, out: Path, records: list[dict] | None) -> dict[str, Path]:
+    """:func:`write_report`'s files written straight into the folder ``out``, with the
+    per-sample ``records`` (or None); returns ``{name: path}``."""
     paths = {"table": out / "table.md", "csv": out / "results.csv", "latex": out / "results.tex"}
-    paths["table"].write_text(markdown_tables(results, read_samples(run_dir)))
+    paths["table"].write_text(markdown_tables(results, records))
     write_csv(results, paths["csv"])
     paths["latex"].write_text(latex_table(results))
     plots = can_plot()

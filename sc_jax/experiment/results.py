@@ -36,9 +36,9 @@ def load_results(path: str | Path) -> dict:
         raise ValueError(f"{path} is not an sc_jax results file: {problem}")
     problem = rows_against_config(res)
     if problem:
-        raise ValueError(f"{path}: {problem}; the tables would average the wrong seeds: rerun "
-                         "the `sc-jax run` command of its config with the same --out to rewrite "
-                         "it (every score is read from the cache)")
+        raise ValueError(f"{path}: {problem}; the tables would not be those of its config: "
+                         "rerun the `sc-jax run` command of its config with the same --out to "
+                         "rewrite it (every score is read from the cache)")
     return res
 
 
@@ -51,8 +51,9 @@ def rows_against_config(res: dict) -> str | None:
     :func:`results_problem`) disagree with its config, naming the row; None when they
     agree. A run writes one row per method, dataset, k and seed, for every seed of
     ``config.seeds``: a repeated row would be averaged in twice, a missing seed would
-    leave a method's mean over fewer seeds than the header says, and a seed the config
-    does not list was not part of the run (issue 64, case 2)."""
+    leave a method's mean over fewer seeds than the header says, a seed the config
+    does not list was not part of the run, and a method of config ``methods`` with no
+    rows would drop out of the tables without a word."""
     cfg = res["config"]
     seeds = cfg["seeds"]
     if not isinstance(seeds, (list, tuple)) or not seeds or any(_wrong(s, int) for s in seeds):
@@ -76,6 +77,20 @@ def rows_against_config(res: dict) -> str | None:
             if s not in have:
                 name = _row_name(dict(method=method, dataset=dataset, shots=k, seed=s))
                 return f"row {name} is missing (config 'seeds' {list(seeds)})"
+    return _method_without_rows(cfg.get("methods"), groups)
+
+
+def _method_without_rows(methods, groups) -> str | None:
+    """A method of config ``methods`` (older results.json may lack it: not checked)
+    with no row on a (dataset, k) that has rows (a skipped one has none), which the
+    tables would silently leave out; ``groups`` is keyed by (method, dataset, k)."""
+    if not isinstance(methods, (list, tuple)):
+        return None
+    for dataset, k in sorted({key[1:] for key in groups}):
+        for method in methods:
+            if (method, dataset, k) not in groups:
+                return (f"method {method!r} of config 'methods' {list(methods)} has no row "
+                        f"for dataset {dataset}, k {k}")
     return None
 
 

@@ -39,12 +39,13 @@ from pathlib import Path
 import jax
 
 from sc_jax.calibration.defaults import DEFAULT_LAMBDA_INV
-from sc_jax.experiment import metrics, samples
+from sc_jax.experiment import figures, metrics, samples
 from sc_jax.experiment.config import RunConfig, run_policy
 from sc_jax.experiment.jobs import SeedScores, draw_split, load_datasets, score_seed
 from sc_jax.experiment.preflight import check_run
 from sc_jax.experiment.methods import fit_sc, method_probs, sc_size_probs
-from sc_jax.experiment.report import write_report
+from sc_jax.experiment.report import report_files
+from sc_jax.experiment.staging import Staging
 from sc_jax.experiment.store import (
     RUN_CONFIG_FILE,
     config_tag,
@@ -376,6 +377,8 @@ def _run_locked(config: RunConfig, out: Path, progress: bool, log_samples: bool)
             write_json(out / RUN_CONFIG_FILE, config.to_json())
         engine = ScoringEngine(model, policy=policy, progress=progress)
         cache = ScoreCache(out / "cache")
+    if is_writer():
+        figures.warm_up()  # the plots' imports beside the scoring, not after it
     lam = DEFAULT_LAMBDA_INV if config.lambda_inv is None else config.lambda_inv
     rows, params, notes, splits, skipped, records = [], [], [], [], [], []
     passed_over, left_out = rows_passed_over(datasets)
@@ -446,22 +449,29 @@ def _timed_fit(scores: dict, name: str, k: int, config: RunConfig, lam: float, p
 
 def _write_outputs(out: Path, data: dict, records: list | None, parts: Parts, timing,
                    progress: bool) -> dict[str, Path]:
-    """Process 0's files: results.json first (an error in the plots loses no result),
-    the per-sample records (``records``, where logged), the tables and plots, then
-    results.json again with the report's time (``timing()``: the run's so far)."""
+    """Process 0's files, put in place together at the end or not at all
+    (:class:`Staging`; an interrupt leaves the folder's earlier files as they were, and
+    the score cache resumes the run): results.json, the per-sample records
+    (``records``, where logged), the tables and plots, with results.json's timing
+    including the report's own time (``timing()``: the run's so far)."""
     t = time.perf_counter()
-    data["timing"] = timing()
-    write_json(out / "results.json", data)
-    sample_file = samples.write_samples(out, records) if records is not None else None
     if progress:
-        log.info("writing the tables and plots into %s", out)
-    written = write_report(data, out)
-    parts.add("report", time.perf_counter() - t)
-    data["timing"] = timing()
-    write_json(out / "results.json", data)
+        log.info("writing results.json, the tables and plots into %s", out)
+    plain, packed = samples.sample_paths(out)
+    with Staging(out) as stage:
+        if records is not None:
+            sample_file = samples.write_samples(stage.dir, records)
+            stage.remove.append((packed if sample_file.name == plain.name else plain).name)
+        # The records the tables check: this run's where logged, else any beside it.
+        logged = samples.read_samples(stage.dir if records is not None else out)
+        staged = report_files(data, stage.dir, logged)
+        parts.add("report", time.perf_counter() - t)
+        data["timing"] = timing()
+        write_json(stage.dir / "results.json", data)
+    written = {name: stage.final(path) for name, path in staged.items()}
     written["json"] = out / "results.json"
-    if sample_file is not None:
-        written["samples"] = sample_file
+    if records is not None:
+        written["samples"] = stage.final(sample_file)
     if progress:
         log.info("%s", timing_line(data["timing"]))
     return written

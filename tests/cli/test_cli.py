@@ -639,10 +639,12 @@ def test_a_rerun_with_another_configuration_is_refused_unless_overwrite(tmp_path
         assert cli.main(command) == 2 and _one_error(capsys) == "error: stopped at the model"
 
 
-def _two_seed_results(tmp_path, rows):
+def _two_seed_results(tmp_path, rows, methods=None):
     config = {"model": "random:tiny-llama", "datasets": ["rotten_tomatoes"], "shots": [4],
               "seeds": [0, 1], "test_size": 8, "mode": "first_token",
               "solver": "augmented_lagrangian"}
+    if methods is not None:
+        config["methods"] = methods
     (tmp_path / "results.json").write_text(json.dumps({"config": config, "rows": rows,
                                                        "params": []}))
     return tmp_path
@@ -655,6 +657,9 @@ def _two_seed_results(tmp_path, rows):
                 "(config 'seeds' [0, 1])"),
     ("foreign", "row (method base, dataset rotten_tomatoes, k 4, seed 2) has a seed that config "
                 "'seeds' [0, 1] does not list"),
+    # A configured method with no row at all: its section of the tables vanished.
+    ("no method", "method 'sc' of config 'methods' ['base', 'sc'] has no row for dataset "
+                  "rotten_tomatoes, k 4"),
 ])
 def test_report_and_ablate_refuse_rows_that_disagree_with_the_config(tmp_path, capsys, case,
                                                                      problem):
@@ -663,15 +668,57 @@ def test_report_and_ablate_refuse_rows_that_disagree_with_the_config(tmp_path, c
         rows.append(_ROW | {"method": "sc", "seed": 0, "macro_f1": 0.9})
     elif case == "missing":
         rows.remove(_ROW | {"method": "sc", "seed": 1})
-    else:
+    elif case == "foreign":
         rows.append(_ROW | {"seed": 2})
-    run = _two_seed_results(tmp_path, rows)
+    else:
+        rows = [r for r in rows if r["method"] != "sc"]
+    run = _two_seed_results(tmp_path, rows, methods=["base", "sc"])
     for argv in (["report", str(run)], ["ablate", str(run), "--quiet"]):
         assert cli.main(argv) == 2
         err = _one_error(capsys)
         assert err.startswith(f"error: {run / 'results.json'}: {problem}; "), err
         assert "rerun the `sc-jax run` command" in err
     assert not (run / "table.md").exists()
+
+
+def test_ctrl_c_in_report_keeps_the_earlier_files_and_says_so(tmp_path, capsys, monkeypatch):
+    """Ctrl-C in `report` said "nothing was kept" after table.md and results.csv had been
+    rewritten. Now nothing is rewritten before the end, and a Ctrl-C held during the
+    final renames is reported after them, naming the files written."""
+    from sc_jax.experiment import figures, report
+
+    monkeypatch.setattr(figures, "can_plot", lambda: False)  # the tables are enough here
+    monkeypatch.setattr(report, "can_plot", lambda: False)
+    run = _results(tmp_path)
+    old = {name: f"old {name}".encode() for name in ("table.md", "results.csv", "results.tex")}
+    for name, data in old.items():
+        (run / name).write_bytes(data)
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(report, "latex_table", interrupted)  # after table.md and results.csv
+        assert cli.main(["report", str(run)]) == 130
+    assert _one_error(capsys) == "error: interrupted: nothing of `sc-jax report` was kept"
+    assert {name: (run / name).read_bytes() for name in old} == old
+    assert sorted(p.name for p in run.iterdir()) == sorted([*old, "results.json"])
+
+    from sc_jax.experiment import staging
+
+    replace = os.replace
+
+    def ctrl_c_at_the_first_rename(src, dst):
+        signal.raise_signal(signal.SIGINT)
+        monkeypatch.setattr(staging.os, "replace", replace)
+        replace(src, dst)
+
+    monkeypatch.setattr(staging.os, "replace", ctrl_c_at_the_first_rename)
+    assert cli.main(["report", str(run)]) == 130
+    assert _one_error(capsys) == ("error: interrupted after `sc-jax report` wrote results.csv, "
+                                  f"results.tex, table.md into {run}")
+    assert all((run / name).read_bytes() != data for name, data in old.items())
+    assert (run / "table.md").read_text().startswith("# Results: ")
 
 
 def _run_with_scores(tmp_path):

@@ -318,3 +318,69 @@ def test_two_seeds_give_the_per_seed_differences_and_no_verdict():
                                       "mode": "first_token", "solver": "s"},
                            "rows": [r for r in rows if r["seed"] == 0]})
     assert "| SC | 70.0 | 70.0 |" in one and "± 0.0" not in one
+
+
+_REPORT_FILES = ("table.md", "results.csv", "results.tex", "f1_bars.png", "f1_bars.pdf",
+                 "f1_bars.svg", "sc_params.png", "sc_params.pdf", "sc_params.svg")
+
+
+def test_an_interrupted_report_leaves_the_earlier_files_as_they_were(tmp_path, monkeypatch):
+    """Ctrl-C while the plots were drawn left new tables beside the old plots; now the
+    files go in place together at the end, so all of them are still the old ones."""
+    from sc_jax.experiment import report
+
+    old = {name: f"old {name}".encode() for name in _REPORT_FILES}
+    for name, data in old.items():
+        (tmp_path / name).write_bytes(data)
+    (tmp_path / "results.json").write_text(json.dumps(_results()))
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report, "plot_f1_bars", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_report(tmp_path)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name in old} == old
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*old, "results.json"])
+
+
+def test_a_run_writes_the_same_files_and_tables(tmp_path, monkeypatch):
+    """A run's outputs, put in place together: the same names as the report's plain
+    pieces give (results.json, the tables, three formats of both figures, the records),
+    the tables byte for byte what markdown_tables, write_csv and latex_table make, and
+    an interrupt in the plots leaves the files of the run before as they were."""
+    from sc_jax.experiment import report
+    from sc_jax.experiment.run import _write_outputs
+    from sc_jax.experiment.samples import read_samples, seed_records
+    from sc_jax.runtime.timing import Parts
+
+    data = _results()
+    probs = {"base": np.array([[0.6, 0.4], [0.3, 0.7]])}
+    records = seed_records("sst2", 4, 0, [0, 1], probs)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "samples.jsonl.gz").write_bytes(b"an earlier run's records")  # replaced
+    files = _write_outputs(out, data, records, Parts(), lambda: {"total_s": 1.0}, False)
+    names = sorted([*_REPORT_FILES, "results.json", "samples.jsonl"])
+    assert sorted(p.name for p in out.iterdir()) == names
+    assert sorted(p.name for p in files.values()) == names
+    assert sorted(files) == ["csv", "f1_bars", "f1_bars_pdf", "f1_bars_svg", "json", "latex",
+                             "samples", "sc_params", "sc_params_pdf", "sc_params_svg", "table"]
+    assert json.loads((out / "results.json").read_text()) == dict(data, timing={"total_s": 1.0})
+    logged = read_samples(out)
+    assert logged == records
+    assert (out / "table.md").read_text() == report.markdown_tables(data, logged)
+    assert (out / "results.tex").read_text() == report.latex_table(data)
+    report.write_csv(data, tmp_path / "plain.csv")
+    assert (out / "results.csv").read_bytes() == (tmp_path / "plain.csv").read_bytes()
+
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report, "plot_f1_bars", interrupted)
+    data["rows"][0]["macro_f1"] = 0.123
+    with pytest.raises(KeyboardInterrupt):
+        _write_outputs(out, data, None, Parts(), lambda: {}, False)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
