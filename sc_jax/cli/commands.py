@@ -16,6 +16,7 @@ from sc_jax.calibration.baselines import CONTENT_FREE_INPUTS, random_domain_stri
 from sc_jax.calibration.numpy_fit import fit_batch
 from sc_jax.calibration.numpy_predict import predict_proba
 from sc_jax.calibration.objective import log_odds
+from sc_jax.experiment import staging
 from sc_jax.experiment.ablation import ablate
 from sc_jax.experiment.ablation_report import check_ablation_out, write_ablation
 from sc_jax.experiment.diagnostics import diagnose
@@ -219,6 +220,7 @@ def run_command(args) -> int:
 def report_command(args) -> int:
     if args.log_samples:
         path, notes = regenerate_samples(args.dir)
+        staging.COMMITTED.append(path)  # kept, whatever happens to the tables
         print(f"wrote {path} from the run's score files" + "".join(f"; {n}" for n in notes))
     paths = write_report(args.dir)
     print(paths["table"].read_text())

@@ -17,6 +17,7 @@ from sc_jax.experiment.ablation import ROW_FIELDS, STUDIES
 from sc_jax.experiment.diagnostics import DIAGNOSTIC_FIELDS, diagnostics_markdown
 from sc_jax.experiment.figures import can_plot, save_figure
 from sc_jax.experiment.report import mean_std_table
+from sc_jax.experiment.staging import Staging
 from sc_jax.experiment.store import make_out_dir, refuse_foreign_outputs
 from sc_jax.models.named_models import display_name
 
@@ -134,10 +135,16 @@ def check_ablation_out(out_dir, overwrite: bool = False) -> Path:
 def write_ablation(rows, out_dir, diagnostics=None, model: str | None = None) -> dict[str, Path]:
     """``ablation.md``, ``ablation.csv`` and the SC-N and m_i plots into ``out_dir``;
     with the rows of :func:`sc_jax.experiment.diagnostics.diagnose`, ``diagnostics.md``
-    and ``diagnostics.csv``.
+    and ``diagnostics.csv``, all put in place together at the end or not at all
+    (:class:`~sc_jax.experiment.staging.Staging`).
     ``model`` (the run's ``--model``) titles the plots."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    with Staging(out_dir) as stage:
+        staged = _ablation_files(rows, stage.dir, diagnostics, model)
+    return {name: stage.final(path) for name, path in staged.items()}
+
+
+def _ablation_files(rows, out: Path, diagnostics, model: str | None) -> dict[str, Path]:
+    """:func:`write_ablation`'s files written straight into the folder ``out``."""
     files = {"table": out / "ablation.md", "csv": out / "ablation.csv"}
     files["table"].write_text(markdown(rows))
     if diagnostics:

@@ -384,3 +384,24 @@ def test_a_run_writes_the_same_files_and_tables(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         _write_outputs(out, data, None, Parts(), lambda: {}, False)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_an_interrupted_ablation_report_leaves_the_earlier_files(tmp_path, monkeypatch):
+    """`ablate`'s files go in place together too: ablation.md and ablation.csv were
+    rewritten before a Ctrl-C in the plots."""
+    from sc_jax.experiment import ablation_report
+
+    rows = [dict(study="sc_n", dataset="d", shots=4, setting="SC-1", sizes=1, seed=0,
+                 macro_f1=0.5, accuracy=0.6, ece=0.1)]
+    old = {"ablation.md": b"old table", "ablation.csv": b"old csv"}
+    for name, data in old.items():
+        (tmp_path / name).write_bytes(data)
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ablation_report, "can_plot", lambda: True)
+    monkeypatch.setattr(ablation_report, "_plot_curve", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ablation_report.write_ablation(rows, tmp_path)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == old
