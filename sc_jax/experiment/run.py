@@ -456,7 +456,7 @@ def _write_outputs(out: Path, data: dict, records: list | None, parts: Parts, ti
     including the report's own time (``timing()``: the run's so far)."""
     t = time.perf_counter()
     if progress:
-        log.info("writing results.json, the tables and plots into %s", out)
+        log.info("writing the tables and plots into %s", out)
     plain, packed = samples.sample_paths(out)
     with Staging(out) as stage:
         if records is not None:
