@@ -17,8 +17,8 @@ import jax
 
 from sc_jax.calibration.solvers.batching import threads_from_env
 from sc_jax.cli.parser import build_parser
-from sc_jax.experiment.task_loading import DataUnavailableError
 from sc_jax.experiment import staging
+from sc_jax.experiment.task_loading import DataUnavailableError
 from sc_jax.experiment.store import probe_writable
 from sc_jax.runtime.multihost import initialize_distributed, is_writer
 from sc_jax.runtime.wheel_files import WheelFileError
