@@ -12,6 +12,7 @@ matplotlib is optional (:func:`can_plot`) and loads on the first plot.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import textwrap
 import threading
@@ -32,8 +33,8 @@ _warming: threading.Thread | None = None
 def warm_up() -> None:
     """Import matplotlib and its PNG, PDF and SVG writers and load its font, in a
     background thread, so that a run's report does not pay for them at its end (about
-    half a second on a fast core, more on a busy one): a run calls this when it starts,
-    and the import overlaps its loading and scoring. :func:`can_plot` waits for it.
+    half a second on a fast core, more on a busy one): a run calls this once its model
+    is loaded, and the import overlaps its scoring. :func:`can_plot` waits for it.
     Without matplotlib it does nothing (:func:`can_plot` says so)."""
     global _warming
     if _warming is None:
@@ -42,16 +43,16 @@ def warm_up() -> None:
 
 
 def _warm() -> None:
-    try:
+    # Any failure here is the plots' own, and they raise it where they are drawn.
+    with contextlib.suppress(Exception):
         import matplotlib.backends.backend_pdf  # noqa: F401, PLC0415  (plotting only)
-        import matplotlib.backends.backend_svg  # noqa: F401, PLC0415
-        from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
-        from matplotlib.figure import Figure  # noqa: PLC0415
-    except ImportError:
-        return
-    fig = Figure(figsize=(1, 1))
-    fig.text(0.5, 0.5, "0")
-    FigureCanvasAgg(fig).draw()  # loads the font the figures' text is set in
+        import matplotlib.backends.backend_svg  # noqa: F401, PLC0415  (plotting only)
+        from matplotlib.backends import backend_agg  # noqa: PLC0415  (plotting only)
+        from matplotlib.figure import Figure  # noqa: PLC0415  (plotting only)
+
+        fig = Figure(figsize=(1, 1))
+        fig.text(0.5, 0.5, "0")
+        backend_agg.FigureCanvasAgg(fig).draw()  # loads the font the figures' text is set in
 
 
 def can_plot() -> bool:
