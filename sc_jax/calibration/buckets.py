@@ -10,13 +10,14 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from sc_jax.calibration.objective import Problem
 from sc_jax.calibration.validation import check_problem
 
-__all__ = ["SMALL_BUCKET_ROWS", "checked_dtype", "pack_batch", "pack_buckets"]
+__all__ = ["SMALL_BUCKET_ROWS", "bucket_rows", "checked_dtype", "pack_batch", "pack_buckets"]
 
 
 def checked_dtype(dtype):
@@ -40,14 +41,30 @@ def _bucket_queries(g: int) -> int:
     return max(8, 1 << max(g - 1, 0).bit_length())
 
 
-def pack_batch(problems: Sequence[tuple], dtype="float32") -> tuple[Problem, list[int]]:
+def bucket_rows(n: int) -> int:
+    """The padded row count of a problem of ``n`` rows in :func:`pack_buckets`:
+    ``SMALL_BUCKET_ROWS`` up to that many rows, else a multiple of 1/4 of the next
+    lower power of two (<= 25% padding; 4 buckets per octave). A bucket is a compiled
+    solver, and the persistent compilation cache serves any later batch whose buckets
+    it has seen, so the buckets depend on the row count alone, never on the other
+    problems of a batch. A run's surrogate data (k = 4, 8, 16; budget 5,000 rows) fall
+    in four of them: 512, 1,792, 3,584 and 5,120 rows."""
+    if n <= SMALL_BUCKET_ROWS:
+        return SMALL_BUCKET_ROWS
+    step = 1 << (int(n).bit_length() - 3)
+    return -(-n // step) * step
+
+
+def pack_batch(problems: Sequence[tuple], dtype="float32", rows: int | None = None
+               ) -> tuple[Problem, list[int]]:
     """Validate and pad ``[(features, labels, query_ids), ...]`` into one batched
     :class:`Problem` with a leading ``[B]`` axis.
 
-    Rows are padded to a bucketed common N with mask 0, query ids are renumbered to
-    0..G-1 per problem and G is bucketed, so batches whose sizes fall in the same
-    buckets reuse one compilation. Returns the problem and each problem's row count.
-    Must be called (and its result used) under x64 for float64.
+    Rows are padded to a bucketed common N with mask 0 (``rows``, where given and at
+    least the largest row count), query ids are renumbered to 0..G-1 per problem and G
+    is bucketed, so batches whose sizes fall in the same buckets reuse one
+    compilation. Returns the problem and each problem's row count. Must be called
+    (and its result used) under x64 for float64.
     """
     dtype = checked_dtype(dtype)
     if len(problems) == 0:
@@ -63,7 +80,7 @@ def pack_batch(problems: Sequence[tuple], dtype="float32") -> tuple[Problem, lis
                          f"got n-1 in {sorted(n1)}; batch each class count separately")
     n1 = n1.pop()
     sizes = [x.shape[0] for x, _, _ in checked]
-    n_pad = _bucket_rows(max(sizes))
+    n_pad = max(_bucket_rows(max(sizes)) if rows is None else rows, max(sizes))
     remapped = [np.unique(g, return_inverse=True)[1].reshape(-1) for _, _, g in checked]
     g_pad = _bucket_queries(max(int(r.max()) + 1 for r in remapped))
     b = len(checked)
@@ -74,38 +91,41 @@ def pack_batch(problems: Sequence[tuple], dtype="float32") -> tuple[Problem, lis
     for k, ((x, y, _), g) in enumerate(zip(checked, remapped)):
         n = x.shape[0]
         feats[k, :n], labels[k, :n], qids[k, :n], mask[k, :n] = x, y, g, 1.0
+    # Cast on the host and put, not jnp.asarray: that compiles a conversion (or
+    # staging) program per array shape, i.e. per problem count.
     problem = Problem(
-        features=jnp.asarray(feats, dtype),
-        labels=jnp.asarray(labels),
-        query_ids=jnp.asarray(qids),
-        mask=jnp.asarray(mask, dtype),
+        features=jax.device_put(feats.astype(dtype)),
+        labels=jax.device_put(labels),
+        query_ids=jax.device_put(qids),
+        mask=jax.device_put(mask.astype(dtype)),
         num_queries=g_pad,
     )
     return problem, sizes
 
 
-# Problems of at most this many rows share one bucket, padded to the largest of them.
-# Each bucket adds its own copies of the evaluations of f to the solver's compilation
-# (the loop itself is compiled once, solvers.solve_slots): 0.8 s for a 1,792-row
-# bucket, 1.7 s for 20,480 rows on the 2-core CPU, while padding a small problem costs
-# microseconds per evaluation. When every bucket had its own copy of the whole loop,
-# sharing the k = 8 batch's 56- and 336-row buckets took its cold call (compile + run,
-# bench_cold_call.py) from 9.2-9.8 s to 7.7-8.2 s; sharing up to 2,048 rows (1,680 at
-# k = 8) saved 1.3 s more but made the n = 3 benchmark batch's run 20-25% slower.
+# Problems of at most this many rows share one bucket, padded to this many rows.
+# Each bucket is a compiled solver of its own (0.8 s of XLA compile for a 1,792-row
+# bucket when buckets shared one loop, more as a program of its own), while padding a
+# small problem costs microseconds per evaluation. Sharing the k = 8 batch's 56- and
+# 336-row buckets took its cold call (compile + run, bench_cold_call.py) from 9.2-9.8
+# s to 7.7-8.2 s; sharing up to 2,048 rows (1,680 at k = 8) saved 1.3 s more but made
+# the n = 3 benchmark batch's run 20-25% slower.
 SMALL_BUCKET_ROWS = 512
 
 
 def pack_buckets(problems: Sequence[tuple], dtype="float32"
                  ) -> tuple[list[list[int]], list[Problem], list[int]]:
-    """Group problems by padded row count (:func:`_bucket_rows`) and pack each group
-    with :func:`pack_batch`; all problems of at most ``SMALL_BUCKET_ROWS`` rows go
-    to one group.
+    """Group problems by padded row count (:func:`bucket_rows`) and pack each group
+    with :func:`pack_batch` to that row count; all problems of at most
+    ``SMALL_BUCKET_ROWS`` rows go to one group.
 
     Returns (indices per bucket into ``problems``, one batched :class:`Problem` per
     bucket, each problem's row count). Buckets are ordered by padded N; k = 8
     surrogate data of sizes 1..5 (56 to 20,160 rows) give four buckets (56 and 336
     rows share one), where one common padding would make every problem cost 20,480
-    rows.
+    rows. A bucket's shape depends on its own problems only (rows from
+    :func:`bucket_rows`, query ids bucketed to a power of two); the solver pads the
+    problem count (:func:`sc_jax.calibration.solvers.batching.run_parts`).
     """
     if len(problems) == 0:
         raise ValueError("no problems to fit")
@@ -113,14 +133,11 @@ def pack_buckets(problems: Sequence[tuple], dtype="float32"
     for k, prob in enumerate(problems):
         # Malformed tuples go to one bucket, where pack_batch reports them clearly.
         rows = np.shape(prob[1])[0] if len(prob) == 3 and np.ndim(prob[1]) >= 1 else 0
-        groups.setdefault(_bucket_rows(rows), []).append(k)
-    small = sorted(key for key in groups if key <= SMALL_BUCKET_ROWS)
-    for key in small[:-1]:
-        groups[small[-1]] += groups.pop(key)
+        groups.setdefault(bucket_rows(rows), []).append(k)
     indices, packed, sizes = [], [], [0] * len(problems)
     for key in sorted(groups):
         idx = groups[key]
-        prob, rows = pack_batch([problems[k] for k in idx], dtype)
+        prob, rows = pack_batch([problems[k] for k in idx], dtype, rows=key)
         indices.append(idx)
         packed.append(prob)
         for k, r in zip(idx, rows):

@@ -1,14 +1,14 @@
-"""Supervised Calibration (SC) fitted from NumPy arrays, many problems in one compiled call.
+"""Supervised Calibration (SC) fitted from NumPy arrays, many problems per compiled program.
 
 Fitting (paper Algorithm 2, Part 1). For each context size i the surrogate data of
 Algorithm 1 are log-odds features ``[N, n-1]`` (``m_c = log p_c / p_0``), labels
 ``[N]`` and query ids ``[N]``; :func:`fit` solves Eq. final_opt_problem for one size
-and :func:`fit_batch` for many (all sizes x seeds, and datasets with the same n) in one
-compiled call::
+and :func:`fit_batch` for many (all sizes x seeds, and datasets with the same n), one
+compiled program per row bucket::
 
     res = fit(features, labels, query_ids)                 # tau from Appendix A
     res = fit(features, labels, query_ids, tau=0.9, solver="projected")
-    fits = fit_batch([(X1, y1, g1), (X2, y2, g2), ...])   # one compiled call
+    fits = fit_batch([(X1, y1, g1), (X2, y2, g2), ...])   # one program per row bucket
     proba = predict_proba(fits, [F1, F2, ...])            # F_i: [m_i, T, n-1]
 
 Defaults and where they come from:
@@ -210,7 +210,7 @@ def _fit_scipy(packed: Problem, sizes: list[int], lams, taus, accs, *, sc_star,
 def _fit_packed(problems: Sequence[tuple], lams: list, taus: list, *, solver, sc_star,
                 dtype, options, bucketed, batch_size, threads, device) -> list[FitResult]:
     """Problems of one class count and one start count: packed, tau filled in from
-    the schedule, solved in one compiled call (a loop for "scipy") on the device
+    the schedule, solved per row bucket (a loop for "scipy") on the device
     :func:`sc_jax.calibration.solvers.batching.fit_device` picks, unpacked."""
     dtype = checked_dtype(jnp.float64 if solver == "scipy" else dtype)
     with jax.enable_x64(dtype == jnp.float64):
@@ -224,8 +224,8 @@ def _fit_packed(problems: Sequence[tuple], lams: list, taus: list, *, solver, sc
         starts = (options.num_starts if solver == "augmented_lagrangian" and options is not None
                   else 1)
         sols = solvers.solve_batch(
-            packed, [jnp.asarray([lams[k] for k in idx], dtype) for idx in indices],
-            [jnp.asarray([taus[k] for k in idx], dtype) for idx in indices],
+            packed, [np.asarray([lams[k] for k in idx], dtype) for idx in indices],
+            [np.asarray([taus[k] for k in idx], dtype) for idx in indices],
             method=solver, sc_star=sc_star, options=options, batch_size=batch_size,
             threads=threads, device=fit_device(device, packed, starts))
         sols = jax.device_get(sols)
@@ -243,8 +243,9 @@ def fit_batch(problems: Sequence[tuple], *, lambda_inv=DEFAULT_LAMBDA_INV, tau=N
               bucketed: bool = True, batch_size: int | None = None,
               threads: int | None = None, guard: str = "none",
               device="auto") -> list[FitResult]:
-    """Fit many SC problems of one class count in ONE compiled call (``jit`` of a
-    ``vmap`` per row bucket).
+    """Fit many SC problems of one class count, one compiled program per row bucket
+    (:func:`sc_jax.calibration.solvers.batching.run_parts`), shaped by buckets only,
+    so that later batches of other counts and sizes reuse the programs.
 
     problems: ``[(features [N_j, n-1], labels [N_j], query_ids [N_j]), ...]``, e.g.
         every context size x seed (x dataset with the same n).
@@ -253,16 +254,15 @@ def fit_batch(problems: Sequence[tuple], *, lambda_inv=DEFAULT_LAMBDA_INV, tau=N
         accuracy. Neither triggers a recompilation.
     solver: "augmented_lagrangian" | "projected" (batched) | "scipy" (a loop of
         trust-constr solves, float64).
-    bucketed: group the problems by padded row count, one vmap per group inside the
-        one compiled call (:func:`.buckets.pack_buckets`). Under vmap each instance
+    bucketed: group the problems by padded row count, one compiled program per group
+        (:func:`.buckets.pack_buckets`). Under vmap each instance
         costs the group's padded N times the group's largest iteration count, so mixing a
         56-row and a 20,160-row problem makes the small one as dear as the large one
         and lets one hard instance hold up all the others: on the k = 8, n = 4
         benchmark batch (25 problems, float32, 2-core CPU) bucketing was 15x
         (augmented Lagrangian) and 94x (projected) faster. It compiles one solver
-        per bucket (25-43 s in all for the augmented Lagrangian's five buckets on
-        that CPU, once per process and shape set).
-        ``False`` pads every problem to the largest N in one vmap. Both give the
+        per bucket, once per machine with the persistent compilation cache.
+        ``False`` pads every problem to the largest N, one program. Both give the
         same solutions (a test compares them).
     batch_size: instances solved in lockstep by one vmap (see
         :func:`sc_jax.calibration.solvers.resolve_batch_size`). ``None``: 1 on CPU, where the

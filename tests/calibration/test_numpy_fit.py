@@ -4,6 +4,8 @@ ensemble, compile counting and input validation. Runs in float32 (the default)."
 import dataclasses
 import math
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -12,6 +14,10 @@ from sc_jax.calibration import baselines
 from sc_jax.calibration import buckets, defaults, numpy_fit, numpy_predict
 
 from sc_jax.experiment import metrics
+from sc_jax.experiment.config import RunConfig
+from sc_jax.experiment.jobs import SeedScores
+from sc_jax.experiment.methods import fit_sc
+from sc_jax.runtime.timing import CompileMeter
 
 from sc_jax.calibration import solvers
 
@@ -173,7 +179,7 @@ def test_compilations_do_not_grow_with_batch_contents():
     before = dict(solvers.trace_counts)
     fit_batch(sur, solver="projected")
     first = solvers.trace_counts["projected"] - before["projected"]
-    assert first <= 1
+    assert first <= 2  # one program per row bucket: 512 (56, 336 rows) and 1,792
     # New data, new taus and lambdas, other row counts in the same bucket, other query
     # ids: no recompilation.
     other = list(World((0.7, 1.2), 4).surrogate(8, (1, 2, 3)).values())
@@ -248,33 +254,81 @@ def test_bad_input_is_rejected_before_any_solve(monkeypatch):
             fit_batch([(x, y, g)] * 2, batch_size=bad)
 
 
-def test_bucketed_equals_padded():
-    # The fast path (one vmap per padded row count, fit_batch's default) against the
-    # plain one (every problem padded to the largest N in one vmap): the same
-    # problems, so the same optima and statuses. Padding changes only the summation
-    # order, so iterates may part in the last bits: objectives to 1e-10, calibrated
-    # probabilities of the rows to 1e-6. Classes overlap (s = 1, row noise 1) so that
-    # every optimum is finite: on separable data the scale drifts along a flat
-    # direction and two runs stop at different points of it.
+def test_bucketed_equals_padded_and_unbucketed():
+    # The fast path (fit_batch's default: one compiled call per row bucket and
+    # instance, batching.run_parts) and the vmapped one (parts of a bucket padded to a
+    # power-of-two count with filler instances) against the plain ones: every problem
+    # padded to the largest N (bucketed=False) and the unbucketed fit, one program
+    # over the batch as given (no count buckets, no fillers; solve_batch under jit).
+    # The same problems, so the same optima and statuses. Padding changes only the
+    # summation order (float64), so iterates may part in the last bits: objectives
+    # to 1e-10, parameters to 1e-7 and calibrated probabilities to 1e-8. Classes
+    # overlap (s = 1, row noise 1) so that every optimum is finite: on separable
+    # data the scale drifts along a flat direction and two runs stop at different
+    # points of it.
     problems = []
     for seed in (0, 1):
         world = synthetic.World(3, (1.0, 0.6), s=1.0, row_sd=1.0, seed=seed)
         problems += list(world.surrogate(8, (1, 2, 3)).values())
     taus = [0.99, -1.0, 0.95, 0.9, 0.999, -1.0]
     lams = [0.1, 0.0, 1.0, 0.1, 0.0, 0.1]
-    bucketed = fit_batch(problems, tau=taus, lambda_inv=lams, dtype="float64")
-    padded = fit_batch(problems, tau=taus, lambda_inv=lams, dtype="float64", bucketed=False)
+    options = solvers.SolverOptions()  # one start at every lambda_inv: comparable paths
+    settings = dict(tau=taus, lambda_inv=lams, dtype="float64", options=options)
+    bucketed = fit_batch(problems, **settings)
+    padded = fit_batch(problems, bucketed=False, **settings)
+    vmapped = fit_batch(problems, batch_size=None, threads=3, **settings)
+    with jax.enable_x64(True):
+        one, _ = buckets.pack_batch(problems, "float64")
+        plain = jax.jit(lambda p, lam, tau: solvers.solve_batch(p, lam, tau, options=options))(
+            one, jnp.asarray(lams), jnp.asarray(taus))
     assert [f.num_rows for f in bucketed] == [56, 336, 1680] * 2
-    # Problems of at most SMALL_BUCKET_ROWS share one bucket (one compiled solver
-    # piece fewer): 56 and 336 rows padded to 352, 1,680 to 1,792.
+    # Problems of at most SMALL_BUCKET_ROWS share one bucket of that many rows (one
+    # compiled solver fewer): 56 and 336 rows padded to 512, 1,680 to 1,792.
     indices, packed, _ = buckets.pack_buckets(problems)
-    assert [p.features.shape[:2] for p in packed] == [(4, 352), (2, 1792)]
+    assert [p.features.shape[:2] for p in packed] == [(4, 512), (2, 1792)]
     assert sorted(sum(indices, [])) == list(range(6)) and indices[1] == [2, 5]
-    for a, b in zip(bucketed, padded):
-        assert a.status == b.status == Status.CONVERGED
-        assert abs(a.objective - b.objective) <= 1e-10 * abs(b.objective)
-    for (x, _, _), a, b in zip(problems, bucketed, padded):
-        np.testing.assert_allclose(a.predict_proba(x), b.predict_proba(x), atol=1e-6)
+    for k, (a, b, c) in enumerate(zip(bucketed, padded, vmapped)):
+        ref = float(plain.objective[k])
+        assert a.status == b.status == c.status == int(plain.status[k]) == Status.CONVERGED
+        for f in (a, b, c):
+            assert abs(f.objective - ref) <= 1e-10 * abs(ref)
+            np.testing.assert_allclose(f.b, plain.params.b[k], rtol=0, atol=1e-7)
+            np.testing.assert_allclose(f.w, plain.params.w[k], rtol=0, atol=1e-7)
+    for (x, _, _), a, b, c in zip(problems, bucketed, padded, vmapped):
+        np.testing.assert_allclose(a.predict_proba(x), b.predict_proba(x), atol=1e-8)
+        np.testing.assert_allclose(a.predict_proba(x), c.predict_proba(x), atol=1e-8)
+
+
+def _seed_scores(seed: int) -> SeedScores:
+    """What a run's fit reads of one seed's scores: the surrogate log-probs of sizes
+    1..3 at k = 8 (n = 2), their row counts cut as a surrogate budget would, by seed."""
+    sur = synthetic.World(2, (1.0,), seed=seed).surrogate(8, (1, 2, 3))
+    cut = {1: 56, 2: 336 - 7 * seed, 3: 1680 - 13 * seed}  # rows: in the same buckets
+    surrogate = {}
+    for i, (x, y, g) in sur.items():
+        logp = -np.logaddexp(0.0, np.concatenate([x, -x], axis=1))  # log softmax([0, m])
+        surrogate[i] = (logp[:cut[i]], y[:cut[i]], g[:cut[i]])
+    empty = np.zeros((1, 2))
+    return SeedScores(empty, empty, empty, surrogate, {}, np.zeros(1, int))
+
+
+def test_later_runs_with_more_seeds_compile_no_fit_program():
+    """A run's fits (every SC / SC* fit of a (dataset, k), as run.py makes them) for 2
+    and then 3 seeds, after those of 1 seed: more problems, other row counts in the
+    same row buckets. They compile no program at all: each fit
+    program is shaped by one row bucket and a power-of-two instance count, so the
+    programs of the first run serve them (and, through the persistent compilation
+    cache, a later process)."""
+    scores = {seed: _seed_scores(seed) for seed in range(3)}
+    config = RunConfig(shots=(8,), seeds=(0,), max_size=3)
+    fit_sc(scores, "synthetic", 8, config, 0.1)
+    before = dict(solvers.trace_counts)
+    for seeds in ((0, 1), (0, 1, 2)):
+        with CompileMeter() as meter:
+            fits, _ = fit_sc(scores, "synthetic", 8, dataclasses.replace(config, seeds=seeds), 0.1)
+        assert len(fits["sc"]) == 3 * len(seeds)
+        assert meter.count() == (0, 0), dict(meter.compiled)
+    assert solvers.trace_counts == before
 
 
 def test_guard_fits_bias_only_where_the_surrogate_data_are_below_chance():

@@ -57,7 +57,7 @@ def long_csv(tmp_path):
 def test_run_timing_adds_up_and_later_runs_compile_no_model_program(rt_csv, long_csv, tmp_path):
     """results.json's timing: the parts add up to the wall time within 5%, each seed
     splits into compile, forward and host seconds. A second run with other seeds
-    compiles no model program; a run on another dataset (other lengths, four
+    compiles no model program and no fit program; a run on another dataset (other lengths, four
     classes) at most one."""
     cfg = dict(model="random:tiny-llama", data_files=(("rotten_tomatoes", str(rt_csv)),), shots=(4,),
                seeds=(0,), test_size=6, m_cap=2, budget=30, max_size=2)
@@ -76,6 +76,7 @@ def test_run_timing_adds_up_and_later_runs_compile_no_model_program(rt_csv, long
     second = run_experiment(RunConfig(**dict(cfg, seeds=(3, 4))), tmp_path / "b",
                             progress=False).data["timing"]
     assert COMPILES["packed"] == packed and second["model_programs"] == 0
+    assert [f["programs"] for f in second["fits"]] == [0]  # fit programs: row buckets seen
     assert [s["shape"] for s in second["seeds"]] == [first["seeds"][0]["shape"]] * 2
     other = run_experiment(RunConfig(**dict(cfg, datasets=("ag_news",),
                                             data_files=(("ag_news", str(long_csv)),),

@@ -3,10 +3,13 @@ on CPU, parts of a batch on host threads, the XLA options of the solver program,
 the device a batch is solved on (:func:`fit_device`: small batches on the host CPU).
 
 :func:`solve_batch` runs a JAX solver over a batch padded to one N, or over buckets
-each padded to its own N, in one compiled call. On CPU by default ``jit(lax.map(.))``,
-one instance after another, called on one part of the batch per core from host
-threads (:func:`resolve_batch_size`, :func:`resolve_threads`); the augmented
-Lagrangian then holds one copy of its loop for all buckets (:func:`solve_slots`).
+each padded to its own N, one compiled program per bucket and instance count bucket
+(:func:`run_parts`), so that later batches of other counts and sizes reuse the
+programs. On CPU by default ``jit(lax.map(.))`` over one instance per call, the calls
+made from one host thread per core (:func:`resolve_batch_size`,
+:func:`resolve_threads`). Under a caller's ``jit`` the batch is one program, in which
+the augmented Lagrangian holds one copy of its loop for all buckets
+(:func:`solve_slots`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import contextlib
 import functools
 import math
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence
 
@@ -193,6 +197,29 @@ def split_parts(counts: Sequence[int], rows: Sequence[int], parts: int):
     return slots, assign
 
 
+def bucket_count(count: int) -> int:
+    """Instances per compiled call rounded up to a power of two: the problem-count
+    bucket, so that batches of other sizes reuse the programs compiled for earlier
+    ones."""
+    return 1 << max(int(count) - 1, 0).bit_length()
+
+
+def bucket_calls(count: int, rows: int, batch_size: int | None, threads: int
+                 ) -> tuple[int, list[list[int]]]:
+    """How one bucket of ``count`` instances of ``rows`` padded rows is solved:
+    ``(slots, calls)``, each call the instance indices it solves (at most ``slots``;
+    the rest of its slots are fillers). ``batch_size`` 1 (the CPU default, one
+    instance after another): one call per instance, so the program never depends on
+    the count and host threads take the instances as they free up. Otherwise
+    ``min(count, threads)`` parts (:func:`split_parts`), ``slots`` the part size
+    rounded up by :func:`bucket_count`."""
+    if batch_size == 1:
+        return 1, [[i] for i in range(count)]
+    parts = max(min(count, threads), 1)
+    slots, assign = split_parts([count], [rows], parts)
+    return bucket_count(slots[0]), [a[0] for a in assign if a[0]]
+
+
 # Mutable module state, on purpose: one ThreadPoolExecutor per process and its size,
 # kept across calls (and only grown), since starting and joining threads on every call
 # costs a noticeable share of a small batch's solve.
@@ -209,47 +236,100 @@ def _thread_pool(threads: int) -> ThreadPoolExecutor:
     return _POOL[0]
 
 
-def run_parts(fn, problems: tuple, lambda_invs: tuple, taus: tuple, threads: int,
-              device: jax.Device | None = None):
-    """``fn(problems, lambda_invs, taus)`` computed on one part of every bucket per
-    thread (:func:`split_parts`; no more parts than the largest bucket has
-    instances), the parts at the same time, and reassembled in the input order. A
-    filler is an all-padding instance (mask 0) with lambda_inv 0 and tau -1: it ends
-    after its first evaluation.
+# Mutable module state, on purpose: per program (solver, shapes, device), a lock that
+# the first call holds while it compiles, and whether that call has returned. Two
+# threads calling one jitted function with a new shape at once would both trace and
+# compile it; the second waits instead and then finds it compiled.
+_FIRST_CALLS: dict = {}
+_FIRST_LOCK = threading.Lock()
 
-    Every thread passes the whole batch and its part's instance indices (``take``),
-    and the compiled program gathers its part itself (index ``count`` of a bucket
-    is out of range and gathers the filler's zeros): nothing is copied on the host.
-    Cutting the parts in NumPy on the host copies every array twice, and as op-by-op
-    JAX calls the many small gathers cost more than the whole solve. More, smaller
-    parts taken by threads as they free up would balance unequal instances, but each
-    call has its own cost, which ate that gain on the benchmark batches.
-    ``device``: where the batch is put and solved (None: the default device)."""
-    counts = [int(np.shape(lam)[0]) for lam in lambda_invs]
-    rows = [int(p.features.shape[1]) for p in problems]
-    parts = max(min(max(counts), threads), 1)
-    slots, assign = split_parts(counts, rows, parts)
-    order = [[assign[t][j] + [counts[j]] * (slots[j] - len(assign[t][j]))
-              for j in range(len(counts))] for t in range(parts)]
+
+def _first_call(key) -> threading.Lock | None:
+    """The lock a call of program ``key`` takes, or None once the program has run."""
+    with _FIRST_LOCK:
+        entry = _FIRST_CALLS.setdefault(key, [threading.Lock(), False])
+    return None if entry[1] else entry[0]
+
+
+def _called(key) -> None:
+    _FIRST_CALLS[key][1] = True
+
+
+def _filled(a: np.ndarray, idx: Sequence[int], slots: int, fill) -> np.ndarray:
+    """``a[idx]`` followed by ``fill`` up to ``slots`` entries along axis 0."""
+    out = np.full((slots,) + a.shape[1:], fill, a.dtype)
+    out[:len(idx)] = a[np.asarray(idx, np.int64)]
+    return out
+
+
+def _part(problem: Problem, lam: np.ndarray, tau: np.ndarray, idx, slots: int):
+    """The instances ``idx`` of one bucket and fillers up to ``slots``, on the host: a
+    filler is an all-padding instance (mask 0) with lambda_inv 0 and tau -1, which
+    ends after its first evaluation."""
+    prob = Problem(*(_filled(a, idx, slots, 0) for a in
+                     (problem.features, problem.labels, problem.query_ids, problem.mask)),
+                   problem.num_queries)
+    return prob, _filled(lam, idx, slots, 0), _filled(tau, idx, slots, -1)
+
+
+def run_parts(fn, problems: tuple, lambda_invs: tuple, taus: tuple, threads: int,
+              device: jax.Device | None = None, batch_size: int | None = 1):
+    """``fn`` (a :func:`batched` solver) over buckets of concrete instances, ONE
+    bucket per compiled call, each call of a shape that depends on the bucket's
+    padded rows and query count and on the problem-count bucket only
+    (:func:`bucket_calls`), the instances past a call's count fillers. So a later
+    batch with other counts, other row counts in the same buckets or other buckets
+    in it is served by the programs compiled before (in this process, or on this
+    machine through JAX's persistent compilation cache), where one program over the
+    tuple of buckets was new whenever the tuple changed.
+
+    The calls run on ``threads`` host threads, largest buckets first and each
+    program's first call before the others (a program is compiled once, the
+    threads compiling different buckets' programs at the same time); the results
+    are reassembled in the input order. The parts are cut on the host (NumPy): the
+    batches are small, and as op-by-op JAX gathers they would each compile per
+    batch shape. ``device``: where the calls run (None: the default device);
+    ``batch_size``: the resolved one ``fn`` was built with."""
+    problems = [jax.tree.map(np.asarray, p) for p in problems]
+    lams = [np.asarray(a) for a in lambda_invs]
+    taus = [np.asarray(a) for a in taus]
+    tasks = []
+    for j, (p, lam) in enumerate(zip(problems, lams)):
+        rows = int(p.features.shape[1])
+        slots, calls = bucket_calls(int(lam.shape[0]), rows, batch_size, threads)
+        key = (fn, p.features.shape[1:], p.features.dtype.name, p.num_queries, slots, device)
+        tasks += [(rows, key, j, idx, slots) for idx in calls]
+    # Each program's first call first (the compiles start at once), then largest first.
+    first = {}
+    for i, t in enumerate(tasks):
+        first.setdefault(t[1], i)
+    order = sorted(range(len(tasks)), key=lambda i: (first[tasks[i][1]] != i, -tasks[i][0]))
+    order = [tasks[i] for i in order]
     # jax.enable_x64 and jax.default_device are per thread: the workers take the
     # caller's x64 setting and ``device``.
     x64 = bool(jax.config.jax_enable_x64)
-    # On the device once, so that the threads share the buffers (NumPy inputs would
-    # be copied into every call).
-    problems, lambda_invs, taus = jax.device_put((problems, lambda_invs, taus), device)
 
-    def call(t):
-        take = tuple(np.asarray(order[t][j], np.int32) for j in range(len(counts)))
+    def call(task):
+        _, key, j, idx, slots = task
+        part = _part(problems[j], lams[j], taus[j], idx, slots)
         with jax.enable_x64(x64), _on(device):
-            return jax.device_get(fn(problems, lambda_invs, taus, take))
+            lock = _first_call(key)
+            with lock or contextlib.nullcontext():
+                prob, lam, tau = jax.device_put(part, device)
+                out = jax.device_get(fn((prob,), (lam,), (tau,))[0])
+            _called(key)
+        return jax.tree.map(lambda a: a[:len(idx)], out)
 
-    outs = list(_thread_pool(parts).map(call, range(parts)))
-    merged = []
-    for j, count in enumerate(counts):
-        flat = np.concatenate([order[t][j] for t in range(parts)])
-        where = np.argsort(flat, kind="stable")[:count]  # fillers (index count) last
-        merged.append(jax.tree.map(lambda *a, w=where: np.concatenate(a)[w],
-                                   *[out[j] for out in outs]))
+    outs = (map(call, order) if threads == 1 or len(order) == 1
+            else _thread_pool(threads).map(call, order))
+    merged: list = [None] * len(problems)
+    for (_, _, j, idx, _), out in zip(order, outs):
+        if merged[j] is None:
+            count = lams[j].shape[0]
+            merged[j] = jax.tree.map(lambda a, c=count: np.empty((c,) + a.shape[1:], a.dtype),
+                                     out)
+        for dst, src in zip(jax.tree.leaves(merged[j]), jax.tree.leaves(out)):
+            dst[np.asarray(idx, np.int64)] = src
     return jax.device_put(tuple(merged), device)
 
 
@@ -288,12 +368,24 @@ def compiler_options(backend: str) -> dict:
 @functools.lru_cache(maxsize=None)
 def batched(method: str, sc_star: bool, options: SolverOptions | None,
              batch_size: int | None = None, backend: str = "cpu"):
-    """jit of the solver over a tuple of buckets; ``batch_size`` (resolved, static):
-    None vmaps each bucket whole, k runs ``lax.map`` over chunks of k vmapped
-    instances (k = 1: one instance after another, no vmap; for the augmented
-    Lagrangian all buckets through one copy of its loop, :func:`solve_slots`).
+    """jit of :func:`batch_function` (the solver over a tuple of buckets).
     ``backend``: the platform compiled for, which picks :func:`compiler_options` (for
     the augmented Lagrangian)."""
+    batch = batch_function(method, sc_star, options, batch_size)
+    options_xla = compiler_options(backend) if method == "augmented_lagrangian" else {}
+    return jax.jit(batch, compiler_options=dict(options_xla) or None)
+
+
+@functools.lru_cache(maxsize=None)
+def batch_function(method: str, sc_star: bool, options: SolverOptions | None,
+                   batch_size: int | None = None):
+    """The solver over a tuple of buckets, ``(problems, lambda_invs, taus) -> tuple
+    of Solution``, not jitted (under a caller's ``jit`` it is part of the
+    caller's program, where per-executable compiler options cannot be given).
+    ``batch_size`` (resolved, static): None vmaps each bucket whole, k runs
+    ``lax.map`` over chunks of k vmapped instances (k = 1: one instance after
+    another, no vmap; for the augmented Lagrangian all buckets through one copy of
+    its loop, :func:`solve_slots`)."""
     fn = _JAX_METHODS[method]
     kwargs = {"sc_star": sc_star}
     if options is not None:
@@ -311,25 +403,20 @@ def batched(method: str, sc_star: bool, options: SolverOptions | None,
         return jax.lax.map(lambda a: one(*a), (p, lam, t),
                            batch_size=None if batch_size == 1 else batch_size)
 
-    def batch(problems, lambda_invs, taus, take=None):
+    def batch(problems, lambda_invs, taus):
         # A tuple of buckets, each its own vmap or map (and so its own while_loops)
-        # inside the one compiled program. ``take``: per bucket, the instances to
-        # solve (a part, see run_parts); an index past the bucket's end gathers
-        # zeros, a filler (all padding) with lambda_inv 0, and tau is set to -1.
+        # inside the one program (run_parts passes one bucket per call).
         trace_counts[method] += 1  # runs only while tracing
         if method == "augmented_lagrangian" and batch_size == 1:
-            return solve_slots(problems, lambda_invs, taus, take, sc_star=sc_star,
+            return solve_slots(problems, lambda_invs, taus, None, sc_star=sc_star,
                                 options=options or SolverOptions())
-        if take is not None:
-            problems, lambda_invs, taus = gather_parts(problems, lambda_invs, taus, take)
         return tuple(bucket(p, lam, t) for p, lam, t in zip(problems, lambda_invs, taus))
 
-    options_xla = compiler_options(backend) if method == "augmented_lagrangian" else {}
-    return jax.jit(batch, compiler_options=dict(options_xla) or None)
+    return batch
 
 
 def gather_parts(problems: tuple, lambda_invs: tuple, taus: tuple, take: tuple):
-    """Per bucket, the instances ``take[j]`` (a part, see :func:`run_parts`); an
+    """Per bucket, the instances ``take[j]`` (a part of the bucket); an
     index past the bucket's end gathers zeros, a filler (all padding) with
     lambda_inv 0 and tau -1."""
     def part(a, k, fill=0):
@@ -414,31 +501,32 @@ def solve_batch(problem: Problem | Sequence[Problem], lambda_inv, tau, *,
                 options: SolverOptions | None = None, batch_size: int | None = None,
                 threads: int | None = None, device: jax.Device | None = None):
     """``jit(vmap(method))`` over a batch: every array of ``problem`` has a leading
-    ``[B]`` axis, ``lambda_inv`` and ``tau`` are ``[B]``. One compilation per (shapes,
-    dtype, num_queries, method, sc_star, options, batch_size); data, lambda_inv and tau
-    are traced, so changing them never recompiles. Padded rows must have mask 0.
+    ``[B]`` axis, ``lambda_inv`` and ``tau`` are ``[B]``. One compilation per (padded
+    rows, num_queries, dtype, instances per call, method, sc_star, options,
+    batch_size); data, lambda_inv, tau and B itself are not part of it
+    (:func:`run_parts`), so changing them never recompiles. Padded rows must have
+    mask 0.
 
     batch_size: instances per vmap (:func:`resolve_batch_size`; None: 1 on CPU, all
-    on accelerators). With k < B the batch runs as ``lax.map`` over chunks of k, still
-    in the one compiled call; every choice gives the same solutions (a test compares
-    them), only the speed differs.
+    on accelerators). With k < B the batch runs as ``lax.map`` over chunks of k;
+    every choice gives the same solutions (a test compares them), only the speed
+    differs.
 
     ``problem`` may also be a sequence of batched problems (buckets, each padded to
     its own N), with ``lambda_inv`` and ``tau`` sequences of matching ``[B_j]``
-    arrays: each bucket is vmapped on its own inside the ONE compiled call and a
-    tuple of :class:`Solution` is returned (with ``batch_size`` 1, the CPU default,
-    the augmented Lagrangian solves every bucket with one copy of its loop:
-    :func:`solve_slots`; the same solutions, a test compares them). Under vmap
-    every instance pays for the
-    batch's padded N and for its slowest instance's iterations, so grouping problems
-    of similar size saves both (see ``sc_jax.calibration.numpy_fit.fit_batch``).
+    arrays: each bucket is solved by a compiled program of its own and a tuple of
+    :class:`Solution` is returned. Under a caller's ``jit`` (traced arguments) all
+    buckets are part of the caller's program instead (with ``batch_size`` 1, the CPU
+    default, the augmented Lagrangian then solves every bucket with one copy of its
+    loop: :func:`solve_slots`; the same solutions, a test compares them). Under vmap
+    every instance pays for the batch's padded N and for its slowest instance's
+    iterations, so grouping problems of similar size saves both (see
+    ``sc_jax.calibration.numpy_fit.fit_batch``).
 
-    threads: host threads that each solve a part of the batch (:func:`resolve_threads`;
-    None: on CPU one per core, else 1). The parts share one shape, so one compiled
-    program serves them (:func:`split_parts`); the solutions are the same as
-    with ``threads=1`` (a test compares them). Under ``jit`` (traced arguments) the
-    batch is one call, and so is a multi-start batch (``options.num_starts`` > 1),
-    whose concurrent calls can deadlock in XLA's CPU thread pool.
+    threads: host threads that make the calls (:func:`resolve_threads`; None: on CPU
+    one per core, else 1); the solutions are the same as with ``threads=1`` (a test
+    compares them). A multi-start batch (``options.num_starts`` > 1) runs on one
+    thread: concurrent calls can deadlock in XLA's CPU thread pool.
 
     device: where the batch is solved (:func:`fit_device` chooses one); None: JAX's
     default device, as the inputs are. Otherwise the inputs are put on ``device``
@@ -460,8 +548,8 @@ def solve_batch(problem: Problem | Sequence[Problem], lambda_inv, tau, *,
         # used after the compile, and took 50 s on one). It is a known XLA CPU hang
         # on vmapped programs, avoided elsewhere with
         # --xla_cpu_multi_thread_eigen=false, a flag a library must not set for its
-        # user. So a multi-start batch is one call; the vmap over its starts keeps
-        # the cores busy.
+        # user. So a multi-start batch's calls are made one after another; the vmap
+        # over its starts keeps the cores busy.
         threads = 1
     single = isinstance(problem, Problem)
     if single:
@@ -474,13 +562,10 @@ def solve_batch(problem: Problem | Sequence[Problem], lambda_inv, tau, *,
     traced = any(isinstance(a, jax.core.Tracer) for a in leaves)
     if device is not None and traced:
         raise ValueError("device is for concrete inputs; under jit the caller places them")
-    many = max(int(np.shape(lam)[0]) for lam in lambda_inv) > 1
-    with _on(device):
-        if threads > 1 and many and not traced:
-            out = run_parts(fn, problem, tuple(jnp.asarray(a) for a in lambda_inv),
-                            tuple(jnp.asarray(a) for a in tau), threads, device)
-        else:
-            if device is not None:
-                problem, lambda_inv, tau = jax.device_put((problem, lambda_inv, tau), device)
-            out = fn(problem, lambda_inv, tau)
+    if traced:  # the caller's program: every bucket in it
+        out = batch_function(method, sc_star, options,
+                             resolve_batch_size(batch_size, backend))(problem, lambda_inv, tau)
+    else:
+        out = run_parts(fn, problem, lambda_inv, tau, threads, device,
+                        resolve_batch_size(batch_size, backend))
     return out[0] if single else out
