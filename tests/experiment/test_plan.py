@@ -36,6 +36,7 @@ from sc_jax.models.config import ModelConfig, preset, preset_hf_config
 from sc_jax.scoring.enumeration import all_contexts, surrogate_pairs
 from sc_jax.experiment.config import RunConfig
 from sc_jax.scoring.memory import MemoryPolicy, PlanError, weight_bytes
+from sc_jax.scoring.packing import row_ladder
 from sc_jax.models.sources import load_config_and_tokenizer
 from sc_jax.models.named_models import MODELS, ModelFetchError, cache_root, tokenizer_file
 from sc_jax.scoring.prompts import TEMPLATES, Template, build_pieces
@@ -91,8 +92,9 @@ def test_schedule_is_the_engines():
     st = result.stats
     assert (r["calls"], r["unique_tokens"], r["executed_tokens"], r["programs"]) == \
         (st.calls, st.tokens, st.padded_tokens, st.programs)
-    assert p.schedule.shape == st.shape and r["executed_tokens"] == st.calls * st.shape.B * st.shape.W
-    assert len(p.schedule.chunks) > 1 and st.programs == 1 and len(r["depths"]) == k + 1
+    assert p.schedule.shape == st.shape
+    assert r["executed_tokens"] == sum(sh.B for *_, sh in p.schedule.calls()) * st.shape.W
+    assert len(p.schedule.chunks) > 1 and st.programs == len(p.schedule.shapes) and len(r["depths"]) == k + 1
     # Stages add up; depth 1 holds segments only, the last stage (after the full
     # context) query rows only.
     for key in ("calls", "unique_tokens", "executed_tokens", "padding_tokens"):
@@ -124,7 +126,7 @@ def test_cost_model_counts_the_keys_the_device_scores(platform):
     sched, sh = p.schedule, p.schedule.shape
     tok = _Tokens(pieces, "first_token")
     bq, bk = BLOCKS[platform]
-    for _, st, r0 in sched.calls():
+    for _, st, r0, sh in sched.calls():
         a = call_arrays(tok, sh, st, r0)
         slot_of_key = np.full(sh.cache, -1)
         slot_of_key[:st.m * st.S] = np.repeat(np.arange(st.m), st.S)
@@ -245,13 +247,14 @@ def test_cli_plan_writes_json(data_dir, tmp_path, capsys):
     assert p["attention"] == "blocked" and "measured on this cpu" in p["attention_source"]
     assert s["executed_tokens"] == s["unique_tokens"] + s["padding_tokens"]
     assert s["executed_per_unique"] == pytest.approx(s["executed_tokens"] / s["unique_tokens"])
-    assert s["executed_tokens"] == s["calls"] * s["shape"]["B"] * s["shape"]["W"]
+    assert s["executed_tokens"] == sum(int(b) * n for b, n in s["call_sizes"].items()) * s["shape"]["W"]
+    assert sum(s["call_sizes"].values()) == s["calls"] and str(s["shape"]["B"]) in s["call_sizes"]
     assert s["peak_bytes"] == s["weight_bytes"] + s["cache_bytes"] + s["temp_bytes"]
-    # Every stage's tokens and calls add up to the setting's; one model program, whose
-    # cached keys hold every stage's slots.
+    # Every stage's tokens and calls add up to the setting's; one model program per call
+    # size, whose cached keys hold every stage's slots.
     for key in ("unique_tokens", "executed_tokens", "padding_tokens", "calls"):
         assert sum(st[key] for st in s["depths"].values()) == s[key], key
-    assert s["programs"] == 1 and s["xla_program"]["cache"] == s["shape"]["cache"]
+    assert 1 <= s["programs"] <= 3 and s["xla_program"]["cache"] == s["shape"]["cache"]
     assert all(st["m"] * st["S"] <= s["shape"]["cache"] for st in s["depths"].values())
     assert sum(s["job_pairs"].values()) == s["pairs"] and "surrogate1" in s["job_pairs"]
     assert p["budget_bytes"] == 2 * GIB and p["seeds"] == 2 and p["programs"] == s["programs"]
@@ -424,7 +427,7 @@ def test_compile_seconds_of_the_one_model_program():
     c = xla_costs.compile_seconds(cfg, np.float32, sh, measured=measured, mode="first_token")
     assert c["programs"] == len(measured) == 1 and c["compile_seconds"] > 0
     other = schedule(texts[4:], ("bad", "good", "so-so"))
-    assert other.programs == {sh.program}
+    assert other.programs == {s.program for s in row_ladder(sh)}
     again = xla_costs.compile_seconds(cfg, np.float32, other.shape, measured=measured, mode="first_token")
     assert again["programs"] == 0 and len(measured) == 1
     seq = xla_costs.compile_seconds(cfg, np.float32, sh, measured=measured, mode="sequence")
