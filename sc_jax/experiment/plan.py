@@ -153,10 +153,10 @@ def plan_run(run_config, *, peak_flops: float | None = None, mfu: float = 0.4, x
     ``pairs`` (``job_pairs``: per job tag), ``unique_tokens`` (what the trie
     computes), ``executed_tokens`` (calls x B x W, what the device runs),
     ``padding_tokens`` (their difference), ``flat_tokens`` (full prompts), FLOPs,
-    ``calls``, ``chunks``, the call ``shape``
-    (B, W, cache, R, C, labels), the distinct model ``programs`` (one), the planned
-    ``peak_bytes`` and its parts (``weight_bytes``, ``cache_bytes`` for the resident
-    trie levels, ``temp_bytes`` for one call), per depth (``depths``, by
+    ``calls`` (``call_sizes``: rows per call -> calls), ``chunks``, the largest call
+    ``shape`` (B, W, cache, R, labels), the distinct model ``programs`` (one per call
+    size), the planned ``peak_bytes`` and its parts (``weight_bytes``, ``cache_bytes``
+    for the resident token pool, ``temp_bytes`` for one call), per depth (``depths``, by
     :func:`sc_jax.scoring.costs.depth_name`) the same token counts (:func:`replay`), and:
 
     * ``xla=True``: XLA's ``xla_peak_bytes`` for the model program and the plan's

@@ -8,16 +8,17 @@ tokens, as packed training does: a row holds several items end to end; each item
 attends to its own tokens (causally) and to the cached keys of its own node. A row's
 cache holds up to ``m`` nodes side by side (slots), so the items of nodes with few
 items share rows; a node with many items (a test-time context and its hundreds of
-queries) fills rows of its own. ``B`` rows make one call. The padding left is the
-end of each row and the rows of each depth's last call: with ``W`` a few times the
-longest item and a few dozen calls per depth, a few percent of the unique tokens.
+queries) fills rows of its own. ``B`` rows make one call, or ``B / 2`` or ``B / 4``
+(:func:`row_ladder`, :func:`split_rows`). The padding left is the end of each row
+and less than ``B / 4`` rows per depth: with ``W`` a few times the longest item, a
+few percent of the unique tokens.
 
-Shapes: every call of every schedule made under one memory policy has the same ``B``,
-``W``, ``R`` and ``cache`` (cached keys per row, :class:`PackShape`): the shape
-depends on the model, its dtype, the memory budget and the mesh
-(:func:`sc_jax.scoring.memory.call_shape`), not on the seed or the dataset, so a run
-compiles ONE model program, and a second run on the same machine finds it in the
-persistent compilation cache. What varies per depth is how a row's ``cache`` keys are
+Shapes: every call of every schedule made under one memory policy has the same ``W``,
+``cache`` (cached keys per row) and label rows, and one of three ``B`` with their
+``R`` (:class:`PackShape`): the shapes depend on the model, its dtype, the memory
+budget and the mesh (:func:`sc_jax.scoring.memory.call_shape`), not on the seed or
+the dataset, so a run compiles three model programs, whatever the data, and a second
+run on the same machine finds them in the persistent compilation cache. What varies per depth is how a row's ``cache`` keys are
 cut into slots: depth d's items read level d - 1, whose nodes hold ``S`` tokens each,
 so a row holds ``m = cache // S`` slots (many small nodes per row early in the trie,
 few long ones late). The model program sees only ``m x S`` padded to ``cache``.

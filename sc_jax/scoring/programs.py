@@ -22,7 +22,7 @@ from sc_jax.models.model import KVCache, Packing, positions_from_valid
 
 #: Number of traces (= compilations) of each jitted program here in this process.
 #: Module-level on purpose: JAX's jit cache, whose traces it counts, is process-wide
-#: too; tests and benchmarks read it to check that a run compiles one model program.
+#: too; tests and benchmarks read it to check what a run compiles.
 COMPILES: Counter = Counter()
 
 

@@ -92,11 +92,11 @@ def xla_call_bytes(config, dtype, shape: PackShape, *, mode: str = "first_token"
 
 
 def xla_peak_bytes(config, dtype, planned: Planned, *, model_shards: int = 1, **kw) -> dict[str, Any]:
-    """XLA's peak for the model program of a schedule: arguments (the weights,
+    """XLA's peak for the model program of a schedule's largest calls: arguments (the weights,
     the gathered cache, the packed rows) + outputs + temps - aliased bytes, plus the
-    trie levels resident beside the program (``level_peak_tokens`` x KV bytes per
+    token pool resident beside the program (``level_peak_tokens`` x KV bytes per
     token, as in the planned peak), beside ``planned_peak_of_that_call``: the planned
-    figure for the same program (weights + levels + :func:`packed_temp_bytes`), and
+    figure for the same program (weights + pool + :func:`packed_temp_bytes`), and
     XLA's four figures as ``xla_argument_bytes``, ``xla_output_bytes``,
     ``xla_temp_bytes`` and ``xla_alias_bytes``."""
     sched, b = planned.schedule, planned.budgets
