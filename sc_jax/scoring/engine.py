@@ -241,14 +241,12 @@ class ScoringEngine:
         # Caches, filled as calls come (nothing else changes after construction):
         # the attention chosen per call shape (name, trials, from the decision file);
         # the model programs compiled, (program, sequence) -> the attention they run;
-        # the call shape of the last schedule scored (one element once a call
+        # and the call shape of the last schedule scored (one element once a call
         # ran), which later plans keep where their items fit, so a process that met a
-        # longer item keeps its wider program; and the token pool (one element, the
-        # buffer the last call left: donated and replaced by every write).
+        # longer item keeps its wider program.
         self._choices: dict = {}
         self._warm: dict = {}
         self._last_shape: list[PackShape] = []
-        self._pool: list[KVCache] = []
 
     def plan(self, pieces: PromptPieces, jobs, mode: str) -> Planned:
         """The packed schedule of ``jobs`` (checked inputs) under this engine's policy,
@@ -260,12 +258,10 @@ class ScoringEngine:
         return self.policy.plan(m.config, m.dtype, pieces, jobs, mode, prefer=prefer)
 
     def _pool_of(self, tokens: int) -> KVCache:
-        """The token pool of ``tokens`` positions: the one kept from an earlier call
-        where it has that size (stale contents are never read: a chunk writes every
-        position it gathers), else a new one."""
-        if self._pool and self._pool[0].k.shape[2] == tokens:
-            return self._pool.pop()
-        self._pool.clear()
+        """An empty token pool of ``tokens`` positions (one per call of
+        :meth:`score_jobs`, freed when it returns, so the device's memory is the fits'
+        afterwards). A chunk writes every position it gathers before it gathers it, so
+        the chunks of one call share it."""
         m = self.model
         sharding = None
         if m.mesh is not None:
@@ -415,38 +411,34 @@ class ScoringEngine:
     def _run(self, run: _Run, pool: KVCache, rows_arg, bar, attention: dict) -> float:
         """Every call of the schedule (:meth:`Schedule.calls`: chunk by chunk, depth by
         depth), each with the attention ``attention`` maps its program to; returns the
-        loop's seconds (host work in ``run.stats.host_s``). Keeps the pool for the next
-        call."""
+        loop's seconds (host work in ``run.stats.host_s``)."""
         m, st, sched = self.model, run.stats, run.sched
         t_loop = time.perf_counter()
         pending, at, index = None, None, None
-        try:
-            for ci, packed, r0, shape in sched.calls():
-                t = time.perf_counter()
-                ch, d = sched.trie[ci], packed.depth
-                if at != (ci, d):  # a new depth reads the nodes of depth d - 1
-                    index = self._index(sched, ci, d, index if at == (ci, d - 1) else None)
-                    at = (ci, d)
-                    st.nodes += ch.nodes(d) if d <= ch.depth else 0
-                a = call_arrays(run.tok, shape, packed, r0)
-                src, key_slot, dst = pool_arrays(shape, packed, r0, index, ch, sched.pool)
-                st.host_s += time.perf_counter() - t
-                res, kv = packed_call(*self._args(pool, shape, a, src, key_slot, rows_arg),
-                                      sequence=run.seq, attention=attention[shape.program])
-                if dst is not None:
-                    pool = write_tokens(pool, kv, m.replicate(dst))
-                del kv
-                st.calls += 1
-                st.tokens += a.tokens_real
-                st.padded_tokens += a.inputs.tokens.size
-                st.query_rows += a.query_rows
-                if pending is not None:
-                    self._collect(run, *pending, bar)
-                pending = (res, a.dest) if len(a.dest) else None
+        for ci, packed, r0, shape in sched.calls():
+            t = time.perf_counter()
+            ch, d = sched.trie[ci], packed.depth
+            if at != (ci, d):  # a new depth reads the nodes of depth d - 1
+                index = self._index(sched, ci, d, index if at == (ci, d - 1) else None)
+                at = (ci, d)
+                st.nodes += ch.nodes(d) if d <= ch.depth else 0
+            a = call_arrays(run.tok, shape, packed, r0)
+            src, key_slot, dst = pool_arrays(shape, packed, r0, index, ch, sched.pool)
+            st.host_s += time.perf_counter() - t
+            res, kv = packed_call(*self._args(pool, shape, a, src, key_slot, rows_arg),
+                                  sequence=run.seq, attention=attention[shape.program])
+            if dst is not None:
+                pool = write_tokens(pool, kv, m.replicate(dst))
+            del kv
+            st.calls += 1
+            st.tokens += a.tokens_real
+            st.padded_tokens += a.inputs.tokens.size
+            st.query_rows += a.query_rows
             if pending is not None:
                 self._collect(run, *pending, bar)
-        finally:
-            self._pool[:] = [pool]
+            pending = (res, a.dest) if len(a.dest) else None
+        if pending is not None:
+            self._collect(run, *pending, bar)
         return time.perf_counter() - t_loop
 
     @staticmethod

@@ -77,12 +77,12 @@ def test_schedule_is_the_engines():
     pieces = build_pieces(model.tokenizer, Template("review:", "sentiment:", ("neg", "pos", "mix")),
                           demos, short)
     # A full-context job (base) and surrogate jobs of sizes 1 and 2, as one seed's jobs;
-    # 1000 cached tokens make two chunks.
+    # A pool of 300 tokens makes several chunks.
     jobs = {"base": (np.arange(k)[None], np.stack([np.zeros(6, np.int64), np.arange(k, k + 6)], 1))}
     for i in (1, 2):
         ctx = all_contexts(k, i)
         jobs[f"surrogate{i}"] = (ctx, surrogate_pairs(ctx, k))
-    tokens, cache = 512, 1000
+    tokens, cache = 512, 300
     eng = ScoringEngine(model, max_tokens_per_batch=tokens, max_cache_tokens=cache, progress=False)
     result = eng.score_jobs(pieces, jobs, "first_token")
     policy = MemoryPolicy(GIB, enforced=False, platform="cpu", max_tokens_per_batch=tokens,
@@ -176,9 +176,10 @@ def test_readout_cost_at_gemma_3s_262k_vocabulary():
     first = costs.replay(sched, cfg, itemsize=2)
     seq = costs.replay(sched, cfg, itemsize=2, mode="sequence")
     calls = first["calls"]
-    assert first["readout_flops"] == calls * 2 * sh.R * D * sh.labels
-    assert seq["readout_flops"] == calls * 2 * sh.R * D * V
-    assert seq["readout_bytes"] > calls * (V * D * 2 + sh.R * V * 4)  # the table, the logits
+    R = sum(call.R for *_, call in sched.calls())  # readouts of every call, of each call size
+    assert first["readout_flops"] == 2 * R * D * sh.labels
+    assert seq["readout_flops"] == 2 * R * D * V
+    assert seq["readout_bytes"] > calls * V * D * 2 + R * V * 4  # the table, the logits
     assert seq["dense_flops"] - first["dense_flops"] == pytest.approx(
         seq["readout_flops"] - first["readout_flops"])
     assert seq["flops"] == pytest.approx(seq["dense_flops"] + seq["attention_flops"])
@@ -529,7 +530,9 @@ def test_plan_of_a_random_path(tmp_path, data_dir, capsys):
     assert (p["tokenizer_tokens"], p["embedding_rows"]) == (256, 613)
     s = p["settings"][0]
     # Sequence mode reads out against the whole vocabulary, in every call.
-    assert s["readout_flops"] == s["calls"] * 2 * s["shape"]["R"] * 60 * 613
+    sh = s["shape"]  # each call size's readouts: R scaled to its rows
+    R = sum(n * max(8, sh["R"] * int(b) // sh["B"]) for b, n in s["call_sizes"].items())
+    assert s["readout_flops"] == 2 * R * 60 * 613
     assert f"\ntokenizer: the model's own, 256 tokens for 613 embedding rows ({d / 'tokenizer.json'})\n" \
         in capsys.readouterr().out
 

@@ -122,9 +122,10 @@ def test_datasets_of_other_lengths_compile_at_most_two(model):
 
 
 def test_plan_counts_the_pool_the_engine_allocates(model, monkeypatch):
-    """Chunks cut where the trie's own tokens outgrow ``max_cache_tokens``: the engine
-    allocates one pool, of the tokens the plan counts (its cache peak), once for two
-    calls; every chunk fits it; the scores equal an unchunked engine's."""
+    """Chunks cut where the trie's own tokens outgrow ``max_cache_tokens``: each call
+    of the engine allocates one pool, shared by its chunks, of the tokens the plan
+    counts (its cache peak); every chunk fits it; the scores equal an unchunked
+    engine's, twice over one engine."""
     k = 5
     pieces = build_pieces(model.tokenizer, REVIEWS,
                           [(" ".join(WORDS[j:j + 3]), j % 2) for j in range(k)],
@@ -145,6 +146,6 @@ def test_plan_counts_the_pool_the_engine_allocates(model, monkeypatch):
     for _ in range(2):
         np.testing.assert_allclose(eng.score(pieces, ctx, pairs), ref, atol=1e-5)
     sched = eng.plan(pieces, [(ctx, pairs)], "first_token").schedule
-    assert allocated == [pool] and sched.pool == pool == level_peak_tokens(sched)
+    assert allocated == [pool, pool] and sched.pool == pool == level_peak_tokens(sched)
     assert len(sched.trie) > 1 and all(ch.tokens <= pool for ch in sched.trie)
     assert sum(ch.tokens for ch in sched.trie) > pool
