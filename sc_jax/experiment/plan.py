@@ -98,6 +98,7 @@ def _plan_setting(pl: _Planner, name: str, ds, k: int) -> dict[str, Any]:
         "flat_tokens": flat_tokens(sj.pieces, jobs, pl.run.mode), "flops": r["flops"],
         "model_flops": 2 * non_embedding_params(pl.config) * r["unique_tokens"],
         "calls": r["calls"], "rows": r["rows"], "chunks": len(sched.chunks), "programs": r["programs"],
+        "call_sizes": r["call_sizes"],
         "shape": dataclasses.asdict(sh),
         "max_tokens_per_batch": b.max_tokens_per_batch, "max_cache_tokens": b.max_cache_tokens,
         "level_peak_tokens": level_peak_tokens(sched), "peak_bytes": b.peak_bytes,
@@ -122,7 +123,7 @@ def _plan_setting(pl: _Planner, name: str, ds, k: int) -> dict[str, Any]:
     kw = {"mode": pl.run.mode, "mesh": pl.mesh, "attention": lowered_attention}
     setting["xla_attention"] = lowered_attention
     if pl.compile_time and lowered:
-        setting.update(compile_seconds(pl.config, pl.dtype, sh, measured=pl.measured,
+        setting.update(compile_seconds(pl.config, pl.dtype, sched.shapes, measured=pl.measured,
                                        progress=pl.progress, **kw))
     if pl.xla and lowered:
         setting.update(xla_peak_bytes(pl.config, pl.dtype, planned, model_shards=pl.model_shards, **kw))
@@ -154,10 +155,10 @@ def plan_run(run_config, *, peak_flops: float | None = None, mfu: float = 0.4, x
     ``pairs`` (``job_pairs``: per job tag), ``unique_tokens`` (what the trie
     computes), ``executed_tokens`` (calls x B x W, what the device runs),
     ``padding_tokens`` (their difference), ``flat_tokens`` (full prompts), FLOPs,
-    ``calls``, ``chunks``, the call ``shape``
-    (B, W, cache, R, C, labels), the distinct model ``programs`` (one), the planned
-    ``peak_bytes`` and its parts (``weight_bytes``, ``cache_bytes`` for the resident
-    trie levels, ``temp_bytes`` for one call), per depth (``depths``, by
+    ``calls`` (``call_sizes``: rows per call -> calls), ``chunks``, the largest call
+    ``shape`` (B, W, cache, R, labels), the distinct model ``programs`` (one per call
+    size), the planned ``peak_bytes`` and its parts (``weight_bytes``, ``cache_bytes``
+    for the resident token pool, ``temp_bytes`` for one call), per depth (``depths``, by
     :func:`sc_jax.scoring.costs.depth_name`) the same token counts (:func:`replay`), and:
 
     * ``xla=True``: XLA's ``xla_peak_bytes`` for the model program and the plan's
@@ -392,6 +393,12 @@ def _padding_lines(done: list[dict]) -> list[str]:
     return lines
 
 
+def _sizes(s: dict[str, Any]) -> str:
+    """"B 16 rows: 160, B 8: 3" (the calls of each size, largest first)."""
+    sizes = sorted(s["call_sizes"].items(), key=lambda kv: -int(kv[0]))
+    return ", ".join(f"B {b}{' rows' if i == 0 else ''}: {n:,}" for i, (b, n) in enumerate(sizes))
+
+
 def _memory_lines(done: list[dict]) -> list[str]:
     """Per setting, the call shape and the planned peak's parts."""
     gib = 2 ** 30
@@ -405,10 +412,10 @@ def _memory_lines(done: list[dict]) -> list[str]:
                    f"(planned {s['planned_peak_of_that_call'] / gib:.2f})")
         slots = ", ".join(f"{name} {st['m']} x {st['S']}" for name, st in s["depths"].items())
         lines.append(
-            f"- {s['dataset']} k={s['k']}: {s['calls']:,} calls of B {sh['B']} rows x W {sh['W']} "
+            f"- {s['dataset']} k={s['k']}: {s['calls']:,} calls ({_sizes(s)}) x W {sh['W']} "
             f"tokens after {sh['cache']} cached keys per row, R {sh['R']} readouts; "
             f"{s['chunks']} chunk(s); cache slots per row by depth (m x S tokens): {slots}; peak "
-            f"{s['peak_bytes'] / gib:.2f} GiB = weights {s['weight_bytes'] / gib:.2f} + KV levels "
+            f"{s['peak_bytes'] / gib:.2f} GiB = weights {s['weight_bytes'] / gib:.2f} + KV pool "
             f"{s['cache_bytes'] / gib:.2f} ({s['level_peak_tokens']:,} tokens) + one call "
             f"{s['temp_bytes'] / gib:.2f}{xla}")
     return lines

@@ -161,8 +161,10 @@ def replay(sched: Schedule, config, *, attention: str = "dense", platform: str =
            itemsize: int = 4, mode: str = "first_token") -> dict[str, Any]:
     """Every call of ``sched`` as the engine runs it, counted: ``calls``, ``rows``
     (rows holding at least one item), ``unique_tokens`` (the items' real tokens: each
-    trie node's segment once per chunk, every query row), ``executed_tokens`` (calls
-    x B x W), ``padding_tokens``, ``programs`` (distinct model programs: one), and
+    trie node's segment once per chunk, every query row), ``executed_tokens`` (each
+    call's B x W), ``padding_tokens``, ``call_sizes`` (rows per call -> calls),
+    ``programs`` (distinct model programs: one per call size,
+    :attr:`sc_jax.scoring.schedule.Schedule.programs`), and
     what the calls cost (:class:`CostModel`, activations of ``itemsize`` bytes, the
     packed calls' ``attention`` with ``platform``'s blocks): ``dense_flops``,
     ``dense_bytes`` (projections, MLP and the readout, of which ``readout_flops`` and
@@ -181,7 +183,7 @@ def replay(sched: Schedule, config, *, attention: str = "dense", platform: str =
         bq, bk = (bq if sh.W % bq == 0 else sh.W), (bk if sh.cache % bk == 0 else sh.cache)
     G = config.num_heads // config.num_kv_heads
     depths: dict[str, dict] = {}
-    for _, st, r0 in sched.calls():
+    for _, st, r0, sh in sched.calls():  # W and cache are those of every call size
         a, b = np.searchsorted(st.row, [r0, r0 + sh.B])
         lens = st.length[a:b]
         seg = int(lens[st.kind[a:b] == 0].sum())
@@ -189,7 +191,8 @@ def replay(sched: Schedule, config, *, attention: str = "dense", platform: str =
             "S": st.S, "m": st.m, "calls": 0, "rows": 0, "unique_tokens": 0, "segment_tokens": 0,
             "query_tokens": 0, "executed_tokens": 0, "padding_tokens": 0, "flops": 0.0,
             "dense_flops": 0.0, "dense_bytes": 0.0, "attention_flops": 0.0, "attention_bytes": 0.0,
-            "readout_flops": 0.0, "readout_bytes": 0.0, "scored_keys": 0.0})
+            "readout_flops": 0.0, "readout_bytes": 0.0, "scored_keys": 0.0, "call_sizes": {}})
+        acc["call_sizes"][sh.B] = acc["call_sizes"].get(sh.B, 0) + 1
         if attention == "pallas" or (attention == "blocked" and platform == "cpu"):
             trips = call_trips(st, r0, sh.B, sh.W, sh.cache, bq, bk)
         else:  # the accelerator's blocked path visits every key block (static loops)
@@ -221,6 +224,10 @@ def replay(sched: Schedule, config, *, attention: str = "dense", platform: str =
     total = {key: sum(s[key] for s in depths.values()) for key in (
         "calls", "rows", "unique_tokens", "executed_tokens", "padding_tokens", "flops", "dense_flops",
         "dense_bytes", "attention_flops", "attention_bytes", "readout_flops", "readout_bytes")}
+    total["call_sizes"] = {}
+    for s in depths.values():
+        for b, n in s["call_sizes"].items():
+            total["call_sizes"][b] = total["call_sizes"].get(b, 0) + n
     total["scored_keys"] = sum(s["scored_keys"] * s["executed_tokens"] for s in depths.values()) \
         / max(total["executed_tokens"], 1)
     return dict(total, programs=len(sched.programs), attention=attention, depths=depths)

@@ -6,18 +6,21 @@ The engine computes every distinct ordered sub-context once: contexts are sorted
 that shared prefixes sit together, cut into chunks that fit ``max_cache_tokens``, and
 within a chunk the trie is grown depth by depth, each node extending its parent's KV
 cache by one demonstration (:mod:`sc_jax.scoring.schedule`). Every query of a context
-is then scored against the context's cache in one batch. Every call has the one
-shape of the engine's memory policy (:func:`sc_jax.scoring.memory.call_shape`: B rows
-of W tokens after a fixed number of cached keys per row, padded readouts and label
-rows), so a run compiles one model program (:func:`sc_jax.scoring.programs.packed_call`),
-and compiles it before the first call (:meth:`ScoringEngine.compile`).
+is then scored against the context's cache in one batch. Every call has one of a few
+shapes of the engine's memory policy (:func:`sc_jax.scoring.memory.call_shape`: B rows,
+or half or a quarter of them, of W tokens after a fixed number of cached keys per row,
+padded readouts and label rows: :func:`sc_jax.scoring.packing.row_ladder`), so a run
+compiles a few model programs (:func:`sc_jax.scoring.programs.packed_call`), the same
+for every dataset, and compiles them before the first call (:meth:`ScoringEngine.compile`).
 
-Device pipeline: each trie level is one preallocated buffer that growth steps write
-in place (donated), so a level is never held twice; the model programs take only the
-cache rows they extend (gathered by a model-free program), so their shapes do not
-depend on level sizes; host batches are row lookups into tables packed once per
-call (:func:`call_arrays`); and each call's result is fetched after the next one is
-dispatched, so the host never waits on the call it has just sent. The token budgets
+Device pipeline: every node's own keys and values go, once, into one preallocated
+token pool (its size from the memory policy, kept by the engine and written in place,
+donated); a call's cache is gathered from the pool at positions the host computes
+(:func:`pool_arrays`: a node's ancestors' positions), so neither the gather, nor the
+write, nor the pool depends on the data's lengths; host batches are row lookups into
+tables packed once per call (:func:`call_arrays`); and each call's result is fetched
+after the next one is dispatched, so the host never waits on the call it has just
+sent. The token budgets
 come from the device's memory (:mod:`sc_jax.scoring.memory`) unless given.
 """
 
@@ -34,25 +37,18 @@ from tqdm.auto import tqdm
 
 from sc_jax.models import attention as attn
 from sc_jax.models.loading import LoadedModel
-from sc_jax.models.model import KVCache, empty_cache
+from sc_jax.models.model import KVCache
 from sc_jax.runtime.multihost import to_host
-from sc_jax.runtime.sharding import batch_sharded, kv_sharding
+from sc_jax.runtime.sharding import kv_sharding, replicated
 from sc_jax.runtime.timing import CompileMeter
 from sc_jax.scoring.attention_choice import choose_attention, error_line, fallbacks
 from sc_jax.scoring.memory import MemoryPolicy, Planned, query_rows
 from sc_jax.scoring.packing import MIN_CACHE, PackedDepth, PackShape
-from sc_jax.scoring.programs import (
-    ChildWrites,
-    PackedInputs,
-    empty_level,
-    gather_slots,
-    packed_call,
-    write_children,
-)
+from sc_jax.scoring.programs import PackedInputs, empty_pool, gather_slots, packed_call, write_tokens
 from sc_jax.scoring.prompts import PromptPieces
 from sc_jax.scoring.reference import check_inputs, label_logprobs
 from sc_jax.scoring.results import EngineStats, ScoreResult
-from sc_jax.scoring.schedule import Schedule
+from sc_jax.scoring.schedule import Chunk, Schedule
 
 
 class _Tokens:
@@ -95,24 +91,19 @@ def _spans(lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 class CallArrays(NamedTuple):
-    """The host arrays of one packed call (a pytree): ``inputs``, the model program's
-    packed rows; ``idx [B, m]``, the level rows in each row's cache slots;
-    ``children``, what the call writes into the next level; ``dest [R']``, the
-    output index of each real readout; and counts: ``n_children``, ``tokens_real``
-    (real tokens of the call) and ``query_rows``."""
+    """The host arrays of one packed call: ``inputs``, the model program's packed rows;
+    ``dest [R']``, the output index of each real readout; and counts:
+    ``tokens_real`` (real tokens of the call) and ``query_rows``."""
 
     inputs: PackedInputs
-    idx: np.ndarray
-    children: ChildWrites
     dest: np.ndarray
-    n_children: int
     tokens_real: int
     query_rows: int
 
 
 def call_arrays(tok: _Tokens, shape: PackShape, st: PackedDepth, r0: int) -> CallArrays:
     """The host arrays of the call that runs rows ``r0 .. r0 + B`` of ``st``."""
-    B, W, R, C = shape.B, shape.W, shape.R, shape.C
+    B, W, R = shape.B, shape.W, shape.R
     a, b = np.searchsorted(st.row, [r0, r0 + B])
     it = slice(a, b)
     lens = st.length[it]
@@ -129,9 +120,6 @@ def call_arrays(tok: _Tokens, shape: PackShape, st: PackedDepth, r0: int) -> Cal
     segment[dst] = item
     slot = np.zeros(B * W, np.int32)
     slot[dst] = st.slot[it][item]
-    idx = np.zeros((B, st.m), np.int32)
-    nodes = st.slot_nodes[r0:r0 + B]
-    idx[:len(nodes)] = nodes
     # Readouts of the query rows.
     q = np.flatnonzero(st.kind[it] == 1)
     refs = st.ref[it][q]
@@ -143,31 +131,62 @@ def call_arrays(tok: _Tokens, shape: PackShape, st: PackedDepth, r0: int) -> Cal
     n_ro = len(src)
     readout[:n_ro] = base[q][qi] + tok.ro_off[src]
     targets[:n_ro] = tok.ro_tgt[src]
-    # Children (segments) written into the next level.
-    g = np.flatnonzero(st.kind[it] == 0)
-    child = np.full(C, np.iinfo(np.int32).max, np.int32)
-    parent_row = np.zeros(C, np.int32)
-    start = np.zeros(C, np.int32)
-    length = np.zeros(C, np.int32)
-    child[:len(g)] = st.node[it][g]
-    parent_row[:len(g)] = st.cache[it][g]
-    start[:len(g)] = base[g]
-    length[:len(g)] = lens[g]
     inputs = PackedInputs(tokens.reshape(B, W), positions.reshape(B, W), valid.reshape(B, W),
                           segment.reshape(B, W), slot.reshape(B, W), readout, targets)
-    return CallArrays(inputs, idx, ChildWrites(child, parent_row, start, length),
-                      st.dest[it][q][qi], len(g), int(lens.sum()), len(q))
+    return CallArrays(inputs, st.dest[it][q][qi], int(lens.sum()), len(q))
+
+
+def level_index(chunk: Chunk, d: int, parent: np.ndarray, level_len) -> np.ndarray:
+    """``[nodes of depth d, S]``: the pool positions of each depth-d node's context
+    in its cache slot of ``S = max(MIN_CACHE, level_len[d])`` keys: its parent's
+    slot (``parent``, this for depth d - 1; depth 0: the empty root) then its own
+    tokens, padded with position 0 (never written). The layout a trie level of whole
+    rows would have; host data only."""
+    S = max(MIN_CACHE, level_len[d])
+    if d == 0:
+        return np.zeros((1, S), np.int64)
+    out = np.zeros((chunk.nodes(d), S), np.int64)
+    par = chunk.parent[d]
+    out[:, :level_len[d - 1]] = parent[par, :level_len[d - 1]]
+    own = chunk.length[d] - chunk.length[d - 1][par]
+    node, within = _spans(own)
+    out[node, level_len[d - 1] + within] = chunk.start[d][node] + within
+    return out
+
+
+def pool_arrays(shape: PackShape, st: PackedDepth, r0: int, index: np.ndarray, chunk: Chunk,
+                pool: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The pool side of the call of rows ``r0 .. r0 + B`` of ``st``: ``src [B, keys]``,
+    the pool positions of each row's cache (its slots' nodes' contexts, ``index``
+    from :func:`level_index` of depth ``st.depth - 1``); ``key_slot [keys]``, the slot
+    of each cached key (-1 past the slots); and ``dst [B x W]``, the pool position of
+    each new token of a segment (out of range elsewhere), None where the call has no
+    segment."""
+    B, W, keys, S, m = shape.B, shape.W, shape.cache, st.S, st.m
+    nodes = st.slot_nodes[r0:r0 + B]
+    src = np.zeros((B, keys), np.int32)
+    src[:len(nodes), :m * S] = index[nodes].reshape(len(nodes), m * S)
+    key_slot = np.full(keys, -1, np.int32)
+    key_slot[:m * S] = np.repeat(np.arange(m), S)
+    a, b = np.searchsorted(st.row, [r0, r0 + B])
+    g = a + np.flatnonzero(st.kind[a:b] == 0)
+    if not len(g):
+        return src, key_slot, None
+    lens = st.length[g]
+    item, within = _spans(lens)
+    dst = np.full(B * W, pool, np.int32)
+    dst[((st.row[g] - r0) * W + st.off[g])[item] + within] = \
+        chunk.start[st.depth][st.node[g]][item] + within
+    return src, key_slot, dst
 
 
 def _padding_call(shape: PackShape) -> CallArrays:
     """The arrays of a call of ``shape`` that computes nothing (no valid token)."""
-    B, W, R, C = shape.B, shape.W, shape.R, shape.C
+    B, W, R = shape.B, shape.W, shape.R
     z = np.zeros((B, W), np.int32)
     inputs = PackedInputs(z, z, np.zeros((B, W), bool), np.full((B, W), -1, np.int32), z,
                           np.zeros(R, np.int32), np.zeros(R, np.int32))
-    c = np.zeros(C, np.int32)
-    return CallArrays(inputs, np.zeros((B, 1), np.int32), ChildWrites(c, c, c, c),
-                      np.zeros(0, np.int64), 0, 0, 0)
+    return CallArrays(inputs, np.zeros(0, np.int64), 0, 0)
 
 
 class ScoringEngine:
@@ -182,7 +201,7 @@ class ScoringEngine:
     budget and the call shape (default: :meth:`MemoryPolicy.resolve` of the other
     arguments and this model's mesh). ``max_tokens_per_batch``: cap on the tokens of
     one call (B x W; at least one row per device). ``max_cache_tokens``: tokens of
-    one trie level held at once (the trie is cut into chunks that fit). Either left
+    the token pool, every node's own keys (the trie is cut into chunks that fit). Either left
     as None is derived from the memory budget: ``device_memory`` bytes per device if
     given, else the device's ``bytes_limit``, else (CPU) the host's memory. When a
     budget is known (given or reported by the device), the schedule's peak is
@@ -238,28 +257,24 @@ class ScoringEngine:
         prefer = self._last_shape[-1] if self._last_shape else None
         return self.policy.plan(m.config, m.dtype, pieces, jobs, mode, prefer=prefer)
 
-    def _level(self, sched: Schedule, chunk: int, d: int) -> KVCache:
-        """The empty buffer of level ``d`` of ``chunk``, of the shape the plan counted
-        (:meth:`sc_jax.scoring.schedule.Schedule.level_shape`)."""
+    def _pool_of(self, tokens: int) -> KVCache:
+        """An empty token pool of ``tokens`` positions (one per call of
+        :meth:`score_jobs`, freed when it returns, so the device's memory is the fits'
+        afterwards). A chunk writes every position it gathers before it gathers it, so
+        the chunks of one call share it."""
         m = self.model
-        rows, length = sched.level_shape(chunk, d)
         sharding = None
         if m.mesh is not None:
             c = m.config
-            kv = kv_sharding(m.mesh, (c.num_layers, rows, length, c.num_kv_heads, c.head_dim))
-            sharding = KVCache(kv, kv, batch_sharded(m.mesh), batch_sharded(m.mesh))
-        return empty_level(m.config, rows, length, m.dtype, sharding)
+            kv = kv_sharding(m.mesh, (c.num_layers, 1, tokens, c.num_kv_heads, c.head_dim))
+            sharding = KVCache(kv, kv, replicated(m.mesh), replicated(m.mesh))
+        return empty_pool(m.config, tokens, m.dtype, sharding)
 
-    def _args(self, parent: KVCache, shape: PackShape, a: CallArrays, S: int, rows_arg):
+    def _args(self, pool: KVCache, shape: PackShape, a: CallArrays, src, key_slot, rows_arg):
         """The model program's arguments for one call (the cache gathered on the device)."""
         m = self.model
         put, rep = m.put, m.replicate
-        # The slots' nodes in one shape for every depth and for compile()'s call of
-        # padding: one transfer program, and one gather per level shape, not per slot
-        # count.
-        idx = np.zeros((len(a.idx), max(1, shape.cache // MIN_CACHE)), np.int32)
-        idx[:, :a.idx.shape[1]] = a.idx
-        cache, cslot = gather_slots(parent, put(idx), S=S, keys=shape.cache)
+        cache, cslot = gather_slots(pool, put(src), rep(key_slot))
         x = a.inputs
         inputs = PackedInputs(put(x.tokens), put(x.positions), put(x.valid), put(x.segment),
                               put(x.slot), rep(x.readout), rep(x.targets))
@@ -279,22 +294,28 @@ class ScoringEngine:
                 self._choices[shape.program] = (self.attention, [], False)
         return self._choices[shape.program]
 
-    def compile(self, shape: PackShape, mode: str = "first_token") -> str:
+    def compile(self, shape: PackShape, pool: KVCache, mode: str = "first_token", *,
+                choose: PackShape | None = None) -> str:
         """Compile the model program of calls of ``shape`` now, ahead of time (once per
         engine and shape), so that the first call of a depth times the forward pass only;
-        returns the attention it uses. The arguments are those of a call of padding, so
-        the program is the one the calls then find in JAX's cache. Unless it is one of
-        the XLA paths on a CPU, the program also runs once on them: a kernel can compile
-        and still fail when it runs. A failure either way moves to
+        returns the attention it uses: the choice for ``choose`` where given (a
+        schedule's smaller calls run its largest call's choice). The arguments are those
+        of a call of padding, its cache gathered from ``pool`` (which compiles the
+        gather too), so the program is the one the calls then find in JAX's cache. Unless
+        it is one of the XLA paths on a CPU, the program also runs once on them: a
+        kernel can compile and still fail when it runs. A failure either way moves to
         the next attention (:func:`sc_jax.scoring.attention_choice.fallbacks`)."""
         seq = mode == "sequence"
         if (shape.program, seq) in self._warm:
             return self._warm[shape.program, seq]
         m = self.model
         rows_arg = None if seq else m.replicate(np.zeros(shape.labels, np.int32))
-        args = self._args(empty_cache(m.config, 1, m.dtype), shape, _padding_call(shape), MIN_CACHE,
-                          rows_arg)
-        name, trials, _ = self.choice(shape)
+        args = self._args(pool, shape, _padding_call(shape), np.zeros((shape.B, shape.cache), np.int32),
+                          np.full(shape.cache, -1, np.int32), rows_arg)
+        if choose is not None:
+            name, trials = self.compile(choose, pool, mode), []
+        else:
+            name, trials, _ = self.choice(shape)
         order = [name] + fallbacks(name, trials)
         for i, cand in enumerate(order):
             try:
@@ -361,11 +382,16 @@ class ScoringEngine:
         try:
             with CompileMeter() as meter:
                 t = time.perf_counter()
-                attention = self.compile(sched.shape, mode)
+                pool = self._pool_of(sched.pool)
+                # Every call size, so that another dataset (whose depths end in other
+                # sizes) finds its model programs compiled.
+                attention = self.compile(sched.shape, pool, mode)
+                sizes_used = {sh.program: self.compile(sh, pool, mode, choose=sched.shape)
+                              for sh in sched.shapes}
                 # Choosing the attention runs candidates and the program once: wall time
                 # beyond the meter's compiles, all of it before the first call.
                 warm, warm_compiles = time.perf_counter() - t, meter.seconds
-                loop = self._run(run, rows_arg, bar, attention)
+                loop = self._run(run, pool, rows_arg, bar, sizes_used)
         finally:
             if bar is not None:
                 bar.close()
@@ -382,39 +408,50 @@ class ScoringEngine:
         st.seconds = time.perf_counter() - t0
         return ScoreResult({t: results[t] for t in jobs}, st, planned)
 
-    def _run(self, run: _Run, rows_arg, bar, attention: str) -> float:
-        """Every call of the schedule, chunk by chunk and depth by depth; returns the
+    def _run(self, run: _Run, pool: KVCache, rows_arg, bar, attention: dict) -> float:
+        """Every call of the schedule (:meth:`Schedule.calls`: chunk by chunk, depth by
+        depth), each with the attention ``attention`` maps its program to; returns the
         loop's seconds (host work in ``run.stats.host_s``)."""
         m, st, sched = self.model, run.stats, run.sched
         t_loop = time.perf_counter()
-        pending = None
-        for ci, ch in enumerate(sched.trie):
-            parent = empty_cache(m.config, 1, m.dtype)
-            for packed in sched.chunks[ci]:
-                d = packed.depth
-                level = self._level(sched, ci, d) if d <= ch.depth else None
-                for r0 in range(0, packed.rows, sched.shape.B):
-                    t = time.perf_counter()
-                    a = call_arrays(run.tok, sched.shape, packed, r0)
-                    st.host_s += time.perf_counter() - t
-                    res, kv = packed_call(*self._args(parent, sched.shape, a, packed.S, rows_arg),
-                                          sequence=run.seq, attention=attention)
-                    if a.n_children:
-                        level = write_children(level, parent, kv, jax.tree.map(m.replicate, a.children))
-                    del kv
-                    st.calls += 1
-                    st.tokens += a.tokens_real
-                    st.padded_tokens += a.inputs.tokens.size
-                    st.query_rows += a.query_rows
-                    if pending is not None:
-                        self._collect(run, *pending, bar)
-                    pending = (res, a.dest) if len(a.dest) else None
-                if level is not None:
-                    st.nodes += ch.nodes(d)
-                    parent = level
+        pending, at, index = None, None, None
+        for ci, packed, r0, shape in sched.calls():
+            t = time.perf_counter()
+            ch, d = sched.trie[ci], packed.depth
+            if at != (ci, d):  # a new depth reads the nodes of depth d - 1
+                index = self._index(sched, ci, d, index if at == (ci, d - 1) else None)
+                at = (ci, d)
+                st.nodes += ch.nodes(d) if d <= ch.depth else 0
+            a = call_arrays(run.tok, shape, packed, r0)
+            src, key_slot, dst = pool_arrays(shape, packed, r0, index, ch, sched.pool)
+            st.host_s += time.perf_counter() - t
+            res, kv = packed_call(*self._args(pool, shape, a, src, key_slot, rows_arg),
+                                  sequence=run.seq, attention=attention[shape.program])
+            if dst is not None:
+                pool = write_tokens(pool, kv, m.replicate(dst))
+            del kv
+            st.calls += 1
+            st.tokens += a.tokens_real
+            st.padded_tokens += a.inputs.tokens.size
+            st.query_rows += a.query_rows
+            if pending is not None:
+                self._collect(run, *pending, bar)
+            pending = (res, a.dest) if len(a.dest) else None
         if pending is not None:
             self._collect(run, *pending, bar)
         return time.perf_counter() - t_loop
+
+    @staticmethod
+    def _index(sched: Schedule, ci: int, d: int, prev: np.ndarray | None) -> np.ndarray:
+        """Level d - 1's index of chunk ``ci`` (:func:`level_index`), from ``prev``,
+        level d - 2's, where given."""
+        ch, lens = sched.trie[ci], sched.level_len
+        if prev is not None:
+            return level_index(ch, d - 1, prev, lens)
+        index = level_index(ch, 0, None, lens)
+        for j in range(1, d):
+            index = level_index(ch, j, index, lens)
+        return index
 
     def _collect(self, run: _Run, res, dest, bar) -> None:
         """File one call's results (fetching them waits on the device: forward time)."""

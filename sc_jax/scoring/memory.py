@@ -10,16 +10,18 @@ What lives on a device while the engine runs:
 * the weights, ``num_params x itemsize`` (divided over the ``model`` axis when the
   weights are sharded);
 * KV caches of the trie, ``2 x L x K x Dh x itemsize`` bytes per cached token
-  (:func:`kv_bytes_per_token`): while depth d grows, the parent level and the child
-  level (written in place into one preallocated buffer) (:func:`level_peak_tokens`);
+  (:func:`kv_bytes_per_token`): one token pool, preallocated, holding every node's
+  own tokens (:func:`level_peak_tokens`);
 * one packed call's temporaries (:func:`packed_temp_bytes`): the gathered cache of
   its rows' slots, the scan's stacked new keys and values, and one layer's working
   set (attention scores in float32 over cache + packed tokens, the MLP).
 
 :func:`plan_schedule` turns a memory budget into the engine's two knobs:
 ``max_tokens_per_batch`` (cap on B x W; the call shape is the cheapest whose
-temporaries fit a quarter of what the weights leave) and ``max_cache_tokens`` (one
-trie level: half of the rest, since two levels are alive at once).
+temporaries fit a quarter of what the weights leave) and ``max_cache_tokens`` (the
+token pool: the rest; on a CPU, whose budget is the host's memory, at most
+:data:`POOL_CAP`). Both follow from the model and the budget alone, so every dataset
+gets the same programs.
 
 The budget is ``device.memory_stats()["bytes_limit"]`` where the backend reports it
 (GPUs, TPUs); otherwise (CPU) the host's physical memory, or what the caller passes.
@@ -59,6 +61,10 @@ ROW_WIDTH = {"cpu": 128, "default": 512}
 #: more against their dense work: 2 x W there (a node of k = 4 demonstrations of up to
 #: 64 tokens; k = 8 takes 512 keys, the next power of two).
 CACHE_ROWS = {"cpu": 2, "default": 4}
+#: A CPU's token pool (its budget is the host's memory, not a device's): at most this
+#: many tokens and bytes, a power of two of tokens (tiny models: 2^16 tokens; a 135M
+#: model in float32: 2^14 tokens of 46 KB).
+POOL_CAP = {"tokens": 1 << 16, "bytes": 1 << 30}
 #: Readouts (query rows' label positions) per call allowed for in units of B x W: one
 #: per 8 tokens (a query row holds the template's prefixes and a text; SST-2's short
 #: sentences needed one per 10); a schedule needing more grows R.
@@ -165,7 +171,7 @@ def packed_temp_bytes(config, dtype, B: int, W: int, keys: int, *, R: int = 0,
 @dataclasses.dataclass(frozen=True)
 class Budgets:
     """The engine's knobs from a memory budget, and the figures behind them:
-    ``max_tokens_per_batch`` caps B x W, ``max_cache_tokens`` one trie level;
+    ``max_tokens_per_batch`` caps B x W, ``max_cache_tokens`` the token pool;
     ``temp_bytes`` the chosen call's temporaries, ``peak_bytes`` the planned peak."""
 
     budget_bytes: int
@@ -187,14 +193,20 @@ class Planned:
 
 
 def level_peak_tokens(sched) -> int:
-    """Most cached tokens alive at once: a level and its parent (the root: none), as
-    the engine allocates them (:meth:`sc_jax.scoring.schedule.Schedule.level_shape`)."""
-    best = 0
-    for ci, ch in enumerate(sched.trie):
-        for d in range(1, ch.depth + 1):
-            prev = int(np.prod(sched.level_shape(ci, d - 1))) if d > 1 else 0
-            best = max(best, prev + int(np.prod(sched.level_shape(ci, d))))
-    return best
+    """Cached tokens on a device: the token pool the engine allocates
+    (:attr:`sc_jax.scoring.schedule.Schedule.pool`), held for the whole run."""
+    return int(sched.pool)
+
+
+def pool_budget(free_bytes: int, kvb: int, platform: str) -> int:
+    """Tokens of the engine's token pool from the bytes the weights and one call leave
+    (``free_bytes``): all of them (a multiple of 1024 tokens), on a CPU at most
+    :data:`POOL_CAP` (a power of two)."""
+    tokens = int(free_bytes // kvb) // 1024 * 1024
+    if platform == "cpu":
+        cap = min(POOL_CAP["tokens"], POOL_CAP["bytes"] // kvb)
+        tokens = min(tokens, 1 << (cap.bit_length() - 1))
+    return max(tokens, 1)
 
 
 def size_text(nbytes: int) -> str:
@@ -238,7 +250,7 @@ def call_shape(*, longest: int, deepest: int, mode: str, n_labels: int, max_toke
 
     def shape(B):
         R = max(8, pow2_at_least(B * W // READOUT_SPACING))
-        return PackShape(B, W, cache, R, R, labels)
+        return PackShape(B, W, cache, R, labels)
 
     best = shape(n_devices)
     B = n_devices * 2
@@ -319,8 +331,8 @@ def plan_schedule(config, dtype, pieces: PromptPieces, jobs, mode: str, *, budge
     """The engine's packed schedule of ``jobs`` (``(contexts, pairs)`` each) within
     ``budget_bytes`` per device. Knobs left as None are derived: the call shape
     (:func:`call_shape`) is the largest whose temporaries fit a share
-    (:data:`ACTIVATION_SHARE`) of what the weights leave, and one trie level may hold
-    half of the rest. ``prefer``: an earlier schedule's shape, kept where it holds
+    (:data:`ACTIVATION_SHARE`) of what the weights leave, and the token pool the rest
+    (:func:`pool_budget`). ``prefer``: an earlier schedule's shape, kept where it holds
     these jobs (so a process that met a longer item keeps its wider program). Raises
     :class:`PlanError`, naming the numbers, when the weights or one context with its
     smallest call cannot fit, or (``enforce``) when the planned peak is over budget."""
@@ -338,11 +350,11 @@ def plan_schedule(config, dtype, pieces: PromptPieces, jobs, mode: str, *, budge
         return packed_temp_bytes(config, dtype, sh.B, sh.W, sh.cache, R=sh.R, sequence=seq,
                                  model_shards=model_shards)
 
-    cache = max_cache_tokens or int((avail - share) // (2 * kvb))
+    cache = max_cache_tokens or pool_budget(avail - share, kvb, platform)
     if max_cache_tokens is None and cache < deepest:
         raise PlanError(
             f"one context of {deepest} padded tokens needs "
-            f"{2 * deepest * kvb / gib:.3f} GiB of KV cache (parent and child levels), "
+            f"{deepest * kvb / gib:.3f} GiB of KV cache, "
             f"but only {(avail - share) / gib:.3f} GiB per device remain after the weights "
             f"({w / gib:.2f} GiB) and one call's share in a {budget_bytes / gib:.2f} GiB budget")
     tokens = max_tokens_per_batch or MAX_TOKENS_PER_BATCH.get(platform, MAX_TOKENS_PER_BATCH["default"])

@@ -1,11 +1,11 @@
 """The scoring engine's jitted programs: the flat reference batches'
 (:func:`flat_call`), the packed model program every engine call runs
 (:func:`packed_call`, one shape per run: :attr:`sc_jax.scoring.packing.PackShape.program`)
-and the model-free programs around it, which take the trie levels' shapes (a level's
-empty buffer :func:`empty_level`, the gather of a call's cache slots
-:func:`gather_slots`, the in-place write of a call's children :func:`write_children`).
-The host builds their inputs (:mod:`sc_jax.scoring.engine`); nothing here reads a
-schedule.
+and the model-free programs around it, which take the call shape and the token
+pool's size (the pool's empty buffer :func:`empty_pool`, the gather of a call's
+cache slots :func:`gather_slots`, the in-place write of a call's new keys
+:func:`write_tokens`). The host builds their inputs (:mod:`sc_jax.scoring.engine`);
+nothing here reads a schedule.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from sc_jax.models.model import KVCache, Packing, positions_from_valid
 
 #: Number of traces (= compilations) of each jitted program here in this process.
 #: Module-level on purpose: JAX's jit cache, whose traces it counts, is process-wide
-#: too; tests and benchmarks read it to check that a run compiles one model program.
+#: too; tests and benchmarks read it to check what a run compiles.
 COMPILES: Counter = Counter()
 
 
@@ -40,18 +40,6 @@ class PackedInputs(NamedTuple):
     slot: jax.Array
     readout: jax.Array
     targets: jax.Array
-
-
-class ChildWrites(NamedTuple):
-    """The children one call writes into the next level, ``[C]`` each (a pytree):
-    the ``child`` row of the level (out of range: none), its ``parent_row`` in the
-    level the call read, and its new tokens' flat ``start`` in the call and
-    ``length``."""
-
-    child: jax.Array
-    parent_row: jax.Array
-    start: jax.Array
-    length: jax.Array
 
 
 # ------------------------------------------------------------------ flat batches
@@ -76,42 +64,21 @@ def flat_call(graphdef, state, tokens, valid, gather, targets, tmask, rows, sequ
 
 
 # ------------------------------------------------------------------ the engine's programs
-# The model program (`packed_call`) has one shape for every call of a run (its rows,
-# width, cached keys, readouts and label rows: PackShape.program). The model-free
-# gathers, writes and level buffers around it take the level shapes, which the
-# schedule buckets (sc_jax.scoring.schedule.level_lengths, level_rows), and arguments
-# of the call shape, so that other seeds find them compiled (in memory or in the
+# The model program (`packed_call`) has one shape per call size (its rows, width,
+# cached keys, readouts and label rows: PackShape.program). The model-free programs
+# around it take the pool (a KVCache of one row of `pool` tokens, its size from the
+# memory policy) and arrays of the call shape whose values (pool positions) come from
+# the host, so that other seeds and datasets find them compiled (in memory or in the
 # persistent cache).
-@functools.partial(jax.jit, static_argnames=("S", "keys"))
-def gather_slots(level: KVCache, idx, S: int, keys: int):
-    """The cache of a call: rows ``idx[:, :m]`` (``idx [B, keys // MIN_CACHE]`` with
-    :data:`sc_jax.scoring.packing.MIN_CACHE`, one shape for every depth; ``m = keys //
-    S``) of a level buffer, each padded to ``S``
-    tokens and laid side by side, then padded to ``keys`` (never visible):
-    ``[L, B, keys, K, Dh]``, and the slot of every cached key ``[B, keys]`` (-1 in
-    the padding)."""
+@jax.jit
+def gather_slots(pool: KVCache, src, key_slot):
+    """The cache of a call: pool positions ``src [B, keys]`` (each row's slots side by
+    side, their padding position 0, never written: invalid) ->
+    ``[L, B, keys, K, Dh]``, and the slot of every cached key ``key_slot [keys]``
+    (-1 past the slots) broadcast to ``[B, keys]``."""
     COMPILES["gather"] += 1
-    m = max(1, keys // S)
-    idx = idx[:, :m]
-    B = idx.shape[0]
-    flat = idx.reshape(-1)
-    pad = S - level.length
-    tail = keys - m * S
-
-    def rows(x, lead):
-        x = x[:, flat] if lead else x[flat]
-        widths = [(0, 0)] * x.ndim
-        widths[2 if lead else 1] = (0, pad)
-        x = jnp.pad(x, widths)
-        x = x.reshape(x.shape[:1] + (B, m * S) + x.shape[3:]) if lead else x.reshape(B, m * S)
-        widths = [(0, 0)] * x.ndim
-        widths[2 if lead else 1] = (0, tail)
-        return jnp.pad(x, widths)
-
-    cache = KVCache(rows(level.k, True), rows(level.v, True), rows(level.pos, False),
-                    rows(level.valid, False))
-    slot = jnp.pad(jnp.repeat(jnp.arange(m, dtype=jnp.int32), S), (0, tail), constant_values=-1)
-    return cache, jnp.broadcast_to(slot, (B, keys))
+    cache = KVCache(pool.k[:, 0, src], pool.v[:, 0, src], pool.pos[0, src], pool.valid[0, src])
+    return cache, jnp.broadcast_to(key_slot, src.shape)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "sequence", "attention"))
@@ -138,43 +105,32 @@ def packed_call(graphdef, state, cache: KVCache, cache_slot, inputs: PackedInput
     return jnp.take_along_axis(lp, x.targets[:, None], axis=-1)[:, 0], kv
 
 
-@functools.partial(jax.jit, donate_argnames=("level",))
-def write_children(level: KVCache, parent: KVCache, kv: KVCache, children: ChildWrites):
-    """Children written in place into the donated ``level`` buffer: child row
-    ``child[c]`` (out of range: ignored) = parent row ``parent_row[c]`` then the
-    ``length[c]`` new tokens at flat position ``start[c]`` of the call's ``kv``."""
+@functools.partial(jax.jit, donate_argnames=("pool",))
+def write_tokens(pool: KVCache, kv: KVCache, dst):
+    """The call's new keys ``kv`` (``[L, B, W, K, Dh]``) written in place into the
+    donated ``pool``: token ``i`` of the flattened ``B x W`` at pool position
+    ``dst[i]`` (out of range: not kept)."""
     COMPILES["write"] += 1
-    child, parent_row, start, length = children
-    L, BW = kv.k.shape[0], kv.k.shape[1] * kv.k.shape[2]
-    T = level.length - parent.length
-    col = jnp.arange(T)
-    src = jnp.clip(start[:, None] + col, 0, BW - 1)  # [C, T]
-    ok = col[None, :] < length[:, None]
+    L, B, W = kv.k.shape[:3]
 
-    def seg(x, lead):
-        flat = x.reshape((L, BW) + x.shape[3:]) if lead else x.reshape(BW)
-        return flat[:, src] if lead else flat[src]
+    def put(dst_arr, new, lead):
+        if lead:
+            flat = new.reshape((L, B * W) + new.shape[3:]).astype(dst_arr.dtype)
+            return dst_arr.at[:, 0, dst].set(flat, mode="drop")
+        return dst_arr.at[0, dst].set(new.reshape(B * W), mode="drop")
 
-    def put(dst, par, new, lead):
-        rows = jnp.concatenate([par[:, parent_row] if lead else par[parent_row], new.astype(dst.dtype)],
-                               axis=2 if lead else 1)
-        return dst.at[:, child].set(rows, mode="drop") if lead else dst.at[child].set(rows, mode="drop")
-
-    okb = ok[None, :, :, None, None]
-    return KVCache(put(level.k, parent.k, jnp.where(okb, seg(kv.k, True), 0), True),
-                   put(level.v, parent.v, jnp.where(okb, seg(kv.v, True), 0), True),
-                   put(level.pos, parent.pos, jnp.where(ok, seg(kv.pos, False), 0), False),
-                   put(level.valid, parent.valid, ok & seg(kv.valid, False), False))
+    return KVCache(put(pool.k, kv.k, True), put(pool.v, kv.v, True), put(pool.pos, kv.pos, False),
+                   put(pool.valid, kv.valid, False))
 
 
-@functools.partial(jax.jit, static_argnames=("config", "rows", "length", "dtype", "sharding"))
-def empty_level(config, rows: int, length: int, dtype, sharding=None):
-    """A zeroed level buffer ``[L, rows, length, K, Dh]`` (all positions invalid),
-    its rows split over the mesh's data axis when there is one."""
-    COMPILES["level"] += 1
+@functools.partial(jax.jit, static_argnames=("config", "tokens", "dtype", "sharding"))
+def empty_pool(config, tokens: int, dtype, sharding=None):
+    """A zeroed token pool ``[L, 1, tokens, K, Dh]`` (all positions invalid), its key
+    and value heads split over the mesh's model axis when there is one."""
+    COMPILES["pool"] += 1
     L, K, Dh = config.num_layers, config.num_kv_heads, config.head_dim
-    z = jnp.zeros((L, rows, length, K, Dh), dtype)
-    out = KVCache(z, z, jnp.zeros((rows, length), jnp.int32), jnp.zeros((rows, length), bool))
+    z = jnp.zeros((L, 1, tokens, K, Dh), dtype)
+    out = KVCache(z, z, jnp.zeros((1, tokens), jnp.int32), jnp.zeros((1, tokens), bool))
     if sharding is not None:
         out = jax.lax.with_sharding_constraint(out, sharding)
     return out

@@ -14,16 +14,16 @@ continue the nodes of depth d - 1 (depth 0: the empty root) and are of two kinds
 * a query row: a query (with the label's tokens before the last one, in sequence
   mode) after a context of d - 1 demonstrations, read out at its label positions.
 
-The model-free programs around the model program (a level's buffer, the gather of a
-call's slots, the write of its children) take the level shapes, so those are
-bucketed (:func:`level_lengths`, :func:`level_rows`): level d holds ``d x s`` tokens
-per node with ``s`` the longest segment rounded up to a power of two, and its rows
-are the nodes rounded up to an eighth of their octave. Seeds whose longest
-demonstrations fall in one octave then share every program, within a process and
-through the persistent compilation cache. The cost: a level holds at most twice its
-nodes' tokens (the power of two) and 12.5% more rows; the planner counts the padded
-shapes (:func:`chunk_bounds`, :func:`sc_jax.scoring.memory.level_peak_tokens`), so a
-plan stays an upper bound of what the engine allocates.
+Every node's own tokens (its segment) are computed once and kept, for the whole
+chunk, in one token pool (a KV cache of ``pool`` tokens, :func:`pool_tokens`): a node
+of depth d holds ``tokens`` pool positions (:attr:`Chunk.start`), and the cache of an
+item is the concatenation of its ancestors' positions, gathered on the device per
+call. The positions are host data, so the model-free programs around the model
+program (the pool's buffer, the gather of a call's slots, the write of its new keys)
+take only the call shape and the pool's size, which the memory policy fixes: another
+seed or another dataset compiles none of them. Calls run ``B`` rows or fewer
+(:func:`sc_jax.scoring.packing.row_ladder`): a few call sizes, shared by every dataset,
+so a depth's last call is not padded to ``B`` rows.
 """
 
 from __future__ import annotations
@@ -32,19 +32,15 @@ import dataclasses
 
 import numpy as np
 
-from sc_jax.scoring.packing import MIN_CACHE, PackedDepth, PackShape, pack_depth, pow2_at_least
-
-def level_rows(nodes, n_devices: int = 1):
-    """Rows of the level buffer of ``nodes`` trie nodes (an int or an array of them):
-    rounded up to a multiple of an eighth of the largest power of two not above
-    ``nodes`` (at most 12.5% more, eight sizes per octave) and of ``n_devices`` (the
-    rows are split over the mesh's data axis). The engine allocates these rows and
-    the planner counts them."""
-    n = np.asarray(nodes, np.int64)
-    octave = np.left_shift(1, np.floor(np.log2(np.maximum(n, 1))).astype(np.int64))
-    step = np.lcm(np.maximum(octave // 8, 1), int(n_devices))
-    rows = -(-n // step) * step
-    return int(rows) if rows.ndim == 0 else rows
+from sc_jax.scoring.packing import (
+    MIN_CACHE,
+    PackedDepth,
+    PackShape,
+    pack_depth,
+    pow2_at_least,
+    row_ladder,
+    split_rows,
+)
 
 
 
@@ -53,9 +49,11 @@ def level_rows(nodes, n_devices: int = 1):
 class Chunk:
     """The trie of the contexts of one chunk, depth by depth.
 
-    ``demo[d]``, ``parent[d]``, ``length[d]``: per node of depth d (1..D), its last
-    demonstration, its parent's index at depth d - 1 (0: the root) and its real
-    tokens (BOS included); depth 0 is the root (one node, 0 tokens).
+    ``demo[d]``, ``parent[d]``, ``length[d]``, ``start[d]``: per node of depth d
+    (1..D), its last demonstration, its parent's index at depth d - 1 (0: the root),
+    its real tokens (BOS included) and the pool position of its own tokens (its
+    segment); depth 0 is the root (one node, 0 tokens). Pool position 0 is never
+    written (the padding of every gathered cache reads it).
     ``queries[d]``: the query rows after the nodes of depth d, as (node [n], query row
     [n], output index [n]), output index into the concatenation of every job's rows.
     """
@@ -63,7 +61,14 @@ class Chunk:
     demo: list[np.ndarray]
     parent: list[np.ndarray]
     length: list[np.ndarray]
+    start: list[np.ndarray]
     queries: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]
+
+    @property
+    def tokens(self) -> int:
+        """Pool positions the chunk uses: its nodes' own tokens and position 0."""
+        return 1 + int(sum((ln - self.length[d - 1][p]).sum()
+                           for d, (ln, p) in enumerate(zip(self.length[1:], self.parent[1:]), 1)))
 
     @property
     def depth(self) -> int:
@@ -101,25 +106,31 @@ def _new_nodes(sorted_ctx: np.ndarray) -> np.ndarray:
     return diff & real
 
 
-def chunk_bounds(sorted_ctx: np.ndarray, level_len, max_cache_tokens: int,
-                 n_devices: int = 1) -> list[tuple[int, int]]:
-    """Cut the sorted contexts into runs whose every trie level fits
-    ``max_cache_tokens`` (the level buffer's rows, :func:`level_rows`, x level
-    length; a level and its parent are alive together, and the engine's budget
-    counts each)."""
-    new = _new_nodes(sorted_ctx).astype(np.int64)
-    cum = np.vstack([np.zeros((1, new.shape[1]), np.int64), np.cumsum(new, axis=0)])
-    per = np.asarray(level_len[1:], np.int64)
-    real = sorted_ctx >= 0
+def _node_tokens(sorted_ctx: np.ndarray, seg_len: np.ndarray, n_bos: int) -> np.ndarray:
+    """``[M, D]``: the tokens of the node each context makes at depth d + 1 (its
+    segment, BOS at depth 1; 0 past the context's end)."""
+    tok = np.where(sorted_ctx >= 0, seg_len[np.maximum(sorted_ctx, 0)], 0)
+    if tok.shape[1]:
+        tok[:, 0] += n_bos * (sorted_ctx[:, 0] >= 0)
+    return tok
+
+
+def chunk_bounds(sorted_ctx: np.ndarray, node_tokens: np.ndarray, pool: int) -> list[tuple[int, int]]:
+    """Cut the sorted contexts into runs whose trie nodes' own tokens
+    (``node_tokens``, :func:`_node_tokens`), with pool position 0, fit ``pool``
+    tokens; one context always runs."""
+    new = _new_nodes(sorted_ctx)
+    made = (new * node_tokens).sum(1)  # tokens of the nodes context r makes
+    whole = node_tokens.sum(1)  # ... and of every node of its own (a chunk's first)
+    cum = np.r_[0, np.cumsum(made)]
     M = len(sorted_ctx)
     out, s = [], 0
 
-    def fits(s, e):  # contexts s..e-1: the first one creates every node of its own
-        counts = cum[e] - cum[s] - new[s] + real[s]
-        return int((level_rows(counts, n_devices) * per).max()) <= max_cache_tokens
+    def fits(s, e):
+        return 1 + int(cum[e] - cum[s] - made[s] + whole[s]) <= pool
 
     while s < M:
-        lo, hi = s + 1, M  # the largest e with fits(s, e); one context always runs
+        lo, hi = s + 1, M  # the largest e with fits(s, e)
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if fits(s, mid):
@@ -131,11 +142,11 @@ def chunk_bounds(sorted_ctx: np.ndarray, level_len, max_cache_tokens: int,
     return out
 
 
-def build_chunks(jobs, nr: int, seg_len: np.ndarray, n_bos: int, level_len,
-                 max_cache_tokens: int, n_devices: int = 1) -> list[Chunk]:
+def build_chunks(jobs, nr: int, seg_len: np.ndarray, n_bos: int, pool: int) -> list[Chunk]:
     """The chunks of the union trie of ``jobs`` (each ``(contexts [M_j, i_j], pairs
-    [N_j, 2])``). Output index of job j's pair r, label row t: ``offset_j + r * nr + t``
-    with ``offset_j`` the rows of the jobs before it."""
+    [N_j, 2])``), each within ``pool`` tokens (:func:`chunk_bounds`). Output index of
+    job j's pair r, label row t: ``offset_j + r * nr + t`` with ``offset_j`` the rows
+    of the jobs before it."""
     ctx, _, ctx_off = _padded_contexts(jobs)
     order = np.lexsort(ctx.T[::-1])
     sorted_ctx = ctx[order]
@@ -155,18 +166,23 @@ def build_chunks(jobs, nr: int, seg_len: np.ndarray, n_bos: int, level_len,
     by_ctx = np.argsort(pos, kind="stable")
     pos, qrow, dest = pos[by_ctx], qrow[by_ctx], dest[by_ctx]
     chunks = []
-    for s, e in chunk_bounds(sorted_ctx, level_len, max_cache_tokens, n_devices):
+    tokens = _node_tokens(sorted_ctx, seg_len, n_bos)
+    for s, e in chunk_bounds(sorted_ctx, tokens, pool):
         part = sorted_ctx[s:e]
         new = _new_nodes(part)
         node_of = np.cumsum(new, axis=0) - 1  # [C, D]: node index at each depth
         demo, parent, length = [np.zeros(1, np.int64)], [np.zeros(1, np.int64)], [np.zeros(1, np.int64)]
+        start, used = [np.zeros(1, np.int64)], 1  # pool position 0: never written
         for d in range(part.shape[1]):
             rows = np.flatnonzero(new[:, d])
             if rows.size == 0:
                 break
             demo.append(part[rows, d])
             parent.append(node_of[rows, d - 1] if d else np.zeros(rows.size, np.int64))
-            length.append(length[-1][parent[-1]] + seg_len[part[rows, d]] + (n_bos if d == 0 else 0))
+            own = tokens[s + rows, d]
+            length.append(length[-1][parent[-1]] + own)
+            start.append(used + np.r_[0, np.cumsum(own)[:-1]])
+            used += int(own.sum())
         lo, hi = np.searchsorted(pos, [s, e])
         local = pos[lo:hi] - s
         size = (part[local] >= 0).sum(1)
@@ -174,7 +190,7 @@ def build_chunks(jobs, nr: int, seg_len: np.ndarray, n_bos: int, level_len,
         for d in np.unique(size):
             sel = size == d
             queries[int(d)] = (node_of[local[sel], d - 1], qrow[lo:hi][sel], dest[lo:hi][sel])
-        chunks.append(Chunk(demo, parent, length, queries))
+        chunks.append(Chunk(demo, parent, length, start, queries))
     return chunks
 
 
@@ -219,61 +235,78 @@ def schedule_geometry(jobs, *, seg_len, n_bos: int, qlen) -> tuple[int, int]:
 # ------------------------------------------------------------------ the whole schedule
 @dataclasses.dataclass
 class Schedule:
-    """Every call of one engine call: ``shape``, per chunk its depths (packed), the
-    level lengths ``level_len`` (tokens per node at each depth, padded), the
-    count of output rows ``n_out`` and the devices the levels' rows are split over."""
+    """Every call of one engine call: ``shapes``, the call sizes (largest first,
+    :func:`sc_jax.scoring.packing.row_ladder`; ``shape`` the largest), per chunk its
+    depths (packed), the slot lengths ``level_len`` (tokens per node at each depth,
+    padded: a depth-d item's cache slot holds ``level_len[d - 1]``), the count of
+    output rows ``n_out``, the pool's tokens ``pool`` (:func:`pool_tokens`) and the
+    devices the calls' rows are split over."""
 
-    shape: PackShape
+    shapes: tuple[PackShape, ...]
     level_len: tuple[int, ...]
     chunks: list[list[PackedDepth]]
     trie: list[Chunk]
     n_out: int
+    pool: int
     n_devices: int = 1
 
-    def level_shape(self, chunk: int, d: int) -> tuple[int, int]:
-        """(rows, tokens per row) of the buffer of level ``d`` of ``chunk``: what the
-        engine allocates and the planner counts."""
-        return level_rows(self.trie[chunk].nodes(d), self.n_devices), self.level_len[d]
+    @property
+    def shape(self) -> PackShape:
+        return self.shapes[0]
 
     def calls(self):
-        """(chunk index, packed depth, first row) of every call, in order."""
-        B = self.shape.B
+        """(chunk index, packed depth, first row, call shape) of every call, in order:
+        each depth's rows in calls of the sizes :func:`sc_jax.scoring.packing.split_rows`
+        picks."""
+        by_rows = {sh.B: sh for sh in self.shapes}
         for ci, depths in enumerate(self.chunks):
             for st in depths:
-                for r0 in range(0, st.rows, B):
-                    yield ci, st, r0
+                r0 = 0
+                for b in split_rows(st.rows, list(by_rows)):
+                    yield ci, st, r0, by_rows[b]
+                    r0 += b
 
     @property
     def programs(self) -> set[tuple[int, ...]]:
-        """Distinct model programs (:attr:`PackShape.program`): one per schedule."""
-        return {self.shape.program}
+        """Distinct model programs (:attr:`PackShape.program`): one per call size, every
+        one compiled by the engine (a later dataset needing another size would compile it)."""
+        return {sh.program for sh in self.shapes}
+
+
+def pool_tokens(policy_tokens: int, trie: list[Chunk]) -> int:
+    """Tokens of the pool: the policy's ``policy_tokens`` (a function of the memory
+    budget, so one pool shape for every dataset), or where one context alone is
+    longer (a chunk of one context over it), a power of two that holds it."""
+    need = max((ch.tokens for ch in trie), default=1)
+    return policy_tokens if need <= policy_tokens else pow2_at_least(need)
 
 
 def segment_slot(seg_max: int) -> int:
-    """Tokens each level adds per node: the longest segment ``seg_max`` (BOS included)
-    rounded up to a power of two, at least :data:`MIN_CACHE`. A power of two, not a
-    multiple of 32, so that seeds of one dataset (whose longest demonstrations differ
-    by a few tokens) get the same level shapes, hence the same model-free programs."""
+    """Tokens each depth adds to a cache slot: the longest segment ``seg_max`` (BOS
+    included) rounded up to a power of two, at least :data:`MIN_CACHE` (slots of
+    whole key blocks). Host data only: it sets how many nodes share a row's cache
+    (:func:`sc_jax.scoring.packing.pack`), no program's shape."""
     return max(MIN_CACHE, pow2_at_least(seg_max))
 
 
 def level_lengths(seg_max: int, depth: int) -> tuple[int, ...]:
-    """Tokens per node of each level 0..depth, padded: level d holds its parent's row
-    and one slot of :func:`segment_slot` tokens, ``d x segment_slot(seg_max)``."""
+    """Cache slot length of the nodes of each depth 0..depth, padded:
+    ``d x segment_slot(seg_max)`` (a node's ancestors' tokens, one slot each)."""
     s = segment_slot(seg_max)
     return tuple(d * s for d in range(depth + 1))
 
 
 def build_schedule(jobs, *, shape: PackShape, nr: int, seg_len, n_bos: int, qlen, readouts,
                    max_cache_tokens: int, n_devices: int = 1) -> Schedule:
-    """The packed schedule of ``jobs`` in calls of ``shape`` (see the module docstring).
+    """The packed schedule of ``jobs`` in calls of ``shape`` and its halvings (see the
+    module docstring).
 
     seg_len ``[k]``: tokens of each demonstration's segment (no BOS); qlen ``[Rq]``:
     tokens of each query row; readouts ``[Rq]``: positions read out per query row;
-    ``max_cache_tokens``: tokens of one trie level (its buffer's rows split over
-    ``n_devices``, :func:`level_rows`). ``shape`` must hold the longest
-    item (``W``) and the deepest level (``cache``): :func:`schedule_geometry`. Its
-    ``R`` and ``C`` grow (powers of two) where a call needs more.
+    ``max_cache_tokens``: the pool's tokens (the trie is cut into chunks whose nodes'
+    tokens fit, :func:`pool_tokens`). ``shape`` must hold the longest item (``W``)
+    and the deepest context (``cache``): :func:`schedule_geometry`. Its ``R`` grows
+    (a power of two) where a call needs more.
     """
     seg_len = np.asarray(seg_len, np.int64)
     qlen = np.asarray(qlen, np.int64)
@@ -284,7 +317,7 @@ def build_schedule(jobs, *, shape: PackShape, nr: int, seg_len, n_bos: int, qlen
         raise ValueError(f"a call of {shape} cannot hold an item of {longest} tokens and a "
                          f"cached context of {deepest}")
     slots = slot_lengths(level_len)
-    trie = build_chunks(jobs, nr, seg_len, n_bos, level_len, max_cache_tokens, n_devices)
+    trie = build_chunks(jobs, nr, seg_len, n_bos, max_cache_tokens)
     chunks = []
     for ch in trie:
         depths = []
@@ -294,15 +327,15 @@ def build_schedule(jobs, *, shape: PackShape, nr: int, seg_len, n_bos: int, qlen
                 S = slots[d - 1]
                 depths.append(pack_depth(it, d, S, shape.W, max(1, shape.cache // S)))
         chunks.append(depths)
-    R, C = shape.R, shape.C
-    readouts = np.asarray(readouts, np.int64)
-    for depths in chunks:
-        for st in depths:
-            for r0 in range(0, st.rows, shape.B):
-                sel = (st.row >= r0) & (st.row < r0 + shape.B)
-                q = sel & (st.kind == 1)
-                R = max(R, int(readouts[st.ref[q]].sum()))
-                C = max(C, int((sel & (st.kind == 0)).sum()))
-    shape = dataclasses.replace(shape, R=pow2_at_least(R), C=pow2_at_least(C))
     n_out = sum(len(np.asarray(p).reshape(-1, 2)) for _, p in jobs) * nr
-    return Schedule(shape, level_len, chunks, trie, n_out, n_devices)
+    pool = pool_tokens(max_cache_tokens, trie)
+    sched = Schedule(row_ladder(shape, n_devices), level_len, chunks, trie, n_out, pool, n_devices)
+    # Readouts: the largest call's R covers every call's, scaled to its size.
+    R = shape.R
+    readouts = np.asarray(readouts, np.int64)
+    for _, st, r0, sh in sched.calls():
+        sel = (st.row >= r0) & (st.row < r0 + sh.B) & (st.kind == 1)
+        R = max(R, -(-int(readouts[st.ref[sel]].sum()) * shape.B // sh.B))
+    if R > shape.R:
+        sched.shapes = row_ladder(dataclasses.replace(shape, R=pow2_at_least(R)), n_devices)
+    return sched

@@ -92,11 +92,11 @@ def xla_call_bytes(config, dtype, shape: PackShape, *, mode: str = "first_token"
 
 
 def xla_peak_bytes(config, dtype, planned: Planned, *, model_shards: int = 1, **kw) -> dict[str, Any]:
-    """XLA's peak for the model program of a schedule: arguments (the weights,
+    """XLA's peak for the model program of a schedule's largest calls: arguments (the weights,
     the gathered cache, the packed rows) + outputs + temps - aliased bytes, plus the
-    trie levels resident beside the program (``level_peak_tokens`` x KV bytes per
+    token pool resident beside the program (``level_peak_tokens`` x KV bytes per
     token, as in the planned peak), beside ``planned_peak_of_that_call``: the planned
-    figure for the same program (weights + levels + :func:`packed_temp_bytes`), and
+    figure for the same program (weights + pool + :func:`packed_temp_bytes`), and
     XLA's four figures as ``xla_argument_bytes``, ``xla_output_bytes``,
     ``xla_temp_bytes`` and ``xla_alias_bytes``."""
     sched, b = planned.schedule, planned.budgets
@@ -159,24 +159,28 @@ def compile_call_seconds(config, dtype, shape: PackShape, **kw) -> dict[str, Any
     return {"seconds": (t1 - t0) + compile_s, "wall_seconds": t2 - t0, "cached": cached}
 
 
-def compile_seconds(config, dtype, shape: PackShape, *, measured: dict, mode: str, mesh=None,
+def compile_seconds(config, dtype, shape, *, measured: dict, mode: str, mesh=None,
                     progress: bool = False, attention: str = "dense") -> dict[str, Any]:
-    """Compile seconds of the engine's model program for calls of ``shape`` (the
-    model-free gathers and writes beside it compile in milliseconds and are left
-    out): ``programs``, ``compile_seconds``, ``compile_wall_seconds`` and
-    ``compile_cache_hits``. ``measured`` (program -> figures) carries programs
-    already compiled by this plan, so a program two settings share is compiled once
-    and counted once (``programs`` 0 where it was)."""
-    program = (shape.program, mode)
+    """Compile seconds of the engine's model programs for calls of ``shape`` (a
+    :class:`PackShape`, or a schedule's call sizes, summed; the model-free gathers
+    and writes beside them compile in milliseconds and are left out): ``programs``,
+    ``compile_seconds``, ``compile_wall_seconds`` and ``compile_cache_hits``.
+    ``measured`` (program -> figures) carries programs already compiled by this plan,
+    so a program two settings share is compiled once and counted once (``programs`` 0
+    where it was)."""
     out = {"programs": 0, "compile_seconds": 0.0, "compile_wall_seconds": 0.0,
            "compile_cache_hits": 0}
-    if program in measured:
-        return out
-    m = measured[program] = compile_call_seconds(config, dtype, shape, mode=mode, mesh=mesh,
-                                                 attention=attention)
-    if progress:
-        log.info("  compiled B=%d W=%d cache=%d R=%d labels=%d in %.1f s%s", *program[0], m["seconds"],
-                 f" (served from the persistent cache in {m['wall_seconds']:.1f} s)"
-                 if m["cached"] else "")
-    return {"programs": 1, "compile_seconds": m["seconds"], "compile_wall_seconds": m["wall_seconds"],
-            "compile_cache_hits": int(m["cached"])}
+    for sh in (shape,) if isinstance(shape, PackShape) else shape:
+        program = (sh.program, mode)
+        if program in measured:
+            continue
+        m = measured[program] = compile_call_seconds(config, dtype, sh, mode=mode, mesh=mesh,
+                                                     attention=attention)
+        if progress:
+            log.info("  compiled B=%d W=%d cache=%d R=%d labels=%d in %.1f s%s", *program[0], m["seconds"],
+                     f" (served from the persistent cache in {m['wall_seconds']:.1f} s)"
+                     if m["cached"] else "")
+        for key, v in (("programs", 1), ("compile_seconds", m["seconds"]),
+                       ("compile_wall_seconds", m["wall_seconds"]), ("compile_cache_hits", int(m["cached"]))):
+            out[key] += v
+    return out

@@ -36,6 +36,7 @@ from sc_jax.models.config import ModelConfig, preset, preset_hf_config
 from sc_jax.scoring.enumeration import all_contexts, surrogate_pairs
 from sc_jax.experiment.config import RunConfig
 from sc_jax.scoring.memory import MemoryPolicy, PlanError, weight_bytes
+from sc_jax.scoring.packing import row_ladder
 from sc_jax.models.sources import load_config_and_tokenizer
 from sc_jax.models.named_models import MODELS, ModelFetchError, cache_root, tokenizer_file
 from sc_jax.scoring.prompts import TEMPLATES, Template, build_pieces
@@ -76,12 +77,12 @@ def test_schedule_is_the_engines():
     pieces = build_pieces(model.tokenizer, Template("review:", "sentiment:", ("neg", "pos", "mix")),
                           demos, short)
     # A full-context job (base) and surrogate jobs of sizes 1 and 2, as one seed's jobs;
-    # 1000 cached tokens make two chunks.
+    # A pool of 300 tokens makes several chunks.
     jobs = {"base": (np.arange(k)[None], np.stack([np.zeros(6, np.int64), np.arange(k, k + 6)], 1))}
     for i in (1, 2):
         ctx = all_contexts(k, i)
         jobs[f"surrogate{i}"] = (ctx, surrogate_pairs(ctx, k))
-    tokens, cache = 512, 1000
+    tokens, cache = 512, 300
     eng = ScoringEngine(model, max_tokens_per_batch=tokens, max_cache_tokens=cache, progress=False)
     result = eng.score_jobs(pieces, jobs, "first_token")
     policy = MemoryPolicy(GIB, enforced=False, platform="cpu", max_tokens_per_batch=tokens,
@@ -91,8 +92,9 @@ def test_schedule_is_the_engines():
     st = result.stats
     assert (r["calls"], r["unique_tokens"], r["executed_tokens"], r["programs"]) == \
         (st.calls, st.tokens, st.padded_tokens, st.programs)
-    assert p.schedule.shape == st.shape and r["executed_tokens"] == st.calls * st.shape.B * st.shape.W
-    assert len(p.schedule.chunks) > 1 and st.programs == 1 and len(r["depths"]) == k + 1
+    assert p.schedule.shape == st.shape
+    assert r["executed_tokens"] == sum(sh.B for *_, sh in p.schedule.calls()) * st.shape.W
+    assert len(p.schedule.chunks) > 1 and st.programs == len(p.schedule.shapes) and len(r["depths"]) == k + 1
     # Stages add up; depth 1 holds segments only, the last stage (after the full
     # context) query rows only.
     for key in ("calls", "unique_tokens", "executed_tokens", "padding_tokens"):
@@ -124,7 +126,7 @@ def test_cost_model_counts_the_keys_the_device_scores(platform):
     sched, sh = p.schedule, p.schedule.shape
     tok = _Tokens(pieces, "first_token")
     bq, bk = BLOCKS[platform]
-    for _, st, r0 in sched.calls():
+    for _, st, r0, sh in sched.calls():
         a = call_arrays(tok, sh, st, r0)
         slot_of_key = np.full(sh.cache, -1)
         slot_of_key[:st.m * st.S] = np.repeat(np.arange(st.m), st.S)
@@ -185,9 +187,10 @@ def test_readout_cost_at_gemma_3s_262k_vocabulary():
     first = costs.replay(sched, cfg, itemsize=2)
     seq = costs.replay(sched, cfg, itemsize=2, mode="sequence")
     calls = first["calls"]
-    assert first["readout_flops"] == calls * 2 * sh.R * D * sh.labels
-    assert seq["readout_flops"] == calls * 2 * sh.R * D * V
-    assert seq["readout_bytes"] > calls * (V * D * 2 + sh.R * V * 4)  # the table, the logits
+    R = sum(call.R for *_, call in sched.calls())  # readouts of every call, of each call size
+    assert first["readout_flops"] == 2 * R * D * sh.labels
+    assert seq["readout_flops"] == 2 * R * D * V
+    assert seq["readout_bytes"] > calls * V * D * 2 + R * V * 4  # the table, the logits
     assert seq["dense_flops"] - first["dense_flops"] == pytest.approx(
         seq["readout_flops"] - first["readout_flops"])
     assert seq["flops"] == pytest.approx(seq["dense_flops"] + seq["attention_flops"])
@@ -256,13 +259,14 @@ def test_cli_plan_writes_json(data_dir, tmp_path, capsys):
     assert p["attention"] == "blocked" and "measured on this cpu" in p["attention_source"]
     assert s["executed_tokens"] == s["unique_tokens"] + s["padding_tokens"]
     assert s["executed_per_unique"] == pytest.approx(s["executed_tokens"] / s["unique_tokens"])
-    assert s["executed_tokens"] == s["calls"] * s["shape"]["B"] * s["shape"]["W"]
+    assert s["executed_tokens"] == sum(int(b) * n for b, n in s["call_sizes"].items()) * s["shape"]["W"]
+    assert sum(s["call_sizes"].values()) == s["calls"] and str(s["shape"]["B"]) in s["call_sizes"]
     assert s["peak_bytes"] == s["weight_bytes"] + s["cache_bytes"] + s["temp_bytes"]
-    # Every stage's tokens and calls add up to the setting's; one model program, whose
-    # cached keys hold every stage's slots.
+    # Every stage's tokens and calls add up to the setting's; one model program per call
+    # size, whose cached keys hold every stage's slots.
     for key in ("unique_tokens", "executed_tokens", "padding_tokens", "calls"):
         assert sum(st[key] for st in s["depths"].values()) == s[key], key
-    assert s["programs"] == 1 and s["xla_program"]["cache"] == s["shape"]["cache"]
+    assert 1 <= s["programs"] <= 3 and s["xla_program"]["cache"] == s["shape"]["cache"]
     assert all(st["m"] * st["S"] <= s["shape"]["cache"] for st in s["depths"].values())
     assert sum(s["job_pairs"].values()) == s["pairs"] and "surrogate1" in s["job_pairs"]
     assert p["budget_bytes"] == 2 * GIB and p["seeds"] == 2 and p["programs"] == s["programs"]
@@ -510,7 +514,7 @@ def test_compile_seconds_of_the_one_model_program():
     c = xla_costs.compile_seconds(cfg, np.float32, sh, measured=measured, mode="first_token")
     assert c["programs"] == len(measured) == 1 and c["compile_seconds"] > 0
     other = schedule(texts[4:], ("bad", "good", "so-so"))
-    assert other.programs == {sh.program}
+    assert other.programs == {s.program for s in row_ladder(sh)}
     again = xla_costs.compile_seconds(cfg, np.float32, other.shape, measured=measured, mode="first_token")
     assert again["programs"] == 0 and len(measured) == 1
     seq = xla_costs.compile_seconds(cfg, np.float32, sh, measured=measured, mode="sequence")
@@ -612,7 +616,9 @@ def test_plan_of_a_random_path(tmp_path, data_dir, capsys):
     assert (p["tokenizer_tokens"], p["embedding_rows"]) == (256, 613)
     s = p["settings"][0]
     # Sequence mode reads out against the whole vocabulary, in every call.
-    assert s["readout_flops"] == s["calls"] * 2 * s["shape"]["R"] * 60 * 613
+    sh = s["shape"]  # each call size's readouts: R scaled to its rows
+    R = sum(n * max(8, sh["R"] * int(b) // sh["B"]) for b, n in s["call_sizes"].items())
+    assert s["readout_flops"] == 2 * R * 60 * 613
     assert f"\ntokenizer: the model's own, 256 tokens for 613 embedding rows ({d / 'tokenizer.json'})\n" \
         in capsys.readouterr().out
 

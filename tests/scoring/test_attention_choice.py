@@ -27,7 +27,7 @@ from sc_jax.scoring.enumeration import all_contexts, surrogate_pairs
 from sc_jax.scoring.packing import PackShape
 from sc_jax.scoring.prompts import Template, build_pieces
 
-SHAPE = PackShape(B=2, W=64, cache=128, R=8, C=8, labels=8)
+SHAPE = PackShape(B=2, W=64, cache=128, R=8, labels=8)
 PLANTED = ("broken", "fails_at_run", "wrong")
 
 
@@ -110,7 +110,7 @@ def test_choice_is_the_fastest_good_trial_and_is_kept(config, plant, monkeypatch
     assert cached and again == name and trials2 == trials
     # Another call shape is another decision.
     with pytest.raises(AssertionError, match="timed again"):
-        ac.choose_attention(config, jnp.float32, PackShape(4, 64, 128, 8, 8, 8), platform="gpu",
+        ac.choose_attention(config, jnp.float32, PackShape(4, 64, 128, 8, 8), platform="gpu",
                             cache_dir=str(tmp_path))
 
 

@@ -1,8 +1,8 @@
-"""The engine's model-free programs (level buffers, slot gathers, child writes) are
-shaped from the call shape and bucketed level sizes: another seed of the same data,
-or another dataset whose longest demonstration falls in the same power of two,
-compiles no program of any kind; the plan counts the bucketed buffers the engine
-allocates."""
+"""The engine's programs (the token pool, slot gathers, writes, the model program of
+each call size) are shaped from the memory policy alone: another seed or another
+dataset compiles no program of any kind, or at most the writes of call sizes the
+first one did not use, whatever the lengths of its demonstrations; the plan counts
+the pool the engine allocates, and the call sizes bound the padding."""
 
 import numpy as np
 import pytest
@@ -13,14 +13,17 @@ from sc_jax.runtime.timing import CompileMeter
 from sc_jax.scoring.engine import ScoringEngine
 from sc_jax.scoring.enumeration import all_contexts, sample_contexts, surrogate_pairs
 from sc_jax.scoring.memory import level_peak_tokens
+from sc_jax.scoring.packing import PackShape, row_ladder, split_rows
 from sc_jax.scoring.programs import COMPILES
 from sc_jax.scoring.prompts import Template, build_pieces
-from sc_jax.scoring.schedule import level_lengths, level_rows, segment_slot
+from sc_jax.scoring.reference import score_plain
+from sc_jax.scoring.schedule import level_lengths, segment_slot
 
 K = 4
 WORDS = "good bad movie plot actor great terrible fine boring fun dull superb".split()
 REVIEWS = Template("review:", "sentiment:", ("negative", "positive"))
 NEWS = Template("headline:", "topic:", ("world", "sports", "business", "tech"))
+SHORT = Template("r:", "s:", ("neg", "pos"))
 
 
 @pytest.fixture(scope="module")
@@ -48,16 +51,18 @@ def _longest_segment(pieces):
     return max(len(pieces.segment(j)) for j in range(K)) + len(pieces.bos)
 
 
-def test_level_buckets_bound_their_padding():
-    """Level rows: at most 12.5% over the nodes, multiples of the data axis; level
+def test_call_sizes_bound_their_padding():
+    """Call sizes: B and its halvings, multiples of the data axis; a depth's rows are
+    covered by calls of those sizes with less padding than the smallest size. Slot
     lengths: multiples of one power-of-two slot, under twice the unpadded lengths."""
-    n = np.arange(1, 5000)
-    for devices in (1, 2, 8):
-        rows = level_rows(n, devices)
-        assert (rows >= n).all() and (rows % devices == 0).all()
-        assert (rows - n < np.maximum(n / 8, devices)).all()
-        assert (np.diff(rows) >= 0).all()
-    assert len(set(level_rows(np.arange(1025, 2049)).tolist())) == 8
+    for B, devices in ((32, 1), (16, 2), (8, 8), (1, 1)):
+        ladder = row_ladder(PackShape(B, 128, 256, R=64), devices)
+        sizes = [sh.B for sh in ladder]
+        assert sizes[0] == B and all(b % devices == 0 for b in sizes) and len(sizes) <= 3
+        assert all(sh.R * B == ladder[0].R * sh.B or sh.R == 8 for sh in ladder)
+        for rows in range(1, 5 * B + 3):
+            calls = split_rows(rows, sizes)
+            assert set(calls) <= set(sizes) and 0 <= sum(calls) - rows < sizes[-1]
     for seg in (1, 31, 33, 64, 65, 200):
         lens = level_lengths(seg, 4)
         assert lens[0] == 0 and all(b - a == segment_slot(seg) for a, b in zip(lens, lens[1:]))
@@ -89,36 +94,58 @@ def test_other_seeds_and_datasets_compile_nothing(model):
             np.testing.assert_allclose(got[tag], fresh[tag], atol=1e-5)
 
 
-def test_plan_counts_the_level_buffers_the_engine_allocates(model, monkeypatch):
-    """Chunks cut where a level of 17 nodes fits but its bucketed 18 rows would not:
-    every buffer the engine allocates is a shape the plan counted, within
-    ``max_cache_tokens``, and a level with its parent within the planned peak; the
-    scores equal an unchunked engine's."""
+def test_datasets_of_other_lengths_compile_at_most_two(model):
+    """One engine scores a short-text task (longest demonstration under 32 tokens),
+    then a longer-text one of another template and four classes (longest
+    demonstration in the next power of two), then another seed of it: the second
+    compiles at most two programs (the writes of call sizes the first did not use),
+    the third none; both score what a fresh engine scores, and the plain path's
+    label log-probs (float32, 1e-4)."""
+    short = _pieces(model, SHORT, [1, 2, 1, 2, 1, 2], 0)
+    longer = [_pieces(model, NEWS, [5, 3, 4, 2, 3, 4], 2), _pieces(model, NEWS, [3, 5, 2, 4, 3, 2], 3)]
+    slots = [segment_slot(_longest_segment(p)) for p in [short] + longer]
+    assert slots[0] * 2 == slots[1] == slots[2], slots
+    eng = ScoringEngine(model, progress=False)
+    eng.score_jobs(short, _jobs())
+    for limit, pieces in zip((2, 0), longer):
+        before = sum(COMPILES.values())
+        with CompileMeter() as meter:
+            result = eng.score_jobs(pieces, _jobs())
+        assert sum(COMPILES.values()) - before <= limit and meter.count()[0] <= limit, dict(meter.compiled)
+        assert result.stats.model_compiled == 0
+        fresh = ScoringEngine(model, progress=False).score_jobs(pieces, _jobs()).scores
+        for tag, got in result.scores.items():
+            np.testing.assert_allclose(got, fresh[tag], atol=1e-5)
+    ctx, pairs = _jobs()["2"]
+    plain = score_plain(model, longer[1], ctx, pairs[::4])
+    assert np.abs(result.scores["2"][::4] - plain).max() <= 1e-4
+
+
+def test_plan_counts_the_pool_the_engine_allocates(model, monkeypatch):
+    """Chunks cut where the trie's own tokens outgrow ``max_cache_tokens``: each call
+    of the engine allocates one pool, shared by its chunks, of the tokens the plan
+    counts (its cache peak); every chunk fits it; the scores equal an unchunked
+    engine's, twice over one engine."""
     k = 5
     pieces = build_pieces(model.tokenizer, REVIEWS,
                           [(" ".join(WORDS[j:j + 3]), j % 2) for j in range(k)],
                           [" ".join(WORDS[j:j + 3]) for j in range(k)])
     ctx = all_contexts(k, 2)  # 5 nodes at depth 1, 20 at depth 2
     pairs = surrogate_pairs(ctx, k)
-    whole = ScoringEngine(model, progress=False)
-    ref = whole.score(pieces, ctx, pairs)
-    length = whole.plan(pieces, [(ctx, pairs)], "first_token").schedule.level_len[2]
-    assert level_rows(17) == 18 and level_rows(16) == 16
-    eng = ScoringEngine(model, max_cache_tokens=17 * length, progress=False)
+    ref = ScoringEngine(model, progress=False).score(pieces, ctx, pairs)
+    pool = 1000
+    eng = ScoringEngine(model, max_cache_tokens=pool, progress=False)
     allocated = []
-    real = engine_mod.empty_level
+    real = engine_mod.empty_pool
 
-    def record(config, rows, length, dtype, sharding=None):
-        allocated.append((rows, length))
-        return real(config, rows, length, dtype, sharding)
+    def record(config, tokens, dtype, sharding=None):
+        allocated.append(tokens)
+        return real(config, tokens, dtype, sharding)
 
-    monkeypatch.setattr(engine_mod, "empty_level", record)
-    got = eng.score(pieces, ctx, pairs)
-    np.testing.assert_allclose(got, ref, atol=1e-5)
+    monkeypatch.setattr(engine_mod, "empty_pool", record)
+    for _ in range(2):
+        np.testing.assert_allclose(eng.score(pieces, ctx, pairs), ref, atol=1e-5)
     sched = eng.plan(pieces, [(ctx, pairs)], "first_token").schedule
-    planned = [sched.level_shape(ci, d) for ci, ch in enumerate(sched.trie)
-               for d in range(1, ch.depth + 1)]
-    assert allocated == planned and [ch.nodes(2) for ch in sched.trie] == [16, 4]
-    assert max(r * n for r, n in allocated) <= 17 * length
-    alive = [a[0] * a[1] + b[0] * b[1] for a, b in zip(allocated, allocated[1:]) if b[1] > a[1]]
-    assert max(alive) <= level_peak_tokens(sched)
+    assert allocated == [pool, pool] and sched.pool == pool == level_peak_tokens(sched)
+    assert len(sched.trie) > 1 and all(ch.tokens <= pool for ch in sched.trie)
+    assert sum(ch.tokens for ch in sched.trie) > pool
