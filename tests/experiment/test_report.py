@@ -202,7 +202,7 @@ def test_fits_that_did_not_converge_are_left_out_of_the_parameter_plot():
 
     assert [is_converged(s) for s in Status] == [s == Status.CONVERGED for s in Status]
     assert [is_converged(s.name) for s in Status] == [s == Status.CONVERGED for s in Status]
-    assert is_converged(0) and not is_converged("STOPPED")
+    assert is_converged(0) and not is_converged("STOPPED") and not is_converged(None)
     res = _results()
     res["config"]["model"] = "default"
     res["params"][0].update(status="UNBOUNDED", w=[3e8], b=[-1e9])  # far out along a ray

@@ -45,11 +45,15 @@ def is_converged(status) -> bool:
 
     status: a :class:`Status`, its int code, or its name as results.json records it.
     Every other status (MAX_ITERATIONS, INFEASIBLE, NONFINITE, UNBOUNDED,
-    INVALID_INPUT, or a name this version does not know) is not a fit, and the
-    tables, notes and plots treat them all alike (this is the one test they use)."""
+    INVALID_INPUT, a name this version does not know, or no code at all) is not a
+    fit, and the tables, notes and plots treat them all alike (this is the one test
+    they use)."""
     if isinstance(status, str):
         return status == Status.CONVERGED.name
-    return int(status) == Status.CONVERGED
+    try:
+        return int(status) == Status.CONVERGED
+    except (TypeError, ValueError):  # null or another JSON value in a results.json
+        return False
 
 
 class Solution(NamedTuple):
