@@ -39,9 +39,11 @@ from sc_jax.calibration.objective import (
     params_from_flat,
     value,
 )
-from sc_jax.calibration.solvers import SolverOptions, Status
+from sc_jax.calibration.solvers import SolverOptions, Status, is_converged
 from sc_jax.calibration.validation import (
     check_lambda,
+    check_num_queries,
+    check_precision,
     check_problem,
     check_setting_shape,
     check_tau,
@@ -93,7 +95,7 @@ def warn_unless_converged(status, what: str, stacklevel: int = 3) -> None:
     if host is None:
         return
     codes = np.atleast_1d(np.asarray(host[0]))
-    bad = sorted({int(c) for c in codes.ravel() if int(c) != Status.CONVERGED})
+    bad = sorted({int(c) for c in codes.ravel() if not is_converged(c)})
     if bad:
         names = ", ".join(Status(c).name if c in Status._value2member_map_ else str(c) for c in bad)
         warnings.warn(f"{what}: the fit's status is {names}, not CONVERGED: its parameters are not a "
@@ -161,6 +163,9 @@ def _check_solver_and_dtype(solver: str, dtype):
                          "use sc_jax.calibration.numpy_fit.fit(..., solver=...) for the others")
     if dtype is not None:
         dtype = jnp.dtype(dtype)
+        if str(dtype) in ("float16", "bfloat16"):
+            raise ValueError(f'dtype="{dtype}": the solvers work in float32 or float64; pass '
+                             'dtype="float32" (or None to follow the features)')
         if dtype == jnp.float64 and not jax.config.jax_enable_x64:
             raise ValueError('dtype="float64" needs 64-bit JAX: call '
                              'jax.config.update("jax_enable_x64", True) first (or use '
@@ -169,8 +174,10 @@ def _check_solver_and_dtype(solver: str, dtype):
 
 
 def _host_checks(features, labels, query_ids, mask, num_queries, lambda_inv, tau) -> int:
-    """The :mod:`sc_jax.calibration.validation` rules on whatever is concrete, before anything is
-    compiled; returns ``num_queries`` (inferred from concrete query ids if None)."""
+    """The :mod:`sc_jax.calibration.validation` rules on whatever is concrete (and on
+    what is static: num_queries, the features' dtype), before anything is compiled;
+    returns ``num_queries`` (inferred from concrete query ids if None)."""
+    check_num_queries(num_queries)
     host = concrete(features, labels, query_ids, mask)
     if host is not None:
         check_problem(*host[:3], mask=host[3], num_queries=num_queries)
@@ -195,6 +202,9 @@ def _as_arrays(features, labels, query_ids, mask, dtype):
     if not jnp.issubdtype(features.dtype, jnp.floating):
         features = features.astype(jnp.float32)
     dtype = features.dtype
+    # Static, so checked under jit too (concrete half-precision features were refused
+    # by the host checks already, with this message).
+    check_precision(dtype)
     if features.ndim < 2:
         raise ValueError(f"features must be [..., N, n-1], got shape {features.shape}")
     labels = jnp.asarray(labels)

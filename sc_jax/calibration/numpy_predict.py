@@ -21,7 +21,7 @@ import numpy as np
 
 from sc_jax.calibration.jax_calibrate import warn_unless_converged
 from sc_jax.calibration.jax_predict import calibrated_log_probs, ensemble_proba
-from sc_jax.calibration.solvers import Status
+from sc_jax.calibration.solvers import Status, is_converged
 from sc_jax.calibration.validation import check_features, check_params
 
 # Reference code (gundemkorel/ICL, ICL_modules/functions.py): the final average across
@@ -36,7 +36,8 @@ class FitResult:
     """Fitted calibration for one context size.
 
     b, w: ``[n-1]`` float64 NumPy arrays (w is all ones for SC*).
-    status: :class:`sc_jax.calibration.solvers.Status`; ``converged`` is status == CONVERGED.
+    status: :class:`sc_jax.calibration.solvers.Status`; ``converged`` is status == CONVERGED
+        (:func:`sc_jax.calibration.solvers.is_converged`).
     objective: mean-NLL + lambda_inv * InvPenalty at (b, w).
     constraint: mean cosine (1/(n-1)) sum_c w_c / ||(b_c, w_c)||; violation: of the
         constraint form the solver kept (per-class cones for "projected").
@@ -63,7 +64,7 @@ class FitResult:
 
     @property
     def converged(self) -> bool:
-        return self.status == Status.CONVERGED
+        return is_converged(self.status)
 
     @property
     def num_classes(self) -> int:

@@ -12,6 +12,8 @@ Two forms of the same rules:
 * :func:`check_params` and :func:`check_features` check fitted parameters and the
   features they are applied to, for both layers' predictions: shapes always, values
   where :func:`concrete` can read them.
+* :func:`check_precision` and :func:`check_num_queries` read only what is static
+  (a dtype, a Python int), so they raise under ``jit`` too.
 
 A problem (paper Eq. final_opt_problem) is ``features [..., N, n-1]`` (log-odds
 against class 0), ``labels [..., N]`` in [0, n), ``query_ids [..., N]`` in
@@ -30,8 +32,9 @@ import numpy as np
 
 from sc_jax.runtime.ranges import LAMBDA_MAX  # defined with the other options' ranges
 
-__all__ = ["check_features", "check_lambda", "check_params", "check_problem",
-           "check_setting_shape", "check_tau", "concrete", "valid_problem"]
+__all__ = ["check_features", "check_lambda", "check_num_queries", "check_params",
+           "check_precision", "check_problem", "check_setting_shape", "check_tau", "concrete",
+           "valid_problem"]
 
 
 def _at(where: str, index: tuple = ()) -> str:
@@ -53,11 +56,7 @@ def _check_shapes(features, labels, query_ids, at: str, batch_axes: bool) -> Non
             f"features{at} must be [N, n-1] log-odds against class 0 with n >= 2 classes"
             f"{' (leading batch axes allowed)' if batch_axes else ''}, got shape "
             f"{features.shape}")
-    if str(features.dtype) in ("float16", "bfloat16"):
-        # Half precision passed as numbers and then failed in LAPACK (float16), or read
-        # as "not real numbers" (bfloat16): the solvers work in float32 or float64.
-        raise ValueError(f"features{at} are {features.dtype}: cast them to float32 first "
-                         "(np.asarray(features, np.float32)); the solvers work in float32 or float64")
+    check_precision(features.dtype, at)
     if not np.issubdtype(features.dtype, np.number) or np.iscomplexobj(features):
         raise ValueError(f"features{at} must be real numbers, got dtype {features.dtype}")
     rows = features.shape[:-1]
@@ -65,6 +64,25 @@ def _check_shapes(features, labels, query_ids, at: str, batch_axes: bool) -> Non
         raise ValueError(
             f"labels{at} and query_ids must have shape [..., N] = {list(rows)}, got "
             f"{list(labels.shape)} and {list(query_ids.shape)}")
+
+
+def check_precision(dtype, at: str = "") -> None:
+    """Refuse half-precision features (float16, bfloat16) by their dtype, which is
+    static: the same check on concrete arrays and under ``jit``. Half precision passed
+    as numbers and then failed in LAPACK (float16) or in the solver's loop (bfloat16
+    under jit), or was read as "not real numbers" (bfloat16): the solvers work in
+    float32 or float64."""
+    if str(dtype) in ("float16", "bfloat16"):
+        raise ValueError(f"features{at} are {dtype}: cast them to float32 first "
+                         "(np.asarray(features, np.float32)); the solvers work in float32 or float64")
+
+
+def check_num_queries(num_queries) -> None:
+    """``num_queries`` (a static bound on the query ids): None or a positive int."""
+    if num_queries is not None and (isinstance(num_queries, bool) or not isinstance(
+            num_queries, (int, np.integer)) or num_queries < 1):
+        raise ValueError(f"num_queries must be a positive int (a static bound on the query "
+                         f"ids, or None to infer it from concrete ones), got {num_queries!r}")
 
 
 def _real_rows(mask, rows: tuple, at: str) -> np.ndarray:

@@ -15,6 +15,7 @@ from sc_jax.calibration.defaults import DEFAULT_LAMBDA_INV, base_accuracy
 from sc_jax.calibration.numpy_fit import fit_batch
 from sc_jax.calibration.numpy_predict import predict_proba
 from sc_jax.calibration.objective import log_odds
+from sc_jax.calibration.solvers import is_converged
 from sc_jax.experiment import metrics
 from sc_jax.experiment.ablation import surrogate_problems
 from sc_jax.experiment.methods import fits_noted
@@ -96,7 +97,7 @@ def diagnostics_markdown(rows) -> str:
             def pct(field, rs=rs):
                 return f"{100 * np.mean([r[field] for r in rs]):.1f}"
 
-            bad = sum(r["status"] != "CONVERGED" for r in rs)
+            bad = sum(not is_converged(r["status"]) for r in rs)
             out.append(f"| {i} | {rs[0]['rows']} | {pct('surrogate_accuracy')} | "
                        f"{pct('test_accuracy_same_size')} | {pct('base_accuracy')} | "
                        f"{pct('heldout_class_share')} | {pct('test_class_share')} | "

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sc_jax.calibration.solvers import is_converged
 from sc_jax.experiment.results import METHOD_NAMES
 from sc_jax.models.named_models import display_name
 
@@ -158,10 +159,11 @@ def plot_params(results: dict, path: Path) -> dict[str, Path]:
 
 def params_figure(results: dict):
     """The figure of :func:`plot_params` (a ``matplotlib.figure.Figure``), or None when
-    the results hold no SC parameters. An UNBOUNDED fit's (w, b) is wherever its
-    solver stopped along a ray, orders of magnitude beyond the others: such fits are
-    left out of the scatter and counted in their panel's title, so the rest stays
-    readable."""
+    the results hold no SC parameters. Only converged fits are plotted
+    (:func:`sc_jax.calibration.solvers.is_converged`): any other's (w, b) is where its
+    solver stopped, not a minimum (an UNBOUNDED fit's lies along a ray, orders of
+    magnitude beyond the others). They are left out of the scatter and counted in
+    their panel's title, so the rest stays readable."""
     params = [p for p in results.get("params", []) if p["method"] == "sc"]
     if not params:
         return None
@@ -175,7 +177,7 @@ def params_figure(results: dict):
     axes = fig.subplots(1, len(panels), squeeze=False)
     for ax, (d, k) in zip(axes[0], panels):
         panel = [p for p in params if p["dataset"] == d and p["shots"] == k]
-        ps = [p for p in panel if p.get("status") != "UNBOUNDED"
+        ps = [p for p in panel if is_converged(p.get("status", "CONVERGED"))
               and np.all(np.isfinite(p["w"])) and np.all(np.isfinite(p["b"]))]
         hidden = len(panel) - len(ps)
         sizes = sorted({p["size"] for p in ps})
@@ -189,7 +191,7 @@ def params_figure(results: dict):
         ax.axhline(0, color="grey", lw=0.6)
         ax.set_xlabel("w_c (slope)")
         ax.set_ylabel("b_c (bias)")
-        ax.set_title(f"{d}, {k}-shot" + (f" ({hidden} unbounded fit{'s' * (hidden > 1)} "
+        ax.set_title(f"{d}, {k}-shot" + (f" ({hidden} fit{'s' * (hidden > 1)} not converged, "
                                             "not shown)" if hidden else ""), fontsize=9)
         ax.legend(fontsize=7)
     fig.tight_layout()

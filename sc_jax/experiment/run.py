@@ -39,6 +39,7 @@ from pathlib import Path
 import jax
 
 from sc_jax.calibration.defaults import DEFAULT_LAMBDA_INV
+from sc_jax.calibration.solvers import is_converged
 from sc_jax.experiment import figures, metrics, samples
 from sc_jax.experiment.config import RunConfig, run_policy
 from sc_jax.experiment.jobs import SeedScores, draw_split, load_datasets, score_seed
@@ -264,7 +265,7 @@ def _fit_notes(params: list[dict]) -> list[str]:
     if guarded:
         notes.append(f"SC: the guard fitted SC* at {len(guarded)} of {len(sc_fits)} (dataset, k, "
                      "seed, size), where the LLM scored its surrogate data below chance")
-    failed = [p for p in params if p["status"] != "CONVERGED"]
+    failed = [p for p in params if not is_converged(p["status"])]
     if failed:
         notes.append(f"{len(failed)} of {len(params)} fits did not report convergence "
                      f"({sorted({p['status'] for p in failed})}); see params in results.json")

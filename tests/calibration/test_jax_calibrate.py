@@ -196,6 +196,10 @@ def _bad_inputs(x, y, g):
                                            "lambda_inv (must be one number|has 2 entries)"),
         "lambda_inv = -1": (dict(lambda_inv=-1.0), "lambda_inv"),
         "non-integer labels": (dict(labels=y + 0.5), "integers"),
+        # num_queries=7.5 was truncated to 7 and gave INVALID_INPUT with NaN numbers.
+        "num_queries = 7.5": (dict(num_queries=7.5), "num_queries must be a positive int"),
+        "num_queries = True": (dict(num_queries=True), "num_queries must be a positive int"),
+        "dtype float16": (dict(dtype="float16"), r'dtype.*float16'),
     }
 
 
@@ -219,6 +223,24 @@ def test_calibrate_refuses_bad_input_before_compiling(monkeypatch):
     with pytest.raises(ValueError, match=r"batch index \(1,\)"):
         sc_jax.calibrate(feats, np.stack([y, y]), np.stack([g, g]))
     assert not compiled
+
+
+@pytest.mark.parametrize("half", [np.float16, jnp.bfloat16], ids=["float16", "bfloat16"])
+def test_half_precision_and_num_queries_are_refused_under_jit_too(half, monkeypatch):
+    # The dtype and num_queries are static under jit, so they are checked at trace
+    # time with the concrete path's message; float16 reached LAPACK there
+    # (NotImplementedError), bfloat16 a while_loop carry-type TypeError, and
+    # num_queries=7.5 was truncated into a solve.
+    x, y, g = (np.asarray(a) for a in _problem(0)[1])
+    monkeypatch.setattr(solvers, "augmented_lagrangian",
+                        lambda *a, **k: pytest.fail("reached the solver"))
+    with pytest.raises(ValueError, match="cast them to float32") as concrete:
+        sc_jax.calibrate(jnp.asarray(x, half), y, g)
+    with pytest.raises(ValueError) as traced:
+        jax.jit(lambda f: sc_jax.calibrate(f, y, g, num_queries=6))(jnp.asarray(x, half))
+    assert str(traced.value) == str(concrete.value)
+    with pytest.raises(ValueError, match="num_queries must be a positive int.* got 7.5"):
+        jax.jit(lambda f, y, g: sc_jax.calibrate(f, y, g, num_queries=7.5))(x, y, g)
 
 
 def test_traced_bad_input_is_invalid_input_never_converged():

@@ -193,16 +193,25 @@ print(matplotlib.get_backend(), "matplotlib.pyplot" in sys.modules, sorted(paths
     assert (tmp_path / "ablation" / "ablation_sc_n.png").stat().st_size > 0
 
 
-def test_an_unbounded_fit_leaves_the_parameter_plot_readable():
+def test_fits_that_did_not_converge_are_left_out_of_the_parameter_plot():
+    # Every status but CONVERGED is treated alike: an UNBOUNDED fit (far out along a
+    # ray) and one stopped by its iteration budget far out (not a minimum either) are
+    # both left out and counted; a record without a status (older results) is a fit.
+    from sc_jax.calibration.solvers import Status, is_converged
     from sc_jax.experiment.figures import params_figure
 
+    assert [is_converged(s) for s in Status] == [s == Status.CONVERGED for s in Status]
+    assert [is_converged(s.name) for s in Status] == [s == Status.CONVERGED for s in Status]
+    assert is_converged(0) and not is_converged("STOPPED") and not is_converged(None)
     res = _results()
     res["config"]["model"] = "default"
     res["params"][0].update(status="UNBOUNDED", w=[3e8], b=[-1e9])  # far out along a ray
+    res["params"][1].update(status="MAX_ITERATIONS", w=[-4e7], b=[2e8])
+    res["params"][2].update(status="CONVERGED")
     fig = params_figure(res)
     ax = fig.axes[0]
     assert max(abs(x) for x in ax.get_xlim() + ax.get_ylim()) < 10
-    assert ax.get_title() == "sst2, 4-shot (1 unbounded fit not shown)"
+    assert ax.get_title() == "sst2, 4-shot (2 fits not converged, not shown)"
     assert fig._suptitle.get_text() == "SC parameters, smollm2-135m"  # the model, by name
 
 

@@ -28,7 +28,8 @@ The pieces, one job each:
   feasibility, the cone projection;
 * :mod:`.charts`: the solver's coordinates (plain, one class in polar form, the
   classes near their apex in cosine form) and the chain rule into them;
-* :mod:`.runoff`: the ray test for unattained infima and the follow-up along them;
+* :mod:`.runoff`: the ray test for unattained infima (the one UNBOUNDED rule of all
+  three solvers) and the follow-up along them;
 * :mod:`.levels`: the rows f is evaluated on, subsamples first, then all rows;
 * :mod:`.lagrangian_state`: the iteration's setup and state, f, c and L_A in the
   solver's coordinates;
@@ -65,12 +66,18 @@ from sc_jax.calibration.solvers.parameters import project_bias_sc_star
 from sc_jax.calibration.solvers.projected import projected
 from sc_jax.calibration.solvers.reference import ScipyOptions, scipy, scipy_best, scipy_starts
 from sc_jax.calibration.solvers.steps import sqp_step, trust_region_step
-from sc_jax.calibration.solvers.types import METHODS, Solution, SolverOptions, Status
+from sc_jax.calibration.solvers.types import (
+    METHODS,
+    Solution,
+    SolverOptions,
+    Status,
+    is_converged,
+)
 
 __all__ = [
     "COMPILER_OPTIONS", "METHODS", "NONCONVEX_LAMBDA", "NONCONVEX_STARTS", "THREADS_ENV",
     "ScipyOptions", "Solution", "SolverOptions", "Status", "augmented_lagrangian",
-    "batched", "coarse_subsample", "compiler_options", "project_bias_sc_star",
+    "batched", "coarse_subsample", "compiler_options", "is_converged", "project_bias_sc_star",
     "project_cone", "projected", "resolve_batch_size", "resolve_threads", "run_parts",
     "scipy", "scipy_best", "scipy_starts", "solve_batch", "solve_slots", "split_parts",
     "sqp_step", "start_points", "trace_counts", "trust_region_step",

@@ -36,7 +36,7 @@ from sc_jax.calibration.solvers import charts, lagrangian, parameters
 from sc_jax.calibration.solvers.geometry import cosine_margin, restore_feasibility
 from sc_jax.calibration.solvers.lagrangian_state import Setup, State, setup
 from sc_jax.calibration.solvers.levels import Rows, level_designs, level_evaluator
-from sc_jax.calibration.solvers.runoff import not_attained
+from sc_jax.calibration.solvers.runoff import not_attained, unbounded
 from sc_jax.calibration.solvers.types import Solution, SolverOptions, finish
 
 Array = jax.Array
@@ -222,13 +222,10 @@ def solve(rows: Rows, n1: int, dtype, lambda_inv, tau, *, sc_star: bool,
     else:
         res = best_start(su, jax.vmap(lambda z: solve_start(su, z, one_site))(starts))
     violation = jnp.maximum(-_margin(su, res.v), 0.0)
-    # With a real row, f is a mean of strictly positive terms at every finite theta,
-    # so f = 0 is an infimum reached only by rounding, at the end of a run-off (an
-    # all-padding batch filler has f = 0 by definition).
-    unbounded = res.unbounded | ((res.f <= 0) & rows.has_rows)
     return finish(parameters.to_params(res.v, sc_star), res.f, converged=res.done,
                   violation=violation, feas_tol=su.feas_tol, iterations=res.it,
-                  outer_iterations=res.outer + 1, unbounded=unbounded,
+                  outer_iterations=res.outer + 1,
+                  unbounded=unbounded(res.unbounded, res.f, rows.has_rows),
                   multiplier=res.multiplier)
 
 

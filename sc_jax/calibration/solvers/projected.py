@@ -9,6 +9,7 @@ import jax.numpy as jnp
 
 from sc_jax.calibration.objective import Problem, cone_violation, objective
 from sc_jax.calibration.solvers import parameters
+from sc_jax.calibration.solvers.runoff import end_point_unbounded
 from sc_jax.calibration.solvers.types import Solution, SolverOptions, finish
 
 Array = jax.Array
@@ -38,6 +39,11 @@ def projected(problem: Problem, lambda_inv, tau, *, sc_star: bool = False,
     1,680-row problem); restarting the momentum every ``pg_restart`` iterations (a
     fixed-schedule restart) cuts that by an order of magnitude.
 
+    It stops on a small gradient mapping, which a run-off (data separable along a
+    direction inside the cones: f falls towards an infimum no finite theta attains)
+    meets too: the end point's status comes from the ray test every solver shares
+    (:func:`.runoff.end_point_unbounded`), UNBOUNDED there, never CONVERGED.
+
     problem: one unbatched :class:`Problem`; lambda_inv, tau: scalars (may be traced).
     """
     # Imported here: importing jaxopt prints a deprecation warning, which
@@ -66,6 +72,16 @@ def projected(problem: Problem, lambda_inv, tau, *, sc_star: bool = False,
     z, iters, done = jax.lax.while_loop(
         cond, body, (z0, jnp.zeros((), jnp.int32), jnp.asarray(False)))
     params = parameters.to_params(z, sc_star)
-    return finish(params, objective(params, problem, lambda_inv), converged=done,
-                  violation=cone_violation(params, tau), feas_tol=feas_tol,
-                  iterations=iters, outer_iterations=1)
+    f = objective(params, problem, lambda_inv)
+
+    def evaluate(pts):  # [n, 2, p] -> f and cone membership there
+        def one(u):
+            pu = parameters.to_params(u, sc_star)
+            return objective(pu, problem, lambda_inv), cone_violation(pu, tau) <= feas_tol
+        return jax.vmap(jax.vmap(one))(pts)
+
+    runs_off = end_point_unbounded(z, f, evaluate, problem.num_classes - 1,
+                                   jnp.any(problem.mask > 0))
+    return finish(params, f, converged=done, violation=cone_violation(params, tau),
+                  feas_tol=feas_tol, iterations=iters, outer_iterations=1,
+                  unbounded=runs_off)

@@ -24,6 +24,7 @@ from sc_jax.calibration.objective import (
     params_from_flat,
     trust_region,
 )
+from sc_jax.calibration.solvers.runoff import end_point_unbounded
 from sc_jax.calibration.solvers.types import Solution, status_code
 
 
@@ -131,6 +132,32 @@ def _on_host():
         return contextlib.nullcontext()
 
 
+def _runs_off(x: np.ndarray, prob: Problem, lam, tau: float, sc_star: bool, per_class: bool,
+              feas_tol: float) -> bool:
+    """The ray test every solver's UNBOUNDED follows (:func:`.runoff.end_point_unbounded`)
+    at trust-constr's end point x: trust-constr stops on a small gradient, which a
+    run-off meets too. Its points are evaluated one by one with the functions the
+    solve compiled (a vmapped program would be one more compilation per shape)."""
+    t = jnp.asarray(tau, jnp.float64)
+
+    def fun(u):
+        return float(value_and_grad(jnp.asarray(u), prob, lam, sc_star)[0])
+
+    def feasible(u):
+        return tau <= -1.0 or bool(np.all(np.asarray(
+            constraint(jnp.asarray(u), t, sc_star, per_class)[0]) >= -feas_tol))
+
+    def evaluate(pts):  # [n, 2, p] -> f and feasibility there, NumPy
+        flat = np.asarray(pts).reshape(-1, pts.shape[-1])
+        shape = pts.shape[:2]
+        return (np.reshape([fun(u) for u in flat], shape),
+                np.reshape([feasible(u) for u in flat], shape))
+
+    x = np.asarray(x, np.float64)
+    return bool(end_point_unbounded(x, fun(x), evaluate, prob.num_classes - 1,
+                                    bool(np.any(np.asarray(prob.mask) > 0))))
+
+
 def scipy(problem: Problem, lambda_inv: float, tau: float, *, sc_star: bool = False,
           per_class: bool = False, options: ScipyOptions = ScipyOptions(),
           x0=None) -> Solution:
@@ -142,7 +169,9 @@ def scipy(problem: Problem, lambda_inv: float, tau: float, *, sc_star: bool = Fa
     instead of the mean. Starts from ``x0`` (flat (b, w), or b for SC*), by default
     the identity. Runs under a local ``jax.enable_x64`` scope, so it works whatever
     the process-wide setting is. Returns NumPy arrays in a :class:`Solution`; the
-    status from the same ladder as the JAX solvers (gtol or xtol reached: CONVERGED).
+    status from the same ladder as the JAX solvers (gtol or xtol reached: CONVERGED,
+    unless the end point is on a run-off: UNBOUNDED by the ray test they all share,
+    :func:`.runoff.end_point_unbounded`).
     Its derivatives are evaluated on the CPU device, whatever the default device.
     """
     with jax.enable_x64(True), _on_host():
@@ -170,8 +199,9 @@ def scipy(problem: Problem, lambda_inv: float, tau: float, *, sc_star: bool = Fa
         cons = float(trust_region(params))
         violation = (float(cone_violation(params, jnp.asarray(tau, jnp.float64))) if per_class
                      else max(0.0, tau - cons))
+        unbounded = _runs_off(res.x, prob, lam, tau, sc_star, per_class, options.feas_tol)
     status = status_code(finite=np.isfinite(obj) and np.all(np.isfinite(res.x)),
-                         violation=violation, feas_tol=options.feas_tol, unbounded=False,
+                         violation=violation, feas_tol=options.feas_tol, unbounded=unbounded,
                          converged=res.status in (1, 2))
     return Solution(
         params=Params(np.asarray(params.b), np.asarray(params.w)),

@@ -6,10 +6,17 @@ that no finite theta attains (f -> 0 as ||theta|| grows along it). The ray test 
 class's (b_c, w_c), leaves every cosine unchanged (up to the O(eps^2) smoothing),
 so the rays are feasible; at a minimiser f rises along every ray (or, at
 theta_c = 0, stays the same), along a ray of separation it keeps falling.
+
+Every solver's UNBOUNDED status follows this one rule (:func:`ray_falls`, then
+:func:`unbounded`). The augmented Lagrangian runs the test in each phase
+(:func:`not_attained`, which also follows the run-off); the projected and SciPy
+solvers, which have no follow-up, run it at their end point
+(:func:`end_point_unbounded`), inside their own constraint set.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, NamedTuple
 
 import jax
@@ -64,21 +71,36 @@ def rays_of(x: Array, n1: int) -> tuple[Array, Array]:
     return dirs * x, ray_class
 
 
+def ray_points(x: Array, rays: Array) -> Array:
+    """``[n, 2, p]``: x + r and x + 3 r along each ray r of ``rays [n, p]`` (2x and 4x
+    where r is x's own part)."""
+    return x + rays[:, None, :] * jnp.asarray([1.0, 3.0], x.dtype)[None, :, None]
+
+
+def ray_falls(f: Array, fs: Array, ok: Array) -> Array:
+    """``[n]`` bool, per ray: f falls from x to 2x and does not rise again at 4x.
+
+    f = f(x); fs ``[n, 2]`` f at 2x and 4x (:func:`ray_points`); ok ``[n]`` both
+    points are feasible (only feasible rays count: for SC*, whose w is pinned,
+    scaling b leaves the cone). Each fall is measured against the rounding of the
+    value it falls from (f can shrink by hundreds of orders of magnitude along a ray,
+    or underflow to 0). After the first fall, a second that is below rounding counts
+    too: f tends to its infimum along the ray like exp(-kappa s), so once the class
+    that separates has saturated, f(4x) = f(2x) to the last digit (a bowl whose
+    minimum lies between 2x and 4x would need f(2x) = f(4x) to 100 eps by
+    coincidence)."""
+    r = 100.0 * jnp.finfo(fs.dtype).eps
+    return ok & (fs[:, 0] < f * (1.0 - r)) & (fs[:, 1] <= fs[:, 0] * (1.0 + r))
+
+
 def _judge(fs: Array, ok: Array, f: Array, x: Array, rays: Array, ray_class: Array,
            follow_rtol: float):
     """From f at 2x and 4x per ray: whether a ray ran off, the one that fell furthest,
-    the chain's start, whether it is worth following, and the class to report.
-
-    Each fall is measured against the rounding of the value it falls from (f can
-    shrink by hundreds of orders of magnitude along a ray, or underflow to 0). After
-    the first fall, a second that is below rounding counts too: f tends to its
-    infimum along the ray like exp(-kappa s), so once the class that separates has
-    saturated, f(4x) = f(2x) to the last digit (a bowl whose minimum lies between 2x
-    and 4x would need f(2x) = f(4x) to 100 eps by coincidence).
+    the chain's start, whether it is worth following, and the class to report
+    (a fall: :func:`ray_falls`).
     """
-    r = 100.0 * jnp.finfo(x.dtype).eps
     fs = fs.reshape(-1, 2)
-    falls = ok & (fs[:, 0] < f * (1.0 - r)) & (fs[:, 1] <= fs[:, 0] * (1.0 + r))
+    falls = ray_falls(f, fs, ok)
     flag = jnp.any(falls)
     k = jnp.argmin(jnp.where(falls, fs[:, 1], jnp.inf))
     # Without a run-off, the class whose ray fell furthest at 2x.
@@ -98,11 +120,9 @@ def _follow(x: Array, f: Array, rays: Array, ray_class: Array, fun: Callable,
     not a scan: the chain ends at its first doubling that does not fall, so a ray
     whose class saturates costs one evaluation of f, not ``doublings``."""
     p = x.shape[0]
-    scaled = x + rays[:, None, :] * jnp.asarray([1.0, 3.0], x.dtype)[None, :, None]
+    scaled = ray_points(x, rays)
     pts = scaled.reshape(-1, p)  # f at 2x and 4x along each ray
     m = pts.shape[0]
-    # Only feasible rays count (for SC*, whose w is pinned, scaling b leaves the
-    # cone), and only falls above the rounding of f.
     ok = jnp.all(jax.vmap(jax.vmap(feasible))(scaled), axis=1)
     judge = lambda fs: _judge(fs, ok, f, x, rays, ray_class, follow_rtol)  # noqa: E731
 
@@ -178,3 +198,37 @@ def not_attained(x: Array, f: Array, hess: Array, fun: Callable, feasible: Calla
         gate, lambda: _follow(x, f, rays, ray_class, fun, feasible, doublings=doublings,
                               follow_rtol=follow_rtol, one_site=one_site),
         lambda: skipped)
+
+
+def unbounded(falls: Array, f: Array, has_rows: Array) -> Array:
+    """The UNBOUNDED rule of every solver: the ray test found a fall (``falls``), or
+    f = 0 with a real row (f is then a mean of strictly positive terms at every
+    finite theta, so 0 is an infimum reached only by rounding, at the end of a
+    run-off; an all-padding batch filler has f = 0 by definition)."""
+    return has_rows & (falls | (f <= 0))
+
+
+def end_point_unbounded(x: Array, f: Array, evaluate: Callable, n1: int,
+                        has_rows: Array) -> Array:
+    """:func:`unbounded` by the ray test at a solver's end point x ``[p]`` (flat (b, w),
+    or b for SC*; f = f(x)), whatever the solver's own convergence test said: a
+    solver that stops on a small gradient stops on a run-off too, where f falls
+    exponentially along a ray and its slope is below any tolerance.
+
+    evaluate: the points of the test ``[n, 2, p]`` (:func:`ray_points`; n = n1 + 1
+    rays) -> (f there ``[n, 2]``, whether each lies in the solver's own constraint
+    set ``[n, 2]``); it may run on the host (the SciPy reference's, whose two jitted
+    pieces here compile once per shape). The end point is reported as it is: the
+    run-off is not followed, so this costs the 2 n evaluations of f."""
+    fs, ok = evaluate(_end_points(x, n1))
+    return _end_verdict(f, fs, ok, has_rows)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _end_points(x: Array, n1: int) -> Array:
+    return ray_points(x, rays_of(x, n1)[0])
+
+
+@jax.jit
+def _end_verdict(f: Array, fs: Array, ok: Array, has_rows: Array) -> Array:
+    return unbounded(jnp.any(ray_falls(f, fs, jnp.all(ok, axis=1))), f, has_rows)

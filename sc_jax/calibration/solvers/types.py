@@ -40,6 +40,22 @@ class Status(enum.IntEnum):
     INVALID_INPUT = 5
 
 
+def is_converged(status) -> bool:
+    """Whether a fit's status makes its parameters a fit: CONVERGED, and nothing else.
+
+    status: a :class:`Status`, its int code, or its name as results.json records it.
+    Every other status (MAX_ITERATIONS, INFEASIBLE, NONFINITE, UNBOUNDED,
+    INVALID_INPUT, a name this version does not know, or no code at all) is not a
+    fit, and the tables, notes and plots treat them all alike (this is the one test
+    they use)."""
+    if isinstance(status, str):
+        return status == Status.CONVERGED.name
+    try:
+        return int(status) == Status.CONVERGED
+    except (TypeError, ValueError):  # null or another JSON value in a results.json
+        return False
+
+
 class Solution(NamedTuple):
     """Result of one solve; under ``vmap`` every field has a leading ``[B]`` axis.
 
