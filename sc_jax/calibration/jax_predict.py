@@ -4,7 +4,7 @@ ensemble over context sizes (:func:`ensemble_proba`, Algorithm 2, Part 2).
 
 jit-, vmap- and grad-composable, like :func:`sc_jax.calibration.jax_calibrate.calibrate`
 whose :class:`~sc_jax.calibration.jax_calibrate.Calibration` they take; the NumPy
-layer's :mod:`sc_jax.calibration.numpy_predict` runs them in float64.
+layer's :mod:`sc_jax.calibration.numpy_predict` computes the same in NumPy float64.
 """
 
 from __future__ import annotations

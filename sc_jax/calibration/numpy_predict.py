@@ -5,8 +5,11 @@ Part 2 (:func:`predict_proba`), in float64.
 Calibrated probabilities are averaged over the m_i sampled sub-contexts of each size,
 then over sizes, uniformly as in the paper, or weighted by min(P(k, i)(k - i), 15000)
 as the reference code does (``size_weights="reference"``,
-:func:`reference_size_weights`). The arithmetic is the pure-JAX
-:mod:`sc_jax.calibration.jax_predict`'s.
+:func:`reference_size_weights`). The arithmetic is that of the pure-JAX
+:mod:`sc_jax.calibration.jax_predict`, written again in NumPy: run eagerly, JAX compiled
+one small program per operation and per new shape (about 17 in a run's metrics, again
+for every other class count, test size or m_i), while these few array operations cost
+microseconds. Tests hold the two to float64 rounding.
 """
 
 from __future__ import annotations
@@ -15,12 +18,9 @@ import dataclasses
 import math
 from typing import Sequence
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from sc_jax.calibration.jax_calibrate import warn_unless_converged
-from sc_jax.calibration.jax_predict import calibrated_log_probs, ensemble_proba
 from sc_jax.calibration.solvers import Status, is_converged
 from sc_jax.calibration.validation import check_features, check_params
 
@@ -78,21 +78,23 @@ class FitResult:
         return calibrated_proba(self.b, self.w, features)
 
 
-@jax.jit
-def _calibrated_proba(b, w, features):
-    return jnp.exp(calibrated_log_probs(b, w, features))
+def _affine_proba(b: np.ndarray, w: np.ndarray, features: np.ndarray) -> np.ndarray:
+    """f(m; theta) without checks, float64: ``[..., n-1]`` -> ``[..., n]``; the steps of
+    :func:`sc_jax.calibration.objective.affine_log_probs` (logits with class 0 pinned at
+    0, then a log-softmax shifted by its max) followed by exp."""
+    z = features * w + b  # [..., n-1]
+    logits = np.concatenate([np.zeros_like(z[..., :1]), z], axis=-1)  # [..., n]
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return np.exp(shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True)))
 
 
 def calibrated_proba(b: np.ndarray, w: np.ndarray, features: np.ndarray) -> np.ndarray:
-    """f(m; theta) of Eq. affine_logit_model_formal: ``[..., n-1]`` -> ``[..., n]``,
-    :func:`sc_jax.calibration.jax_predict.calibrated_log_probs` in float64."""
+    """f(m; theta) of Eq. affine_logit_model_formal: ``[..., n-1]`` -> ``[..., n]``, in
+    float64; exp of :func:`sc_jax.calibration.jax_predict.calibrated_log_probs`."""
     b, w, features = (np.asarray(a, np.float64) for a in (b, w, features))
-    # The checks of calibrated_log_probs run here, where the arrays are concrete (inside
-    # the jit they could only check shapes).
     check_features(features)
     check_params(b, w, features.shape[-1])
-    with jax.enable_x64(True):
-        return np.asarray(_calibrated_proba(*(jnp.asarray(a, jnp.float64) for a in (b, w, features))))
+    return _affine_proba(b, w, features)
 
 
 def reference_size_weights(shots: int, sizes: Sequence[int]) -> np.ndarray:
@@ -150,6 +152,7 @@ def predict_proba(fits: Sequence[FitResult], features: Sequence[np.ndarray], *,
         if not np.all(np.isfinite(fit_i.b)) or not np.all(np.isfinite(fit_i.w)):
             raise ValueError(f"fits[{i}] has NaN or infinite parameters (status "
                              f"{Status(int(fit_i.status)).name}): it is not a fit; refit that size")
+        check_params(fit_i.b, fit_i.w, None, f" (fits[{i}])")
         warn_unless_converged(np.int32(fit_i.status), f"predict_proba (fits[{i}])")
         feats = np.asarray(feats, np.float64)
         if feats.ndim == 2:
@@ -166,8 +169,9 @@ def predict_proba(fits: Sequence[FitResult], features: Sequence[np.ndarray], *,
         if feats_all and feats.shape[1] != feats_all[0].shape[1]:
             raise ValueError("every size must score the same T test queries")
         feats_all.append(feats)
-    with jax.enable_x64(True):
-        out = ensemble_proba(jnp.asarray(np.stack([f.b for f in fits])),
-                             jnp.asarray(np.stack([f.w for f in fits])),
-                             [jnp.asarray(f) for f in feats_all], jnp.asarray(weights))
-        return np.asarray(out)
+    # The two levels of :func:`sc_jax.calibration.jax_predict.ensemble_proba`: the mean
+    # over each size's m_i sub-contexts, then the a_i-weighted sum over sizes.
+    per_size = np.stack([_affine_proba(np.asarray(f.b, np.float64), np.asarray(f.w, np.float64),
+                                       feats).mean(axis=0)
+                         for f, feats in zip(fits, feats_all)])  # [S, T, n]
+    return np.einsum("s,stn->tn", weights / weights.sum(), per_size)
