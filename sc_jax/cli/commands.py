@@ -244,8 +244,10 @@ def _lambda_grid(values):
 def ablate_command(args) -> int:
     lambdas = _lambda_grid(args.lambda_inv)
     if Path(args.dir).is_file():  # it named the --out it would derive from a file
-        raise ValueError(f"{args.dir} is a file, not a run's output directory: pass the folder "
-                         "holding results.json")
+        if Path(args.dir).name != "results.json":
+            raise ValueError(f"{args.dir} is a file, not a run's output directory: pass the "
+                             "folder holding results.json (or results.json itself)")
+        args.dir = str(Path(args.dir).parent)  # as `report` takes it
     out = Path(args.dir) / "ablation" if args.out is None else args.out
     out = check_ablation_out(out, args.overwrite)  # before the refits, not after them
     # One ablate (or run) writes into a folder at a time: two would interleave their files.

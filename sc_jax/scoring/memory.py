@@ -224,7 +224,8 @@ def weights_fit(config, dtype, budget_bytes: int, model_shards: int = 1) -> int:
     if w >= usable:
         raise PlanError(f"the weights need {size_text(w)} per device, more than the "
                         f"{size_text(usable)} usable of a {size_text(budget_bytes)} budget "
-                        f"(after a {RESERVE:.0%} reserve); shard them over more devices or use a "
+                        f"(device_memory, --device-memory; after a {RESERVE:.0%} reserve): give "
+                        "a larger budget, shard the weights over more devices or use a "
                         "smaller dtype")
     return w
 

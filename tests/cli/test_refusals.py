@@ -85,7 +85,7 @@ def test_a_budget_below_the_weights_is_named_in_units_that_show_it(tiny):
     pieces = build_pieces(tiny.tokenizer, Template("review:", "sentiment:", ("neg", "pos")),
                           [("a film", 1), ("bad", 0)], ["fine"])
     with pytest.raises(PlanError, match=r"^the weights need \d+ bytes per device, more than the 0 "
-                                        r"bytes usable of a 1 bytes budget"):
+                                        r"bytes usable of a 1 bytes budget \(device_memory, --device-memory;"):
         ScoringEngine(tiny, device_memory=1, progress=False).score_jobs(
             pieces, {"x": (np.array([[0]]), np.array([[0, 0]]))})
 
