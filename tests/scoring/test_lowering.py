@@ -103,11 +103,10 @@ def test_engine_program_has_no_data_dependent_loop_on_an_accelerator(qwen2_7b_ca
     assert ("tpu_custom_call" in mlir) == (attention == "pallas" and platform == "tpu")
 
 
-@pytest.mark.parametrize("Dh", [128, 80])
-def test_kernel_lowers_for_a_gpu_at_the_7b_shape(Dh):
-    """The kernel alone, bfloat16, Qwen2-7B's heads (28 query, 4 key/value, Dh = 128;
-    80, not a power of two, is padded for Triton) and the 7B call's blocks: one Triton
-    call, no loop outside it."""
+def _export_kernel(packed_attention, Dh: int, platform: str):
+    """One packed-attention kernel alone at the 7B call (bfloat16, Qwen2-7B's 28 query and
+    4 key/value heads, head size ``Dh``, the 7B call's blocks), exported for
+    ``platform``: (the export, (bq, bk))."""
     H, Kh = 28, 4
     bq, bk = pallas_attention.blocks(W, C)
     a = lambda shape, dtype=jnp.int32: jax.ShapeDtypeStruct(shape, dtype)  # noqa: E731
@@ -115,16 +114,24 @@ def test_kernel_lowers_for_a_gpu_at_the_7b_shape(Dh):
                 c_id=a((B, C)), c_lo=a((B, W // bq)), c_n=a((B, W // bq)), n_lo=a((B, W // bq)))
 
     def kernel(q, k, v, ck, cv, window, meta):
-        return pallas_attention.packed_attention(q, k, v, ck, cv, window, **meta, bq=bq, bk=bk,
-                                                 windows=True)
+        return packed_attention(q, k, v, ck, cv, window, **meta, bq=bq, bk=bk, windows=True)
 
     bf = jnp.bfloat16
     exported = _export(jax.jit(kernel), (a((B, W, H, Dh), bf), a((B, W, Kh, Dh), bf),
                                          a((B, W, Kh, Dh), bf), a((B, C, Kh, Dh), bf),
-                                         a((B, C, Kh, Dh), bf), a(()), meta), {}, "cuda")
+                                         a((B, C, Kh, Dh), bf), a(()), meta), {}, platform)
+    assert exported.out_avals[0].shape == (B, W, H, Dh) and exported.out_avals[0].dtype == bf
+    return exported, (bq, bk)
+
+
+@pytest.mark.parametrize("Dh", [128, 80])
+def test_kernel_lowers_for_a_gpu_at_the_7b_shape(Dh):
+    """The kernel alone, bfloat16, Qwen2-7B's heads (28 query, 4 key/value, Dh = 128;
+    80, not a power of two, is padded for Triton) and the 7B call's blocks: one Triton
+    call, no loop outside it."""
+    exported, (bq, bk) = _export_kernel(pallas_attention.packed_attention, Dh, "cuda")
     mlir = exported.mlir_module()
     assert mlir.count("xla.gpu.triton") >= 1 and "stablehlo.while" not in mlir
-    assert exported.out_avals[0].shape == (B, W, H, Dh) and exported.out_avals[0].dtype == bf
     assert (bq, bk) == (64, 64) and np.gcd(W, C) % bq == 0
 
 
@@ -157,23 +164,10 @@ def test_tpu_kernel_lowers_to_mosaic_at_the_7b_shape(Dh):
     (rows, key/value heads, query blocks), the three bounds and the window prefetched
     into SMEM, and the cache and packed-key loops as ``scf.for`` whose bounds are
     loaded from there. At Dh = 128 its VMEM fits the smallest default limit."""
-    H, Kh = 28, 4
-    bq, bk = pallas_attention.blocks(W, C)
-    a = lambda shape, dtype=jnp.int32: jax.ShapeDtypeStruct(shape, dtype)  # noqa: E731
-    meta = dict(q_pos=a((B, W)), q_slot=a((B, W)), q_seg=a((B, W)), k_id=a((B, W)), c_pos=a((B, C)),
-                c_id=a((B, C)), c_lo=a((B, W // bq)), c_n=a((B, W // bq)), n_lo=a((B, W // bq)))
-
-    def kernel(q, k, v, ck, cv, window, meta):
-        return pallas_tpu_attention.packed_attention(q, k, v, ck, cv, window, **meta, bq=bq, bk=bk,
-                                                     windows=True)
-
-    bf = jnp.bfloat16
-    exported = _export(jax.jit(kernel), (a((B, W, H, Dh), bf), a((B, W, Kh, Dh), bf),
-                                         a((B, W, Kh, Dh), bf), a((B, C, Kh, Dh), bf),
-                                         a((B, C, Kh, Dh), bf), a(()), meta), {}, "tpu")
+    H, Kh = 28, 4  # as _export_kernel lowers it
+    exported, (bq, bk) = _export_kernel(pallas_tpu_attention.packed_attention, Dh, "tpu")
     mlir = exported.mlir_module()
     assert mlir.count("tpu_custom_call") == 1 and "stablehlo.while" not in mlir
-    assert exported.out_avals[0].shape == (B, W, H, Dh) and exported.out_avals[0].dtype == bf
     kernel_mlir, = mosaic_modules(mlir)
     assert f"iteration_bounds = array<i64: {B}, {Kh}, {W // bq}>" in kernel_mlir
     assert "scalar_prefetch = 4" in kernel_mlir and "scratch_operands = 3" in kernel_mlir
