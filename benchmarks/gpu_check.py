@@ -58,8 +58,8 @@ transformers; no jaxopt, gguf, tokenizer files or datasets, no network):
   here:  python benchmarks/gpu_check.py --prepare bench_out/prep
          (bench_seed's --prepare: the jaxopt and gguf wheels, Qwen2's tokenizer cache
          folder and rotten_tomatoes.jsonl; then the other eight tasks' JSONL files for the
-         grid phase, without the rows whose text is empty, which the loader refuses; it
-         checks the folder fits a carry and prints the device command);
+         grid phase, as shipped; it checks the folder fits a carry and prints the device
+         command);
   there: that one command, with ``carry`` ["bench_out/prep"] and timeout_s 600; it writes
          ``$OUT/gpu_check.json`` and ``$OUT/gpu_check.log``.
 
@@ -76,6 +76,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import sys
 import tempfile
 import time
@@ -481,16 +482,12 @@ def check_smoke(phases: dict) -> None:
 
 
 def copy_tasks(data_dir: str, dest: Path, tasks) -> None:
-    """Each of ``tasks``' ``<task>.jsonl`` from ``data_dir`` into ``dest``, without the
-    rows whose text is empty or whitespace-only: the loader refuses a file that has any
-    (an empty text is no example), and tweet_eval_hate.jsonl has some."""
+    """Each of ``tasks``' ``<task>.jsonl`` from ``data_dir`` into ``dest``, as shipped: the
+    loader leaves out rows with a blank text itself (and lists them in results.json's
+    ``left_out_rows`` by the file's row numbers)."""
     dest.mkdir(parents=True, exist_ok=True)
     for task in tasks:
-        lines = (Path(data_dir) / f"{task}.jsonl").read_text().splitlines(keepends=True)
-        kept = [line for line in lines if json.loads(line)["text"].strip()]
-        (dest / f"{task}.jsonl").write_text("".join(kept))
-        if len(kept) < len(lines):
-            print(f"gpu_check: {task}.jsonl: {len(lines) - len(kept)} rows with an empty text left out")
+        shutil.copyfile(Path(data_dir) / f"{task}.jsonl", dest / f"{task}.jsonl")
 
 
 def prepare(folder: Path, data_dir: str) -> None:

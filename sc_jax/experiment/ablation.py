@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +53,7 @@ from sc_jax.calibration.objective import log_odds
 from sc_jax.experiment import metrics
 from sc_jax.experiment.methods import fits_noted
 from sc_jax.experiment.store import load_run_scores
+from sc_jax.runtime import ranges
 
 log = logging.getLogger(__name__)
 
@@ -253,10 +253,9 @@ def ablate(run_dir, *, lambda_invs=(0.0, None, 1.0, "paper"), m_values=None,
     if bad:
         raise ValueError(f"m_values (--m-values) are test-time sub-contexts per size and must be "
                          f"whole numbers of at least 1, got {bad}")
-    bad = [v for v in lambda_invs if v is not None and v != "paper" and not 0 <= v < math.inf]
-    if bad:
-        raise ValueError(f"lambda_invs (--lambda-inv) must be finite numbers >= 0, 'run' or "
-                         f"'paper', got {bad}")
+    for v in lambda_invs:  # the run's range (sc_jax.runtime.ranges), before any refit
+        if v is not None and v != "paper":
+            ranges.check("lambda_inv", v)
     run_dir = Path(run_dir)
     results, runs = load_run_scores(run_dir)
     # The most test-time sub-contexts of one size any (dataset, k, seed) scored.

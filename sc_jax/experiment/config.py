@@ -99,7 +99,7 @@ class RunConfig:
         if not self.shots:
             raise ValueError("shots (--shots) is empty: give at least one k")
         if not self.seeds:
-            raise ValueError("at least one seed is needed")
+            raise ValueError("seeds (--seeds, --seed-list) is empty: at least one seed is needed")
         # A value given twice would be run (or reported) twice and counted as two:
         # means and intervals "over 4 seeds" from 2.
         for name, option, values in (("seeds", "--seed-list", self.seeds), ("methods", "--methods", self.methods),

@@ -58,6 +58,10 @@ class MeasuredRates:
         compiles = list(compile_by_setting.values())
         later = compiles[1:] or compiles[:1]
         tokens = sum(s["executed_tokens"] for s in seeds)
+        if tokens <= 0 or sum(s["forward_s"] for s in seeds) <= 0:
+            # A resumed run reads its seeds from the score cache: no forward pass to rate.
+            raise ValueError("the run scored no token (every seed came from its score cache): "
+                             "project from a run that scored, e.g. in a fresh --out")
         return cls(
             forward_tokens_per_s=tokens / sum(s["forward_s"] for s in seeds),
             host_seconds_per_token=sum(s["host_s"] for s in seeds) / tokens,

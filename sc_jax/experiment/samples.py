@@ -248,8 +248,13 @@ def _fit_from_param(p: dict, solver: str) -> FitResult:
     """The :class:`FitResult` of one param record of results.json (the run's own b and
     w, stored as exact float64 JSON numbers): predictions from it are the run's."""
     nan = float("nan")
+    name = p.get("status", "CONVERGED")
+    if name not in Status.__members__:
+        raise ValueError(f"results.json: a {p.get('method')} fit's status {name!r} is no solver "
+                         f"status ({', '.join(Status.__members__)}); rerun the run's `sc-jax run` "
+                         "command with the same --out to rewrite it")
     return FitResult(b=np.asarray(p["b"], np.float64), w=np.asarray(p["w"], np.float64),
-                     status=Status[p.get("status", "CONVERGED")], iterations=0,
+                     status=Status[name], iterations=0,
                      outer_iterations=0, objective=p.get("objective", nan), constraint=nan,
                      violation=nan, tau=p.get("tau", nan), lambda_inv=p.get("lambda_inv", nan),
                      solver=solver, sc_star=p["method"] != "sc" or bool(p.get("guarded")),

@@ -66,7 +66,8 @@ class Range:
             return f"must be {'an integer' if self.integer else 'a number'}, got {value!r}"
         if math.isnan(value):  # passes every comparison that refuses by "<"
             return f"must be a number {self.bounds()}, got nan"
-        if self.integer and (math.isinf(value) or value != int(value)):
+        if self.integer and not isinstance(value, numbers.Integral):
+            # 4.0 too: it would name files "k4.0" and fail in range() much later
             return f"must be an integer, got {value!r}"
         low = self.lo is not None and value < self.lo
         high = self.hi is not None and (value >= self.hi if self.hi_open else value > self.hi)

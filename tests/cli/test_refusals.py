@@ -23,6 +23,7 @@ from test_cli import TINY, _data, _one_error, _stop_at_the_model
     (dict(tau=float("nan")), "tau (--tau) must be a number in [-1, 1), got nan"),
     (dict(test_size=7.5), "test_size (--test-size) must be an integer, got 7.5"),
     (dict(m_cap=True), "m_cap (--m-cap) must be an integer, got True"),
+    (dict(shots=(4.0,)), "shots (--shots) must be an integer, got 4.0"),  # named files "k4.0"
     (dict(dtype="float16"), "dtype (--dtype) must be one of float32, bfloat16, got 'float16'"),
     (dict(mesh_model=0), "mesh_model (--mesh) must be at least 1, got 0"),
     (dict(data_files=(("rotten_tomatoes", ""),)), "--data-file rotten_tomatoes= names no file"),
@@ -123,6 +124,8 @@ def test_pieces_and_contexts_name_what_is_wrong(tiny):
     (["report", "{tmp}/table.md"], "{tmp}/table.md is a file, not a run's output directory"),
     # mentioned an --out that was not given
     (["ablate", "{tmp}/table.md"], "{tmp}/table.md is a file, not a run's output directory"),
+    # refused by the refit with the fit's own line, after reading every score file
+    (["ablate", "{tmp}", "--lambda-inv", "1e40"], "lambda_inv (--lambda-inv) must be in [0, 1e+30]"),
 ])
 def test_cli_refusals_name_their_subject(tmp_path, capsys, monkeypatch, argv, message):
     _stop_at_the_model(monkeypatch)
@@ -176,3 +179,15 @@ def test_blank_texts_are_left_out_with_one_warning_and_recorded(tmp_path, capsys
         split_protocol(ds, k=4, test_size=34, seed=0, test_seed=1)
     notes, left_out = rows_passed_over({"rotten_tomatoes": ds})
     assert left_out == {"rotten_tomatoes": [4, 8, 12]} and "left out of every draw" in notes[0]
+
+
+def test_a_projection_from_a_run_that_scored_nothing_is_refused():
+    """A resumed run (every seed from its score cache) has no forward time to rate: the
+    projection divided by zero."""
+    from sc_jax.experiment.grid import MeasuredRates
+
+    seed = dict(dataset="sst2", shots=4, compile_s=0.0, executed_tokens=0, forward_s=0.0, host_s=0.1)
+    timing = dict(seeds=[seed], fits=[dict(solve_s=0.1, compile_s=0.0, seeds=[0])], metrics_s=0.0,
+                  load_s=1.0, report_s=0.5, unaccounted_s=0.0)
+    with pytest.raises(ValueError, match=r"^the run scored no token \(every seed came from its score cache\)"):
+        MeasuredRates.from_timing(timing)

@@ -41,6 +41,7 @@ _JAX_METHODS: dict[str, Callable[..., Solution]] = {
 # (compiled). Tracing happens inside jax.jit, which hands nothing else back to count it
 # by; tests read it to prove that a batch's contents never trigger a recompilation.
 trace_counts: dict[str, int] = {name: 0 for name in _JAX_METHODS}
+_TRACE_LOCK = threading.Lock()
 
 
 def resolve_batch_size(batch_size: int | None, backend: str | None = None) -> int | None:
@@ -309,10 +310,14 @@ def run_parts(fn, problems: tuple, lambda_invs: tuple, taus: tuple, threads: int
     # caller's x64 setting and ``device``.
     x64 = bool(jax.config.jax_enable_x64)
 
+    # The shared pool may be larger than ``threads`` (an earlier call asked for more):
+    # at most ``threads`` solves run at once, as asked.
+    gate = threading.Semaphore(threads)
+
     def call(task):
         _, key, j, idx, slots = task
         part = _part(problems[j], lams[j], taus[j], idx, slots)
-        with jax.enable_x64(x64), _on(device):
+        with gate, jax.enable_x64(x64), _on(device):
             lock = _first_call(key)
             with lock or contextlib.nullcontext():
                 prob, lam, tau = jax.device_put(part, device)
@@ -406,7 +411,8 @@ def batch_function(method: str, sc_star: bool, options: SolverOptions | None,
     def batch(problems, lambda_invs, taus):
         # A tuple of buckets, each its own vmap or map (and so its own while_loops)
         # inside the one program (run_parts passes one bucket per call).
-        trace_counts[method] += 1  # runs only while tracing
+        with _TRACE_LOCK:  # runs only while tracing, from several solver threads at once
+            trace_counts[method] += 1
         if method == "augmented_lagrangian" and batch_size == 1:
             return solve_slots(problems, lambda_invs, taus, None, sc_star=sc_star,
                                 options=options or SolverOptions())
