@@ -414,7 +414,7 @@ def batch_function(method: str, sc_star: bool, options: SolverOptions | None,
         with _TRACE_LOCK:  # runs only while tracing, from several solver threads at once
             trace_counts[method] += 1
         if method == "augmented_lagrangian" and batch_size == 1:
-            return solve_slots(problems, lambda_invs, taus, None, sc_star=sc_star,
+            return solve_slots(problems, lambda_invs, taus, sc_star=sc_star,
                                 options=options or SolverOptions())
         return tuple(bucket(p, lam, t) for p, lam, t in zip(problems, lambda_invs, taus))
 
@@ -441,7 +441,7 @@ def filler_solution(n1: int, dtype, sc_star: bool) -> Solution:
                     constraint=zero, violation=zero, multiplier=zero)
 
 
-def solve_slots(problems: tuple, lambda_invs: tuple, taus: tuple, take, *,
+def solve_slots(problems: tuple, lambda_invs: tuple, taus: tuple, *,
                  sc_star: bool, options: SolverOptions) -> tuple:
     """The augmented Lagrangian over buckets with ONE copy of its loop in the program
     (CPU, instances one by one): ``lax.map`` over slots, each holding one instance of
@@ -451,21 +451,17 @@ def solve_slots(problems: tuple, lambda_invs: tuple, taus: tuple, take, *,
     per bucket; with a ``vmap`` or ``map`` per bucket the whole solver was, about
     0.8 s of XLA's compile per bucket on the 2-core CPU. The switch index is the
     bucket, never batched (also under the multi-start's vmap), so each evaluation
-    runs one bucket's code. Slots past a bucket's count (buckets of unequal counts,
-    or the fillers of a part) are skipped by a ``lax.cond``.
+    runs one bucket's code. Slots past a bucket's count (buckets of unequal counts)
+    hold fillers and are skipped by a ``lax.cond``.
 
-    problems, lambda_invs, taus: per bucket, ``[B_j, ...]`` and ``[B_j]``; take: per
-    bucket the instances to solve (or None: all). Returns a tuple of per-bucket
-    :class:`Solution` batches, ``[len(take[j])]`` (or ``[B_j]``).
+    problems, lambda_invs, taus: per bucket, ``[B_j, ...]`` and ``[B_j]``. Returns a
+    tuple of per-bucket :class:`Solution` batches, ``[B_j]``.
     """
     counts = [int(p.features.shape[0]) for p in problems]
-    if take is None:
-        take = tuple(jnp.arange(c, dtype=jnp.int32) for c in counts)
-    lens = [int(k.shape[0]) for k in take]
-    slots = max(lens)
-    take = tuple(jnp.concatenate([jnp.asarray(k, jnp.int32),
-                                  jnp.full(slots - n, c, jnp.int32)])
-                 for k, n, c in zip(take, lens, counts))
+    slots = max(counts)
+    # Every bucket's instances, then its count (out of range: a filler) up to ``slots``.
+    take = tuple(jnp.concatenate([jnp.arange(c, dtype=jnp.int32),
+                                  jnp.full(slots - c, c, jnp.int32)]) for c in counts)
     valid = jnp.stack([k < c for k, c in zip(take, counts)], axis=1)  # [S, J]
     problems, lambda_invs, taus = gather_parts(problems, lambda_invs, taus, take)
     dtype = problems[0].features.dtype
@@ -499,7 +495,7 @@ def solve_slots(problems: tuple, lambda_invs: tuple, taus: tuple, take, *,
                                         jnp.stack(ts), ok))[1]
 
     out = jax.lax.map(slot, (problems, lambda_invs, taus, valid))  # [S, J, ...]
-    return tuple(jax.tree.map(lambda a, j=j, n=n: a[:n, j], out) for j, n in enumerate(lens))
+    return tuple(jax.tree.map(lambda a, j=j, n=n: a[:n, j], out) for j, n in enumerate(counts))
 
 
 def solve_batch(problem: Problem | Sequence[Problem], lambda_inv, tau, *,
