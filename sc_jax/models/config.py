@@ -177,6 +177,12 @@ class ModelConfig:
 
 
 # ------------------------------------------------------------------ presets
+#: The context window of the tiny and small presets. Their byte-level tokenizer makes
+#: about one token per character; the longest k = 4 prompt of the nine tasks' data
+#: (the four longest texts of a task as demonstrations and its longest again as the
+#: query, sequence mode) is 3,650 tokens, on AG News (tests/models/test_presets.py
+#: measures it). Rotary positions are computed per token, so the window costs nothing.
+TINY_WINDOW = 4096
 # Real configurations of the paper's three 7B models (for throughput work with
 # random weights) and tiny ones with odd sizes (for tests: shape bugs show).
 _PRESETS: dict[str, dict[str, Any]] = {
@@ -212,16 +218,16 @@ _PRESETS: dict[str, dict[str, Any]] = {
     "tiny-llama": dict(model_type="llama", vocab_size=613, hidden_size=70,
                        intermediate_size=97, num_hidden_layers=3, num_attention_heads=7,
                        num_key_value_heads=1, rms_norm_eps=1e-5, rope_theta=10000.0,
-                       max_position_embeddings=512, bos_token_id=1, eos_token_id=2),
+                       max_position_embeddings=TINY_WINDOW, bos_token_id=1, eos_token_id=2),
     "tiny-mistral": dict(model_type="mistral", vocab_size=613, hidden_size=60,
                          intermediate_size=83, num_hidden_layers=2, num_attention_heads=6,
                          num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=10000.0,
-                         max_position_embeddings=512, sliding_window=64,
+                         max_position_embeddings=TINY_WINDOW, sliding_window=64,
                          bos_token_id=1, eos_token_id=2),
     "tiny-qwen2": dict(model_type="qwen2", vocab_size=613, hidden_size=60,
                        intermediate_size=83, num_hidden_layers=2, num_attention_heads=6,
                        num_key_value_heads=3, rms_norm_eps=1e-6, rope_theta=10000.0,
-                       max_position_embeddings=512, tie_word_embeddings=True,
+                       max_position_embeddings=TINY_WINDOW, tie_word_embeddings=True,
                        bos_token_id=1, eos_token_id=2),
     # Tiny cases of the later families, odd sizes again (head_dim 16 with hidden 60 / 6
     # heads: head_dim is not hidden / heads) and Gemma 3's interleaving: sliding
@@ -233,11 +239,11 @@ _PRESETS: dict[str, dict[str, Any]] = {
                                          "factor": 8.0, "low_freq_factor": 1.0,
                                          "high_freq_factor": 4.0,
                                          "original_max_position_embeddings": 64},
-                        max_position_embeddings=512, bos_token_id=1, eos_token_id=2),
+                        max_position_embeddings=TINY_WINDOW, bos_token_id=1, eos_token_id=2),
     "tiny-qwen3": dict(model_type="qwen3", vocab_size=613, hidden_size=60,
                        intermediate_size=83, num_hidden_layers=3, num_attention_heads=6,
                        num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
-                       rope_theta=1000000.0, max_position_embeddings=512,
+                       rope_theta=1000000.0, max_position_embeddings=TINY_WINDOW,
                        tie_word_embeddings=True, bos_token_id=1, eos_token_id=2),
     "tiny-gemma3": dict(model_type="gemma3_text", vocab_size=613, hidden_size=60,
                         intermediate_size=83, num_hidden_layers=4, num_attention_heads=6,
@@ -247,7 +253,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
                                      "full_attention", "sliding_attention"],
                         rope_theta=1000000.0, rope_local_base_freq=10000.0,
                         rope_scaling={"rope_type": "linear", "factor": 2.0},
-                        hidden_activation="gelu_pytorch_tanh", max_position_embeddings=512,
+                        hidden_activation="gelu_pytorch_tanh", max_position_embeddings=TINY_WINDOW,
                         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2),
     # The 2024-25 families' published configurations (text towers), for plans and
     # throughput with random weights.
@@ -293,12 +299,12 @@ _PRESETS: dict[str, dict[str, Any]] = {
     "tiny-llama-8h": dict(model_type="llama", vocab_size=640, hidden_size=64,
                           intermediate_size=128, num_hidden_layers=2, num_attention_heads=8,
                           num_key_value_heads=4, rms_norm_eps=1e-5, rope_theta=10000.0,
-                          max_position_embeddings=512, bos_token_id=1, eos_token_id=2),
+                          max_position_embeddings=TINY_WINDOW, bos_token_id=1, eos_token_id=2),
     # A mid-size model for CPU benchmarks: big enough that compute dominates.
     "small-llama": dict(model_type="llama", vocab_size=4096, hidden_size=256,
                         intermediate_size=704, num_hidden_layers=6, num_attention_heads=8,
                         num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=10000.0,
-                        max_position_embeddings=2048, bos_token_id=1, eos_token_id=2),
+                        max_position_embeddings=TINY_WINDOW, bos_token_id=1, eos_token_id=2),
 }
 
 PRESETS = tuple(_PRESETS)

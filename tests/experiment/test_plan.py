@@ -602,8 +602,7 @@ def test_random_path_errors_are_one_line(tmp_path, data_dir, capsys, case, messa
 
 
 def test_plan_of_a_random_path(tmp_path, data_dir, capsys):
-    # Byte-level tokens: a k = 4 prompt is longer than the preset's 512 positions.
-    d = _config_dir(tmp_path / "g3", "tiny-gemma3", max_position_embeddings=4096)
+    d = _config_dir(tmp_path / "g3", "tiny-gemma3")
     out = tmp_path / "p.json"
     # Sequence mode: the byte-level labels share their first token (a space).
     rc = cli.main(["plan", "--model", f"random:{d}", "--mode", "sequence", "--dataset", "rotten_tomatoes", "--data-dir",

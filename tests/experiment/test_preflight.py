@@ -14,11 +14,14 @@ from sc_jax import cli
 from sc_jax.experiment.task_loading import load_task
 from sc_jax.experiment.config import RunConfig
 from sc_jax.experiment.jobs import draw_split
+from sc_jax.models.config import preset
 
-MODEL = "random:tiny-llama"  # byte tokenizer, context window of 512 tokens
+MODEL = "random:tiny-llama"  # byte tokenizer: about a token per character
+WINDOW = preset("tiny-llama").max_position_embeddings
 WORDS = ["a", "gorgeous", "witty", "moving", "film", "the", "plot", "is", "a", "mess", "and",
          "jokes", "never", "land", "dull"]
-LONG = " ".join(["word"] * 150)  # 750 bytes: more than 512 tokens on its own
+# Four tokens per " word": more than the context window on its own.
+LONG = " ".join(["word"] * (WINDOW // 4 + 50))
 
 
 @pytest.fixture(autouse=True)
@@ -66,7 +69,7 @@ def test_a_long_demonstration_of_seed_1_only_fails_plan_and_run_naming_seed_and_
         assert rc == 2 and len(errors) == 1, errors
         assert errors[0].startswith("error: rotten_tomatoes, k=4, seed 1: a ")
         assert f"demonstration {list(s1.demo_indices).index(row) + 1} (row {row + 1} of {path})" \
-            in errors[0] and "context window of 512" in errors[0] and "fewer shots" in errors[0]
+            in errors[0] and f"context window of {WINDOW}" in errors[0] and "fewer shots" in errors[0]
     assert not (tmp_path / "out" / "scores").exists()
 
 
@@ -87,9 +90,10 @@ def test_a_long_test_query_is_named_as_a_test_query(tmp_path, capsys):
 def test_every_text_long_is_a_context_window_error_in_plan_not_a_memory_error(tmp_path, capsys):
     path = _write(tmp_path / "rt.jsonl", [LONG + f" {j}" for j in range(40)], np.arange(40) % 2)
     rc, errors, _ = _run(["plan", "--data-file", str(path)] + ARGS, capsys)
-    assert rc == 2 and len(errors) == 1 and "context window of 512" in errors[0]
-    # Texts of 300 bytes: each fits, four of them in one prompt do not.
-    path = _write(tmp_path / "rt.jsonl", [LONG[:300] + f" {j}" for j in range(40)], np.arange(40) % 2)
+    assert rc == 2 and len(errors) == 1 and f"context window of {WINDOW}" in errors[0]
+    # Texts of a third of the window: each fits, four of them in one prompt do not.
+    third = LONG[:WINDOW // 3]
+    path = _write(tmp_path / "rt.jsonl", [third + f" {j}" for j in range(40)], np.arange(40) % 2)
     rc, errors, _ = _run(["plan", "--data-file", str(path)] + ARGS, capsys)
     assert rc == 2 and len(errors) == 1
     assert "no one text is to blame (its longest, the " in errors[0]
