@@ -29,9 +29,11 @@ from sc_jax.experiment.results import METHOD_NAMES, load_results
 from sc_jax.experiment.run import run_experiment
 from sc_jax.experiment.samples import regenerate_samples
 from sc_jax.experiment.store import check_output_file
+from sc_jax.models.config import PRESETS, preset
 from sc_jax.models.hub import cached_models_lines
 from sc_jax.models.loading import load_model
 from sc_jax.models.named_models import MODELS
+from sc_jax.models.vocabulary import PRESET_TOKENIZERS
 from sc_jax.runtime.multihost import is_writer
 from sc_jax.runtime.runlock import run_lock
 from sc_jax.scoring.engine import ScoringEngine
@@ -264,6 +266,29 @@ def ablate_command(args) -> int:
     return 0
 
 
+def _preset_lines() -> list[str]:
+    """One line per ``random:<preset>``: family, parameters, context window, tokenizer."""
+
+    def count(n: int) -> str:
+        for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+            if n >= size:
+                return f"{n / size:.3g}{unit}"
+        return str(n)
+
+    lines = ["random presets (--model random:<preset>: a real or tiny configuration, random "
+             "weights; for plans, throughput and quick tries):",
+             f"  {'preset':<14} {'family':<12} {'parameters':>10} {'context window':>15}  tokenizer"]
+    for name in PRESETS:
+        c = preset(name)
+        tok = (f"{PRESET_TOKENIZERS[name]}'s vocabulary" if name in PRESET_TOKENIZERS
+               else "byte stand-in")
+        lines.append(f"  {name:<14} {c.model_type:<12} {count(c.num_params()):>10} "
+                     f"{c.max_position_embeddings:>15,}  {tok}")
+    lines.append("  (byte stand-in: about a token per character, several times a real vocabulary's "
+                 "count; a context window counts tokens)")
+    return lines
+
+
 def info_command(args) -> int:
     if args.model is None:
         print("models loadable by name (sc_jax.load_model(NAME), --model NAME):")
@@ -275,6 +300,7 @@ def info_command(args) -> int:
         print("also: a Hugging Face model directory, a .gguf file (llama, qwen2 or gemma3), "
               "random:<preset>, random:PATH (a directory's config.json and tokenizer.json, "
               "random weights), or a Hugging Face id org/name[@REVISION] in the local hub cache")
+        print("\n".join(_preset_lines()))
         print("\n".join(cached_models_lines()))
         return 0
     m = load_model(args.model, dtype=args.dtype)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from sc_jax import cli
 from sc_jax.experiment.task_loading import load_task
 from sc_jax.models.config import PRESETS, TINY_WINDOW, preset
 from sc_jax.models.tokenizer import ByteTokenizer
@@ -76,3 +77,18 @@ def test_the_small_presets_hold_the_longest_k4_prompt_of_every_shipped_task():
     for name in BYTE_PRESETS:
         assert preset(name).max_position_embeddings >= max(LONGEST_K4.values()), name
 
+
+
+def test_info_lists_every_preset_with_its_context_window(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SC_JAX_CACHE", str(tmp_path))
+    monkeypatch.setenv("SC_JAX_XLA_CACHE", "")  # keep the session's JAX configuration
+    assert cli.main(["info"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    lines = lines[next(i for i, line in enumerate(lines) if line.startswith("random presets")):]
+    for name in PRESETS:
+        row = [line.split() for line in lines if line.split()[:1] == [name]]
+        assert len(row) == 1, name
+        assert row[0][3] == f"{preset(name).max_position_embeddings:,}", row[0]
+    assert ["tiny-llama", "llama", "181k", f"{TINY_WINDOW:,}", "byte", "stand-in"] in \
+        [line.split() for line in lines]
+    assert not any(tmp_path.iterdir())  # listing fetches nothing
