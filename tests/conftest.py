@@ -80,6 +80,30 @@ _LONGEST_FIRST = ("test_solvers.py", "test_qwen2.py", "test_gguf.py", "test_mult
                   "test_numpy_fit.py", "test_plan.py")
 
 
+# `pytest -m quick`: a few minutes of the suite for a change's first check (README,
+# docs/development.md), every stage's cheaper files and the equalities everything rests
+# on (the prefix-shared engine against the plain path, the calibrator's implicit
+# derivatives against finite differences). CI runs the whole suite. Node-id prefixes
+# under tests/.
+_QUICK = ("test_imports.py", "test_quick.py", "runtime/test_timing.py::test_compile_meter",
+          "runtime/test_timing.py::test_one_memory_policy", "runtime/test_timing.py::test_device_memory",
+          "models/test_config_checks.py", "models/test_presets.py", "models/test_families.py",
+          "models/test_attention.py",
+          "scoring/test_enumeration.py", "scoring/test_cache.py", "scoring/test_engine_state.py",
+          "scoring/test_scoring.py::test_engine_equals_plain[1-first_token]",
+          "scoring/test_scoring.py::test_prompt_longer_than_context_window",
+          "calibration/test_objective.py", "calibration/test_baselines.py",
+          "calibration/test_numpy_predict.py",
+          "calibration/test_jax_calibrate.py::test_grad_matches_finite_differences",
+          "experiment/test_metrics.py", "experiment/test_report.py",
+          "experiment/test_experiment.py", "experiment/test_preflight.py",
+          "cli/test_refusals.py")
+
+
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+    quick = tuple(f"tests/{q}" for q in _QUICK)
+    for item in items:
+        if item.nodeid.startswith(quick):
+            item.add_marker(pytest.mark.quick)
