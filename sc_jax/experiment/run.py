@@ -41,9 +41,10 @@ import jax
 from sc_jax.calibration.defaults import DEFAULT_LAMBDA_INV
 from sc_jax.calibration.solvers import is_converged
 from sc_jax.experiment import figures, metrics, samples
-from sc_jax.experiment.config import RunConfig, run_policy
-from sc_jax.experiment.jobs import SeedScores, draw_split, load_datasets, score_seed
-from sc_jax.experiment.preflight import check_run
+from sc_jax.experiment.config import RunConfig
+from sc_jax.experiment.jobs import SeedScores, score_seed
+from sc_jax.experiment.plan import forward_estimate
+from sc_jax.experiment.runplan import RunPlan, build_plan, run_mesh
 from sc_jax.experiment.methods import fit_sc, method_probs, sc_size_probs
 from sc_jax.experiment.report import report_files
 from sc_jax.experiment.staging import Staging
@@ -58,15 +59,12 @@ from sc_jax.experiment.store import (
     scores_path,
     write_json,
 )
-from sc_jax.models import loading, sources
-from sc_jax.models.hub import HubModelNotCachedError
-from sc_jax.runtime.multihost import is_multiprocess, is_writer, on_writer
+from sc_jax.models import loading
+from sc_jax.runtime.multihost import is_writer, on_writer
 from sc_jax.runtime.runlock import run_lock
-from sc_jax.runtime.sharding import MODEL, axis_size, make_mesh, mesh_size
 from sc_jax.runtime.timing import CompileMeter, Parts
 from sc_jax.scoring.cache import ScoreCache
 from sc_jax.scoring.engine import ScoringEngine
-from sc_jax.scoring.memory import MemoryPolicy
 from sc_jax.scoring.results import EngineStats
 
 log = logging.getLogger(__name__)
@@ -135,50 +133,39 @@ class Results:
 
 
 
-def rows_passed_over(datasets: dict) -> tuple[list[str], dict[str, list[int]]]:
-    """The notes on the rows of ``datasets`` (name -> Dataset) that no seed draws, and
-    results.json's ``left_out_rows``: per dataset, the file's rows (1-based) left out
-    for their blank text, with which the splits are reproducible from the file alone."""
-    notes = [f"{name}: {ds.duplicate_rows} of {len(ds)} rows repeat an earlier text; each "
-             "text is drawn once, so no test query is also a demonstration"
-             for name, ds in datasets.items() if ds.duplicate_rows]
-    notes += [f"{name}: {len(ds.blank_rows)} of {len(ds)} rows have an empty or whitespace-only "
-              "text and are left out of every draw (left_out_rows)"
-              for name, ds in datasets.items() if ds.blank_rows]
-    return notes, {name: [i + 1 for i in ds.blank_rows] for name, ds in datasets.items() if ds.blank_rows}
-
-
 def _split_record(name: str, k: int, seed: int, split) -> dict:
     """What results.json keeps of one seed's split: its demonstrations and a hash of its test set."""
     return dict(dataset=name, shots=k, seed=seed, demo_indices=split.demo_indices.tolist(),
                 test_size=int(split.test_indices.size), test_hash=split.test_hash())
 
 
-def _score_seeds(model, engine, cache, ds, name: str, k: int, config: RunConfig, out: Path,
-                 progress: bool) -> tuple[dict[int, SeedScores], list[dict], dict, list[dict]]:
-    """Every seed's scores of one (dataset, k), each saved under ``out/scores``, each
-    seed's split record, seed -> its :class:`sc_jax.experiment.splits.Split`, and each seed's
-    timing record (:func:`_seed_timing`)."""
+def _score_seeds(plan: RunPlan, model, engine, cache, name: str, k: int, out: Path,
+                 progress: bool) -> tuple[dict[int, SeedScores], list[dict], list[dict]]:
+    """Every seed's scores of one (dataset, k) of ``plan`` (its split and jobs as
+    planned), each saved under ``out/scores``, each seed's split record, and each
+    seed's timing record (:func:`_seed_timing`)."""
+    config, work = plan.config, plan.seeds_of(name, k)
+    # The schedules were planned on the configuration the source gave; one the weights
+    # changed (a head untied on load) holds other bytes, and the engine plans anew.
+    same = model.config == plan.model.parts.config
     scores: dict[int, SeedScores] = {}
-    splits, drawn, timings = [], {}, []
-    for seed in config.seeds:
-        label = f"[{name} k={k} seed={seed}]"
+    splits, timings = [], []
+    for i, w in enumerate(work):
         if progress:
-            log.info("%s scoring (seed %d of %d)", label, config.seeds.index(seed) + 1,
-                     len(config.seeds))
+            log.info("%s scoring (seed %d of %d)", w.label, i + 1, len(work))
         t = time.perf_counter()
-        split = drawn[seed] = draw_split(ds, config, k, seed)
-        splits.append(_split_record(name, k, seed, split))
-        scores[seed], stats = score_seed(model, engine, cache, ds, split, config, k,
-                                         label=label if progress else None)
+        splits.append(_split_record(name, k, w.seed, w.split))
+        scores[w.seed], stats = score_seed(model, engine, cache, plan.datasets[name], w, config,
+                                           label=w.label if progress else None,
+                                           planned=w.planned if same else None)
         if is_writer():
-            save_scores(scores_path(out, name, k, seed), scores[seed],
+            save_scores(scores_path(out, name, k, w.seed), scores[w.seed],
                         config_tag(json.loads(json.dumps(config.to_json()))),
-                        score_meta(name, k, seed, split, model.identity))
-        timings.append(_seed_timing(name, k, seed, time.perf_counter() - t, stats))
+                        score_meta(name, k, w.seed, w.split, model.identity))
+        timings.append(_seed_timing(name, k, w.seed, time.perf_counter() - t, stats))
         if progress:
-            log.info("%s %s", label, _seed_line(timings[-1]))
-    return scores, splits, drawn, timings
+            log.info("%s %s", w.label, _seed_line(timings[-1]))
+    return scores, splits, timings
 
 
 def _seed_timing(name: str, k: int, seed: int, wall: float, st: EngineStats) -> dict:
@@ -321,45 +308,19 @@ def run_experiment(config: RunConfig, out_dir, *, progress: bool = True,
         return _run_locked(config, out, progress, log_samples)
 
 
-def _config_and_tokenizer(config: RunConfig):
-    """``(ModelConfig, tokenizer)`` of the run's model without its weights, or None
-    where they cannot be had yet (a named model not converted has no tokenizer until
-    load_model converts it). A model by Hugging Face id that neither the local hub
-    cache nor the hub gives fails here, before any dataset is fetched."""
-    try:
-        return sources.load_config_and_tokenizer(config.model)
-    except HubModelNotCachedError:
-        raise
-    except FileNotFoundError:
-        return None
-
-
-def _load_checked(config: RunConfig, datasets: dict, preview,
-                  progress: bool) -> tuple[loading.LoadedModel, MemoryPolicy]:
-    """The run's model and memory policy (:func:`run_policy` on the run's mesh), the
-    model loaded after :func:`check_run` passed on every (dataset, k, seed) under that
-    policy (before the weights load where ``preview``, the model's configuration and
-    tokenizer, could be had without them)."""
-    # Several processes and no --mesh: every process's devices on the data axis (a
-    # model that one device holds; with no mesh each process would score alone).
-    mesh = (make_mesh(config.mesh_devices, model=config.mesh_model)
-            if config.mesh_devices or config.mesh_model > 1 or is_multiprocess() else None)
-    policy = run_policy(config, n_devices=mesh_size(mesh), model_shards=axis_size(mesh, MODEL))
-    # Every seed's prompts against the context window before the weights load (a
-    # late failure would come after minutes of scoring).
-    checked = None if preview is None else check_run(config, *preview, datasets, policy=policy)
+def _load_planned(plan: RunPlan, progress: bool) -> loading.LoadedModel:
+    """The run's model, its weights read from the plan's located source once every
+    (dataset, k, seed) passed the plan's checks, with the plan and its forward-pass
+    estimate logged before (:func:`forward_estimate`: a warning where it is hours on a
+    CPU)."""
+    config = plan.config
     if progress:
+        log.info("%s", plan.describe())
+        seconds, line = forward_estimate(plan)
+        cpu = plan.policy.platform == "cpu" or jax.default_backend() == "cpu"
+        log.log(logging.WARNING if cpu and seconds > 3600 else logging.INFO, "%s", line)
         log.info("loading the model %s", config.model)
-    model = loading.load_model(config.model, dtype=config.dtype, mesh=mesh)
-    if checked is None:
-        checked = check_run(config, model.config, model.tokenizer, datasets, policy=policy)
-    if progress:
-        ran = [c for c in checked if not c["skipped"]]
-        w = max(ran, key=lambda c: c["longest_prompt"])
-        log.info("checked %d (dataset, k) x %d seeds: the longest prompt has %d tokens (%s k=%d "
-                 "seed %d), the context window %d", len(ran), len(config.seeds),
-                 w["longest_prompt"], w["dataset"], w["k"], w["longest_seed"], w["context_window"])
-    return model, policy
+    return loading.load_model(config.model, dtype=config.dtype, mesh=plan.mesh, located=plan.model)
 
 
 def _run_locked(config: RunConfig, out: Path, progress: bool, log_samples: bool) -> Results:
@@ -367,56 +328,42 @@ def _run_locked(config: RunConfig, out: Path, progress: bool, log_samples: bool)
     t_start = time.perf_counter()
     parts = Parts()
     with parts("load"):
-        # The model's configuration and tokenizer (no weights), then the data, then the
-        # weights: a model missing from the hub cache, or a bad dataset name or file,
-        # fails before the weights load.
-        preview = _config_and_tokenizer(config)
-        datasets = load_datasets(config)
-        model, policy = _load_checked(config, datasets, preview, progress)
+        # The model located (configuration and tokenizer, no weights), the data, every
+        # seed's work checked, then the weights: a model missing from the hub cache, a
+        # bad dataset name or file, or a prompt too long fails before the weights load.
+        plan = build_plan(config, mesh=run_mesh(config))
+        model = _load_planned(plan, progress)
         # What this directory now holds: a later run with another configuration is refused.
         if is_writer():
             write_json(out / RUN_CONFIG_FILE, config.to_json())
-        engine = ScoringEngine(model, policy=policy, progress=progress)
+        engine = ScoringEngine(model, policy=plan.policy, progress=progress)
         cache = ScoreCache(out / "cache")
     if is_writer():
         figures.warm_up()  # the plots' imports beside the scoring, not after it
     lam = DEFAULT_LAMBDA_INV if config.lambda_inv is None else config.lambda_inv
-    rows, params, notes, splits, skipped, records = [], [], [], [], [], []
-    passed_over, left_out = rows_passed_over(datasets)
-    notes += passed_over
-    seed_times, fit_times = [], []
-    for name, ds in datasets.items():
-        n = ds.n_classes
-        for k in config.shots:
-            if n > k:
-                skipped.append(dict(dataset=name, shots=k))
-                notes.append(_skip_note(name, n, k))
-                continue
-            with parts("scoring"):
-                scores, seed_splits, drawn, times = _score_seeds(model, engine, cache, ds, name, k,
-                                                                 config, out, progress)
-            splits += seed_splits
-            seed_times += times
-            with parts("fitting"):
-                fits, fit_params, fit_time = _timed_fit(scores, name, k, config, lam, progress)
-            params += fit_params
-            fit_times.append(fit_time)
-            with parts("metrics"):
-                seed_rows, seed_records = _metric_rows(scores, fits, name, k, n, config,
-                                                       drawn if log_samples else None, ds)
-            rows += seed_rows
-            records += seed_records
+    rows, params, splits, records, seed_times, fit_times = [], [], [], [], [], []
+    notes = list(plan.notes) + [_skip_note(name, n, k) for name, k, n in plan.skipped]
+    for name, k in plan.settings:
+        ds = plan.datasets[name]
+        with parts("scoring"):
+            scores, seed_splits, times = _score_seeds(plan, model, engine, cache, name, k, out,
+                                                      progress)
+        splits += seed_splits
+        seed_times += times
+        with parts("fitting"):
+            fits, fit_params, fit_time = _timed_fit(scores, name, k, config, lam, progress)
+        params += fit_params
+        fit_times.append(fit_time)
+        with parts("metrics"):
+            drawn = {w.seed: w.split for w in plan.seeds_of(name, k)} if log_samples else None
+            seed_rows, seed_records = _metric_rows(scores, fits, name, k, ds.n_classes, config,
+                                                   drawn, ds)
+        rows += seed_rows
+        records += seed_records
     with parts("report"):
         notes += _fit_notes(params)
-        data = {"config": config.to_json(), "lambda_inv": lam, "model_identity": model.identity,
-                "model_source": model.source,
-                "versions": package_versions(), "rows": rows, "params": params, "splits": splits,
-                "skipped": skipped, "notes": notes, "timing": {},
-                "left_out_rows": left_out,
-                "cache": {"hits": cache.hits, "misses": cache.misses, "corrupt": cache.corrupt},
-                "runtime": {"processes": jax.process_count(), "devices": jax.device_count(),
-                            "mesh": {"data": model.n_devices, "model": model.model_shards}},
-                "memory_policy": dataclasses.asdict(policy)}
+        data = _results_data(plan, model, lam, rows, params, splits, notes, cache)
+
     def timing():  # the run's time so far, in parts
         return run_timing(parts, seed_times, fit_times, time.perf_counter() - t_start)
 
@@ -425,6 +372,20 @@ def _run_locked(config: RunConfig, out: Path, progress: bool, log_samples: bool)
         return Results(out, data, {})  # the same results; process 0 writes them
     written = _write_outputs(out, data, records if log_samples else None, parts, timing, progress)
     return Results(out, data, written)
+
+
+def _results_data(plan: RunPlan, model, lam: float, rows, params, splits, notes, cache) -> dict:
+    """results.json's contents but its ``timing``."""
+    return {"config": plan.config.to_json(), "lambda_inv": lam, "model_identity": model.identity,
+            "model_source": model.source,
+            "versions": package_versions(), "rows": rows, "params": params, "splits": splits,
+            "skipped": [dict(dataset=name, shots=k) for name, k, _ in plan.skipped],
+            "notes": notes, "timing": {},
+            "left_out_rows": plan.left_out_rows,
+            "cache": {"hits": cache.hits, "misses": cache.misses, "corrupt": cache.corrupt},
+            "runtime": {"processes": jax.process_count(), "devices": jax.device_count(),
+                        "mesh": {"data": model.n_devices, "model": model.model_shards}},
+            "memory_policy": dataclasses.asdict(plan.policy)}
 
 
 def _timed_fit(scores: dict, name: str, k: int, config: RunConfig, lam: float, progress: bool):

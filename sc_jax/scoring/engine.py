@@ -341,13 +341,15 @@ class ScoringEngine:
         return self.score_jobs(pieces, {"job": (contexts, pairs)}, mode).scores["job"]
 
     def score_jobs(self, pieces: PromptPieces, jobs: dict, mode: str = "first_token",
-                   on_done=None) -> ScoreResult:
+                   on_done=None, planned: Planned | None = None) -> ScoreResult:
         """Label log-probs of several jobs scored together: ``jobs`` maps a tag to
         ``(contexts [M, i], pairs [N, 2])`` (sizes may differ); returns a
         :class:`ScoreResult`: tag -> ``[N, n_classes]``, where the time went
         (:class:`EngineStats`) and the plan. ``on_done(tag, scores)`` is called as
         soon as a job's last query row is scored (jobs of small contexts finish
         first), so a caller can keep each job's result before the others end.
+        ``planned``: the schedule of exactly these jobs, made ahead under this engine's
+        policy (as a run's plan holds it); None: planned here.
 
         Host work is table lookups, and each call's result is fetched after the next
         call has been dispatched, so the host never waits on the call it has just
@@ -363,7 +365,8 @@ class ScoringEngine:
         results = {t: np.zeros((0, n), np.float32) for t, (_, p) in checked.items() if not len(p)}
         if not tags:
             return ScoreResult({t: results[t] for t in jobs}, st, None)
-        planned = self.plan(pieces, [checked[t] for t in tags], mode)
+        if planned is None:
+            planned = self.plan(pieces, [checked[t] for t in tags], mode)
         sched = planned.schedule
         self._last_shape[:] = [sched.shape]
         st.shape, st.programs = sched.shape, len(sched.programs)

@@ -154,7 +154,7 @@ def test_blank_texts_are_left_out_with_one_warning_and_recorded(tmp_path, capsys
     paper's tweet_eval_hate export has 7) was refused whole; a text of zero-width spaces
     alone was accepted as a text. They are left out of every draw now, with one warning
     naming the rows, and results.json lists them; --strict-data refuses them."""
-    from sc_jax.experiment.run import rows_passed_over
+    from sc_jax.experiment.runplan import rows_passed_over
     from sc_jax.experiment.splits import split_protocol
     from sc_jax.experiment.task_loading import load_task
 

@@ -156,21 +156,27 @@ def test_skips_when_classes_exceed_shots(config, tmp_path, caplog):
         res = run_experiment(RunConfig(**dict(cfg, datasets=("rotten_tomatoes", "financial_phrasebank"),
                                               data_files=cfg["data_files"] + fin)),
                              tmp_path / "run", progress=True)
-    # Progress a person can follow: the check, then one line per stage, the fit, the report.
+    # Progress a person can follow: the plan and its check, its forward passes' time,
+    # then one line per stage, the fit, the report.
     lines = [r.getMessage() for r in caplog.records
              if r.name in ("sc_jax.experiment.run", "sc_jax.experiment.jobs")]
+    plan = lines[0].splitlines()
+    assert plan[0].startswith("run plan: model random:tiny-llama (float32; ")
+    assert plan[2].startswith("checked 1 (dataset, k) x 1 seeds: the longest prompt has ")
+    assert "skipped: financial_phrasebank k=2 (3 classes > 2 demonstrations)" in plan
+    assert lines[1].startswith("forward passes: about ") and "1 seed(s)" in lines[1]
+    del lines[:2]
     assert lines[0].startswith("loading the model random:tiny-llama")
-    assert lines[1].startswith("checked 1 (dataset, k) x 1 seeds: the longest prompt has ")
     seed0 = "[rotten_tomatoes k=2 seed=0]"
-    assert lines[2] == f"{seed0} scoring (seed 1 of 1)"
+    assert lines[1] == f"{seed0} scoring (seed 1 of 1)"
     # One line per stage as it is scored (all of a seed's stages run in one engine
     # call; the smaller contexts finish first).
     stages = ["k-shot prompt (Base, BC): 6 prompts, scored (", "k-shot prompt of CC: 3 prompts, ",
               "k-shot prompt of DC: 20 prompts, ", "surrogate prompt of size 1: 2 prompts, ",
               "test-time prompt of size 1: 6 prompts, "]
     for stage in stages:
-        assert sum(line.startswith(f"{seed0} {stage}") for line in lines[3:8]) == 1, (stage, lines)
-    assert lines[3].startswith(f"{seed0} surrogate prompt of size 1")
+        assert sum(line.startswith(f"{seed0} {stage}") for line in lines[2:7]) == 1, (stage, lines)
+    assert lines[2].startswith(f"{seed0} surrogate prompt of size 1")
     # Where the seed's time went, then the fits: SC, SC*, SC* without trust region and
     # the paper's SC, four fits of the one size; then the report and the run's time.
     assert lines[-4].startswith(f"{seed0} ") and "compile" in lines[-4] and "forward" in lines[-4]
