@@ -32,8 +32,8 @@ def data_file(tmp_path_factory):
 
 def _config(data_file) -> RunConfig:
     return RunConfig(model=MODEL, data_files=(("rotten_tomatoes", str(data_file)),), shots=(4,),
-                     seeds=SEEDS, test_size=6, methods=("base", "sc"), budget=8, m_cap=1,
-                     dc_strings=2, max_size=2)
+                     seeds=SEEDS, test_size=6, methods=("base",), budget=8, m_cap=1,
+                     dc_strings=2, max_size=1)
 
 
 def _count(monkeypatch, where, name, counts: Counter):
