@@ -55,23 +55,30 @@ Importing this package needs the optional extra `[gguf]` (the `gguf` and
 `transformers` packages); without it the import raises an ImportError that says so.
 """
 
-# Checked once here, with one message, before any module of the package imports them.
-try:
-    from gguf import quants as _quants  # noqa: F401
-    from transformers.integrations.gguf.gguf_tokenizer_mapping import (  # noqa: F401
-        GGUF_PRE_TOKENIZER_SPLITS,
-        GGUF_TOKENIZER_MAPPING,
-        convert_gguf_tokenizer,
-    )
-except ImportError as error:  # pragma: no cover - depends on the installation
-    raise ImportError(
-        f"Reading .gguf files needs the `gguf` and `transformers` packages ({error.name} is "
-        "missing): pip install 'sc-jax[gguf]'"
-    ) from error
 
-from sc_jax.models.gguf.checkpoint import GGUFCheckpoint, read_gguf
-from sc_jax.models.gguf.config import SUPPORTED_ARCHITECTURES
-from sc_jax.models.gguf.reader import GGUFError
-from sc_jax.models.gguf.writer import write_hf_dir
+def _check_extra() -> None:
+    """Raises one ImportError that names the extra when `gguf` or transformers' GGUF
+    tokenizer conversion is missing, before any module of the package imports them."""
+    try:
+        # The optional extra [gguf]: the names the modules below import, checked in one place.
+        from gguf import quants  # noqa: F401 (optional extra [gguf])
+        from transformers.integrations.gguf.gguf_tokenizer_mapping import (  # noqa: F401 (optional extra [gguf])
+            GGUF_PRE_TOKENIZER_SPLITS,
+            GGUF_TOKENIZER_MAPPING,
+            convert_gguf_tokenizer,
+        )
+    except ImportError as error:  # pragma: no cover - depends on the installation
+        raise ImportError(
+            f"Reading .gguf files needs the `gguf` and `transformers` packages ({error.name} is "
+            "missing): pip install 'sc-jax[gguf]'"
+        ) from error
+
+
+_check_extra()
+
+from sc_jax.models.gguf.checkpoint import GGUFCheckpoint, read_gguf  # noqa: E402
+from sc_jax.models.gguf.config import SUPPORTED_ARCHITECTURES  # noqa: E402
+from sc_jax.models.gguf.reader import GGUFError  # noqa: E402
+from sc_jax.models.gguf.writer import write_hf_dir  # noqa: E402
 
 __all__ = ["GGUFCheckpoint", "GGUFError", "SUPPORTED_ARCHITECTURES", "read_gguf", "write_hf_dir"]
