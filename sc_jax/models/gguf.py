@@ -53,9 +53,11 @@ metadata) runs on the header alone, before any weight is dequantised.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.metadata
 import json
+import logging
 import math
 import mmap
 import os
@@ -73,14 +75,32 @@ from tokenizers import normalizers, pre_tokenizers, processors
 from sc_jax.models.checkpoint import check_keys, key_map
 from sc_jax.models.config import ModelConfig, rope_inv_freq
 
+
+@contextlib.contextmanager
+def _without_torch_notice():
+    """transformers' notice, logged as it is imported without PyTorch, that "Models
+    won't be available", left out: only its GGUF tokenizer conversion is used here,
+    which needs no PyTorch. Every other record of transformers passes."""
+    def keep(record: logging.LogRecord) -> bool:
+        return "Models won't be available" not in record.getMessage()
+
+    logger = logging.getLogger("transformers")
+    logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        logger.removeFilter(keep)
+
+
 try:
     import gguf
     from gguf import quants as _quants
-    from transformers.integrations.gguf.gguf_tokenizer_mapping import (
-        GGUF_PRE_TOKENIZER_SPLITS,
-        GGUF_TOKENIZER_MAPPING,
-        convert_gguf_tokenizer,
-    )
+    with _without_torch_notice():
+        from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+            GGUF_PRE_TOKENIZER_SPLITS,
+            GGUF_TOKENIZER_MAPPING,
+            convert_gguf_tokenizer,
+        )
 except ImportError as error:  # pragma: no cover - depends on the installation
     raise ImportError(
         f"Reading .gguf files needs the `gguf` and `transformers` packages ({error.name} is "
