@@ -131,7 +131,8 @@ def add_config_options(p) -> None:
 def _model_options(p) -> None:
     """--model and --dtype as `run` has them, for the commands that load a model."""
     p.add_argument("--model", default=RunConfig.model, help=cfg.MODEL_HELP)
-    p.add_argument("--dtype", default=RunConfig.dtype, choices=cfg.field_type("dtype").choices, help=cfg.DTYPE_HELP)
+    p.add_argument("--dtype", default=RunConfig.dtype, choices=cfg.field_type("dtype").choices,
+                   help=cfg.DTYPE_HELP)
 
 
 def version_line() -> str:
@@ -244,7 +245,8 @@ def _add_info_parser(sub) -> None:
                                     "one and print its configuration",
                        formatter_class=HelpFormatter)
     i.add_argument("model", nargs="?", help=cfg.MODEL_HELP)
-    i.add_argument("--dtype", default=RunConfig.dtype, choices=cfg.field_type("dtype").choices, help=cfg.DTYPE_HELP)
+    i.add_argument("--dtype", default=RunConfig.dtype, choices=cfg.field_type("dtype").choices,
+                   help=cfg.DTYPE_HELP)
     i.set_defaults(fn=commands.info_command)
 
 

@@ -96,7 +96,7 @@ def _option(default, *flags: Flag, ranged: bool = False):
     return dataclasses.field(default=default, metadata={"flags": flags, "ranged": ranged})
 
 
-def expand_datasets(names) -> tuple:
+def _expand_datasets(names) -> tuple:
     """``("all",)`` as the nine tasks (:data:`sc_jax.experiment.tasks.TASKS`), any other
     list as it is."""
     return tuple(TASKS) if tuple(names) == ("all",) else tuple(names)
@@ -104,7 +104,7 @@ def expand_datasets(names) -> tuple:
 
 def _data_files(files, fields) -> dict:
     """``--data-file`` FILE (the first dataset's) or NAME=FILE as (dataset, file) pairs."""
-    first = expand_datasets(fields.get("datasets", RunConfig.datasets))[0]
+    first = _expand_datasets(fields.get("datasets", RunConfig.datasets))[0]
     return {"data_files": tuple(tuple(f.split("=", 1)) if "=" in f else (first, f) for f in files)}
 
 
@@ -113,12 +113,11 @@ def _mesh_fields(mesh, fields) -> dict:
     return {} if mesh is None else {"mesh_devices": mesh[0] or None, "mesh_model": mesh[1]}
 
 
-MODEL_HELP = ("a named model ('default' = smollm2-135m, qwen2.5-0.5b, gemma3-270m; `sc-jax info` lists them), "
-              "a HF model dir, a .gguf file, random:<preset>, random:PATH (always random weights: "
-              "the config.json and tokenizer.json of directory PATH, its weights never read), "
-              "or a Hugging Face id "
-              "org/name[@REVISION] from the local hub cache (downloaded into it when the hub "
-              "is reachable and HF_HUB_OFFLINE is unset)")
+MODEL_HELP = ("a named model ('default' = smollm2-135m, qwen2.5-0.5b, gemma3-270m; `sc-jax info` "
+              "lists them), a HF model dir, a .gguf file, random:<preset>, random:PATH (always "
+              "random weights: the config.json and tokenizer.json of directory PATH, its weights "
+              "never read), or a Hugging Face id org/name[@REVISION] from the local hub cache "
+              "(downloaded into it when the hub is reachable and HF_HUB_OFFLINE is unset)")
 DTYPE_HELP = "dtype of the model's weights and activations"
 
 
@@ -226,18 +225,18 @@ class RunConfig:
         self._as_tuples()
         self._check_choices()
         if not self.datasets:
-            raise ValueError(f"datasets ({option_names('datasets')}) is empty: give at least one")
+            raise ValueError(f"datasets ({_option_names('datasets')}) is empty: give at least one")
         if not self.shots:
-            raise ValueError(f"shots ({option_names('shots')}) is empty: give at least one k")
+            raise ValueError(f"shots ({_option_names('shots')}) is empty: give at least one k")
         if not self.seeds:
-            raise ValueError(f"seeds ({option_names('seeds')}) is empty: at least one seed is needed")
+            raise ValueError(f"seeds ({_option_names('seeds')}) is empty: at least one seed is needed")
         # A value given twice would be run (or reported) twice and counted as two:
         # means and intervals "over 4 seeds" from 2.
         for name in ("seeds", "methods", "shots", "datasets"):
             values = getattr(self, name)
             twice = sorted({v for v in values if list(values).count(v) > 1}, key=str)
             if twice:
-                raise ValueError(f"{name} ({option_names(name, lists=True)}) list "
+                raise ValueError(f"{name} ({_option_names(name, lists=True)}) list "
                                  f"{', '.join(map(str, twice))} more than once in {list(values)}; "
                                  "give each once")
         # Every range up front (sc_jax.runtime.ranges): each of these would otherwise run without
@@ -275,7 +274,7 @@ class RunConfig:
             elif not isinstance(value, (list, tuple)):
                 raise ValueError(f"{f.name} must be a list or tuple, got {value!r}")
             object.__setattr__(self, f.name, tuple(value))
-        object.__setattr__(self, "datasets", expand_datasets(self.datasets))
+        object.__setattr__(self, "datasets", _expand_datasets(self.datasets))
 
     def _check_choices(self):
         """Every field typed by a ``Literal`` holds its values only."""
@@ -284,7 +283,7 @@ class RunConfig:
             value = getattr(self, f.name)
             bad = [v for v in (value if isinstance(value, tuple) else (value,)) if v not in choices]
             if choices and bad:
-                raise ValueError(f"{f.name} ({option_names(f.name)}) must be one of "
+                raise ValueError(f"{f.name} ({_option_names(f.name)}) must be one of "
                                  f"{', '.join(choices)}, got {', '.join(map(repr, bad))}")
 
     def _check_data_files(self):
@@ -309,9 +308,20 @@ class RunConfig:
 
     @classmethod
     def from_json(cls, source: Mapping | str | Path) -> RunConfig:
-        """The configuration :meth:`to_json` gave: that dict, or the path of a JSON file
-        holding it (a run's ``run_config.json``). A field left out takes its default (a
-        file written before the field existed); an unknown key is refused."""
+        """The configuration that :meth:`to_json` gave.
+
+        Args:
+          source: that dict (lists where it holds tuples, as JSON has them), or the path
+            of a JSON file holding it (a run's ``run_config.json``).
+
+        Returns:
+          The RunConfig; a field left out takes its default (a file written before the
+          field existed).
+
+        Raises:
+          ValueError: one line for an unknown key, a file that cannot be read or is not a
+            JSON object, or a value its field refuses.
+        """
         where = "RunConfig.from_json"
         if not isinstance(source, Mapping):
             where = str(source)
@@ -364,7 +374,7 @@ def flags(name: str) -> tuple[Flag, ...]:
     return RunConfig.__dataclass_fields__[name].metadata["flags"]
 
 
-def option_names(name: str, *, lists: bool = False) -> str:
+def _option_names(name: str, *, lists: bool = False) -> str:
     """The flags that name field ``name`` in a refusal (``lists``: those giving its
     values as a list, where it has one such); the range's own where it has no flag."""
     own = flags(name)
