@@ -103,8 +103,7 @@ def _flag_arguments(name: str, flag: cfg.Flag) -> dict:
     """``add_argument``'s keywords for ``flag`` of RunConfig field ``name``: its help,
     its default (the field's) and, by its kind, its type, choices and number of values."""
     field = RunConfig.__dataclass_fields__[name]
-    kind_of = cfg.field_type(name)
-    kind = flag.kind or ("list" if kind_of.many else "switch" if kind_of.item is bool else "value")
+    kind_of, kind = cfg.field_type(name), cfg.flag_kind(name, flag)
     kw = {"dest": flag.dest, "help": flag.help}
     if kind == "switch":
         return {**kw, "action": "store_true"}

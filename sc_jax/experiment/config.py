@@ -279,9 +279,9 @@ class RunConfig:
     def _check_choices(self):
         """Every field typed by a ``Literal`` holds its values only."""
         for f in dataclasses.fields(self):
-            choices = field_type(f.name).choices
+            choices, many = field_type(f.name)[1:]
             value = getattr(self, f.name)
-            bad = [v for v in (value if isinstance(value, tuple) else (value,)) if v not in choices]
+            bad = [v for v in (value if many else (value,)) if v not in choices]
             if choices and bad:
                 raise ValueError(f"{f.name} ({_option_names(f.name)}) must be one of "
                                  f"{', '.join(choices)}, got {', '.join(map(repr, bad))}")
@@ -355,6 +355,7 @@ class FieldType(NamedTuple):
 
 @functools.cache
 def field_type(name: str) -> FieldType:
+    """The value type of RunConfig field ``name`` (:class:`FieldType`)."""
     hint = typing.get_type_hints(RunConfig)[name]
     many = typing.get_origin(hint) is tuple
     if many:
@@ -374,11 +375,18 @@ def flags(name: str) -> tuple[Flag, ...]:
     return RunConfig.__dataclass_fields__[name].metadata["flags"]
 
 
+def flag_kind(name: str, flag: Flag) -> str:
+    """How ``flag`` of field ``name`` takes its value: :attr:`Flag.kind`, else "list"
+    for a list field, "switch" for a bool one, "value" for the rest."""
+    item, _, many = field_type(name)
+    return flag.kind or ("list" if many else "switch" if item is bool else "value")
+
+
 def _option_names(name: str, *, lists: bool = False) -> str:
     """The flags that name field ``name`` in a refusal (``lists``: those giving its
     values as a list, where it has one such); the range's own where it has no flag."""
     own = flags(name)
-    listed = [f for f in own if lists and (f.kind or ("list" if field_type(name).many else None)) == "list"]
+    listed = [f for f in own if lists and flag_kind(name, f) == "list"]
     names = [f.name for f in listed or own]
     return ", ".join(names) if names else ranges.RANGES[name].option
 
@@ -391,7 +399,7 @@ def flag_fields(values: Mapping[str, Any]) -> dict[str, Any]:
     for f in dataclasses.fields(RunConfig):
         for i, flag in enumerate(flags(f.name)):
             value = values[flag.dest]
-            if i == 0 or value not in (None, False):
+            if i == 0 or (value is not None and value is not False):
                 out.update(flag.to_fields(value, out) if flag.to_fields else {f.name: value})
     return out
 

@@ -92,8 +92,9 @@ RANGES: dict[str, Range] = {
     "max_size": Range("--max-size", 1),
     "m_cap": Range("--m-cap", 1),
     "budget": Range("--budget", 1),
-    "bc_batch": Range("--bc-batch", 1),
-    "dc_strings": Range("--dc-strings", 1),
+    # RunConfig fields with no command-line flag: the line names none.
+    "bc_batch": Range("RunConfig only", 1),
+    "dc_strings": Range("RunConfig only", 1),
     "max_tokens_per_batch": Range("--max-tokens-per-batch", 1),
     "max_cache_tokens": Range("--max-cache-tokens", 1),
     "mesh_devices": Range("--mesh", 1),
