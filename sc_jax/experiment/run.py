@@ -61,6 +61,7 @@ from sc_jax.experiment.store import (
 from sc_jax.models import loading, sources
 from sc_jax.models.hub import HubModelNotCachedError
 from sc_jax.runtime.multihost import is_multiprocess, is_writer, on_writer
+from sc_jax.runtime.progress import RunProgress
 from sc_jax.runtime.runlock import run_lock
 from sc_jax.runtime.sharding import MODEL, axis_size, make_mesh, mesh_size
 from sc_jax.runtime.timing import CompileMeter, Parts
@@ -155,10 +156,11 @@ def _split_record(name: str, k: int, seed: int, split) -> dict:
 
 
 def _score_seeds(model, engine, cache, ds, name: str, k: int, config: RunConfig, out: Path,
-                 progress: bool) -> tuple[dict[int, SeedScores], list[dict], dict, list[dict]]:
+                 progress: bool, bar: RunProgress
+                 ) -> tuple[dict[int, SeedScores], list[dict], dict, list[dict]]:
     """Every seed's scores of one (dataset, k), each saved under ``out/scores``, each
     seed's split record, seed -> its :class:`sc_jax.experiment.splits.Split`, and each seed's
-    timing record (:func:`_seed_timing`)."""
+    timing record (:func:`_seed_timing`), each seed's line given to ``bar``."""
     scores: dict[int, SeedScores] = {}
     splits, drawn, timings = [], {}, []
     for seed in config.seeds:
@@ -176,8 +178,7 @@ def _score_seeds(model, engine, cache, ds, name: str, k: int, config: RunConfig,
                         config_tag(json.loads(json.dumps(config.to_json()))),
                         score_meta(name, k, seed, split, model.identity))
         timings.append(_seed_timing(name, k, seed, time.perf_counter() - t, stats))
-        if progress:
-            log.info("%s %s", label, _seed_line(timings[-1]))
+        bar.seed_done(f"{label} {_seed_line(timings[-1])}")
     return scores, splits, drawn, timings
 
 
@@ -385,27 +386,30 @@ def _run_locked(config: RunConfig, out: Path, progress: bool, log_samples: bool)
     passed_over, left_out = rows_passed_over(datasets)
     notes += passed_over
     seed_times, fit_times = [], []
-    for name, ds in datasets.items():
-        n = ds.n_classes
-        for k in config.shots:
-            if n > k:
-                skipped.append(dict(dataset=name, shots=k))
-                notes.append(_skip_note(name, n, k))
-                continue
-            with parts("scoring"):
-                scores, seed_splits, drawn, times = _score_seeds(model, engine, cache, ds, name, k,
-                                                                 config, out, progress)
-            splits += seed_splits
-            seed_times += times
-            with parts("fitting"):
-                fits, fit_params, fit_time = _timed_fit(scores, name, k, config, lam, progress)
-            params += fit_params
-            fit_times.append(fit_time)
-            with parts("metrics"):
-                seed_rows, seed_records = _metric_rows(scores, fits, name, k, n, config,
-                                                       drawn if log_samples else None, ds)
-            rows += seed_rows
-            records += seed_records
+    total = sum(len(config.seeds) for ds in datasets.values() for k in config.shots
+                if ds.n_classes <= k)
+    with RunProgress(total, enabled=progress, logger=log) as bar:
+        for name, ds in datasets.items():
+            n = ds.n_classes
+            for k in config.shots:
+                if n > k:
+                    skipped.append(dict(dataset=name, shots=k))
+                    notes.append(_skip_note(name, n, k))
+                    continue
+                with parts("scoring"):
+                    scores, seed_splits, drawn, times = _score_seeds(
+                        model, engine, cache, ds, name, k, config, out, progress, bar)
+                splits += seed_splits
+                seed_times += times
+                with parts("fitting"):
+                    fits, fit_params, fit_time = _timed_fit(scores, name, k, config, lam, progress)
+                params += fit_params
+                fit_times.append(fit_time)
+                with parts("metrics"):
+                    seed_rows, seed_records = _metric_rows(scores, fits, name, k, n, config,
+                                                           drawn if log_samples else None, ds)
+                rows += seed_rows
+                records += seed_records
     with parts("report"):
         notes += _fit_notes(params)
         data = {"config": config.to_json(), "lambda_inv": lam, "model_identity": model.identity,

@@ -55,6 +55,25 @@ Importing this package needs the optional extra `[gguf]` (the `gguf` and
 `transformers` packages); without it the import raises an ImportError that says so.
 """
 
+import contextlib
+import logging
+
+
+@contextlib.contextmanager
+def _without_torch_notice():
+    """transformers' notice, logged as it is imported without PyTorch, that "Models
+    won't be available", left out: only its GGUF tokenizer conversion is used here,
+    which needs no PyTorch. Every other record of transformers passes."""
+    def keep(record: logging.LogRecord) -> bool:
+        return "Models won't be available" not in record.getMessage()
+
+    logger = logging.getLogger("transformers")
+    logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        logger.removeFilter(keep)
+
 
 def _check_extra() -> None:
     """Raises one ImportError that names the extra when `gguf` or transformers' GGUF
@@ -62,11 +81,13 @@ def _check_extra() -> None:
     try:
         # The optional extra [gguf]: the names the modules below import, checked in one place.
         from gguf import quants  # noqa: F401 (optional extra [gguf])
-        from transformers.integrations.gguf.gguf_tokenizer_mapping import (  # noqa: F401 (optional extra [gguf])
-            GGUF_PRE_TOKENIZER_SPLITS,
-            GGUF_TOKENIZER_MAPPING,
-            convert_gguf_tokenizer,
-        )
+        # The package's first import of transformers: the modules below find it imported.
+        with _without_torch_notice():
+            from transformers.integrations.gguf.gguf_tokenizer_mapping import (  # noqa: F401 (optional extra [gguf])
+                GGUF_PRE_TOKENIZER_SPLITS,
+                GGUF_TOKENIZER_MAPPING,
+                convert_gguf_tokenizer,
+            )
     except ImportError as error:  # pragma: no cover - depends on the installation
         raise ImportError(
             f"Reading .gguf files needs the `gguf` and `transformers` packages ({error.name} is "
