@@ -38,7 +38,7 @@ smoothed at the apex (``sc_jax.calibration.objective.COSINE_EPS``).
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Literal, Sequence, get_args
 
 import jax
 import jax.numpy as jnp
@@ -68,7 +68,8 @@ from sc_jax.calibration.validation import check_lambda, check_problem, check_tau
 # the problem's trust region; "bias_only_free" fits SC* without it (tau = -1), the
 # reference code's unconstrained bias-only form. Under the tau schedule the two agree
 # (below chance means accuracy < 0.5, where the schedule gives tau = -1 already).
-GUARDS = ("none", "bias_only", "bias_only_free")
+Guard = Literal["none", "bias_only", "bias_only_free"]
+GUARDS: tuple[Guard, ...] = get_args(Guard)
 
 __all__ = ["GUARDS", "below_chance", "fit", "fit_batch"]
 

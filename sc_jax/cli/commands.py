@@ -12,9 +12,8 @@ from sc_jax.experiment import staging
 from sc_jax.experiment.ablation import ablate
 from sc_jax.experiment.ablation_report import check_ablation_out, write_ablation
 from sc_jax.experiment.diagnostics import diagnose
-from sc_jax.experiment.config import RunConfig
+from sc_jax.experiment.config import RunConfig, flag_fields
 from sc_jax.experiment.demo import DEMO_DATASET, demo_config, run_demo
-from sc_jax.experiment.tasks import TASKS
 from sc_jax.experiment.metrics import accuracy, macro_f1
 from sc_jax.experiment.plan import plan_run, plan_table, written_by_plan
 from sc_jax.experiment.report import write_report
@@ -57,23 +56,9 @@ def demo_command(args) -> int:
 
 
 def run_config(args) -> RunConfig:
-    """The :class:`RunConfig` of `sc-jax run` / `sc-jax plan`'s options."""
-    seeds = tuple(args.seed_list) if args.seed_list else tuple(range(args.seeds))
-    datasets = tuple(TASKS) if args.dataset == ["all"] else tuple(args.dataset)
-    return RunConfig(
-        model=args.model, dtype=args.dtype, datasets=datasets,
-        data_files=tuple(tuple(x.split("=", 1)) if "=" in x else (datasets[0], x)
-                         for x in args.data_file),
-        data_dir=args.data_dir, text_column=args.text_column, label_column=args.label_column,
-        strict_data=args.strict_data,
-        test_seed=None if args.per_seed_test_sets else args.test_seed,
-        shots=tuple(args.shots), seeds=seeds, methods=tuple(args.methods.split(",")),
-        test_size=args.test_size, mode=args.mode, max_size=args.max_size,
-        lambda_inv=args.lambda_inv, tau=args.tau, guard=args.guard, solver=args.solver,
-        budget=args.budget,
-        m_cap=args.m_cap, size_weighting=args.size_weighting,
-        mesh_devices=(args.mesh or (None, 1))[0] or None, mesh_model=(args.mesh or (None, 1))[1],
-        max_tokens_per_batch=args.max_tokens_per_batch, device_memory=args.device_memory)
+    """The :class:`RunConfig` of `sc-jax run` / `sc-jax plan`'s options (generated from its
+    fields by :func:`sc_jax.cli.parser.add_config_options`)."""
+    return RunConfig(**flag_fields(vars(args)))
 
 
 def plan_command(args) -> int:

@@ -10,7 +10,7 @@ each method's fits and predictions (:mod:`~sc_jax.experiment.methods`), the driv
 :mod:`~sc_jax.experiment.report`, :mod:`~sc_jax.experiment.figures`), ablations
 (:mod:`~sc_jax.experiment.ablation`, :mod:`~sc_jax.experiment.ablation_report`,
 :mod:`~sc_jax.experiment.diagnostics`), and the dry run (:mod:`~sc_jax.experiment.plan`
-with :mod:`~sc_jax.scoring.costs`).
+with :mod:`~sc_jax.experiment.roofline` and :mod:`~sc_jax.scoring.costs`).
 
 May import every earlier stage; only :mod:`sc_jax.cli` imports from here.
 """

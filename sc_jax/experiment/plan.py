@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +36,11 @@ import jax.numpy as jnp
 
 from sc_jax.experiment.grid import grid_table, project_grid
 from sc_jax.experiment.jobs import seed_jobs
+from sc_jax.experiment.roofline import Rates, check_rates, plan_rates
 from sc_jax.experiment.runplan import RunPlan, SeedWork, build_plan
 from sc_jax.models import attention as attn
 from sc_jax.models.named_models import tokenizer_file
 from sc_jax.models.tokenizer import ByteTokenizer, Tokenizer
-from sc_jax.runtime.devices import (device_bandwidth, device_peak_flops, measured_bandwidth,
-                                    measured_matmul_flops)
 from sc_jax.runtime.wheel_files import WheelFileError
 from sc_jax.runtime.sharding import make_mesh
 from sc_jax.scoring.costs import Roofline, flat_tokens, measured_attention, non_embedding_params, replay
@@ -109,56 +107,6 @@ class SettingPlan:
         return out
 
 
-@dataclasses.dataclass(frozen=True)
-class _Rates:
-    """The plan's roofline: ``mfu`` of ``peak_flops`` and ``bandwidth`` per device (each
-    with where it comes from), the ``attention`` costed, and whether its pace is
-    measured here (``calibrate``: a plan for this machine's own backend)."""
-
-    peak_flops: float
-    peak_source: str
-    bandwidth: float
-    bandwidth_source: str
-    mfu: float
-    attention: str
-    calibrate: bool
-
-    def roofline(self, devices: int) -> Roofline:
-        # The mesh's devices share the work: the peaks are per device.
-        return Roofline(self.mfu * self.peak_flops * devices, self.bandwidth * devices)
-
-
-def _check_rates(*, peak_flops, mfu, bandwidth) -> None:
-    """``plan_run``'s roofline arguments, each refused in one line before any work (NaN,
-    0 or a negative would print "about nan min" or divide by zero after the whole plan)."""
-    if not 0 < mfu <= 1:
-        raise ValueError(f"mfu (--mfu) is the fraction of the peak reached, in (0, 1], got {mfu}")
-    for option, value, unit in (("peak_flops (--peak-tflops)", peak_flops, 1e12),
-                                ("bandwidth (--bandwidth-gbs)", bandwidth, 1e9)):
-        if value is not None and not 0 < value < math.inf:
-            raise ValueError(f"{option} must be a positive number, got {value / unit:g}")
-
-
-def _rates(dtype, *, peak_flops, mfu, accelerator, bandwidth, attention) -> _Rates:
-    """The roofline of ``plan_run``'s arguments (checked by :func:`_check_rates`): the
-    attention ("auto": :func:`sc_jax.models.attention.choose`) and the device's peaks
-    where not given (:func:`device_peak_flops`, :func:`device_bandwidth`)."""
-    if attention == "auto":
-        attention = attn.choose("gpu" if accelerator else jax.default_backend())
-    # The attention's time is measured on this backend when the plan is for it (no
-    # named accelerator, no given peak); else it is the roofline's.
-    calibrate = accelerator is None and peak_flops is None and bandwidth is None
-    if calibrate and attention == "cudnn" and jax.default_backend() != "gpu":
-        # Timing it here ended in "RuntimeError: cuDNN is not detected" and a traceback.
-        raise ValueError(f"--attention cudnn runs on an NVIDIA GPU only and this machine's "
-                         f"backend is {jax.default_backend()}: plan for a GPU with --accelerator "
-                         "(e.g. --accelerator h100), or choose another --attention")
-    peak, peak_source = (peak_flops, "given") if peak_flops is not None \
-        else device_peak_flops(accelerator, dtype)
-    bw, bw_source = (bandwidth, "given") if bandwidth is not None else device_bandwidth(accelerator)
-    return _Rates(peak, peak_source, bw, bw_source, mfu, attention, calibrate)
-
-
 @dataclasses.dataclass
 class _Planner:
     """What every (dataset, k) of one plan shares: the run's plan, the roofline, the
@@ -167,7 +115,7 @@ class _Planner:
     measured (``score_seconds`` per scored key; :func:`measured_attention`)."""
 
     plan: RunPlan
-    rates: _Rates
+    rates: Rates
     reference: Any
     mesh: Any
     xla: bool
@@ -297,14 +245,14 @@ def plan_run(run_config, *, peak_flops: float | None = None, mfu: float = 0.4, x
     ``mesh_devices``, ``mesh_model``), resolved once by
     :func:`sc_jax.experiment.config.run_policy`, as the run resolves them.
     """
-    _check_rates(peak_flops=peak_flops, mfu=mfu, bandwidth=bandwidth)
+    check_rates(peak_flops=peak_flops, mfu=mfu, bandwidth=bandwidth)
     # The run's own plan: its data, model, memory policy and every seed's work, checked
     # as the run checks them (a prompt too long for the context window is named, task,
     # seed and row, before the memory plan would misread it). A dry run: every process
     # computes the same plan and process 0 reports it, so no collective over the
     # processes' memory figures, and a named model is not fetched.
     run_plan = build_plan(run_config, agree=False, fetch=False)
-    rates = _rates(run_plan.dtype, peak_flops=peak_flops, mfu=mfu, accelerator=accelerator,
+    rates = plan_rates(run_plan.dtype, peak_flops=peak_flops, mfu=mfu, accelerator=accelerator,
                    bandwidth=bandwidth, attention=attention)
     tokenizer = run_plan.model.parts.tokenizer
     reference, why = _reference_tokenizer() if isinstance(tokenizer, ByteTokenizer) else (None, "")
@@ -342,7 +290,7 @@ def _lowering_mesh(policy: MemoryPolicy, lowered: bool):
     return None
 
 
-def _plan_header(run_plan: RunPlan, rates: _Rates) -> dict[str, Any]:
+def _plan_header(run_plan: RunPlan, rates: Rates) -> dict[str, Any]:
     """The plan's JSON but its settings and totals: the model, its memory and the roofline."""
     c, parts, policy, dtype = run_plan.config, run_plan.model.parts, run_plan.policy, run_plan.dtype
     config, tokenizer = parts.config, parts.tokenizer
@@ -373,43 +321,6 @@ def _measure_attention(pl: _Planner, setting: SettingPlan, out: dict[str, Any]) 
                                           platform=plan.policy.platform)
     out["attention_source"] = (f"{attention} attention measured on this {jax.default_backend()}: "
                                f"{pl.score_seconds * 1e12:.2f} ps per scored key and head")
-
-
-def forward_estimate(plan: RunPlan, *, mfu: float = 0.4) -> tuple[float, str]:
-    """``(seconds, line)``: the forward passes of every seed of ``plan`` on this
-    machine's roofline (``mfu`` of the device's datasheet peak, else of a small matmul
-    and copy timed here; the default attention's FLOPs and bytes counted per call, not
-    measured), as :func:`plan_run` projects them: each (dataset, k)'s first seed's
-    schedule replayed, times the seeds. No program of the model is compiled."""
-    policy, config, dtype = plan.policy, plan.model.parts.config, plan.dtype
-    devices = policy.n_devices * policy.model_shards
-    cpu = jax.default_backend() == "cpu"
-    peak, peak_source = device_peak_flops(None, dtype) if not cpu else \
-        (measured_matmul_flops(dtype, n=512, repeats=3), "a matmul timed here")
-    bw, bw_source = device_bandwidth(None) if not cpu else (measured_bandwidth(mib=32, repeats=3),
-                                                             "a copy timed here")
-    rates = _Rates(peak, peak_source, bw, bw_source, mfu, attn.choose(jax.default_backend()), False)
-    roof, seconds = rates.roofline(devices), 0.0
-    for name, k in plan.settings:
-        work = plan.seeds_of(name, k)
-        r = replay(work[0].planned.schedule, config, attention=rates.attention,
-                   platform=policy.platform, itemsize=jnp.dtype(dtype).itemsize, mode=plan.config.mode)
-        seconds += len(work) * (roof.seconds(r["dense_flops"], r["dense_bytes"])
-                                + roof.seconds(r["attention_flops"], r["attention_bytes"]))
-    line = (f"forward passes: about {_duration(seconds)} for {len(plan.work)} seed(s) on a roofline "
-            f"of {mfu:.0%} of {peak / 1e12:.3g} TFLOP/s ({peak_source}) and {bw / 1e9:,.0f} GB/s "
-            f"({bw_source}) per device x {devices}, {rates.attention} attention (`sc-jax plan` "
-            "details it)")
-    if cpu and seconds > 3600:
-        line += ("; that is hours on a CPU: fewer --seeds, --shots or --test-size, a smaller "
-                 "--m-cap or --budget, or a GPU")
-    return seconds, line
-
-
-def _duration(seconds: float) -> str:
-    if seconds >= 3600:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.1f} s"
 
 
 def _forward_seconds(setting: SettingPlan, config, roof: Roofline, score_seconds: float | None,

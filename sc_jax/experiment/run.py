@@ -43,7 +43,7 @@ from sc_jax.calibration.solvers import is_converged
 from sc_jax.experiment import figures, metrics, samples
 from sc_jax.experiment.config import RunConfig
 from sc_jax.experiment.jobs import SeedScores, score_seed
-from sc_jax.experiment.plan import forward_estimate
+from sc_jax.experiment.roofline import forward_estimate
 from sc_jax.experiment.runplan import RunPlan, build_plan, run_mesh
 from sc_jax.experiment.methods import fit_sc, method_probs, sc_size_probs
 from sc_jax.experiment.report import report_files
@@ -61,6 +61,7 @@ from sc_jax.experiment.store import (
 )
 from sc_jax.models import loading
 from sc_jax.runtime.multihost import is_writer, on_writer
+from sc_jax.runtime.progress import RunProgress
 from sc_jax.runtime.runlock import run_lock
 from sc_jax.runtime.timing import CompileMeter, Parts
 from sc_jax.scoring.cache import ScoreCache
@@ -140,10 +141,11 @@ def _split_record(name: str, k: int, seed: int, split) -> dict:
 
 
 def _score_seeds(plan: RunPlan, model, engine, cache, name: str, k: int, out: Path,
-                 progress: bool) -> tuple[dict[int, SeedScores], list[dict], list[dict]]:
+                 progress: bool, bar: RunProgress
+                 ) -> tuple[dict[int, SeedScores], list[dict], list[dict]]:
     """Every seed's scores of one (dataset, k) of ``plan`` (its split and jobs as
     planned), each saved under ``out/scores``, each seed's split record, and each
-    seed's timing record (:func:`_seed_timing`)."""
+    seed's timing record (:func:`_seed_timing`), each seed's line given to ``bar``."""
     config, work = plan.config, plan.seeds_of(name, k)
     # The schedules were planned on the configuration the source gave; one the weights
     # changed (a head untied on load) holds other bytes, and the engine plans anew.
@@ -163,8 +165,7 @@ def _score_seeds(plan: RunPlan, model, engine, cache, name: str, k: int, out: Pa
                         config_tag(json.loads(json.dumps(config.to_json()))),
                         score_meta(name, k, w.seed, w.split, model.identity))
         timings.append(_seed_timing(name, k, w.seed, time.perf_counter() - t, stats))
-        if progress:
-            log.info("%s %s", w.label, _seed_line(timings[-1]))
+        bar.seed_done(f"{w.label} {_seed_line(timings[-1])}")
     return scores, splits, timings
 
 
@@ -343,23 +344,24 @@ def _run_locked(config: RunConfig, out: Path, progress: bool, log_samples: bool)
     lam = DEFAULT_LAMBDA_INV if config.lambda_inv is None else config.lambda_inv
     rows, params, splits, records, seed_times, fit_times = [], [], [], [], [], []
     notes = list(plan.notes) + [_skip_note(name, n, k) for name, k, n in plan.skipped]
-    for name, k in plan.settings:
-        ds = plan.datasets[name]
-        with parts("scoring"):
-            scores, seed_splits, times = _score_seeds(plan, model, engine, cache, name, k, out,
-                                                      progress)
-        splits += seed_splits
-        seed_times += times
-        with parts("fitting"):
-            fits, fit_params, fit_time = _timed_fit(scores, name, k, config, lam, progress)
-        params += fit_params
-        fit_times.append(fit_time)
-        with parts("metrics"):
-            drawn = {w.seed: w.split for w in plan.seeds_of(name, k)} if log_samples else None
-            seed_rows, seed_records = _metric_rows(scores, fits, name, k, ds.n_classes, config,
-                                                   drawn, ds)
-        rows += seed_rows
-        records += seed_records
+    with RunProgress(len(plan.work), enabled=progress, logger=log) as bar:
+        for name, k in plan.settings:
+            ds = plan.datasets[name]
+            with parts("scoring"):
+                scores, seed_splits, times = _score_seeds(plan, model, engine, cache, name, k, out,
+                                                          progress, bar)
+            splits += seed_splits
+            seed_times += times
+            with parts("fitting"):
+                fits, fit_params, fit_time = _timed_fit(scores, name, k, config, lam, progress)
+            params += fit_params
+            fit_times.append(fit_time)
+            with parts("metrics"):
+                drawn = {w.seed: w.split for w in plan.seeds_of(name, k)} if log_samples else None
+                seed_rows, seed_records = _metric_rows(scores, fits, name, k, ds.n_classes, config,
+                                                       drawn, ds)
+            rows += seed_rows
+            records += seed_records
     with parts("report"):
         notes += _fit_notes(params)
         data = _results_data(plan, model, lam, rows, params, splits, notes, cache)

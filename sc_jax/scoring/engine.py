@@ -33,12 +33,12 @@ from typing import NamedTuple
 
 import jax
 import numpy as np
-from tqdm.auto import tqdm
 
 from sc_jax.models import attention as attn
 from sc_jax.models.loading import LoadedModel
 from sc_jax.models.model import KVCache
 from sc_jax.runtime.multihost import to_host
+from sc_jax.runtime.progress import Bar
 from sc_jax.runtime.sharding import kv_sharding, replicated
 from sc_jax.runtime.timing import CompileMeter
 from sc_jax.scoring.attention_choice import choose_attention, error_line, fallbacks
@@ -216,7 +216,8 @@ class ScoringEngine:
     compile or fails on its first run in the whole model program (a cuDNN that builds
     no plan, say), the engine says so in one warning and uses the next (the other
     trials that passed, fastest first, then ``"blocked"``, then ``"dense"``).
-    ``progress``: a tqdm bar of query rows.
+    ``progress``: a tqdm bar of query rows, on a terminal or in a notebook only
+    (:class:`sc_jax.runtime.progress.Bar`).
 
     Every setting is fixed here; a call returns what it did (:class:`ScoreResult`)
     and changes nothing but the caches :meth:`__init__` names.
@@ -381,7 +382,7 @@ class ScoringEngine:
         st.plan_s = time.perf_counter() - t0
         bar = None
         if self.progress:
-            bar = tqdm(total=int(sizes.sum()), unit="query", desc="scoring", leave=False)
+            bar = Bar(total=int(sizes.sum()), unit="query", desc="scoring", leave=False)
         try:
             with CompileMeter() as meter:
                 t = time.perf_counter()

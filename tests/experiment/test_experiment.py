@@ -52,11 +52,12 @@ def test_score_seed_shapes_and_cache(dataset, tmp_path):
 
 
 def test_run_config_rejects_bad_input():
-    with pytest.raises(ValueError, match="unknown method"):
+    with pytest.raises(ValueError, match=r"^methods \(--methods\) must be one of base, .*got .magic.$"):
         RunConfig(methods=("sc", "magic"))
     with pytest.raises(ValueError, match="tau"):
         RunConfig(tau=2.0)
-    with pytest.raises(ValueError, match="guard must be one of"):
+    with pytest.raises(ValueError, match=r"^guard \(--guard\) must be one of none, bias_only, "
+                                         r"bias_only_free, got 'always'$"):
         RunConfig(guard="always")
     with pytest.raises(ValueError, match="shots"):
         RunConfig(shots=(1,))

@@ -5,6 +5,7 @@ import csv
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -180,6 +181,8 @@ def test_skips_when_classes_exceed_shots(config, tmp_path, caplog):
     # Where the seed's time went, then the fits: SC, SC*, SC* without trust region and
     # the paper's SC, four fits of the one size; then the report and the run's time.
     assert lines[-4].startswith(f"{seed0} ") and "compile" in lines[-4] and "forward" in lines[-4]
+    # Off a terminal (pytest's stderr), with the count of the run's seeds and the time left.
+    assert re.search(r"; 1 of 1 seeds in \d\d:\d\d, about 00:00 left$", lines[-4]), lines[-4]
     assert lines[-3].startswith("[rotten_tomatoes k=2] fitted 4 SC / SC* problems (1 seeds x 1 sizes)")
     assert lines[-2] == f"writing the tables and plots into {tmp_path / 'run'}"
     assert lines[-1].startswith("time: ") and "+ fitting " in lines[-1]

@@ -11,7 +11,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from sc_jax.experiment import jobs, plan, run
+from sc_jax.experiment import jobs, plan, roofline, run
 from sc_jax.experiment.config import RunConfig
 from sc_jax.models import sources
 from sc_jax.scoring import memory
@@ -89,13 +89,13 @@ def test_the_plan_describes_itself_and_estimates_its_forward_passes(data_file, m
     assert [(w.dataset, w.k, w.seed) for w in rp.work] == [("rotten_tomatoes", 4, s) for s in SEEDS]
     text = str(rp)
     assert text.startswith(f"run plan: model {MODEL}") and "the longest prompt has" in text
-    seconds, line = plan.forward_estimate(rp)
+    seconds, line = roofline.forward_estimate(rp)
     assert 0 < seconds < 3600 and line.startswith("forward passes: about ")
     assert "hours on a CPU" not in line
     # A CPU a million times slower: the same line warns.
-    slow = plan.measured_matmul_flops(n=64, repeats=1) * 1e-6
-    monkeypatch.setattr(plan, "measured_matmul_flops", lambda *a, **k: slow)
-    seconds, line = plan.forward_estimate(rp)
+    slow = roofline.measured_matmul_flops(n=64, repeats=1) * 1e-6
+    monkeypatch.setattr(roofline, "measured_matmul_flops", lambda *a, **k: slow)
+    seconds, line = roofline.forward_estimate(rp)
     assert seconds > 3600 and "hours on a CPU" in line
     with caplog.at_level(logging.INFO, logger="sc_jax.experiment.run"):
         monkeypatch.setattr(run.loading, "load_model", lambda *a, **k: "loaded")
