@@ -307,3 +307,29 @@ def test_import_sc_jax_loads_no_jax():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          check=True, cwd=ROOT.parent)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_string_options_are_typed_with_the_values_they_accept():
+    """The ``Literal`` types of the calibration API's string options name exactly the
+    values its checks accept (one declaration each: the tuples are read off the types)."""
+    import typing
+
+    from sc_jax.calibration import numpy_fit, numpy_predict
+    from sc_jax.calibration.solvers import METHODS, batching
+
+    def choices(fn, arg):
+        hint = typing.get_type_hints(fn)[arg]
+        parts = [hint, *typing.get_args(hint)]
+        return {a for part in parts if typing.get_origin(part) is typing.Literal
+                for a in typing.get_args(part)}
+
+    assert choices(sc_jax.calibrate, "solver") == {"augmented_lagrangian"}
+    assert choices(sc_jax.calibrate, "dtype") == {"float32", "float64"}
+    for fn in (sc_jax.fit, sc_jax.fit_batch):
+        assert choices(fn, "solver") == set(METHODS) == {"augmented_lagrangian", "projected", "scipy"}
+        assert choices(fn, "device") == set(batching.DEVICES) == {"auto", "cpu", "default"}
+        assert choices(fn, "dtype") == {"float32", "float64"}
+    assert choices(sc_jax.fit_batch, "guard") == set(numpy_fit.GUARDS) == {"none", "bias_only",
+                                                                            "bias_only_free"}
+    assert choices(sc_jax.predict_proba, "size_weights") == {"uniform", "reference"}
+    assert choices(numpy_predict.FitResult, "solver") == set(METHODS)
