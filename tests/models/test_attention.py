@@ -195,12 +195,16 @@ def test_each_implementation_gets_only_its_own_inputs():
     """Every implementation builds one typed pytree of what it reads, once per call: the
     dense masks (position differences only with sliding windows), cuDNN's masks side by
     side over its C + W keys, the blocked loops' inputs with their trip counts, and for
-    the Pallas kernels exactly their keyword arguments (the GPU's and the TPU's alike)."""
+    the Pallas kernels exactly their keyword arguments (the GPU's and the TPU's alike).
+    Types and shapes by ``jax.eval_shape`` (nothing compiles); values where they say
+    something."""
     rng = np.random.default_rng(5)
     _, meta = packed_call(rng, 32)
     tokens = PackedTokens(**meta)
-    built = {name: packed_inputs(tokens, implementation=name, windows=True)
-             for name in attention.IMPLEMENTATIONS}
+
+    def build(name, windows=True):
+        return jax.eval_shape(lambda t: packed_inputs(t, implementation=name, windows=windows), tokens)
+    built = {name: build(name) for name in attention.IMPLEMENTATIONS}
     assert {n: type(x) for n, x in built.items()} == {
         "dense": attention.DenseInputs, "blocked": attention.BlockedInputs,
         "cudnn": attention.CudnnInputs, "pallas": attention.SparseInputs}
@@ -208,12 +212,10 @@ def test_each_implementation_gets_only_its_own_inputs():
         params = inspect.signature(kernel).parameters.values()
         assert set(built["pallas"].kwargs()) == {p.name for p in params
                                                   if p.kind == p.KEYWORD_ONLY} - {"interpret"}
-    dense, cudnn = built["dense"], built["cudnn"]
-    assert cudnn.mask.shape == (B, W, C + W)
+    assert built["cudnn"].mask.shape == built["cudnn"].d.shape == (B, W, C + W)
+    assert built["blocked"].trips.shape == (2,) and built["pallas"].c_n.shape == (B, W // built["pallas"].bq)
+    plain = build("dense", windows=False)
+    assert plain.d_cache is None and plain.d_new is None and build("cudnn", windows=False).d is None
+    dense = packed_inputs(tokens, implementation="dense", windows=False)
+    cudnn = packed_inputs(tokens, implementation="cudnn", windows=False)
     np.testing.assert_array_equal(cudnn.mask, np.concatenate([dense.cache, dense.new], -1))
-    np.testing.assert_array_equal(cudnn.d, np.concatenate([dense.d_cache, dense.d_new], -1))
-    plain = packed_inputs(tokens, implementation="dense", windows=False)
-    assert plain.d_cache is None and plain.d_new is None
-    # A padding key's id is no query's: validity folded into the ids loses nothing.
-    sparse = built["blocked"].sparse
-    assert not np.isin(np.asarray(sparse.k_id)[~np.asarray(meta["q_valid"])], np.asarray(meta["segment"])).any()
