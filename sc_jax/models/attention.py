@@ -50,7 +50,8 @@ G = H / K, Dh head dim.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -162,8 +163,6 @@ def choose(platform: str) -> str:
     keys), the block-sparse XLA path elsewhere (on a CPU, where it is the faster:
     ``benchmarks/RESULTS.md``)."""
     return "pallas" if platform in ("gpu", "cuda") else "blocked"
-
-
 
 
 def blocks(implementation: str, platform: str, W: int, C: int) -> tuple[int, int] | None:

@@ -157,27 +157,27 @@ def time_attention(config, dtype, shape: PackShape, names, *, rows: int | None =
     (a kernel can fail at run time), then ``repeats`` timed calls (median), its output
     compared with ``"dense"``'s over the real tokens. ``"dense"`` is the reference and
     must run. Returns one :class:`Trial` per name, in order."""
-    arrays, meta = layer_call(config, dtype, shape, rows=rows)
+    arrays, tokens = layer_call(config, dtype, shape, rows=rows)
     wins = [w for w in config.windows if w > 0]
     window = jnp.int32(min(wins) if wins else 0)
     windows = bool(wins)
-    real = np.asarray(meta.q_valid)
+    real = np.asarray(tokens.q_valid)
     tol = TOLERANCE.get(jnp.dtype(dtype).name, 3e-2)
-    want = np.asarray(_layer("dense", windows)(*arrays, meta, window), np.float32)
+    want = np.asarray(_layer("dense", windows)(*arrays, tokens, window), np.float32)
     trials = []
     for name in names:
         fn = _layer(name, windows)
         try:
-            compiled = fn.lower(*arrays, meta, window).compile()
+            compiled = fn.lower(*arrays, tokens, window).compile()
         except Exception as e:  # noqa: BLE001  (a candidate this backend cannot build)
             trials.append(Trial(name, error=error_line(e)))
             continue
         try:
-            got = np.asarray(jax.block_until_ready(compiled(*arrays, meta, window)), np.float32)
+            got = np.asarray(jax.block_until_ready(compiled(*arrays, tokens, window)), np.float32)
             times = []
             for _ in range(repeats):
                 t = time.perf_counter()
-                jax.block_until_ready(compiled(*arrays, meta, window))
+                jax.block_until_ready(compiled(*arrays, tokens, window))
                 times.append(time.perf_counter() - t)
         except Exception as e:  # noqa: BLE001  (compiled, but fails when it runs)
             trials.append(Trial(name, compiled=True, error=error_line(e)))
