@@ -110,7 +110,7 @@ def test_cost_model_counts_the_keys_the_device_scores(platform):
     below the dense path's C + W; and the plan's attention and dense parts add up."""
     import jax.numpy as jnp
 
-    from sc_jax.models.attention import BLOCKS, packed_masks
+    from sc_jax.models.attention import BLOCKS, PackedTokens, block_ranges, blocks
     from sc_jax.scoring.costs import call_trips
     from sc_jax.scoring.engine import _Tokens, call_arrays
 
@@ -130,12 +130,12 @@ def test_cost_model_counts_the_keys_the_device_scores(platform):
         a = call_arrays(tok, sh, st, r0)
         slot_of_key = np.full(sh.cache, -1)
         slot_of_key[:st.m * st.S] = np.repeat(np.arange(st.m), st.S)
-        masks = packed_masks(*(jnp.asarray(getattr(a.inputs, n)) for n in ("positions", "valid", "segment", "slot")),
-                             jnp.zeros((sh.B, sh.cache), jnp.int32), jnp.ones((sh.B, sh.cache), bool),
-                             jnp.asarray(np.broadcast_to(slot_of_key, (sh.B, sh.cache)), jnp.int32),
-                             windows=False, implementation="blocked", platform=platform)
-        trips = np.asarray(masks.trips)
-        assert trips[0] * masks.bk + trips[1] * masks.bq == \
+        t = PackedTokens(*(jnp.asarray(getattr(a.inputs, n)) for n in ("positions", "valid", "segment", "slot")),
+                         jnp.zeros((sh.B, sh.cache), jnp.int32), jnp.ones((sh.B, sh.cache), bool),
+                         jnp.asarray(np.broadcast_to(slot_of_key, (sh.B, sh.cache)), jnp.int32))
+        tq, tk = blocks("blocked", platform, sh.W, sh.cache)  # the blocks the device would use
+        trips = np.asarray(block_ranges(t.q_valid, t.slot, t.segment, t.c_slot, tq, tk)[3])
+        assert trips[0] * tk + trips[1] * tq == \
             call_trips(st, r0, sh.B, sh.W, sh.cache, bq, bk), (st.depth, r0)
     dense = costs.replay(sched, model.config, attention="dense", platform=platform)
     blocked = costs.replay(sched, model.config, attention="blocked", platform=platform)
