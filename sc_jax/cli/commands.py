@@ -242,7 +242,7 @@ def ablate_command(args) -> int:
                       solver=args.solver, guard=args.guard, progress=not args.quiet)
         diag = diagnose(args.dir, solver=args.solver)
         files = write_ablation(rows, out, diagnostics=diag,
-                               model=load_results(args.dir)["config"]["model"])
+                               model=load_results(args.dir).model)
     print(files["table"].read_text())
     print(files["diagnostics"].read_text())
     print("wrote " + ", ".join(str(p) for p in files.values()))

@@ -185,13 +185,15 @@ def test_engine_falls_back_when_the_chosen_attention_fails_at_run_time(plant, mo
 
 
 def test_seed_line_names_the_attention_and_what_was_timed():
+    from sc_jax.experiment.results import SeedTiming
     from sc_jax.experiment.run import _seed_line
 
-    t = dict(wall_s=9.0, compile_s=2.0, programs=3, model_programs=1, cache_hits=2, forward_s=5.0,
-             host_s=2.0, calls=10, tokens=5000, attention="pallas", attention_from_cache=False,
-             attention_trials=[ac.Trial("pallas", True, True, 4e-4, 0.01, 0.03).to_json(),
-                               ac.Trial("cudnn", True, error="XlaRuntimeError: no plan").to_json()])
+    t = SeedTiming(dataset="d", shots=4, seed=0, wall_s=9.0, compile_s=2.0, programs=3,
+                   model_programs=1, cache_hits=2, forward_s=5.0, host_s=2.0, calls=10,
+                   tokens=5000, attention="pallas", attention_from_cache=False,
+                   attention_trials=(ac.Trial("pallas", True, True, 4e-4, 0.01, 0.03).to_json(),
+                                     ac.Trial("cudnn", True, error="XlaRuntimeError: no plan").to_json()))
     line = _seed_line(t)
     assert line.endswith("attention pallas (per layer: pallas 0.40 ms, cudnn failed)")
-    assert "decision kept" in _seed_line(dict(t, attention_from_cache=True))
-    assert "attention" not in _seed_line(dict(t, attention="", attention_trials=[]))
+    assert "decision kept" in _seed_line(t.replace(attention_from_cache=True))
+    assert "attention" not in _seed_line(t.replace(attention="", attention_trials=()))
