@@ -40,9 +40,8 @@ def demo_command(args) -> int:
     print(f"model: {demo.model}")
     print(f"k = {args.k} demonstrations, {len(texts)} held-out test sentences, seed {args.seed}")
     for p in demo.params:
-        print(f"  SC, size {p['size']}: fitted on {p['rows']} surrogate pairs ({p['status']}"
-              f"{', guarded: SC*' if p['guarded'] else ''}), {demo.m[p['size']]} test-time "
-              "sub-contexts")
+        print(f"  SC, size {p.size}: fitted on {p.rows} surrogate pairs ({p.status}"
+              f"{', guarded: SC*' if p.guarded else ''}), {demo.m[p.size]} test-time sub-contexts")
     print(f"\n{'method':8s} accuracy  macro-F1   on {len(texts)} held-out sentences")
     for method in config.methods:
         pred = probs[method].argmax(1)
@@ -140,7 +139,7 @@ def ablate_command(args) -> int:
                       solver=args.solver, guard=args.guard, progress=not args.quiet)
         diag = diagnose(args.dir, solver=args.solver)
         files = write_ablation(rows, out, diagnostics=diag,
-                               model=load_results(args.dir)["config"]["model"])
+                               model=load_results(args.dir).model)
     print(files["table"].read_text())
     print(files["diagnostics"].read_text())
     print("wrote " + ", ".join(str(p) for p in files.values()))

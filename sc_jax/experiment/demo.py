@@ -19,6 +19,7 @@ from sc_jax.calibration.defaults import DEFAULT_LAMBDA_INV
 from sc_jax.experiment.config import RunConfig
 from sc_jax.experiment.jobs import score_seed
 from sc_jax.experiment.methods import fit_sc, method_probs
+from sc_jax.experiment.results import FitRecord
 from sc_jax.experiment.runplan import RunPlan, build_plan
 from sc_jax.experiment.tasks import TASKS, Dataset
 from sc_jax.models import loading
@@ -80,7 +81,7 @@ def demo_dataset() -> Dataset:
 class DemoResult:
     """One demo: its ``plan``, the ``model``, the test sentences (``texts``, ``labels``
     ``[T]``), each method's probabilities ``[T, 2]`` (``probs``), and SC's fit record
-    per size (``params``, as results.json keeps them) with its test-time sub-contexts
+    per size (``params``, :class:`sc_jax.experiment.results.FitRecord`) with its test-time sub-contexts
     (``m``: size -> m_i)."""
 
     plan: RunPlan
@@ -88,7 +89,7 @@ class DemoResult:
     texts: tuple[str, ...]
     labels: np.ndarray
     probs: dict[str, np.ndarray]
-    params: list[dict]
+    params: list[FitRecord]
     m: dict[int, int]
 
 
@@ -114,4 +115,4 @@ def run_demo(config: RunConfig, *, progress: bool = False, model=None) -> DemoRe
         probs[method] = method_probs(method, scores, per, sizes, bc_batch=config.bc_batch,
                                      size_weighting=config.size_weighting, shots=work.k)
     return DemoResult(plan, model, work.split.test_texts(ds), scores.y_test, probs,
-                      [p for p in params if p["method"] == "sc"], dict(work.jobs.m))
+                      [p for p in params if p.method == "sc"], dict(work.jobs.m))

@@ -204,6 +204,8 @@ def _results(tmp_path, **change):
     ({"rows": [_ROW | {"accuracy": -3}]}, "rows[0]['accuracy'] is -3, not a fraction in [0, 1]"),
     ({"rows": [_ROW | {"ece": float("nan")}]}, "rows[0]['ece'] is nan, not a fraction in [0, 1]"),
     ({"rows": []}, "'rows' is empty: the run recorded no result"),
+    # Every record is typed on reading: a malformed one is named too.
+    ({"timing": {"seeds": [{"dataset": "rotten_tomatoes"}]}}, "timing['seeds'][0] has no 'shots'"),
 ])
 def test_report_on_a_results_file_of_the_wrong_shape_is_one_line(tmp_path, capsys, change, problem):
     run = _results(tmp_path, **change)

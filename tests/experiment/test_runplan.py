@@ -67,7 +67,7 @@ def test_a_run_builds_each_seed_once_and_locates_its_model_once(data_file, tmp_p
     n = len(SEEDS)
     assert counts == Counter(split_protocol=n, build_pieces=n, plan_schedule=n,
                              _random_source=1, preset_vocabulary=1), counts
-    assert {r["seed"] for r in results.rows} == set(SEEDS)
+    assert {r.seed for r in results.rows} == set(SEEDS)
 
 
 def test_a_dry_run_builds_each_seed_once(data_file, counts, monkeypatch):
