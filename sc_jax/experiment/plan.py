@@ -38,7 +38,6 @@ from sc_jax.experiment.grid import grid_table, project_grid
 from sc_jax.experiment.jobs import seed_jobs
 from sc_jax.experiment.roofline import Rates, check_rates, plan_rates
 from sc_jax.experiment.runplan import RunPlan, SeedWork, build_plan
-from sc_jax.models import attention as attn
 from sc_jax.models.named_models import tokenizer_file
 from sc_jax.models.tokenizer import ByteTokenizer, Tokenizer
 from sc_jax.runtime.wheel_files import WheelFileError
