@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import platform
 import sys
 import tempfile
@@ -165,9 +164,11 @@ def section_end_to_end(args, keep) -> dict:
         rec = bench_seed.phase("cold", 0, run_args, tmp / "run", tmp / "xla", args.e2e_timeout)
         rec.pop("machine", None)
         if rec["status"] == "ok":
-            res = json.loads((tmp / "run" / "results.json").read_text())
-            rec.update(sc_macro_f1=[r["macro_f1"] for r in res["rows"] if r["method"] == "sc"],
-                       statuses=sorted({p["status"] for p in res["params"]}))
+            from sc_jax.experiment.results import load_results  # noqa: PLC0415  (beside jax)
+
+            res = load_results(tmp / "run")
+            rec.update(sc_macro_f1=[r.macro_f1 for r in res.rows if r.method == "sc"],
+                       statuses=sorted({p.status for p in res.params}))
     return dict(model=args.model, dtype=args.dtype, k=args.k, test_size=args.e2e_tests,
                 max_size=args.max_size, m_cap=args.m_cap, budget=args.budget, **rec)
 

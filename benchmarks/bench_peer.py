@@ -230,7 +230,8 @@ def table(res: dict) -> str:
     return "\n".join(out)
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line, with the unset options filled from SMOKE or FULL."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="a tiny model on a synthetic CSV, on CPU")
     ap.add_argument("--model", help=f"a load_model source (default {FULL['model']})")
@@ -255,79 +256,47 @@ def main(argv=None) -> int:
     for key, val in (SMOKE if args.smoke else FULL).items():
         if getattr(args, key) is None:
             setattr(args, key, val)
-    try:
-        import torch
-        import transformers
-    except ImportError as e:
-        print(f"bench_peer: needs torch and transformers ({e.name} is missing): "
-              "pip install torch transformers", file=sys.stderr)
-        return 2
-    if args.smoke:
-        os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # see the module docstring
-    import jax
-    import jax.numpy as jnp
+    return args
 
-    import sc_jax
+
+def peak_flops(args, jdtype, tdtype, device: str) -> dict:
+    """The MFU's peak: ``--peak-tflops``, else a JAX matmul measured here (torch's
+    measured beside it, for the JSON)."""
     from sc_jax.runtime.devices import measured_matmul_flops
-    from sc_jax.scoring.costs import CostModel
-    from sc_jax.scoring.engine import ScoringEngine
 
-    device = "cuda" if jax.default_backend() == "gpu" else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        print("bench_peer: jax sees a GPU, torch does not: install torch's CUDA build", file=sys.stderr)
-        return 2
-    load_s, model = _timing.once(lambda: sc_jax.load_model(args.model, dtype=args.dtype))
-    say(f"{args.model} ({args.dtype}) loaded in {load_s:.1f} s")
-    with tempfile.TemporaryDirectory(prefix="bench_peer_") as tmp:
-        pieces, jobs, mode = workload(model.tokenizer, args, smoke_csv(Path(tmp) / "rt.csv")
-                                      if args.smoke else None)
-    prompts = [pieces.prompt(ctx[c], q) for ctx, pairs in jobs.values() for c, q in pairs]
-    lengths = np.asarray([len(p) for p in prompts])
-    first = [ids[0] for ids in pieces.labels]
-    token_flops = CostModel.of(model.config).token
-    say(f"{len(prompts):,} prompts, {lengths.sum():,} prompt tokens")
-
-    jdtype, tdtype = (jnp.bfloat16, torch.bfloat16) if args.dtype == "bfloat16" else (jnp.float32, torch.float32)
     jax_peak, torch_peak = measured_matmul_flops(jdtype), torch_matmul_flops(tdtype, device)
-    peak = {"flops": args.peak_tflops * 1e12 if args.peak_tflops else jax_peak,
+    return {"flops": args.peak_tflops * 1e12 if args.peak_tflops else jax_peak,
             "source": "--peak-tflops" if args.peak_tflops else f"JAX {args.dtype} matmul, measured",
             "jax_matmul_flops": jax_peak, "torch_matmul_flops": torch_peak}
 
-    machine = _results.jax_machine()
-    head = _results.header(machine, command=_results.command(__file__, argv), dtype=args.dtype,
-                           torch=torch.__version__, transformers=transformers.__version__,
-                           note="HF first, then the engine; XLA_PYTHON_CLIENT_PREALLOCATE="
-                                + os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"])
-    path = args.out or _results.default_path("bench_peer", machine["id"] + ("_smoke" if args.smoke else ""))
-    res = {
-        "smoke": args.smoke, "args": vars(args), "device": str(jax.devices()[0]), "mode": mode,
-        "workload": {"jobs": {t: len(p) for t, (_, p) in jobs.items()}, "prompts": len(prompts),
-                     "prompt_tokens": int(lengths.sum()), "longest_prompt": int(lengths.max())},
-        "flops_per_token": token_flops, "peak": peak, "unfinished": True, "engines": {}}
 
-    def save():
-        _results.write_json(path, {"header": head, **res})
-
+def run_hf(model, args, device: str, tdtype, prompts, lengths, first, token_flops,
+           peak) -> tuple[dict, np.ndarray]:
+    """transformers on the same prompts and weights: built, one warm-up batch, then
+    ``args.repeats`` timed passes. Its record for the JSON and its label log-probs
+    (the model is freed on return)."""
     build_s, hf = _timing.once(lambda: hf_model(model, device, tdtype))
     batches = hf_batches(lengths, args.hf_batch_tokens)
     warm_s, _ = _timing.once(lambda: hf_pass(hf, prompts, batches[:1], first, device))
     hf_timing = _timing.timed(lambda: hf_pass(hf, prompts, batches, first, device), args.repeats)
     hf_s, hf_runs, hf_out = hf_timing.median_s, hf_timing.runs_s, hf_timing.out
     say(f"HF: built in {build_s:.1f} s, warm-up batch {warm_s:.1f} s, passes {hf_runs}")
-    res["hf"] = {"build_s": build_s, "warmup_batch_s": warm_s, "steady_s": hf_s, "runs_s": hf_runs,
-                 "batches": len(batches), "prompt_tokens": int(lengths.sum()),
-                 "padded_tokens": int(sum(len(b) * lengths[b[-1]] for b in batches)),
-                 "attn_implementation": "sdpa", "device": device,
-                 "tflops": token_flops * lengths.sum() / hf_s / 1e12,
-                 "mfu": token_flops * lengths.sum() / hf_s / peak["flops"]}
-    save()
-    del hf
-    gc.collect()
-    if device == "cuda":
-        torch.cuda.empty_cache()
+    record = {"build_s": build_s, "warmup_batch_s": warm_s, "steady_s": hf_s, "runs_s": hf_runs,
+              "batches": len(batches), "prompt_tokens": int(lengths.sum()),
+              "padded_tokens": int(sum(len(b) * lengths[b[-1]] for b in batches)),
+              "attn_implementation": "sdpa", "device": device,
+              "tflops": token_flops * lengths.sum() / hf_s / 1e12,
+              "mfu": token_flops * lengths.sum() / hf_s / peak["flops"]}
+    return record, hf_out
 
-    engines = res["engines"]
+
+def run_engines(model, args, workload, token_flops, peak, hf_s, hf_out, engines: dict, save) -> None:
+    """The engine on ``workload`` (pieces, jobs, mode) with each attention of
+    ``args.attention`` in turn: a first (compiling) run, then ``args.repeats`` timed
+    ones; each one's record goes into ``engines`` and is saved at once."""
+    from sc_jax.scoring.engine import ScoringEngine
+
+    pieces, jobs, mode = workload
     for impl in args.attention:
         engine = ScoringEngine(model, attention=impl, progress=False)
         first_s, first = _timing.once(lambda: engine.score_jobs(pieces, jobs, mode))
@@ -345,6 +314,68 @@ def main(argv=None) -> int:
             "mfu": token_flops * tokens / eng_s / peak["flops"],
             "speedup": hf_s / eng_s, "max_abs_diff": float(np.abs(eng_out - hf_out).max())}
         save()
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        import torch
+        import transformers
+    except ImportError as e:
+        print(f"bench_peer: needs torch and transformers ({e.name} is missing): "
+              "pip install torch transformers", file=sys.stderr)
+        return 2
+    if args.smoke:
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # see the module docstring
+    import jax
+    import jax.numpy as jnp
+
+    import sc_jax
+    from sc_jax.scoring.costs import CostModel
+
+    device = "cuda" if jax.default_backend() == "gpu" else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        print("bench_peer: jax sees a GPU, torch does not: install torch's CUDA build", file=sys.stderr)
+        return 2
+    load_s, model = _timing.once(lambda: sc_jax.load_model(args.model, dtype=args.dtype))
+    say(f"{args.model} ({args.dtype}) loaded in {load_s:.1f} s")
+    with tempfile.TemporaryDirectory(prefix="bench_peer_") as tmp:
+        pieces, jobs, mode = workload(model.tokenizer, args, smoke_csv(Path(tmp) / "rt.csv")
+                                      if args.smoke else None)
+    prompts = [pieces.prompt(ctx[c], q) for ctx, pairs in jobs.values() for c, q in pairs]
+    lengths = np.asarray([len(p) for p in prompts])
+    first = [ids[0] for ids in pieces.labels]
+    token_flops = CostModel.of(model.config).token
+    say(f"{len(prompts):,} prompts, {lengths.sum():,} prompt tokens")
+
+    jdtype, tdtype = (jnp.bfloat16, torch.bfloat16) if args.dtype == "bfloat16" else (jnp.float32, torch.float32)
+    peak = peak_flops(args, jdtype, tdtype, device)
+
+    machine = _results.jax_machine()
+    head = _results.header(machine, command=_results.command(__file__, argv), dtype=args.dtype,
+                           torch=torch.__version__, transformers=transformers.__version__,
+                           note="HF first, then the engine; XLA_PYTHON_CLIENT_PREALLOCATE="
+                                + os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"])
+    path = args.out or _results.default_path("bench_peer", machine["id"] + ("_smoke" if args.smoke else ""))
+    res = {
+        "smoke": args.smoke, "args": vars(args), "device": str(jax.devices()[0]), "mode": mode,
+        "workload": {"jobs": {t: len(p) for t, (_, p) in jobs.items()}, "prompts": len(prompts),
+                     "prompt_tokens": int(lengths.sum()), "longest_prompt": int(lengths.max())},
+        "flops_per_token": token_flops, "peak": peak, "unfinished": True, "engines": {}}
+
+    def save():
+        _results.write_json(path, {"header": head, **res})
+
+    res["hf"], hf_out = run_hf(model, args, device, tdtype, prompts, lengths, first, token_flops, peak)
+    hf_s = res["hf"]["steady_s"]
+    save()
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+    engines = res["engines"]
+    run_engines(model, args, (pieces, jobs, mode), token_flops, peak, hf_s, hf_out, engines, save)
     main_engine = engines[args.attention[0]]
     eng_s, diff = main_engine["steady_s"], max(e["max_abs_diff"] for e in engines.values())
 

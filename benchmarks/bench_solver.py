@@ -205,31 +205,95 @@ def max_gap(jax_sol, refs, accs, target=1e-7):
     return (max(gaps) if gaps else float("nan")), int(lower), unbounded, abs_gap, over
 
 
+def timing_problems(n, seeds):
+    """The timed batch for ``n`` classes: every size of ``seeds`` timing worlds, with
+    each problem's in-sample base accuracy, Appendix A tau and the default lambda_inv."""
+    problems = []
+    for seed in range(seeds):
+        sur = timing_world(n, seed).surrogate(K, SIZES)
+        problems += [sur[i] for i in SIZES]
+    accs = [defaults.base_accuracy(x, y) for x, y, _ in problems]
+    taus = [defaults.tau_from_accuracy(a, n) for a in accs]
+    lams = [defaults.DEFAULT_LAMBDA_INV] * len(problems)
+    return problems, accs, taus, lams
+
+
+def scipy_references(problems, lams, taus, seeds, scipy_seeds):
+    """(b) SciPy loops on the first `scipy_seeds` seeds (all sizes; by default all
+    seeds), after their JAX derivatives are compiled; with fewer seeds the run time is
+    extrapolated per problem to all of them. {per_class: (solutions, seconds)}."""
+    sp = len(SIZES) * min(scipy_seeds, seeds)
+    scale = len(problems) / sp
+    runs = {}
+    for per_class in (False, True):
+        warm_scipy(problems[:sp], lams[:sp], taus[:sp], per_class)
+        seconds, refs = _timing.once(
+            lambda: scipy_loop(problems[:sp], lams[:sp], taus[:sp], per_class))
+        runs[per_class] = (refs, seconds * scale)
+    return runs
+
+
+def timing_row(n, dtype, layout, batch, thr, method, batch_problems, refs, ref_run, repeats):
+    """One timed JAX solve of the batch against SciPy's ``refs`` (run in ``ref_run``
+    seconds): the JSON row, with the KKT residuals of every point above the gap target."""
+    problems, accs, taus, lams = batch_problems
+    compile_s, run_s, sol, padded, buckets = time_jax(
+        method, problems, lams, taus, dtype, repeats,
+        bucketed=layout == "bucketed", batch=batch, threads=thr)
+    gap, lower, unbounded, abs_gap, over = max_gap(sol, refs, accs, GAP_TARGET[dtype])
+    per_class = method == "projected"
+    # Is each point above the gap target stationary (another local optimum) or
+    # unfinished? KKT residuals of JAX's and SciPy's.
+    over_gap = [dict(
+        problem=k, seed=k // len(SIZES), size=SIZES[k % len(SIZES)], rel_gap=rel,
+        kkt_jax=kkt_residual(sol.params.b[k], sol.params.w[k],
+                             problems[k], lams[k], taus[k], per_class),
+        kkt_scipy=kkt_residual(refs[k].params.b, refs[k].params.w,
+                               problems[k], lams[k], taus[k], per_class))
+        for k, rel in over]
+    return dict(
+        n=n, dtype=dtype, layout=layout, batch=batch_label(batch),
+        threads=thr, solver=method,
+        problems=len(problems), padded_rows=padded,
+        real_rows=int(sum(len(p[1]) for p in problems)),
+        jax_compile_s=compile_s, buckets=buckets,
+        jax_compile_per_bucket_s=compile_s / buckets, jax_run_s=run_s,
+        scipy_run_s=ref_run, scipy_problems_timed=len(refs),
+        ratio=ref_run / run_s, max_rel_gap=gap, jax_lower=lower,
+        no_minimiser=unbounded, no_minimiser_abs_gap=abs_gap,
+        over_gap=over_gap,
+        jax_not_converged=int(np.sum(np.asarray(sol.status) != 0)),
+        jax_status_counts={int(c): int(v) for c, v in zip(
+            *np.unique(np.asarray(sol.status), return_counts=True))},
+        scipy_not_converged=int(sum(int(r.status) != 0 for r in refs)),
+        max_iterations=int(np.max(sol.iterations)),
+        max_violation=float(np.max(sol.violation)),
+    )
+
+
+def print_timing_row(row):
+    """One line per timed row, and one per point above the gap target."""
+    compile_s, buckets = row["jax_compile_s"], row["buckets"]
+    print(f"  n={row['n']} {row['dtype']:7s} {row['layout']:8s} {row['batch']:5s} "
+          f"threads {row['threads']} {row['solver']:20s} compile "
+          f"{compile_s:6.2f}s ({compile_s / buckets:4.2f}s x {buckets}) "
+          f"run {row['jax_run_s']:7.3f}s  scipy {row['scipy_run_s']:7.3f}s  "
+          f"ratio {row['ratio']:6.2f}x  gap {row['max_rel_gap']:.1e}  "
+          f"status {row['jax_status_counts']}", flush=True)
+    for o in row["over_gap"]:
+        print(f"      gap {o['rel_gap']:.1e} at seed {o['seed']} size "
+              f"{o['size']}: KKT residual jax {o['kkt_jax']:.1e}, "
+              f"scipy {o['kkt_scipy']:.1e}", flush=True)
+
+
 def bench_timing(classes, seeds, repeats, scipy_seeds, dtypes, layouts, batches, threads,
                  save):
     rows = []
     for n in classes:
-        problems = []
-        for seed in range(seeds):
-            sur = timing_world(n, seed).surrogate(K, SIZES)
-            problems += [sur[i] for i in SIZES]
-        accs = [defaults.base_accuracy(x, y) for x, y, _ in problems]
-        taus = [defaults.tau_from_accuracy(a, n) for a in accs]
-        lams = [defaults.DEFAULT_LAMBDA_INV] * len(problems)
-
-        # (b) SciPy loops on the first `scipy_seeds` seeds (all sizes; by default all
-        # seeds), after their JAX derivatives are compiled; with fewer seeds the run
-        # time is extrapolated per problem to all of them.
-        sp = len(SIZES) * min(scipy_seeds, seeds)
-        scale = len(problems) / sp
-        runs = {}
-        for per_class in (False, True):
-            warm_scipy(problems[:sp], lams[:sp], taus[:sp], per_class)
-            seconds, refs = _timing.once(
-                lambda: scipy_loop(problems[:sp], lams[:sp], taus[:sp], per_class))
-            runs[per_class] = (refs, seconds * scale)
+        batch_problems = timing_problems(n, seeds)
+        problems, _, taus, lams = batch_problems
+        runs = scipy_references(problems, lams, taus, seeds, scipy_seeds)
         (ref_mean, scipy_run), (ref_pc, scipy_pc_run) = runs[False], runs[True]
-
         for dtype in dtypes:
             with jax.enable_x64(dtype == "float64"):
                 for layout, batch, thr in [(lay, b, t) for lay in layouts for b in batches
@@ -237,51 +301,10 @@ def bench_timing(classes, seeds, repeats, scipy_seeds, dtypes, layouts, batches,
                     for method, refs, ref_run in (
                             ("augmented_lagrangian", ref_mean, scipy_run),
                             ("projected", ref_pc, scipy_pc_run)):
-                        compile_s, run_s, sol, padded, buckets = time_jax(
-                            method, problems, lams, taus, dtype, repeats,
-                            bucketed=layout == "bucketed", batch=batch, threads=thr)
-                        gap, lower, unbounded, abs_gap, over = max_gap(sol, refs, accs,
-                                                                       GAP_TARGET[dtype])
-                        per_class = method == "projected"
-                        # Is each point above the gap target stationary (another local
-                        # optimum) or unfinished? KKT residuals of JAX's and SciPy's.
-                        over_gap = [dict(
-                            problem=k, seed=k // len(SIZES), size=SIZES[k % len(SIZES)],
-                            rel_gap=rel,
-                            kkt_jax=kkt_residual(sol.params.b[k], sol.params.w[k],
-                                                 problems[k], lams[k], taus[k], per_class),
-                            kkt_scipy=kkt_residual(refs[k].params.b, refs[k].params.w,
-                                                   problems[k], lams[k], taus[k], per_class))
-                            for k, rel in over]
-                        row = dict(
-                            n=n, dtype=dtype, layout=layout, batch=batch_label(batch),
-                            threads=thr, solver=method,
-                            problems=len(problems), padded_rows=padded,
-                            real_rows=int(sum(len(p[1]) for p in problems)),
-                            jax_compile_s=compile_s, buckets=buckets,
-                            jax_compile_per_bucket_s=compile_s / buckets, jax_run_s=run_s,
-                            scipy_run_s=ref_run, scipy_problems_timed=len(refs),
-                            ratio=ref_run / run_s, max_rel_gap=gap, jax_lower=lower,
-                            no_minimiser=unbounded, no_minimiser_abs_gap=abs_gap,
-                            over_gap=over_gap,
-                            jax_not_converged=int(np.sum(np.asarray(sol.status) != 0)),
-                            jax_status_counts={int(c): int(v) for c, v in zip(
-                                *np.unique(np.asarray(sol.status), return_counts=True))},
-                            scipy_not_converged=int(sum(int(r.status) != 0 for r in refs)),
-                            max_iterations=int(np.max(sol.iterations)),
-                            max_violation=float(np.max(sol.violation)),
-                        )
+                        row = timing_row(n, dtype, layout, batch, thr, method, batch_problems,
+                                         refs, ref_run, repeats)
                         rows.append(row)
-                        print(f"  n={n} {dtype:7s} {layout:8s} {row['batch']:5s} "
-                              f"threads {thr} {method:20s} compile "
-                              f"{compile_s:6.2f}s ({compile_s / buckets:4.2f}s x {buckets}) "
-                              f"run {run_s:7.3f}s  scipy {ref_run:7.3f}s  "
-                              f"ratio {row['ratio']:6.2f}x  gap {gap:.1e}  "
-                              f"status {row['jax_status_counts']}", flush=True)
-                        for o in row["over_gap"]:
-                            print(f"      gap {o['rel_gap']:.1e} at seed {o['seed']} size "
-                                  f"{o['size']}: KKT residual jax {o['kkt_jax']:.1e}, "
-                                  f"scipy {o['kkt_scipy']:.1e}", flush=True)
+                        print_timing_row(row)
                         save(rows)  # an interrupted run keeps every finished row
     return rows
 

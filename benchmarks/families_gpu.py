@@ -74,6 +74,37 @@ def prepare(folder: Path, data_dir: str, presets) -> None:
           f"--out $OUT/families.json 2>&1 | tee $OUT/families.log")
 
 
+def run_step(kind: str, preset: str, args, tmp: Path, env: dict, timeout: float) -> dict:
+    """One step in a fresh process with a deadline: gpu_check's attention phase with the
+    preset's geometry (``kind`` "attention"), or bench_seed's cold seed with
+    ``random:<preset>`` ("cold"). Its record: status, seconds and what it measured."""
+    if kind == "attention":
+        cmd = [sys.executable, gpu_check.__file__, "--child", "attention", "--attention-model", preset,
+               "--child-out", str(tmp / f"att_{preset}.json")] + (["--smoke"] if args.smoke else [])
+        rec, _ = bench_seed.run_child(cmd, timeout, env=env)
+        if rec["status"] == "ok":
+            rec.update(json.loads((tmp / f"att_{preset}.json").read_text()))
+        return rec
+    run_args = bench_seed.protocol_args(args.smoke, args.data_dir, tmp)
+    run_args[run_args.index("--model") + 1] = f"random:{preset}"
+    return bench_seed.phase("cold", 0, run_args, tmp / f"cold_{preset}", tmp / f"xla_{preset}", timeout)
+
+
+def table(result: dict, presets) -> str:
+    """The Markdown table: one row per preset, its attention trials and its cold seed."""
+    rows = []
+    for p in presets:
+        a, c = result["attention"].get(p, {}), result["cold"].get(p, {})
+        trials = "; ".join(f"{t['name']} {t['seconds'] * 1e3:.2f} ms (diff {t['max_diff']:.1e})"
+                           if t["ran"] and not t["error"] else f"{t['name']} failed"
+                           for t in a.get("trials", [])) or a.get("status", "–")
+        seed = (f"{c['process_wall_s']:.1f} s (compile {c['compile_s']:.1f}, forward {c['forward_s']:.1f}, "
+                f"fitting {c['fitting_s']:.1f}); attention {c['attention']}" if c.get("status") == "ok"
+                else f"{c.get('status', '–')} {c.get('stderr_tail', c.get('why', ''))[-300:]}")
+        rows.append(f"| {p} | {trials} | {seed} |")
+    return "| preset | attention, one layer | cold seed |\n|---|---|---|\n" + "\n".join(rows)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="the tiny presets on CPU")
@@ -121,30 +152,11 @@ def main(argv=None) -> int:
                 result[kind][p] = {"status": "skipped", "why": f"{left:.0f} s left"}
                 continue
             say(f"{kind} {p}: up to {timeout:.0f} s")
-            if kind == "attention":
-                cmd = [sys.executable, gpu_check.__file__, "--child", "attention", "--attention-model", p,
-                       "--child-out", str(tmp / f"att_{p}.json")] + (["--smoke"] if args.smoke else [])
-                rec, _ = bench_seed.run_child(cmd, timeout, env=env)
-                if rec["status"] == "ok":
-                    rec.update(json.loads((tmp / f"att_{p}.json").read_text()))
-            else:
-                run_args = bench_seed.protocol_args(args.smoke, args.data_dir, tmp)
-                run_args[run_args.index("--model") + 1] = f"random:{p}"
-                rec = bench_seed.phase("cold", 0, run_args, tmp / f"cold_{p}", tmp / f"xla_{p}", timeout)
+            rec = run_step(kind, p, args, tmp, env, timeout)
             result[kind][p] = rec
             say(f"{kind} {p}: {rec['status']} in {rec['seconds']:.1f} s")
             save()
-    rows = []
-    for p in presets:
-        a, c = result["attention"].get(p, {}), result["cold"].get(p, {})
-        trials = "; ".join(f"{t['name']} {t['seconds'] * 1e3:.2f} ms (diff {t['max_diff']:.1e})"
-                           if t["ran"] and not t["error"] else f"{t['name']} failed"
-                           for t in a.get("trials", [])) or a.get("status", "–")
-        seed = (f"{c['process_wall_s']:.1f} s (compile {c['compile_s']:.1f}, forward {c['forward_s']:.1f}, "
-                f"fitting {c['fitting_s']:.1f}); attention {c['attention']}" if c.get("status") == "ok"
-                else f"{c.get('status', '–')} {c.get('stderr_tail', c.get('why', ''))[-300:]}")
-        rows.append(f"| {p} | {trials} | {seed} |")
-    print("| preset | attention, one layer | cold seed |\n|---|---|---|\n" + "\n".join(rows))
+    print(table(result, presets))
     print(f"wrote {out}")
     return 0 if all(r.get("status") == "ok" for part in ("attention", "cold")
                     for r in result[part].values()) else 1

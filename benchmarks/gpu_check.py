@@ -195,24 +195,25 @@ def grid_args(smoke: bool, data_dir: str, tmp: Path) -> list[str]:
     return args
 
 
-def grid_records(timing: dict, nonembed: int, peak: float) -> list[dict]:
-    """Per (dataset, k) of a run's results.json ``timing`` (one seed each): ``seconds``
+def grid_records(timing, nonembed: int, peak: float) -> list[dict]:
+    """Per (dataset, k) of a run's results.json ``timing`` (a
+    :class:`sc_jax.experiment.results.RunTiming`, one seed each): ``seconds``
     (its seed's scoring and its fit; the metrics and report are the run's, not a
     dataset's), programs compiled (``programs`` by the scoring, ``model_programs`` of
     them the model's, ``fit_programs``), forward seconds, tokens and ``mfu`` (2 x
     ``nonembed`` x unique tokens / forward seconds / ``peak``)."""
-    fits = {(f["dataset"], f["shots"]): f for f in timing["fits"]}
+    fits = {(f.dataset, f.shots): f for f in timing.fits}
     out = []
-    for s in timing["seeds"]:
-        f = fits[s["dataset"], s["shots"]]
-        out.append({"dataset": s["dataset"], "k": s["shots"], "seconds": s["wall_s"] + f["wall_s"],
-                    "scoring_s": s["wall_s"], "compile_s": s["compile_s"], "forward_s": s["forward_s"],
-                    "host_s": s["host_s"], "fit_s": f["wall_s"], "fit_compile_s": f["compile_s"],
-                    "programs": s["programs"], "model_programs": s["model_programs"],
-                    "fit_programs": f["programs"], "cache_hits": s["cache_hits"], "calls": s["calls"],
-                    "unique_tokens": s["tokens"], "executed_tokens": s["executed_tokens"],
-                    "mfu": 2 * nonembed * s["tokens"] / s["forward_s"] / peak if s["forward_s"] else None,
-                    "attention": s.get("attention")})
+    for s in timing.seeds:
+        f = fits[s.dataset, s.shots]
+        out.append({"dataset": s.dataset, "k": s.shots, "seconds": s.wall_s + f.wall_s,
+                    "scoring_s": s.wall_s, "compile_s": s.compile_s, "forward_s": s.forward_s,
+                    "host_s": s.host_s, "fit_s": f.wall_s, "fit_compile_s": f.compile_s,
+                    "programs": s.programs, "model_programs": s.model_programs,
+                    "fit_programs": f.programs, "cache_hits": s.cache_hits, "calls": s.calls,
+                    "unique_tokens": s.tokens, "executed_tokens": s.executed_tokens,
+                    "mfu": 2 * nonembed * s.tokens / s.forward_s / peak if s.forward_s else None,
+                    "attention": s.attention})
     return out
 
 
@@ -224,6 +225,7 @@ def grid(args) -> dict:
 
     from sc_jax.cli import main as sc_jax_main
     from sc_jax.experiment.grid import MeasuredRates, grid_table, project_grid
+    from sc_jax.experiment.results import load_results
     from sc_jax.models.sources import load_model_parts
     from sc_jax.runtime.devices import device_peak_flops
     from sc_jax.scoring.costs import non_embedding_params
@@ -236,13 +238,13 @@ def grid(args) -> dict:
     if sc_jax_main(["run", *run_args, "--seeds", "1", "--out", str(work / "run"), "--quiet"]):
         raise SystemExit("grid: sc-jax run failed (its error is above)")
     wall = time.perf_counter() - t
-    timing = json.loads((work / "run" / "results.json").read_text())["timing"]
+    timing = load_results(work / "run").timing
     model = run_args[run_args.index("--model") + 1]
     dtype = run_args[run_args.index("--dtype") + 1]
     peak, peak_source = device_peak_flops(None, jnp.dtype(dtype))
     rec = {"machine": _results.jax_machine(), "run_args": run_args, "run_wall_s": wall,
-           **{key: timing[key] for key in ("total_s", *bench_seed.PARTS, "programs", "model_programs",
-                                           "cache_hits")},
+           **{key: getattr(timing, key) for key in ("total_s", *bench_seed.PARTS, "programs",
+                                                    "model_programs", "cache_hits")},
            "peak_flops": peak, "peak_source": peak_source,
            "datasets": grid_records(timing, non_embedding_params(load_model_parts(model).config), peak)}
     rates = MeasuredRates.from_timing(timing)

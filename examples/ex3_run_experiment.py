@@ -9,4 +9,4 @@ cfg = sc_jax.RunConfig(datasets=("rotten_tomatoes",), shots=(4,), seeds=(0,), te
                        max_tokens_per_batch=512)  # toys: `sc-jax run --help` has the paper's
 res = sc_jax.run_experiment(cfg, "runs/example", progress=False)
 for row in res.rows:                      # also in runs/example: table.md, results.json, plots
-    print(row["method"], row["dataset"], f"k={row['shots']}", f"macro-F1 {row['macro_f1']:.3f}")
+    print(row.method, row.dataset, f"k={row.shots}", f"macro-F1 {row.macro_f1:.3f}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
@@ -37,10 +38,53 @@ _LAZY = {
     # A fit's result code (CONVERGED, MAX_ITERATIONS, INFEASIBLE, NONFINITE, UNBOUNDED,
     # INVALID_INPUT): Calibration.status and FitResult.status compare to it.
     "Status": "sc_jax.calibration.solvers.types",
+    # Static solver settings: calibrate(options=...), fit(options=...).
+    "SolverOptions": "sc_jax.calibration.solvers.types",
     "ScoringEngine": "sc_jax.scoring.engine",
     "RunConfig": "sc_jax.experiment.config",
     "run_experiment": "sc_jax.experiment.run",
 }
+
+__all__ = [
+    "Calibration",
+    "Decoder",
+    "FitResult",
+    "LoadedModel",
+    "ModelConfig",
+    "RunConfig",
+    "ScoringEngine",
+    "SolverOptions",
+    "Status",
+    "calibrate",
+    "calibrated_log_probs",
+    "ensemble_proba",
+    "fit",
+    "fit_batch",
+    "load_model",
+    "log_odds",
+    "make_mesh",
+    "predict_proba",
+    "run_experiment",
+    "tau_schedule",
+]
+
+# What IDEs and type checkers see of the names above; at run time they load lazily
+# (tests/test_imports.py keeps these, _LAZY and __all__ the same).
+if TYPE_CHECKING:
+    from sc_jax.calibration.defaults import tau_schedule
+    from sc_jax.calibration.jax_calibrate import Calibration, calibrate
+    from sc_jax.calibration.jax_predict import calibrated_log_probs, ensemble_proba
+    from sc_jax.calibration.numpy_fit import fit, fit_batch
+    from sc_jax.calibration.numpy_predict import FitResult, predict_proba
+    from sc_jax.calibration.objective import log_odds
+    from sc_jax.calibration.solvers.types import SolverOptions, Status
+    from sc_jax.experiment.config import RunConfig
+    from sc_jax.experiment.run import run_experiment
+    from sc_jax.models.config import ModelConfig
+    from sc_jax.models.loading import LoadedModel, load_model
+    from sc_jax.models.model import Decoder
+    from sc_jax.runtime.sharding import make_mesh
+    from sc_jax.scoring.engine import ScoringEngine
 
 
 def __getattr__(name):

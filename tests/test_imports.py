@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import ast
 import io
+import os
 import re
+import subprocess
+import sys
 import tokenize
 from pathlib import Path
 
@@ -23,7 +26,7 @@ ROOT = Path(sc_jax.__file__).resolve().parent
 # Packages a function may import, and why they are not imported at the top. Such an
 # import says why in a comment on its line or the line above (a bare ``noqa`` does not).
 ALLOWED_LOCAL = {
-    "jaxopt": "importing it prints a deprecation warning; only two solver paths need it",
+    "jaxopt": "importing it prints a deprecation warning; only the projected solver needs it",
     "scipy": "the float64 reference solver alone needs it, and it is slow to import",
     "gguf": "optional extra [gguf]",
     "transformers": "optional extra [gguf] (its GGUF tokenizer conversion)",
@@ -261,3 +264,72 @@ def test_the_checks_catch_a_cycle_and_a_local_import(tmp_path):
     assert len(refused) == 3 and "pkg.b.f (line 2) imports pkg.a: not an" in refused[0]
     assert "pkg.sub.c.g (line 5) imports pkg.a: not an" in refused[1]
     assert "pkg.sub.c.g (line 6) imports jaxopt: no comment saying why" in refused[2]
+
+
+# ---------------------------------------------------------------------------------
+# The public namespace: ``sc_jax.__all__``, the lazy table that loads each name on first
+# use, and the ``TYPE_CHECKING`` imports that show the names to IDEs and type checkers,
+# declared three times in sc_jax/__init__.py and held equal here.
+
+
+def type_checking_imports(path: Path) -> dict[str, str]:
+    """name -> module of every ``from module import name`` under a top-level
+    ``if TYPE_CHECKING:`` of ``path``."""
+    out = {}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) \
+                and node.test.id == "TYPE_CHECKING":
+            for imp in node.body:
+                assert isinstance(imp, ast.ImportFrom), ast.dump(imp)
+                out.update({alias.asname or alias.name: imp.module for alias in imp.names})
+    return out
+
+
+def test_public_names_are_the_same_in_all_the_lazy_table_and_for_type_checkers():
+    names = sc_jax.__all__
+    assert len(set(names)) == len(names) and "SolverOptions" in names and "log_odds" in names
+    assert set(names) == set(sc_jax._LAZY)
+    assert type_checking_imports(ROOT / "__init__.py") == sc_jax._LAZY
+    assert set(names) <= set(dir(sc_jax))
+    for name in names:
+        obj = getattr(sc_jax, name)
+        # Defined where the table says, not re-exported from elsewhere.
+        assert obj.__module__ == sc_jax._LAZY[name], (name, obj.__module__)
+    star = {}
+    exec("from sc_jax import *", star)  # noqa: S102
+    assert set(star) - {"__builtins__"} == set(names)
+
+
+def test_import_sc_jax_loads_no_jax():
+    code = "import sys, sc_jax; print(sorted(m for m in ('jax', 'flax') if m in sys.modules))"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT.parent),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         check=True, cwd=ROOT.parent)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_string_options_are_typed_with_the_values_they_accept():
+    """The ``Literal`` types of the calibration API's string options name exactly the
+    values its checks accept (one declaration each: the tuples are read off the types)."""
+    import typing
+
+    from sc_jax.calibration import numpy_fit, numpy_predict
+    from sc_jax.calibration.solvers import METHODS, batching
+
+    def choices(fn, arg):
+        hint = typing.get_type_hints(fn)[arg]
+        parts = [hint, *typing.get_args(hint)]
+        return {a for part in parts if typing.get_origin(part) is typing.Literal
+                for a in typing.get_args(part)}
+
+    assert choices(sc_jax.calibrate, "solver") == {"augmented_lagrangian"}
+    assert choices(sc_jax.calibrate, "dtype") == {"float32", "float64"}
+    for fn in (sc_jax.fit, sc_jax.fit_batch):
+        assert choices(fn, "solver") == set(METHODS) == {"augmented_lagrangian", "projected", "scipy"}
+        assert choices(fn, "device") == set(batching.DEVICES) == {"auto", "cpu", "default"}
+        assert choices(fn, "dtype") == {"float32", "float64"}
+    assert choices(sc_jax.fit_batch, "guard") == set(numpy_fit.GUARDS) == {"none", "bias_only",
+                                                                            "bias_only_free"}
+    assert choices(sc_jax.predict_proba, "size_weights") == {"uniform", "reference"}
+    assert choices(numpy_predict.FitResult, "solver") == set(METHODS)

@@ -79,16 +79,16 @@ def blocks(run_dirs, paper: dict, shots: int, metric: str):
     ours = []
     for run in run_dirs:
         res = load_results(run)
-        rows = res["rows"]
+        rows = list(res.rows)
         # A run made before bc_reference (or SC* without trust region) existed: those
         # rows from its per-sample records where `sc-jax report DIR --log-samples`
         # wrote them (from its score files, no model).
         records = read_samples(run)
-        have = {r["method"] for r in rows}
+        have = {r.method for r in rows}
         if records:
             rows = rows + rows_from_samples(records, [m for m in OURS if m not in have])
         summary = summarize(rows)
-        model = display_name(str(res["config"].get("model", run)))
+        model = display_name(str(res.model))
         cells = {}
         for (task, k, method), stats in summary.items():
             if k == shots:
@@ -98,11 +98,10 @@ def blocks(run_dirs, paper: dict, shots: int, metric: str):
             raise ValueError(f"{run}: no results at k = {shots}")
         seeds = {}  # method -> task -> {seed: value in %}, for the margins' intervals
         for r in rows:
-            if r["shots"] == shots:
-                seeds.setdefault(r["method"], {}).setdefault(r["dataset"], {})[r["seed"]] = \
-                    100 * r[metric]
-        fits = [q for q in res.get("params") or [] if q["method"] == "sc" and q["shots"] == shots]
-        info = {"seeds": seeds, "guarded": sum(bool(q.get("guarded")) for q in fits),
+            if r.shots == shots:
+                seeds.setdefault(r.method, {}).setdefault(r.dataset, {})[r.seed] = 100 * r.metric(metric)
+        fits = [q for q in res.params if q.method == "sc" and q.shots == shots]
+        info = {"seeds": seeds, "guarded": sum(bool(q.guarded) for q in fits),
                 "fits": len(fits)}
         ours.append((f"{model} ({Path(run).name})", cells, info))
     key = f"{metric}_k{shots}"

@@ -9,7 +9,8 @@ arrays, and never calls back to the host::
         logp = sc_jax.calibrated_log_probs(cal.b, cal.w, test_features)
         return -jnp.mean(logp[:, 0])
 
-    jax.grad(loss)(...)   # through the solve, by implicit differentiation
+    jax.grad(loss)(...)     # through the solve, by implicit differentiation
+    jax.jacfwd(loss)(...)   # forward mode too (jax.lax.custom_root)
 
 Its result, :class:`Calibration`, is turned into probabilities by
 :mod:`sc_jax.calibration.jax_predict`. The NumPy batch layer
@@ -23,11 +24,12 @@ from __future__ import annotations
 import functools
 import math
 import warnings
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import DTypeLike
 
 from sc_jax.calibration import solvers
 from sc_jax.calibration.defaults import DEFAULT_LAMBDA_INV, base_accuracy, tau_schedule
@@ -112,8 +114,8 @@ def warn_unless_converged(status, what: str, stacklevel: int = 3) -> None:
 def _kkt(z, features, labels1h, groups, lambda_inv, tau, sc_star):
     """KKT residual of Eq. final_opt_problem at z = [x, mu] (flat, ``[p + 1]``):
     stationarity of the Lagrangian f - mu (mean cos - tau), and c(x) = 0 where
-    mu > 0 (active) or mu = 0 where it is not. Zero at the solver's solution; jaxopt
-    differentiates it."""
+    mu > 0 (active) or mu = 0 where it is not. Zero at the solver's solution; the
+    implicit function theorem on it gives the solution's derivatives."""
     x, mu = z[:-1], z[-1]
     design = design_arrays(features, labels1h, groups)
 
@@ -136,24 +138,35 @@ def _solve_single(features, labels1h, groups, lambda_inv, tau, *, sc_star, optio
     return flat_from_params(sol.params, sc_star), sol
 
 
-@functools.lru_cache(maxsize=None)
-def _differentiable_solver(sc_star: bool, options):
-    from jaxopt import implicit_diff, linear_solve  # noqa: PLC0415 (importing it warns: deprecated)
+def _dense_tangent_solve(linear, rhs):
+    """``linear``'s input u with ``linear(u) = rhs``: the KKT system's Jacobian (``[p + 1,
+    p + 1]``, p + 1 <= 11 unknowns) materialised column by column and LU-solved.
+    ``jnp.linalg.solve`` is itself a ``custom_linear_solve``, linear in ``rhs`` and
+    transposable, so reverse mode (the transposed LU solve) goes through it too."""
+    jacobian = jax.jacfwd(linear)(jnp.zeros_like(rhs))
+    return jnp.linalg.solve(jacobian, rhs)
 
-    def optimality(z, features, labels1h, groups, lambda_inv, tau):
+
+def _solve_differentiably(features, labels1h, groups, lambda_inv, tau, *, sc_star, options):
+    """``(z, Solution)`` with z = [x, mu] the solver's KKT point, differentiable in every
+    argument by the implicit function theorem on :func:`_kkt` (``jax.lax.custom_root``:
+    a JVP rule, so forward mode, ``jacfwd`` and ``hessian`` work, and reverse mode by
+    its transpose). The solver's loop is the forward solve only, run on
+    ``stop_gradient``-ed inputs: never differentiated, never unrolled. The Solution's
+    diagnostics carry no derivatives."""
+    data = jax.lax.stop_gradient((features, labels1h, groups, lambda_inv, tau))
+    x, sol = _solve_single(*data, sc_star=sc_star, options=options)
+    # The solver reports the multiplier of the paper's constraint.
+    z_star = jnp.concatenate([x, sol.multiplier[None]])
+
+    def optimality(z):
         return _kkt(z, features, labels1h, groups, lambda_inv, tau, sc_star)
 
-    # p + 1 <= 11 unknowns: the KKT Jacobian is materialised and LU-factorised.
-    @implicit_diff.custom_root(optimality, has_aux=True, solve=linear_solve.solve_lu)
-    def solve(init, features, labels1h, groups, lambda_inv, tau):
-        del init  # the solver starts from its own points
-        x, sol = _solve_single(features, labels1h, groups, lambda_inv, tau,
-                               sc_star=sc_star, options=options)
-        # The solver reports the multiplier of the paper's constraint.
-        return jnp.concatenate([x, sol.multiplier[None]]), sol
-
-    return solve
-
+    # custom_root's own solve hands back the KKT point found above (the solver's
+    # Solution, with its integer status, cannot be custom_root's aux: its JVP rule
+    # gives integer outputs integer tangents, which JAX refuses).
+    z = jax.lax.custom_root(optimality, z_star, lambda _, guess: guess, _dense_tangent_solve)
+    return z, sol
 
 
 def _check_solver_and_dtype(solver: str, dtype):
@@ -219,14 +232,13 @@ def _as_arrays(features, labels, query_ids, mask, dtype):
     return features, labels, query_ids, mask
 
 
-def _calibrate_one(features, labels1h, groups, lambda_inv, tau, valid, *, solve,
-                   sc_star) -> Calibration:
+def _calibrate_one(features, labels1h, groups, lambda_inv, tau, valid, *, sc_star,
+                   options) -> Calibration:
     """One unbatched problem: ``features [N, n-1]``, ``labels1h [n, N]``, ``groups
     [N, G]``, scalar settings; NaN numbers and INVALID_INPUT where ``valid`` is False."""
     dtype = features.dtype
-    n = 1 if sc_star else 2
-    init = jnp.zeros(n * features.shape[-1] + 1, dtype)
-    z, sol = solve(init, features, labels1h, groups, lambda_inv, tau)
+    z, sol = _solve_differentiably(features, labels1h, groups, lambda_inv, tau,
+                                   sc_star=sc_star, options=options)
     p = params_from_flat(z[:-1], sc_star)
     # Recomputed from the solution so that they carry derivatives too.
     objective = value(flat_from_params(p), design_arrays(features, labels1h, groups),
@@ -246,8 +258,10 @@ def _calibrate_one(features, labels1h, groups, lambda_inv, tau, valid, *, solve,
 
 def calibrate(features: Array, labels: Array, query_ids: Array, *,
               lambda_inv=DEFAULT_LAMBDA_INV, tau=None, mask: Array | None = None,
-              num_queries: int | None = None, solver: str = "augmented_lagrangian",
-              sc_star: bool = False, dtype=None, options=None) -> Calibration:
+              num_queries: int | None = None,
+              solver: Literal["augmented_lagrangian"] = "augmented_lagrangian",
+              sc_star: bool = False, dtype: Literal["float32", "float64"] | DTypeLike | None = None,
+              options: SolverOptions | None = None) -> Calibration:
     """Fit SC for one context size (paper Eq. final_opt_problem) as a pure JAX function.
 
     features: ``[..., N, n-1]`` log-odds m_c = log p_c / p_0 of the surrogate rows.
@@ -284,9 +298,10 @@ def calibrate(features: Array, labels: Array, query_ids: Array, *,
     (never ``CONVERGED``) and NaN b, w, objective and constraint.
 
     Leading axes are batch axes (the solve is vmapped over them); ``jax.jit`` and
-    ``jax.vmap`` of this function work too. Reverse-mode derivatives of b, w (and of
-    the objective) with respect to features, lambda_inv and tau come from implicit
-    differentiation of the KKT conditions (jaxopt ``custom_root``), not from
+    ``jax.vmap`` of this function work too. Derivatives of b, w (and of the objective)
+    with respect to features, lambda_inv and tau, forward (``jax.jvp``, ``jacfwd``,
+    ``hessian``) and reverse (``grad``, ``jacrev``), come from implicit
+    differentiation of the KKT conditions (``jax.lax.custom_root``), not from
     unrolling the solver's loop. They are those of the solution's active set, and
     meaningful for status CONVERGED only: an UNBOUNDED fit (separable data) gives NaN
     gradients. Called on concrete arrays, a status other than CONVERGED warns; inside
@@ -359,8 +374,7 @@ def _calibrate_arrays(features, labels, query_ids, mask, lambda_inv, tau, *, num
     valid = valid_problem(features, labels, query_ids, mask, num_queries, lambda_inv, tau)
     labels1h = jax.nn.one_hot(labels, n1 + 1, dtype=dtype, axis=-2) * mask[..., None, :]
     groups = jax.nn.one_hot(query_ids, num_queries, dtype=dtype) * mask[..., None]
-    solve = _differentiable_solver(sc_star, options)
-    one = functools.partial(_calibrate_one, solve=solve, sc_star=sc_star)
+    one = functools.partial(_calibrate_one, sc_star=sc_star, options=options)
     args = (features, labels1h, groups, lambda_inv, tau, valid)
     if not batch:
         return one(*args)

@@ -38,11 +38,12 @@ smoothed at the apex (``sc_jax.calibration.objective.COSINE_EPS``).
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Literal, Sequence, get_args
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import DTypeLike
 
 from sc_jax.calibration import solvers
 from sc_jax.calibration.buckets import checked_dtype, pack_batch, pack_buckets
@@ -55,12 +56,13 @@ from sc_jax.calibration.solvers import (
     NONCONVEX_STARTS,
     ScipyOptions,
     Solution,
+    Solver,
     SolverOptions,
     Status,
     resolve_batch_size,
     resolve_threads,
 )
-from sc_jax.calibration.solvers.batching import fit_device
+from sc_jax.calibration.solvers.batching import DeviceName, fit_device
 from sc_jax.calibration.validation import check_lambda, check_problem, check_tau
 
 # What fit_batch does with a size whose surrogate data the LLM scores below chance:
@@ -68,9 +70,13 @@ from sc_jax.calibration.validation import check_lambda, check_problem, check_tau
 # the problem's trust region; "bias_only_free" fits SC* without it (tau = -1), the
 # reference code's unconstrained bias-only form. Under the tau schedule the two agree
 # (below chance means accuracy < 0.5, where the schedule gives tau = -1 already).
-GUARDS = ("none", "bias_only", "bias_only_free")
+Guard = Literal["none", "bias_only", "bias_only_free"]
+GUARDS: tuple[Guard, ...] = get_args(Guard)
 
-__all__ = ["GUARDS", "below_chance", "fit", "fit_batch"]
+#: The dtypes the solvers take, by name (or any dtype-like naming one of them).
+FloatDType = Literal["float32", "float64"] | DTypeLike
+
+__all__ = ["GUARDS", "FloatDType", "Guard", "below_chance", "fit", "fit_batch"]
 
 
 def below_chance(accuracy: float, num_classes: int) -> bool:
@@ -238,11 +244,11 @@ def _fit_packed(problems: Sequence[tuple], lams: list, taus: list, *, solver, sc
 
 
 def fit_batch(problems: Sequence[tuple], *, lambda_inv=DEFAULT_LAMBDA_INV, tau=None,
-              solver: str = "augmented_lagrangian", sc_star: bool = False,
-              dtype="float32", options: SolverOptions | ScipyOptions | None = None,
+              solver: Solver = "augmented_lagrangian", sc_star: bool = False,
+              dtype: FloatDType = "float32", options: SolverOptions | ScipyOptions | None = None,
               bucketed: bool = True, batch_size: int | None = None,
-              threads: int | None = None, guard: str = "none",
-              device="auto") -> list[FitResult]:
+              threads: int | None = None, guard: Guard = "none",
+              device: DeviceName | jax.Device = "auto") -> list[FitResult]:
     """Fit many SC problems of one class count, one compiled program per row bucket
     (:func:`sc_jax.calibration.solvers.batching.run_parts`), shaped by buckets only,
     so that later batches of other counts and sizes reuse the programs.
@@ -345,8 +351,9 @@ def fit_batch(problems: Sequence[tuple], *, lambda_inv=DEFAULT_LAMBDA_INV, tau=N
 
 def fit(features: np.ndarray, labels: np.ndarray, query_ids: np.ndarray, *,
         lambda_inv: float = DEFAULT_LAMBDA_INV, tau: float | None = None,
-        solver: str = "augmented_lagrangian", sc_star: bool = False, dtype="float32",
-        options: SolverOptions | ScipyOptions | None = None, device="auto") -> FitResult:
+        solver: Solver = "augmented_lagrangian", sc_star: bool = False,
+        dtype: FloatDType = "float32", options: SolverOptions | ScipyOptions | None = None,
+        device: DeviceName | jax.Device = "auto") -> FitResult:
     """Fit SC for one context size (paper Eq. final_opt_problem).
 
     features: ``[N, n-1]`` log-odds m_c = log p_c / p_0 of the surrogate rows.

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Sequence
+from typing import Literal, Sequence
 
 import numpy as np
 
 from sc_jax.calibration.jax_calibrate import warn_unless_converged
-from sc_jax.calibration.solvers import Status, is_converged
+from sc_jax.calibration.solvers import Solver, Status, is_converged
 from sc_jax.calibration.validation import check_features, check_params
 
 # Reference code (gundemkorel/ICL, ICL_modules/functions.py): the final average across
@@ -56,7 +56,7 @@ class FitResult:
     violation: float
     tau: float
     lambda_inv: float
-    solver: str
+    solver: Solver
     sc_star: bool
     num_rows: int
     base_accuracy: float
@@ -121,7 +121,7 @@ def reference_size_weights(shots: int, sizes: Sequence[int]) -> np.ndarray:
 
 
 def predict_proba(fits: Sequence[FitResult], features: Sequence[np.ndarray], *,
-                  size_weights: str = "uniform", shots: int | None = None,
+                  size_weights: Literal["uniform", "reference"] = "uniform", shots: int | None = None,
                   sizes: Sequence[int] | None = None) -> np.ndarray:
     """p_SC(x) = sum_i a_i (1/m_i) sum_j f(m(x; C_i^(j)); theta_i) (Algorithm 2, Part 2).
 

@@ -37,7 +37,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sc_jax.calibration.validation import concrete
+
 Array = jax.Array
+ArrayLike = jax.typing.ArrayLike
 
 
 class Params(NamedTuple):
@@ -102,20 +105,27 @@ class Problem:
         return self.features.shape[-1] + 1
 
 
-def log_odds(logprobs: np.ndarray) -> np.ndarray:
+def log_odds(logprobs: ArrayLike) -> Array | np.ndarray:
     """Features m_c = log p_c - log p_0 for c = 1..n-1: ``[..., n] -> [..., n-1]``.
+
+    A JAX array in (a traced one too: under ``jit``, ``vmap``, ``grad``) gives a JAX
+    array of its dtype, computed in the graph; anything else (a NumPy array, a list)
+    gives a NumPy array, computed on the host, as the NumPy fits read it.
 
     ValueError naming ``logprobs`` for what has no log-odds: fewer than 2 classes on
     the last axis (a scalar, or ``[..., 1]`` gave an empty answer), other than real
-    numbers, or NaN (which came back as NaN features)."""
-    logprobs = np.asarray(logprobs)
+    numbers, or NaN (which came back as NaN features; checked where the values are
+    concrete: a traced NaN gives NaN features)."""
+    xp = jnp if isinstance(logprobs, jax.Array) else np
+    logprobs = xp.asarray(logprobs)
     if logprobs.ndim < 1 or logprobs.shape[-1] < 2:
         raise ValueError(f"logprobs must be [..., n] log-probabilities of n >= 2 classes, got shape "
                          f"{logprobs.shape}")
     if not (np.issubdtype(logprobs.dtype, np.floating) or np.issubdtype(logprobs.dtype, np.integer)):
         raise ValueError(f"logprobs must be real numbers, got dtype {logprobs.dtype}")
-    if np.isnan(logprobs).any():
-        raise ValueError(f"logprobs hold {int(np.isnan(logprobs).sum())} NaN values: the scores "
+    host = concrete(logprobs)
+    if host is not None and np.isnan(host[0]).any():
+        raise ValueError(f"logprobs hold {int(np.isnan(host[0]).sum())} NaN values: the scores "
                          "that produced them are not usable")
     return logprobs[..., 1:] - logprobs[..., :1]
 

@@ -6,22 +6,14 @@ from __future__ import annotations
 
 import json
 import time
-import warnings
 from pathlib import Path
 
-import numpy as np
-
-from sc_jax.calibration import baselines
-from sc_jax.calibration.baselines import CONTENT_FREE_INPUTS, random_domain_strings
-from sc_jax.calibration.numpy_fit import fit_batch
-from sc_jax.calibration.numpy_predict import predict_proba
-from sc_jax.calibration.objective import log_odds
 from sc_jax.experiment import staging
 from sc_jax.experiment.ablation import ablate
 from sc_jax.experiment.ablation_report import check_ablation_out, write_ablation
 from sc_jax.experiment.diagnostics import diagnose
-from sc_jax.experiment.config import DEFAULT_GUARD, RunConfig
-from sc_jax.experiment.tasks import TASKS
+from sc_jax.experiment.config import RunConfig, flag_fields
+from sc_jax.experiment.demo import DEMO_DATASET, demo_config, run_demo
 from sc_jax.experiment.metrics import accuracy, macro_f1
 from sc_jax.experiment.plan import plan_run, plan_table, written_by_plan
 from sc_jax.experiment.report import write_report
@@ -36,120 +28,24 @@ from sc_jax.models.named_models import MODELS
 from sc_jax.models.vocabulary import PRESET_TOKENIZERS
 from sc_jax.runtime.multihost import is_writer
 from sc_jax.runtime.runlock import run_lock
-from sc_jax.scoring.engine import ScoringEngine
-from sc_jax.scoring.enumeration import default_m, sample_contexts, surrogate_contexts, surrogate_pairs
-from sc_jax.scoring.prompts import TEMPLATES, build_pieces
-
-# A tiny labelled set for the demonstration (0 = negative, 1 = positive). Written
-# for this demo; the experiment pipeline uses real datasets.
-DEMO_REVIEWS = [
-    ("a gorgeous, witty and deeply moving film", 1),
-    ("the plot is a mess and the jokes never land", 0),
-    ("one of the most charming comedies of the year", 1),
-    ("tedious, overlong and utterly forgettable", 0),
-    ("the cast is superb and the script sparkles", 1),
-    ("a dull, lifeless retread of better movies", 0),
-    ("funny, warm and surprisingly wise", 1),
-    ("i wanted my two hours back", 0),
-    ("an exhilarating ride from start to finish", 1),
-    ("clumsy direction sinks an already thin story", 0),
-    ("the performances are tender and true", 1),
-    ("a joyless slog with nothing to say", 0),
-    ("smart, stylish and endlessly entertaining", 1),
-    ("the characters are flat and the ending is absurd", 0),
-    ("a small triumph of honest storytelling", 1),
-    ("badly acted, badly written, badly edited", 0),
-    ("it will make you laugh and cry", 1),
-    ("a boring film that mistakes noise for drama", 0),
-    ("beautifully shot and wonderfully acted", 1),
-    ("the worst kind of lazy sequel", 0),
-]
-
-# The demo's share of a run's settings (RunConfig): sizes i = 1..min(5, k-1) as the
-# paper's, but fewer surrogate pairs, test-time sub-contexts and DC strings than a
-# run's 5000, 24 and 20, so that it ends in seconds on a CPU with the default model.
-DEMO_MAX_SIZE = 5
-DEMO_BUDGET = 200
-DEMO_M_CAP = 2
-DEMO_DC_STRINGS = 8
-DEMO_METHODS = ("base", "cc", "dc", "bc", "sc")
-
-
-def _demo_split(k: int, seed: int):
-    """k demonstrations (half of each class, shuffled) and the rest of
-    :data:`DEMO_REVIEWS` as held-out test sentences."""
-    rng = np.random.default_rng(seed)
-    pos = [r for r in DEMO_REVIEWS if r[1] == 1]
-    neg = [r for r in DEMO_REVIEWS if r[1] == 0]
-    rng.shuffle(pos), rng.shuffle(neg)
-    demos = pos[: k // 2] + neg[: k - k // 2]
-    rng.shuffle(demos)
-    return demos, pos[k // 2:] + neg[k - k // 2:]
-
-
-def _demo_jobs(k: int, n_test: int, n_refs: int, seed: int) -> tuple[dict, dict]:
-    """The demo's scoring jobs, tag -> ``(contexts [M, i], pairs [N, 2])`` (queries:
-    the k demonstrations, then the test sentences, then CC's and DC's ``n_refs``
-    inputs), and per size i its test-time sub-context count m_i.
-
-    "full": the k-shot context with every test and reference query (Base, BC, CC, DC);
-    per size i: "surrogate<i>", each (context of size i, held-out demonstration) pair
-    (Algorithm 1), and "test<i>", the test queries under m_i sampled sub-contexts
-    (Algorithm 2)."""
-    qs = np.arange(k, k + n_test + n_refs)
-    q_test = np.arange(k, k + n_test)
-    jobs = {"full": (np.arange(k)[None], np.stack([np.zeros_like(qs), qs], axis=1))}
-    ms = {}
-    for i in range(1, min(DEMO_MAX_SIZE, k - 1) + 1):
-        ctx = surrogate_contexts(k, i, DEMO_BUDGET, seed=seed * 1000 + i)
-        pairs = surrogate_pairs(ctx, k)
-        m = ms[i] = default_m(len(pairs), k, i, cap=DEMO_M_CAP)
-        tctx = sample_contexts(k, i, m, seed=seed * 1000 + 500 + i)
-        jobs[f"surrogate{i}"] = (ctx, pairs)
-        jobs[f"test{i}"] = (tctx, np.stack([np.repeat(np.arange(m), n_test), np.tile(q_test, m)], axis=1))
-    return jobs, ms
-
 
 def demo_command(args) -> int:
     """`sc-jax demo`: the baselines (Base, CC, DC, BC) and SC, fitted on the scores
-    of k built-in demonstrations, each evaluated on the held-out sentences."""
-    k = args.k  # in 2..8: the parser checks it (sc_jax.runtime.ranges)
-    demos, tests = _demo_split(k, args.seed)
-    texts, y_test = [t for t, _ in tests], np.array([y for _, y in tests])
-    template = TEMPLATES["rotten_tomatoes"]
-
+    of k built-in demonstrations, each evaluated on the held-out sentences: a preset
+    run over in-memory data (:mod:`sc_jax.experiment.demo`)."""
     t0 = time.perf_counter()
-    model = load_model(args.model, dtype=args.dtype)
-    print(f"model: {model}  (loaded in {time.perf_counter() - t0:.1f}s)")
-    print(f"k = {k} demonstrations, {len(tests)} held-out test sentences, seed {args.seed}")
-    queries = ([t for t, _ in demos] + texts + list(CONTENT_FREE_INPUTS)
-               + random_domain_strings(texts, DEMO_DC_STRINGS, seed=args.seed))
-    pieces = build_pieces(model.tokenizer, template, demos, queries)
-    engine = ScoringEngine(model, progress=not args.quiet)
-
-    # Every prompt in one engine call: one trie, one compiled program.
-    jobs, ms = _demo_jobs(k, len(tests), len(queries) - k - len(tests), args.seed)
-    scores = engine.score_jobs(pieces, jobs).scores
-    p, cc, dc = np.split(np.exp(scores["full"].astype(np.float64)),
-                         [len(tests), len(tests) + len(CONTENT_FREE_INPUTS)])
-    probs = {"base": baselines.base(p), "cc": baselines.contextual_calibration(p, cc),
-             "dc": baselines.domain_context_calibration(p, dc), "bc": baselines.batch_calibration(p)}
-    labels = np.asarray(pieces.demo_labels)
-    problems, test = [], []
-    for i, m in ms.items():
-        q = jobs[f"surrogate{i}"][1][:, 1]
-        problems.append((log_odds(scores[f"surrogate{i}"]), labels[q], q))
-        test.append(log_odds(scores[f"test{i}"]).reshape(m, len(tests), -1))
-    fits = fit_batch(problems, guard=DEFAULT_GUARD)  # SC as `sc-jax run` fits it
-    for (i, m), (x, _, _), fit in zip(ms.items(), problems, fits):
-        print(f"  SC, size {i}: fitted on {len(x)} surrogate pairs ({fit.status.name}"
-              f"{', guarded: SC*' if fit.guarded else ''}), {m} test-time sub-contexts")
-    with warnings.catch_warnings():  # each fit's status is printed above
-        warnings.filterwarnings("ignore", message=r".*not CONVERGED", category=RuntimeWarning)
-        probs["sc"] = predict_proba(fits, test)
-
-    print(f"\n{'method':8s} accuracy  macro-F1   on {len(tests)} held-out sentences")
-    for method in DEMO_METHODS:
+    # k in 2..8: the parser checks it (sc_jax.runtime.ranges)
+    config = demo_config(args.model, dtype=args.dtype, k=args.k, seed=args.seed)
+    demo = run_demo(config, progress=not args.quiet)
+    texts, y_test, probs = demo.texts, demo.labels, demo.probs
+    template = demo.plan.datasets[DEMO_DATASET].template
+    print(f"model: {demo.model}")
+    print(f"k = {args.k} demonstrations, {len(texts)} held-out test sentences, seed {args.seed}")
+    for p in demo.params:
+        print(f"  SC, size {p.size}: fitted on {p.rows} surrogate pairs ({p.status}"
+              f"{', guarded: SC*' if p.guarded else ''}), {demo.m[p.size]} test-time sub-contexts")
+    print(f"\n{'method':8s} accuracy  macro-F1   on {len(texts)} held-out sentences")
+    for method in config.methods:
         pred = probs[method].argmax(1)
         print(f"{METHOD_NAMES[method]:8s} {accuracy(y_test, pred):8.3f}  "
               f"{macro_f1(y_test, pred, len(template.labels)):8.3f}")
@@ -161,23 +57,9 @@ def demo_command(args) -> int:
 
 
 def run_config(args) -> RunConfig:
-    """The :class:`RunConfig` of `sc-jax run` / `sc-jax plan`'s options."""
-    seeds = tuple(args.seed_list) if args.seed_list else tuple(range(args.seeds))
-    datasets = tuple(TASKS) if args.dataset == ["all"] else tuple(args.dataset)
-    return RunConfig(
-        model=args.model, dtype=args.dtype, datasets=datasets,
-        data_files=tuple(tuple(x.split("=", 1)) if "=" in x else (datasets[0], x)
-                         for x in args.data_file),
-        data_dir=args.data_dir, text_column=args.text_column, label_column=args.label_column,
-        strict_data=args.strict_data,
-        test_seed=None if args.per_seed_test_sets else args.test_seed,
-        shots=tuple(args.shots), seeds=seeds, methods=tuple(args.methods.split(",")),
-        test_size=args.test_size, mode=args.mode, max_size=args.max_size,
-        lambda_inv=args.lambda_inv, tau=args.tau, guard=args.guard, solver=args.solver,
-        budget=args.budget,
-        m_cap=args.m_cap, size_weighting=args.size_weighting,
-        mesh_devices=(args.mesh or (None, 1))[0] or None, mesh_model=(args.mesh or (None, 1))[1],
-        max_tokens_per_batch=args.max_tokens_per_batch, device_memory=args.device_memory)
+    """The :class:`RunConfig` of `sc-jax run` / `sc-jax plan`'s options (generated from its
+    fields by :func:`sc_jax.cli.parser.add_config_options`)."""
+    return RunConfig(**flag_fields(vars(args)))
 
 
 def plan_command(args) -> int:
@@ -259,7 +141,7 @@ def ablate_command(args) -> int:
                       solver=args.solver, guard=args.guard, progress=not args.quiet)
         diag = diagnose(args.dir, solver=args.solver)
         files = write_ablation(rows, out, diagnostics=diag,
-                               model=load_results(args.dir)["config"]["model"])
+                               model=load_results(args.dir).model)
     print(files["table"].read_text())
     print(files["diagnostics"].read_text())
     print("wrote " + ", ".join(str(p) for p in files.values()))

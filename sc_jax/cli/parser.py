@@ -1,40 +1,32 @@
 """The ``sc-jax`` argument parser: every subcommand, its options and their help.
 
-Each option has help text, and its default is printed once: by the formatter
-(:class:`HelpFormatter`), unless the help already says what the default is.
+The options ``sc-jax run`` and ``sc-jax plan`` share are generated from
+:class:`sc_jax.experiment.config.RunConfig`'s fields (:func:`add_config_options`), where
+each is declared once: help, default, choices and range. Each option has help text, and
+its default is printed once: by the formatter (:class:`HelpFormatter`), unless the help
+already says what the default is.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.metadata
 import platform
 import re
 
 from sc_jax import __version__
-from sc_jax.runtime.ranges import DTYPES, arg_type
-from sc_jax.calibration.numpy_fit import GUARDS
+from sc_jax.runtime import ranges
+from sc_jax.runtime.ranges import arg_type
 from sc_jax.cli import commands
-from sc_jax.experiment.config import METHODS
+from sc_jax.experiment import config as cfg
+from sc_jax.experiment.config import RunConfig
 from sc_jax.runtime.devices import ACCELERATOR_PEAK_FLOPS
-from sc_jax.experiment.splits import DEFAULT_TEST_SEED
 from sc_jax.models import attention as attn
-from sc_jax.runtime.sharding import parse_mesh
 
 #: A help text that already names its option's default: "(default ...", "default: ...",
 #: or argparse's own "%(default)s". The formatter adds none to such a text.
 SAYS_DEFAULT = re.compile(r"\(default\b|\bdefault:|%\(default\)")
-
-SOLVERS = ["augmented_lagrangian", "projected", "scipy"]
-
-_MODEL_HELP = ("a named model ('default' = smollm2-135m, qwen2.5-0.5b, gemma3-270m; `sc-jax info` lists them), "
-               "a HF model dir, a .gguf file, random:<preset>, random:PATH (always random weights: "
-               "the config.json and tokenizer.json of directory PATH, its weights never read), "
-               "or a Hugging Face id "
-               "org/name[@REVISION] from the local hub cache (downloaded into it when the hub "
-               "is reachable and HF_HUB_OFFLINE is unset)")
-_DTYPE_HELP = "dtype of the model's weights and activations"
-
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
     """Appends an option's default to its help once: not where the help already says
@@ -54,28 +46,92 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
         return f"{text} (default: {shown.replace('%', '%%')})"
 
 
-def _mesh(text: str):
-    try:
-        return parse_mesh(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
 def _bytes(text: str) -> int:
-    """'80GiB', '24GB', '512MiB', '60' -> bytes: a bare number is GiB (device memory is
-    quoted in GiB; GB and GiB both mean 2**30 here), 'B' names bytes."""
-    m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([KMGT]?)(i?B)?\s*", text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a memory size: {text!r} (e.g. 80GiB, or 80 for GiB)")
-    unit = m.group(2).upper() if (m.group(2) or m.group(3)) else "G"
-    scale = {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}[unit]
-    try:
-        value = int(float(m.group(1)) * scale)
-    except (ValueError, OverflowError):
-        raise argparse.ArgumentTypeError(f"not a memory size: {text!r} (e.g. 80GiB)") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"memory size must be positive, got {text!r}")
-    return value
+    """``--device-memory``'s value in bytes (:func:`sc_jax.runtime.ranges.memory_size`)."""
+    return _argparse_type(ranges.memory_size)(text)
+
+
+def _argparse_type(parse):
+    """``parse`` as an argparse type: its ValueError's message is the refusal (argparse
+    would say only "invalid value")."""
+    if parse in (int, float, str):
+        return parse  # argparse names these itself: "invalid int value: 'x'"
+
+    def convert(text: str):
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    convert.__name__ = getattr(parse, "__name__", "value")
+    return convert
+
+
+def _list_type(parse, choices):
+    """One word of a list option as a list: "4,8" as 4 and 8 (a list is given with spaces,
+    or commas), each parsed and checked against ``choices``."""
+    one = _argparse_type(parse)
+
+    def convert(text: str) -> list:
+        out = []
+        for item in filter(None, (t.strip() for t in text.split(","))):
+            try:
+                value = one(item)
+            except (TypeError, ValueError):
+                raise argparse.ArgumentTypeError(f"invalid {one.__name__} value: {item!r}") from None
+            if choices and value not in choices:
+                raise argparse.ArgumentTypeError(f"invalid choice: {item!r} (choose from "
+                                                 f"{', '.join(map(repr, choices))})")
+            out.append(value)
+        if not out:
+            raise argparse.ArgumentTypeError(f"no value in {text!r}")
+        return out
+
+    convert.__name__ = one.__name__
+    convert.choices = tuple(choices)
+    return convert
+
+
+class _ListAction(argparse.Action):
+    """Stores the words of a list option, each a list (:func:`_list_type`), as one list."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, [v for word in values for v in word])
+
+
+def _flag_arguments(name: str, flag: cfg.Flag) -> dict:
+    """``add_argument``'s keywords for ``flag`` of RunConfig field ``name``: its help,
+    its default (the field's) and, by its kind, its type, choices and number of values."""
+    field = RunConfig.__dataclass_fields__[name]
+    kind_of, kind = cfg.field_type(name), cfg.flag_kind(name, flag)
+    kw = {"dest": flag.dest, "help": flag.help}
+    if kind == "switch":
+        return {**kw, "action": "store_true"}
+    default = flag.default(field.default) if flag.default else field.default
+    kw["default"] = list(default) if isinstance(default, tuple) else default
+    parse = flag.parse or kind_of.item
+    choices = kind_of.choices if flag is cfg.flags(name)[0] else ()
+    if kind == "list":
+        return {**kw, "nargs": "+", "action": _ListAction, "type": _list_type(parse, choices)}
+    if kind == "append":
+        return {**kw, "action": "append", "type": _argparse_type(parse)}
+    return {**kw, "type": _argparse_type(parse), **({"choices": list(choices)} if choices else {})}
+
+
+def add_config_options(p) -> None:
+    """The options of ``sc-jax run`` and ``sc-jax plan`` that set a RunConfig field: one per
+    :class:`sc_jax.experiment.config.Flag` of its fields, in their order
+    (:func:`sc_jax.cli.commands.run_config` reads them back)."""
+    for field in dataclasses.fields(RunConfig):
+        for flag in cfg.flags(field.name):
+            p.add_argument(flag.name, **_flag_arguments(field.name, flag))
+
+
+def _model_options(p) -> None:
+    """--model and --dtype as `run` has them, for the commands that load a model."""
+    p.add_argument("--model", default=RunConfig.model, help=cfg.MODEL_HELP)
+    p.add_argument("--dtype", default=RunConfig.dtype, choices=cfg.field_type("dtype").choices,
+                   help=cfg.DTYPE_HELP)
 
 
 def version_line() -> str:
@@ -92,79 +148,10 @@ def version_line() -> str:
     return f"sc-jax {__version__} ({stack}; Python {platform.python_version()})"
 
 
-def _add_run_options(r) -> None:
-    """Options shared by `sc-jax run` and `sc-jax plan`."""
-    r.add_argument("--model", default="default",
-                   help=_MODEL_HELP)
-    r.add_argument("--dataset", nargs="+", default=["rotten_tomatoes"],
-                   help="task names (sc_jax.experiment.tasks.TASKS), or 'all' for the nine; "
-                        "rotten_tomatoes works offline")
-    r.add_argument("--data-file", action="append", default=[],
-                   help="local CSV/JSONL/Parquet for a dataset: FILE (first dataset) or NAME=FILE; "
-                        "may be repeated")
-    r.add_argument("--data-dir", default=None,
-                   help="directory with DIR/<dataset>.jsonl (or .csv, .parquet) for every "
-                        "dataset without a --data-file, e.g. the nine in shared/datasets")
-    r.add_argument("--text-column", default=None,
-                   help="column of the texts in --data-file / --data-dir files (default: the "
-                        "task's own name, else 'text')")
-    r.add_argument("--strict-data", action="store_true",
-                   help="refuse a dataset with rows whose text is empty or whitespace-only "
-                        "(by default they are left out of every draw, with a warning, and "
-                        "listed in results.json)")
-    r.add_argument("--label-column", default=None,
-                   help="column of the labels in those files (default: the task's own name, else "
-                        "'label')")
-    r.add_argument("--shots", type=int, nargs="+", default=[4, 8], help="k, demonstrations per prompt")
-    r.add_argument("--seeds", type=int, default=5, help="number of seeds (0..N-1)")
-    r.add_argument("--seed-list", type=int, nargs="+", help="explicit seeds (overrides --seeds)")
-    r.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of the methods")
-    r.add_argument("--test-size", type=int, default=256, help="held-out test queries per seed")
-    r.add_argument("--test-seed", type=int, default=DEFAULT_TEST_SEED,
-                   help="seed of the one test set per dataset, the same for every seed "
-                        "(the paper's protocol)")
-    r.add_argument("--per-seed-test-sets", action="store_true",
-                   help="redraw the test set with every seed instead")
-    r.add_argument("--mode", default="first_token", choices=["first_token", "sequence"],
-                   help="label scoring: first token, or full label sequence")
-    r.add_argument("--dtype", default="float32", choices=DTYPES, help=_DTYPE_HELP)
-    r.add_argument("--max-size", type=int, default=5, help="sub-context sizes i = 1..min(this, k-1)")
-    r.add_argument("--lambda-inv", type=float, default=None,
-                   help="invariance weight (default: sc_jax.calibration.defaults.DEFAULT_LAMBDA_INV, 0.1)")
-    r.add_argument("--tau", type=float, default=None,
-                   help="trust-region cosine (default: the paper's schedule from in-sample accuracy)")
-    r.add_argument("--guard", default="bias_only", choices=list(GUARDS),
-                   help="none: SC as the paper fits it; bias_only: SC* (w = 1, with the trust "
-                        "region) for a size whose surrogate data the LLM scores below chance (a "
-                        "deviation from the paper, chosen on development tasks; "
-                        "benchmarks/real_eval/README.md); bias_only_free: the same with SC* unconstrained (tau = -1; "
-                        "the same as bias_only unless --tau is fixed: the schedule gives "
-                        "tau = -1 below chance)")
-    r.add_argument("--solver", default="augmented_lagrangian", choices=SOLVERS,
-                   help="SC's solver: augmented_lagrangian or projected (batched, in JAX), or "
-                        "scipy (a float64 reference, one problem at a time)")
-    r.add_argument("--budget", type=int, default=5000,
-                   help="surrogate (context, query) pairs per size; contexts sampled uniformly above it")
-    r.add_argument("--m-cap", type=int, default=24, help="cap on test-time sub-contexts m_i per size")
-    r.add_argument("--size-weighting", default="uniform", choices=["uniform", "reference"],
-                   help="ensemble over sizes: uniform (paper) or min(P(k,i)(k-i), 15000), the "
-                        "full surrogate row count of size i before --budget (reference code)")
-    r.add_argument("--mesh", type=_mesh, default=None,
-                   help="device mesh data=D,model=M: batches split over D devices, weights over "
-                        "M (heads, MLP width, vocabulary); a bare number is data=N (default: one "
-                        "device)")
-    r.add_argument("--max-tokens-per-batch", type=int, default=None,
-                   help="padded tokens per forward call (default: planned from the device's memory)")
-    r.add_argument("--device-memory", type=_bytes, default=None,
-                   help="memory per device, e.g. 80GiB, 24GB or 512MiB; a bare number is GiB "
-                        "(default: the device's own figure; on CPU the host's memory)")
-
-
 def _add_demo_parser(sub) -> None:
     d = sub.add_parser("demo", help="SC and the baselines fitted and scored on built-in sentences",
                        formatter_class=HelpFormatter)
-    d.add_argument("--model", default="default", help=_MODEL_HELP)
-    d.add_argument("--dtype", default="float32", choices=DTYPES, help=_DTYPE_HELP)
+    _model_options(d)
     d.add_argument("--k", type=arg_type("k"), default=4, help="number of demonstrations (2..8)")
     d.add_argument("--seed", type=arg_type("seed"), default=0,
                    help="seed of the draw of the demonstrations and the test-time sub-contexts")
@@ -175,7 +162,7 @@ def _add_demo_parser(sub) -> None:
 def _add_run_parser(sub) -> None:
     r = sub.add_parser("run", help="the paper's experiment: SC and the baselines",
                        formatter_class=HelpFormatter)
-    _add_run_options(r)
+    add_config_options(r)
     r.add_argument("--out", default="sc_jax_run", help="output directory (also holds the score cache)")
     r.add_argument("--overwrite", action="store_true",
                    help="replace the results of another configuration in --out (without it such "
@@ -192,7 +179,7 @@ def _add_plan_parser(sub) -> None:
     pl = sub.add_parser("plan", help="dry run of `run`: pairs, tokens, FLOPs, calls, planned and "
                                      "XLA peak memory, compiles, time; no weights read, nothing scored",
                         formatter_class=HelpFormatter)
-    _add_run_options(pl)
+    add_config_options(pl)
     pl.add_argument("--json", default=None, help="also write the plan as JSON here")
     pl.add_argument("--overwrite", action="store_true",
                     help="replace an existing --json file that is not a plan's JSON (without it "
@@ -240,9 +227,9 @@ def _add_ablate_parser(sub) -> None:
     a.add_argument("--m-values", type=int, nargs="+", default=None,
                    help="test-time sub-contexts per size, up to what the run scored (default: "
                         "those of 1 2 4 8 16 24 it scored; a larger value is refused)")
-    a.add_argument("--solver", default=None, choices=SOLVERS,
+    a.add_argument("--solver", default=None, choices=cfg.field_type("solver").choices,
                    help="SC's solver (default: the run's)")
-    a.add_argument("--guard", default=None, choices=list(GUARDS),
+    a.add_argument("--guard", default=None, choices=cfg.field_type("guard").choices,
                    help="the guard of every study but the guard study (default: the run's)")
     a.add_argument("--out", default=None, help="where the tables go (default: DIR/ablation)")
     a.add_argument("--overwrite", action="store_true",
@@ -256,8 +243,9 @@ def _add_info_parser(sub) -> None:
     i = sub.add_parser("info", help="list the named models and the local hub cache's, or load "
                                     "one and print its configuration",
                        formatter_class=HelpFormatter)
-    i.add_argument("model", nargs="?", help=_MODEL_HELP)
-    i.add_argument("--dtype", default="float32", choices=DTYPES, help=_DTYPE_HELP)
+    i.add_argument("model", nargs="?", help=cfg.MODEL_HELP)
+    i.add_argument("--dtype", default=RunConfig.dtype, choices=cfg.field_type("dtype").choices,
+                   help=cfg.DTYPE_HELP)
     i.set_defaults(fn=commands.info_command)
 
 

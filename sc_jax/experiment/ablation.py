@@ -46,7 +46,6 @@ from pathlib import Path
 import numpy as np
 
 from sc_jax.calibration import baselines
-from sc_jax.calibration.defaults import DEFAULT_LAMBDA_INV
 from sc_jax.calibration.numpy_fit import fit_batch
 from sc_jax.calibration.numpy_predict import predict_proba
 from sc_jax.calibration.objective import log_odds
@@ -273,13 +272,11 @@ def ablate(run_dir, *, lambda_invs=(0.0, None, 1.0, "paper"), m_values=None,
     if bad:
         log.warning("--m-values %s left out: the run scored at most %d test-time sub-contexts "
                     "per size", " ".join(map(str, bad)), scored)
-    config = results["config"]
     shared = dict(
-        run_lambda=results.get("lambda_inv", DEFAULT_LAMBDA_INV),
-        run_guard=guard or config.get("guard", "none"), tau=config.get("tau"),
-        solver=solver or config.get("solver", "augmented_lagrangian"), dtype=dtype,
-        weighting="uniform" if config.get("size_weighting", "uniform") == "uniform" else "reference",
-        bc_batch=int(config.get("bc_batch", baselines.BC_BATCH_SIZE)))
+        run_lambda=results.fit_lambda_inv, run_guard=guard or results.guard, tau=results.tau,
+        solver=solver or results.solver, dtype=dtype,
+        weighting="uniform" if results.size_weighting == "uniform" else "reference",
+        bc_batch=results.bc_batch)
     rows = []
     for (name, k), per_seed in runs.items():
         if progress:

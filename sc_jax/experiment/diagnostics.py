@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sc_jax.calibration.defaults import DEFAULT_LAMBDA_INV, base_accuracy
+from sc_jax.calibration.defaults import base_accuracy
 from sc_jax.calibration.numpy_fit import fit_batch
 from sc_jax.calibration.numpy_predict import predict_proba
 from sc_jax.calibration.objective import log_odds
@@ -45,13 +45,12 @@ def diagnose(run_dir, *, solver: str | None = None, dtype: str = "float32") -> l
         from the schedule, mean slope, solver status) and its test accuracy alone.
     """
     results, runs = load_run_scores(Path(run_dir))
-    config = results["config"]
-    lam = results.get("lambda_inv", DEFAULT_LAMBDA_INV)
-    solver = solver or config.get("solver", "augmented_lagrangian")
+    lam = results.fit_lambda_inv
+    solver = solver or results.solver
     rows = []
     for (name, k), per_seed in runs.items():
         keys, problems = surrogate_problems(per_seed)
-        fits = dict(zip(keys, fit_batch(problems, lambda_inv=lam, tau=config.get("tau"),
+        fits = dict(zip(keys, fit_batch(problems, lambda_inv=lam, tau=results.tau,
                                         solver=solver, dtype=dtype)))
         for (seed, i), (feats, y, q) in zip(keys, problems):
             s = per_seed[seed]

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from sc_jax.calibration.solvers import is_converged
-from sc_jax.experiment.results import METHOD_NAMES
+from sc_jax.experiment.results import METHOD_NAMES, ResultRow, RunResults
 from sc_jax.models.named_models import display_name
 
 log = logging.getLogger(__name__)
@@ -94,25 +94,26 @@ def method_label(method: str, width: int = 11) -> str:
     return "\n".join(textwrap.wrap(METHOD_NAMES[method], width)) or method
 
 
-def _bar_values(rows, dataset: str | None, k: int, method: str) -> tuple[float, float]:
+def _bar_values(rows: tuple[ResultRow, ...], dataset: str | None, k: int,
+                method: str) -> tuple[float, float]:
     """(mean, std) in % over seeds of macro-F1 of one dataset, or with ``dataset`` None of
     the per-seed average over datasets."""
     per_seed = defaultdict(list)
     for r in rows:
-        if r["shots"] == k and r["method"] == method and dataset in (None, r["dataset"]):
-            per_seed[r["seed"]].append(r["macro_f1"])
+        if r.shots == k and r.method == method and dataset in (None, r.dataset):
+            per_seed[r.seed].append(r.macro_f1)
     vals = [np.mean(v) for v in per_seed.values()]
     return (100 * np.mean(vals), 100 * np.std(vals)) if vals else (np.nan, 0.0)
 
 
-def f1_bars_figure(results: dict):
+def f1_bars_figure(results: RunResults):
     """The figure of :func:`plot_f1_bars`: one panel per dataset and one for their
     average (the paper's Figure 3), bars per method grouped by shot count, error bars
     the std over seeds (ddof = 0); method names wrapped and turned 45 degrees."""
-    rows = results["rows"]
-    shots = sorted({r["shots"] for r in rows})
-    methods = [m for m in METHOD_NAMES if any(r["method"] == m for r in rows)]
-    datasets = sorted({r["dataset"] for r in rows})
+    rows = results.rows
+    shots = sorted({r.shots for r in rows})
+    methods = [m for m in METHOD_NAMES if any(r.method == m for r in rows)]
+    datasets = sorted({r.dataset for r in rows})
     panels = datasets + [None] if len(datasets) > 1 else [None]
     # matplotlib loads on first plot: it takes about 0.5 s to import, which every
     # `sc-jax` command (and `import sc_jax.experiment.run`) would otherwise pay.
@@ -140,51 +141,51 @@ def f1_bars_figure(results: dict):
     for ax in axes[len(panels):]:
         ax.set_visible(False)
     axes[0].legend(fontsize=7)
-    fig.suptitle(f"{display_name(str(results['config']['model']))}: macro-F1, mean ± std over "
+    fig.suptitle(f"{display_name(str(results.model))}: macro-F1, mean ± std over "
                  "seeds", fontsize=10)
     return fig
 
 
-def plot_f1_bars(results: dict, path: Path) -> dict[str, Path]:
+def plot_f1_bars(results: RunResults, path: Path) -> dict[str, Path]:
     """:func:`f1_bars_figure` as ``path`` (PNG), PDF and SVG."""
     return save_figure(f1_bars_figure(results), path)
 
 
-def plot_params(results: dict, path: Path) -> dict[str, Path]:
+def plot_params(results: RunResults, path: Path) -> dict[str, Path]:
     """Learned SC parameters as ``path`` (PNG), PDF and SVG; returns ``{format: path}``,
     empty (and writes nothing) if there are none."""
     fig = params_figure(results)
     return {} if fig is None else save_figure(fig, path)
 
 
-def params_figure(results: dict):
+def params_figure(results: RunResults):
     """The figure of :func:`plot_params` (a ``matplotlib.figure.Figure``), or None when
     the results hold no SC parameters. Only converged fits are plotted
     (:func:`sc_jax.calibration.solvers.is_converged`): any other's (w, b) is where its
     solver stopped, not a minimum (an UNBOUNDED fit's lies along a ray, orders of
     magnitude beyond the others). They are left out of the scatter and counted in
     their panel's title, so the rest stays readable."""
-    params = [p for p in results.get("params", []) if p["method"] == "sc"]
+    params = [p for p in results.params if p.method == "sc"]
     if not params:
         return None
-    panels = sorted({(p["dataset"], p["shots"]) for p in params})
+    panels = sorted({(p.dataset, p.shots) for p in params})
     # matplotlib loads on first plot (about 0.5 s to import; see plot_f1_bars).
     import matplotlib  # noqa: PLC0415  (plotting only)
     from matplotlib.figure import Figure  # noqa: PLC0415  (plotting only)
 
     fig = Figure(figsize=(3.6 * len(panels), 3.8))
-    fig.suptitle(f"SC parameters, {display_name(str(results['config']['model']))}", fontsize=10)
+    fig.suptitle(f"SC parameters, {display_name(str(results.model))}", fontsize=10)
     axes = fig.subplots(1, len(panels), squeeze=False)
     for ax, (d, k) in zip(axes[0], panels):
-        panel = [p for p in params if p["dataset"] == d and p["shots"] == k]
-        ps = [p for p in panel if is_converged(p.get("status", "CONVERGED"))
-              and np.all(np.isfinite(p["w"])) and np.all(np.isfinite(p["b"]))]
+        panel = [p for p in params if p.dataset == d and p.shots == k]
+        ps = [p for p in panel if is_converged(p.status)
+              and np.all(np.isfinite(p.w)) and np.all(np.isfinite(p.b))]
         hidden = len(panel) - len(ps)
-        sizes = sorted({p["size"] for p in ps})
+        sizes = sorted({p.size for p in ps})
         cmap = matplotlib.colormaps["viridis"].resampled(max(len(sizes), 2))
         for si, i in enumerate(sizes):
-            w = np.concatenate([p["w"] for p in ps if p["size"] == i])
-            b = np.concatenate([p["b"] for p in ps if p["size"] == i])
+            w = np.concatenate([p.w for p in ps if p.size == i])
+            b = np.concatenate([p.b for p in ps if p.size == i])
             ax.scatter(w, b, s=14, color=cmap(si), label=f"i={i}", alpha=0.8)
         ax.scatter([1], [0], marker="*", s=120, color="red", label="base (1, 0)", zorder=3)
         ax.axvline(0, color="grey", lw=0.6)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from sc_jax.experiment.results import RunTiming
+
 #: The parts of a projected (dataset, k), in seconds over all its seeds.
 PARTS = ("forward_s", "host_s", "compile_s", "fit_s", "metrics_s")
 
@@ -44,32 +46,33 @@ class MeasuredRates:
     once_s: float
 
     @classmethod
-    def from_timing(cls, timing: dict[str, Any]) -> MeasuredRates:
-        """The rates of a run's results.json ``timing``
-        (:func:`sc_jax.experiment.run.run_timing`): its per-seed records ``seeds`` and
+    def from_timing(cls, timing: RunTiming) -> MeasuredRates:
+        """The rates of a run's results.json ``timing`` (a
+        :class:`~sc_jax.experiment.results.RunTiming`,
+        :func:`sc_jax.experiment.run.run_timing`): its per-seed records ``seeds`` and
         per-(dataset, k) fit records ``fits``."""
-        seeds, fits = timing["seeds"], timing["fits"]
+        seeds, fits = timing.seeds, timing.fits
         if not seeds or not fits:
             raise ValueError("the run's timing holds no scored seed or no fit: nothing to project from")
         compile_by_setting: dict[tuple, float] = {}
         for s in seeds:  # in the run's order: the first setting is the one that compiled cold
-            key = (s["dataset"], s["shots"])
-            compile_by_setting[key] = compile_by_setting.get(key, 0.0) + s["compile_s"]
+            key = (s.dataset, s.shots)
+            compile_by_setting[key] = compile_by_setting.get(key, 0.0) + s.compile_s
         compiles = list(compile_by_setting.values())
         later = compiles[1:] or compiles[:1]
-        tokens = sum(s["executed_tokens"] for s in seeds)
-        if tokens <= 0 or sum(s["forward_s"] for s in seeds) <= 0:
+        tokens = sum(s.executed_tokens for s in seeds)
+        if tokens <= 0 or sum(s.forward_s for s in seeds) <= 0:
             # A resumed run reads its seeds from the score cache: no forward pass to rate.
             raise ValueError("the run scored no token (every seed came from its score cache): "
                              "project from a run that scored, e.g. in a fresh --out")
         return cls(
-            forward_tokens_per_s=tokens / sum(s["forward_s"] for s in seeds),
-            host_seconds_per_token=sum(s["host_s"] for s in seeds) / tokens,
+            forward_tokens_per_s=tokens / sum(s.forward_s for s in seeds),
+            host_seconds_per_token=sum(s.host_s for s in seeds) / tokens,
             compile_first_s=compiles[0], compile_per_setting_s=sum(later) / len(later),
-            fit_solve_per_seed_s=sum(f["solve_s"] for f in fits) / sum(len(f["seeds"]) for f in fits),
-            fit_compile_per_setting_s=sum(f["compile_s"] for f in fits) / len(fits),
-            metrics_per_seed_s=timing["metrics_s"] / len(seeds),
-            once_s=timing["load_s"] + timing["report_s"] + max(timing["unaccounted_s"], 0.0))
+            fit_solve_per_seed_s=sum(f.solve_s for f in fits) / sum(len(f.seeds) for f in fits),
+            fit_compile_per_setting_s=sum(f.compile_s for f in fits) / len(fits),
+            metrics_per_seed_s=timing.metrics_s / len(seeds),
+            once_s=timing.load_s + timing.report_s + max(timing.unaccounted_s, 0.0))
 
 
 def _measured_parts(s: dict, seeds: int, first: bool, rates: MeasuredRates) -> dict[str, float]:

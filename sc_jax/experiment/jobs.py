@@ -5,7 +5,7 @@ prompt, CC's content-free inputs, DC's random strings, and per size i the surrog
 data of Algorithm 1 and the test-time sub-contexts of Algorithm 2), before any
 forward pass; :func:`score_seed` scores one seed through the engine and the score
 cache into :class:`SeedScores`. The run's up-front check over all seeds is
-:func:`sc_jax.experiment.preflight.check_run`.
+:func:`sc_jax.experiment.runplan.build_plan`, which builds every seed's jobs once.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from sc_jax.calibration.baselines import CONTENT_FREE_INPUTS, random_domain_stri
 from sc_jax.experiment.config import RunConfig
 from sc_jax.experiment.splits import dc_pool, split_protocol
 from sc_jax.experiment.task_loading import load_task
-from sc_jax.scoring.cache import score_key
 from sc_jax.scoring.enumeration import default_m, sample_contexts, surrogate_contexts, surrogate_pairs
 from sc_jax.scoring.prompts import build_pieces
 from sc_jax.scoring.results import EngineStats
@@ -101,9 +100,8 @@ def load_datasets(config: RunConfig) -> dict:
 
 def draw_split(dataset, config: RunConfig, k: int, seed: int):
     """The :class:`sc_jax.experiment.splits.Split` of one (dataset, k, seed) as the run draws it.
-    The run, its up-front check
-    (:func:`sc_jax.experiment.preflight.check_run`) and ``sc-jax plan`` all draw
-    through here, so the check sees the rows the run will score."""
+    The run's plan (:func:`sc_jax.experiment.runplan.build_plan`) draws each seed
+    through here, once, for the run, its check and ``sc-jax plan`` alike."""
     return split_protocol(dataset, k=k, test_size=config.test_size, seed=seed,
                           test_seed=config.test_seed)
 
@@ -119,19 +117,22 @@ def job_name(tag: str) -> str:
     return f"test-time prompt of size {tag[len('test'):]}"
 
 
-def score_seed(model, engine, cache, dataset, split, config: RunConfig, k: int, *,
-               label: str | None = None) -> tuple[SeedScores, EngineStats]:
-    """Every LLM score one (dataset, k, seed) needs, from the cache where present,
-    and what its engine call did (empty stats where the cache served every job).
-    With a ``label`` (e.g. ``"[sst2 k=4 seed=0]"``) each job logs one line: its
-    prompts, and whether they came from the cache or how long scoring took."""
-    sj = seed_jobs(model.tokenizer, dataset, split, config, k)
+def score_seed(model, engine, cache, dataset, work, config: RunConfig, *,
+               label: str | None = None, planned=None) -> tuple[SeedScores, EngineStats]:
+    """Every LLM score one (dataset, k, seed) needs (``work``: its
+    :class:`sc_jax.experiment.runplan.SeedWork`, split and jobs as planned), from the
+    score ``cache`` where present (None: no cache), and what its engine call did (empty
+    stats where the cache served every job). ``planned``: the schedule of all of the
+    seed's jobs (the work's), used where none came from the cache. With a ``label``
+    (e.g. ``"[sst2 k=4 seed=0]"``) each job logs one line: its prompts, and whether
+    they came from the cache or how long scoring took."""
+    sj, split, k = work.jobs, work.split, work.k
     pieces = sj.pieces
-    keys = {tag: score_key(model.identity, config.mode, pieces, ctx, pairs, extra=tag)
-            for tag, (ctx, pairs) in sj.jobs.items()}
+    keys = work.cache_keys(model.identity, config.mode)
     # An entry must hold one row per pair of its job: the key names the pairs, and a
     # file that disagrees is reported and rescored (ScoreCache.get).
-    got = {tag: cache.cached(key, rows=len(sj.jobs[tag][1])) for tag, key in keys.items()}
+    got = {tag: None if cache is None else cache.cached(key, rows=len(sj.jobs[tag][1]))
+           for tag, key in keys.items()}
     missing = {tag: sj.jobs[tag] for tag, arr in got.items() if arr is None}
     if label:
         for tag in got:
@@ -144,13 +145,16 @@ def score_seed(model, engine, cache, dataset, split, config: RunConfig, k: int, 
         t = time.perf_counter()
 
         def done(tag, arr):
-            cache.store(keys[tag], arr)
+            if cache is not None:
+                cache.store(keys[tag], arr)
             got[tag] = arr
             if label:
                 log.info("%s %s: %d prompts, scored (%.1f s into the seed's scoring)", label,
                          job_name(tag), len(sj.jobs[tag][1]), time.perf_counter() - t)
 
-        stats = engine.score_jobs(pieces, missing, config.mode, on_done=done).stats
+        whole = len(missing) == len(sj.jobs)  # else the jobs left have a schedule of their own
+        stats = engine.score_jobs(pieces, missing, config.mode, on_done=done,
+                                  planned=planned if whole else None).stats
     else:
         stats = EngineStats()  # served from the cache: no engine call
 

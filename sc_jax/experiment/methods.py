@@ -17,6 +17,7 @@ from sc_jax.calibration.numpy_predict import predict_proba
 from sc_jax.calibration.objective import log_odds
 from sc_jax.experiment.config import SC_FITS, RunConfig
 from sc_jax.experiment.jobs import SeedScores
+from sc_jax.experiment.results import FitRecord
 
 
 def method_probs(method: str, s: SeedScores, fits: dict | None, sizes, *,
@@ -61,7 +62,7 @@ def sc_size_probs(s: SeedScores, fits: dict, sizes) -> dict[int, np.ndarray]:
 
 
 def fit_sc(scores: dict[int, SeedScores], name: str, k: int, config: RunConfig,
-            lam: float) -> tuple[dict, list[dict]]:
+            lam: float) -> tuple[dict, list[FitRecord]]:
     """SC, SC*, SC* without trust region and the paper's SC (those of ``config.methods``;
     :data:`SC_FITS`) for every (seed, size) of one (dataset, k): method -> {(seed, size):
     fit}, and one param record per fit."""
@@ -81,9 +82,9 @@ def fit_sc(scores: dict[int, SeedScores], name: str, k: int, config: RunConfig,
             params += [param_record(name, k, seed, i, method, r) for (seed, i), r in zip(keys, res)]
     return fits, params
 
-def param_record(name: str, k: int, seed: int, size: int, method: str, r) -> dict:
+def param_record(name: str, k: int, seed: int, size: int, method: str, r) -> FitRecord:
     """What results.json keeps of one fit (a :class:`sc_jax.calibration.numpy_predict.FitResult`)."""
-    return dict(dataset=name, shots=k, seed=seed, size=size, method=method,
-                b=r.b.tolist(), w=r.w.tolist(), status=r.status.name,
-                tau=r.tau, lambda_inv=r.lambda_inv, objective=r.objective,
-                base_accuracy=r.base_accuracy, rows=r.num_rows, guarded=r.guarded)
+    return FitRecord(dataset=name, shots=k, seed=seed, size=size, method=method,
+                     b=r.b.tolist(), w=r.w.tolist(), status=r.status.name,
+                     tau=r.tau, lambda_inv=r.lambda_inv, objective=r.objective,
+                     base_accuracy=r.base_accuracy, rows=r.num_rows, guarded=r.guarded)

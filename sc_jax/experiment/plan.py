@@ -1,8 +1,8 @@
 """Dry run of ``sc-jax run`` (:func:`plan_run`): what a run would score and what it
 needs, with no weights read and nothing scored.
 
-:func:`plan_run` builds each seed's scoring jobs as the experiment does
-(:func:`sc_jax.experiment.jobs.seed_jobs`) and plans them together, as ONE engine call
+:func:`plan_run` costs the run's own plan (:func:`sc_jax.experiment.runplan.build_plan`):
+each seed's scoring jobs, planned together as ONE engine call
 (:meth:`sc_jax.scoring.engine.ScoringEngine.score_jobs`) scores them: one prefix trie over
 every job of the seed, packed into calls of one shape by the run's memory policy
 (:meth:`sc_jax.scoring.memory.MemoryPolicy.plan`, the engine's own).
@@ -28,23 +28,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from sc_jax.experiment.config import run_policy
 from sc_jax.experiment.grid import grid_table, project_grid
-from sc_jax.experiment.jobs import draw_split, load_datasets, seed_jobs
-from sc_jax.experiment.preflight import check_run
-from sc_jax.models import attention as attn
-from sc_jax.models.loading import DTYPES
-from sc_jax.models.sources import load_model_parts
+from sc_jax.experiment.jobs import seed_jobs
+from sc_jax.experiment.roofline import Rates, check_rates, plan_rates
+from sc_jax.experiment.runplan import RunPlan, SeedWork, build_plan
 from sc_jax.models.named_models import tokenizer_file
 from sc_jax.models.tokenizer import ByteTokenizer, Tokenizer
-from sc_jax.runtime.devices import device_bandwidth, device_peak_flops
 from sc_jax.runtime.wheel_files import WheelFileError
 from sc_jax.runtime.sharding import make_mesh
 from sc_jax.scoring.costs import Roofline, flat_tokens, measured_attention, non_embedding_params, replay
@@ -55,79 +50,137 @@ from sc_jax.scoring.xla_costs import compile_seconds, xla_peak_bytes
 log = logging.getLogger(__name__)
 
 
+#: The figures of :func:`sc_jax.scoring.costs.replay` a setting keeps.
+REPLAY_FIELDS = ("attention", "scored_keys", "dense_flops", "dense_bytes", "attention_flops",
+                 "attention_bytes", "readout_flops", "readout_bytes", "unique_tokens",
+                 "executed_tokens", "padding_tokens", "flops", "calls", "rows", "programs",
+                 "call_sizes", "depths")
+
+
+@dataclasses.dataclass
+class SettingPlan:
+    """One (dataset, k) of :func:`plan_run`: its first seed's work (every job in one
+    schedule, as the engine scores them), what the schedule costs and needs, and its
+    forward time per seed. :meth:`to_json` is the plan's JSON setting (the keys
+    :func:`plan_run` documents); the table reads that."""
+
+    dataset: str
+    k: int
+    pairs: int
+    job_pairs: dict[str, int]
+    flat_tokens: int
+    model_flops: float
+    chunks: int
+    shape: dict[str, int]
+    max_tokens_per_batch: int
+    max_cache_tokens: int
+    level_peak_tokens: int
+    peak_bytes: int
+    weight_bytes: int
+    cache_bytes: int
+    temp_bytes: int
+    longest_prompt: int
+    longest_seed: int
+    xla_attention: str
+    replay: dict[str, Any]  # REPLAY_FIELDS of sc_jax.scoring.costs.replay
+    xla: dict[str, Any] = dataclasses.field(default_factory=dict)  # compile_seconds, xla_peak_bytes
+    prompt_tokens: int | None = None  # the stand-in's, where the reference vocabulary is here
+    prompt_tokens_reference: int | None = None
+    dense_seconds_per_seed: float = 0.0
+    attention_seconds_per_seed: float = 0.0
+
+    @property
+    def forward_seconds_per_seed(self) -> float:
+        return self.dense_seconds_per_seed + self.attention_seconds_per_seed
+
+    def to_json(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if f.name not in ("replay", "xla", "prompt_tokens", "prompt_tokens_reference")}
+        out.update(self.replay, **self.xla,
+                   executed_per_unique=self.replay["executed_tokens"] / max(self.replay["unique_tokens"], 1),
+                   forward_seconds_per_seed=self.forward_seconds_per_seed)
+        if self.prompt_tokens_reference:
+            out.update(prompt_tokens=self.prompt_tokens,
+                       prompt_tokens_reference=self.prompt_tokens_reference,
+                       stand_in_inflation=self.prompt_tokens / self.prompt_tokens_reference)
+        return out
+
+
 @dataclasses.dataclass
 class _Planner:
-    """What every (dataset, k) of one plan shares."""
+    """What every (dataset, k) of one plan shares: the run's plan, the roofline, the
+    Qwen2 tokenizer where the run's is a stand-in (``reference``), the mesh the model
+    program is lowered on, which XLA figures to take, and the attention's pace once
+    measured (``score_seconds`` per scored key; :func:`measured_attention`)."""
 
-    run: Any
-    config: Any
-    dtype: Any
-    tokenizer: Any
-    reference: Any  # the Qwen2 tokenizer where the run's is a stand-in, else None
-    policy: MemoryPolicy
-    model_shards: int
-    n_devices: int
+    plan: RunPlan
+    rates: Rates
+    reference: Any
     mesh: Any
     xla: bool
     compile_time: bool
     progress: bool
-    attention: str = "dense"
-    score_seconds: float | None = None  # measured per scored key (see measured_attention)
+    score_seconds: float | None = None
     measured: dict = dataclasses.field(default_factory=dict)
 
 
-def _plan_setting(pl: _Planner, name: str, ds, k: int) -> dict[str, Any]:
-    """One (dataset, k) of :func:`plan_run`, its first seed: every job of the seed in
-    one schedule, as the engine scores them."""
-    split = draw_split(ds, pl.run, k, pl.run.seeds[0])
-    sj = seed_jobs(pl.tokenizer, ds, split, pl.run, k)
-    jobs = list(sj.jobs.values())
-    planned = pl.policy.plan(pl.config, pl.dtype, sj.pieces, jobs, pl.run.mode)
+def _plan_setting(pl: _Planner, work: SeedWork) -> SettingPlan:
+    """One (dataset, k) of :func:`plan_run`, from its first seed's ``work``: the
+    schedule the run's plan made, replayed call by call, with XLA's figures."""
+    run, config, policy = pl.plan.config, pl.plan.model.parts.config, pl.plan.policy
+    planned, sj = work.planned, work.jobs
     sched, b = planned.schedule, planned.budgets
-    r = replay(sched, pl.config, attention=pl.attention, platform=pl.policy.platform,
-               itemsize=jnp.dtype(pl.dtype).itemsize, mode=pl.run.mode)
-    sh = sched.shape
-    setting = {"attention": r["attention"], "scored_keys": r["scored_keys"],
-        **{key: r[key] for key in ("dense_flops", "dense_bytes", "attention_flops", "attention_bytes",
-                                   "readout_flops", "readout_bytes")},
-        "dataset": name, "k": k, "pairs": int(sum(len(p) for _, p in jobs)),
-        "job_pairs": {tag: len(p) for tag, (_, p) in sj.jobs.items()},
-        "unique_tokens": r["unique_tokens"], "executed_tokens": r["executed_tokens"],
-        "padding_tokens": r["padding_tokens"],
-        "executed_per_unique": r["executed_tokens"] / max(r["unique_tokens"], 1),
-        "flat_tokens": flat_tokens(sj.pieces, jobs, pl.run.mode), "flops": r["flops"],
-        "model_flops": 2 * non_embedding_params(pl.config) * r["unique_tokens"],
-        "calls": r["calls"], "rows": r["rows"], "chunks": len(sched.chunks), "programs": r["programs"],
-        "call_sizes": r["call_sizes"],
-        "shape": dataclasses.asdict(sh),
-        "max_tokens_per_batch": b.max_tokens_per_batch, "max_cache_tokens": b.max_cache_tokens,
-        "level_peak_tokens": level_peak_tokens(sched), "peak_bytes": b.peak_bytes,
-        "weight_bytes": b.weight_bytes, "cache_bytes": b.cache_bytes, "temp_bytes": b.temp_bytes,
-        "depths": r["depths"]}
+    r = replay(sched, config, attention=pl.rates.attention, platform=policy.platform,
+               itemsize=jnp.dtype(pl.plan.dtype).itemsize, mode=run.mode)
+    jobs = list(sj.jobs.values())
+    longest = max(pl.plan.seeds_of(work.dataset, work.k), key=lambda w: w.longest_prompt)
+    s = SettingPlan(
+        dataset=work.dataset, k=work.k, pairs=int(sum(len(p) for _, p in jobs)),
+        job_pairs={tag: len(p) for tag, (_, p) in sj.jobs.items()},
+        flat_tokens=flat_tokens(sj.pieces, jobs, run.mode),
+        model_flops=2 * non_embedding_params(config) * r["unique_tokens"], chunks=len(sched.chunks),
+        shape=dataclasses.asdict(sched.shape), max_tokens_per_batch=b.max_tokens_per_batch,
+        max_cache_tokens=b.max_cache_tokens, level_peak_tokens=level_peak_tokens(sched),
+        peak_bytes=b.peak_bytes, weight_bytes=b.weight_bytes, cache_bytes=b.cache_bytes,
+        temp_bytes=b.temp_bytes, longest_prompt=longest.longest_prompt, longest_seed=longest.seed,
+        xla_attention=_lowered_attention(pl.rates.attention),
+        replay={key: r[key] for key in REPLAY_FIELDS})
     if pl.progress:
+        sh = sched.shape
         log.info("  %s k=%d: %d jobs, %d pairs, %d calls of %d x %d tokens (%d cached keys per row), "
-                 "%d programs", name, k, len(jobs), setting["pairs"], r["calls"], sh.B, sh.W, sh.cache,
+                 "%d programs", s.dataset, s.k, len(jobs), s.pairs, r["calls"], sh.B, sh.W, sh.cache,
                  r["programs"])
     if pl.reference is not None:
-        ref = seed_jobs(pl.reference, ds, split, pl.run, k)
-        setting["prompt_tokens"] = _prompt_tokens(sj.pieces, sj.jobs, pl.run.mode)
-        setting["prompt_tokens_reference"] = _prompt_tokens(ref.pieces, ref.jobs, pl.run.mode)
-        setting["stand_in_inflation"] = setting["prompt_tokens"] / setting["prompt_tokens_reference"]
-    lowered = pl.mesh is not None or pl.model_shards * pl.n_devices == 1
-    # The program as the engine compiles it; the fused kernels compile on a GPU only (the
-    # Pallas one also on a TPU; on a CPU it is its interpreter), so elsewhere their XLA
-    # figures are the dense path's (more temporaries, not fewer).
-    fused_on = {"cudnn": ("gpu",), "pallas": ("gpu", "tpu")}.get(pl.attention)
-    no_kernel = fused_on is not None and jax.default_backend() not in fused_on
-    lowered_attention = "dense" if no_kernel else pl.attention
-    kw = {"mode": pl.run.mode, "mesh": pl.mesh, "attention": lowered_attention}
-    setting["xla_attention"] = lowered_attention
-    if pl.compile_time and lowered:
-        setting.update(compile_seconds(pl.config, pl.dtype, sched.shapes, measured=pl.measured,
-                                       progress=pl.progress, **kw))
-    if pl.xla and lowered:
-        setting.update(xla_peak_bytes(pl.config, pl.dtype, planned, model_shards=pl.model_shards, **kw))
-    return setting
+        ref = seed_jobs(pl.reference, pl.plan.datasets[work.dataset], work.split, run, work.k)
+        s.prompt_tokens = _prompt_tokens(sj.pieces, sj.jobs, run.mode)
+        s.prompt_tokens_reference = _prompt_tokens(ref.pieces, ref.jobs, run.mode)
+    s.xla.update(_xla_figures(pl, planned, s.xla_attention))
+    return s
+
+
+def _lowered_attention(attention: str) -> str:
+    """The attention of the program as the engine compiles it here: the fused kernels
+    compile on a GPU only (the Pallas one also on a TPU; on a CPU it is its
+    interpreter), so elsewhere their XLA figures are the dense path's (more
+    temporaries, not fewer)."""
+    fused_on = {"cudnn": ("gpu",), "pallas": ("gpu", "tpu")}.get(attention)
+    return "dense" if fused_on is not None and jax.default_backend() not in fused_on else attention
+
+
+def _xla_figures(pl: _Planner, planned, attention: str) -> dict[str, Any]:
+    """XLA's compile seconds and peak bytes of the model program of ``planned`` (where
+    asked, and where its mesh is on this machine)."""
+    policy, config, dtype = pl.plan.policy, pl.plan.model.parts.config, pl.plan.dtype
+    out: dict[str, Any] = {}
+    if pl.mesh is None and policy.model_shards * policy.n_devices > 1:
+        return out
+    kw = {"mode": pl.plan.config.mode, "mesh": pl.mesh, "attention": attention}
+    if pl.compile_time:
+        out.update(compile_seconds(config, dtype, planned.schedule.shapes, measured=pl.measured,
+                                   progress=pl.progress, **kw))
+    if pl.xla:
+        out.update(xla_peak_bytes(config, dtype, planned, model_shards=policy.model_shards, **kw))
+    return out
 
 
 #: Keys every plan's JSON holds (``sc-jax plan --json``): an existing file with them is a
@@ -191,106 +244,97 @@ def plan_run(run_config, *, peak_flops: float | None = None, mfu: float = 0.4, x
     ``mesh_devices``, ``mesh_model``), resolved once by
     :func:`sc_jax.experiment.config.run_policy`, as the run resolves them.
     """
-    # NaN, 0 or a negative here would print "about nan min" or divide by zero after the
-    # whole plan: refused first.
-    if not 0 < mfu <= 1:
-        raise ValueError(f"mfu (--mfu) is the fraction of the peak reached, in (0, 1], got {mfu}")
-    for option, value, unit in (("peak_flops (--peak-tflops)", peak_flops, 1e12),
-                                ("bandwidth (--bandwidth-gbs)", bandwidth, 1e9)):
-        if value is not None and not 0 < value < math.inf:
-            raise ValueError(f"{option} must be a positive number, got {value / unit:g}")
-    datasets = load_datasets(run_config)  # bad data files fail before the model is read
-    parts = load_model_parts(run_config.model)
-    config, tokenizer = parts.config, parts.tokenizer
-    dtype = DTYPES[run_config.dtype]
-    peak_flops_given, bandwidth_given = peak_flops, bandwidth
-    peak_flops, peak_source = (peak_flops, "given") if peak_flops is not None \
-        else device_peak_flops(accelerator, dtype)
-    bandwidth, bandwidth_source = (bandwidth, "given") if bandwidth is not None \
-        else device_bandwidth(accelerator)
-    if attention == "auto":
-        attention = attn.choose("gpu" if accelerator else jax.default_backend())
-    # The attention's time is measured on this backend when the plan is for it (no
-    # named accelerator, no given peak); else it is the roofline's.
-    calibrate = accelerator is None and peak_flops_given is None and bandwidth_given is None
-    if calibrate and attention == "cudnn" and jax.default_backend() != "gpu":
-        # Timing it here ended in "RuntimeError: cuDNN is not detected" and a traceback.
-        raise ValueError(f"--attention cudnn runs on an NVIDIA GPU only and this machine's "
-                         f"backend is {jax.default_backend()}: plan for a GPU with --accelerator "
-                         "(e.g. --accelerator h100), or choose another --attention")
-    # The run's own memory policy: its device memory (or the device's figure) and mesh.
-    # A dry run: every process computes the same plan and process 0 reports it, so no
-    # collective over the processes' memory figures.
-    policy = run_policy(run_config, agree=False)
-    n_devices, model_shards, budget = policy.n_devices, policy.model_shards, policy.budget_bytes
-    mesh = None
-    if n_devices * model_shards > 1 and (xla or compile_time) and len(jax.devices()) >= n_devices * model_shards:
-        mesh = make_mesh(n_devices, model=model_shards)
+    check_rates(peak_flops=peak_flops, mfu=mfu, bandwidth=bandwidth)
+    # The run's own plan: its data, model, memory policy and every seed's work, checked
+    # as the run checks them (a prompt too long for the context window is named, task,
+    # seed and row, before the memory plan would misread it). A dry run: every process
+    # computes the same plan and process 0 reports it, so no collective over the
+    # processes' memory figures, and a named model is not fetched.
+    run_plan = build_plan(run_config, agree=False, fetch=False)
+    rates = plan_rates(run_plan.dtype, peak_flops=peak_flops, mfu=mfu, accelerator=accelerator,
+                   bandwidth=bandwidth, attention=attention)
+    tokenizer = run_plan.model.parts.tokenizer
     reference, why = _reference_tokenizer() if isinstance(tokenizer, ByteTokenizer) else (None, "")
-    out = dict(model=run_config.model, dtype=run_config.dtype, budget_bytes=int(budget),
-               attention_source=f"{attention} attention on the roofline (scores' memory traffic "
-                                "counted, not measured)",
-               n_devices=n_devices, model_shards=model_shards,
-               weight_bytes=weight_bytes(config, dtype, model_shards),
-               kv_bytes_per_token=kv_bytes_per_token(config, dtype, model_shards),
-               peak_flops=peak_flops, peak_source=peak_source, mfu=mfu, attention=attention,
-               bandwidth=bandwidth, bandwidth_source=bandwidth_source,
-               seeds=len(run_config.seeds), context_window=config.max_position_embeddings,
-               tokenizer=parts.tokenizer_label, tokenizer_file=parts.tokenizer_file,
-               tokenizer_tokens=tokenizer.vocab_size, embedding_rows=config.vocab_size,
-               compile_backend=_backend_name(),
-               settings=[])
+    pl = _Planner(run_plan, rates, reference, _lowering_mesh(run_plan.policy, xla or compile_time),
+                  xla, compile_time, progress)
+    out = _plan_header(run_plan, rates)
     if why:
         out["stand_in_inflation_missing"] = why
-    if parts.tokenizer_note:
-        out["tokenizer_note"] = parts.tokenizer_note
-    # The run's own up-front check, every seed: a prompt too long for the context
-    # window is named (task, seed, row) before the memory plan would misread it.
-    checked = {(c["dataset"], c["k"]): c
-               for c in check_run(run_config, config, tokenizer, datasets, policy=policy)}
-    pl = _Planner(run_config, config, dtype, tokenizer, reference, policy, model_shards,
-                  n_devices, mesh, xla, compile_time, progress, attention)
-    for name, ds in datasets.items():
+    settings = []
+    for name, ds in run_plan.datasets.items():
         for k in run_config.shots:
-            if ds.n_classes > k:
-                out["settings"].append(dict(dataset=name, k=k, skipped=True))
+            work = run_plan.seeds_of(name, k)
+            if not work:
+                settings.append(dict(dataset=name, k=k, skipped=True))
                 continue
-            setting = _plan_setting(pl, name, ds, k)
-            if calibrate and pl.score_seconds is None:
-                # The attention's pace measured here, at the run's call shape: a plan for
-                # this machine's own backend (a named accelerator's is the roofline's).
-                pl.score_seconds = measured_attention(
-                    config, dtype, PackShape(**setting["shape"]), attention, platform=policy.platform)
-                out["attention_source"] = (f"{attention} attention measured on this "
-                                           f"{jax.default_backend()}: {pl.score_seconds * 1e12:.2f} "
-                                           "ps per scored key and head")
-            setting.update(longest_prompt=checked[name, k]["longest_prompt"],
-                           longest_seed=checked[name, k]["longest_seed"])
-            # The mesh's devices share the work: the peaks are per device.
-            devices = n_devices * model_shards
-            _forward_seconds(setting, config, Roofline(mfu * peak_flops * devices, bandwidth * devices),
-                             pl.score_seconds, devices)
-            out["settings"].append(setting)
-    out.update(_run_totals(out["settings"], len(run_config.seeds), pl.measured))
+            setting = _plan_setting(pl, work[0])
+            if rates.calibrate and pl.score_seconds is None:
+                _measure_attention(pl, setting, out)
+            _forward_seconds(setting, run_plan.model.parts.config,
+                             rates.roofline(run_plan.policy.n_devices * run_plan.policy.model_shards),
+                             pl.score_seconds, run_plan.policy.n_devices * run_plan.policy.model_shards)
+            settings.append(setting.to_json())
+    out["settings"] = settings
+    out.update(_run_totals(settings, len(run_config.seeds), pl.measured))
     out["grid"] = project_grid(out)
     return out
 
 
-def _forward_seconds(setting: dict, config, roof: Roofline, score_seconds: float | None,
+def _lowering_mesh(policy: MemoryPolicy, lowered: bool):
+    """The mesh the model program is lowered on for XLA's figures: the run's, where
+    this machine has its devices (else None: no figures for a mesh)."""
+    devices = policy.n_devices * policy.model_shards
+    if devices > 1 and lowered and len(jax.devices()) >= devices:
+        return make_mesh(policy.n_devices, model=policy.model_shards)
+    return None
+
+
+def _plan_header(run_plan: RunPlan, rates: Rates) -> dict[str, Any]:
+    """The plan's JSON but its settings and totals: the model, its memory and the roofline."""
+    c, parts, policy, dtype = run_plan.config, run_plan.model.parts, run_plan.policy, run_plan.dtype
+    config, tokenizer = parts.config, parts.tokenizer
+    out = dict(model=c.model, dtype=c.dtype, budget_bytes=int(policy.budget_bytes),
+               attention_source=f"{rates.attention} attention on the roofline (scores' memory "
+                                "traffic counted, not measured)",
+               n_devices=policy.n_devices, model_shards=policy.model_shards,
+               weight_bytes=weight_bytes(config, dtype, policy.model_shards),
+               kv_bytes_per_token=kv_bytes_per_token(config, dtype, policy.model_shards),
+               peak_flops=rates.peak_flops, peak_source=rates.peak_source, mfu=rates.mfu,
+               attention=rates.attention, bandwidth=rates.bandwidth,
+               bandwidth_source=rates.bandwidth_source, seeds=len(c.seeds),
+               context_window=config.max_position_embeddings,
+               tokenizer=parts.tokenizer_label, tokenizer_file=parts.tokenizer_file,
+               tokenizer_tokens=tokenizer.vocab_size, embedding_rows=config.vocab_size,
+               compile_backend=_backend_name(), settings=[])
+    if parts.tokenizer_note:
+        out["tokenizer_note"] = parts.tokenizer_note
+    return out
+
+
+def _measure_attention(pl: _Planner, setting: SettingPlan, out: dict[str, Any]) -> None:
+    """The attention's pace measured here, at the run's call shape, once per plan: a
+    plan for this machine's own backend (a named accelerator's is the roofline's)."""
+    plan, attention = pl.plan, pl.rates.attention
+    pl.score_seconds = measured_attention(plan.model.parts.config, plan.dtype,
+                                          PackShape(**setting.shape), attention,
+                                          platform=plan.policy.platform)
+    out["attention_source"] = (f"{attention} attention measured on this {jax.default_backend()}: "
+                               f"{pl.score_seconds * 1e12:.2f} ps per scored key and head")
+
+
+def _forward_seconds(setting: SettingPlan, config, roof: Roofline, score_seconds: float | None,
                      devices: int) -> None:
-    """A setting's forward time per seed, in place: the dense part on ``roof``, the
-    attention measured on this backend (``score_seconds`` per scored token, head and
-    key) or, without that, on the roofline too."""
-    setting["dense_seconds_per_seed"] = roof.seconds(setting["dense_flops"], setting["dense_bytes"])
+    """A setting's forward time per seed: the dense part on ``roof``, the attention
+    measured on this backend (``score_seconds`` per scored token, head and key) or,
+    without that, on the roofline too."""
+    r = setting.replay
+    setting.dense_seconds_per_seed = roof.seconds(r["dense_flops"], r["dense_bytes"])
     if score_seconds:
-        setting["attention_seconds_per_seed"] = (
-            setting["scored_keys"] * setting["executed_tokens"] * config.num_heads
-            * config.num_layers * score_seconds / devices)
+        setting.attention_seconds_per_seed = (
+            r["scored_keys"] * r["executed_tokens"] * config.num_heads * config.num_layers
+            * score_seconds / devices)
     else:
-        setting["attention_seconds_per_seed"] = roof.seconds(setting["attention_flops"],
-                                                             setting["attention_bytes"])
-    setting["forward_seconds_per_seed"] = (setting["dense_seconds_per_seed"]
-                                           + setting["attention_seconds_per_seed"])
+        setting.attention_seconds_per_seed = roof.seconds(r["attention_flops"], r["attention_bytes"])
 
 
 #: The named model whose vocabulary (Qwen2's byte-level BPE, 152k tokens) measures how

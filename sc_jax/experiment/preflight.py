@@ -1,9 +1,10 @@
-"""The run's up-front check (:func:`check_run`): every seed's prompts tried against the
-context window and the memory budget before a weight is read or a forward pass made.
+"""The run's up-front checks, with their one-line errors: every seed's prompts against
+the context window (:func:`check_prompts`), the labels against the scoring mode and the
+test set's classes (:func:`check_first_seed`), and a run with nothing to score
+(:func:`refuse_nothing_to_run`), before a weight is read or a forward pass made.
 
-``sc-jax run`` calls it before loading the weights and ``sc-jax plan`` before
-planning; both draw the seeds' splits and jobs as the run does
-(:func:`sc_jax.experiment.jobs.draw_split`, :func:`sc_jax.experiment.jobs.seed_jobs`).
+:func:`sc_jax.experiment.runplan.build_plan` runs them as it builds each seed's work,
+once, for ``sc-jax run``, ``sc-jax plan`` and ``sc-jax demo`` alike.
 """
 
 from __future__ import annotations
@@ -13,15 +14,12 @@ import logging
 import numpy as np
 
 from sc_jax.calibration.baselines import CONTENT_FREE_INPUTS
-from sc_jax.experiment.config import RunConfig, run_policy
-from sc_jax.experiment.jobs import SeedJobs, draw_split, job_name, seed_jobs
-from sc_jax.models import loading
+from sc_jax.experiment.jobs import SeedJobs, job_name
 from sc_jax.scoring.reference import check_mode
-from sc_jax.scoring.memory import MemoryPolicy, PlanError, weights_fit
 
 log = logging.getLogger(__name__)
 
-__all__ = ["check_run"]
+__all__ = ["check_first_seed", "check_prompts", "refuse_nothing_to_run"]
 
 
 def _text_of(dataset, split, q: int, n_test: int) -> str:
@@ -56,26 +54,7 @@ def _too_long(name, dataset, split, sj: SeedJobs, tag: str, r: int, n: int, limi
     return f"{head}; its longest text is the {what}, {m} tokens: {fix}"
 
 
-def _memory_check(config: RunConfig, model_config, policy: MemoryPolicy | None = None):
-    """A function ``(pieces, jobs)`` that raises :class:`PlanError` where the
-    engine's packed schedule of one seed's jobs (``policy.plan``, as
-    :class:`sc_jax.scoring.engine.ScoringEngine` makes it) cannot fit the budget; None
-    where the run gives ``max_tokens_per_batch`` (the engine then derives nothing). The weights alone
-    not fitting raise here, once. ``policy``: default :func:`run_policy`."""
-    if config.max_tokens_per_batch is not None:
-        return None
-    dtype = loading.DTYPES[config.dtype]
-    policy = policy or run_policy(config)
-
-    def check(pieces, jobs):
-        policy.plan(model_config, dtype, pieces, list(jobs.values()), config.mode)
-
-    # The weights are the same for every job: their error names no dataset or seed.
-    weights_fit(model_config, dtype, policy.budget_bytes, policy.model_shards)
-    return check
-
-
-def _warn_missing_test_classes(name: str, ds, split, seed: int) -> None:
+def warn_missing_test_classes(name: str, ds, split, seed: int) -> None:
     """A test set without some class: macro-F1 averages every class's F1, and an absent
     class's is 0, so no method can score above present / n. Said once, up front."""
     present = np.unique(ds.labels[split.test_indices])
@@ -87,55 +66,34 @@ def _warn_missing_test_classes(name: str, ds, split, seed: int) -> None:
                     100 * len(present) / ds.n_classes)
 
 
-def check_run(config: RunConfig, model_config, tokenizer, datasets: dict, *,
-              policy: MemoryPolicy | None = None) -> list[dict]:
-    """The whole run checked up front, with no weights and no forward pass: for every
-    (dataset, k, seed) the run will score, the split it draws (:func:`draw_split`: a
-    class short of rows fails here, not after earlier seeds were scored), the label
-    tokens of the scoring mode, and every job's longest prompt (:func:`seed_jobs`:
-    surrogate, baselines, test-time) against ``model_config.max_position_embeddings``,
-    and each job's memory plan under the run's memory ``policy`` (default
-    :func:`run_policy`), as the engine would make it.
+def check_prompts(name: str, ds, split, sj: SeedJobs, mode: str, limit: int) -> int:
+    """The longest prompt (tokens) of one seed's jobs (:func:`seed_jobs`: surrogate,
+    baselines, test-time), each job's against the context window ``limit``; raises
+    ValueError (one line naming dataset, k, seed, job and data row) for a longer one."""
+    longest = 0
+    for tag, (ctx, pairs) in sj.jobs.items():
+        lengths = sj.pieces.prompt_lengths(ctx, pairs, mode)
+        if not lengths.size:
+            continue
+        r = int(lengths.argmax())
+        if lengths[r] > limit:
+            raise ValueError(_too_long(name, ds, split, sj, tag, r, int(lengths[r]), limit))
+        longest = max(longest, int(lengths[r]))
+    return longest
 
-    ``datasets``: name -> :class:`sc_jax.experiment.tasks.Dataset`. Returns one dict per (dataset,
-    k): ``dataset``, ``k``, ``skipped`` (more classes than k) and, when run,
-    ``longest_prompt`` (tokens, over all seeds and jobs) and ``longest_seed``.
-    Raises ValueError (one line naming dataset, k, seed, job and data row) for a
-    prompt longer than the context window, a split that cannot be drawn, or a run in
-    which every (dataset, k) would be skipped.
-    """
-    limit = model_config.max_position_embeddings
-    memory = _memory_check(config, model_config, policy)
-    out = []
-    for name, ds in datasets.items():
-        for k in config.shots:
-            if ds.n_classes > k:
-                out.append({"dataset": name, "k": k, "skipped": True, "n_classes": ds.n_classes})
-                continue
-            worst = (0, None)
-            for seed in config.seeds:
-                split = draw_split(ds, config, k, seed)
-                sj = seed_jobs(tokenizer, ds, split, config, k)
-                if seed == config.seeds[0]:
-                    check_mode(config.mode, sj.pieces)
-                    _warn_missing_test_classes(name, ds, split, seed)
-                for tag, (ctx, pairs) in sj.jobs.items():
-                    lengths = sj.pieces.prompt_lengths(ctx, pairs, config.mode)
-                    r = int(lengths.argmax())
-                    if lengths[r] > limit:
-                        raise ValueError(_too_long(name, ds, split, sj, tag, r, int(lengths[r]), limit))
-                    worst = max(worst, (int(lengths[r]), seed), key=lambda w: w[0])
-                if memory is not None:
-                    try:
-                        memory(sj.pieces, sj.jobs)
-                    except PlanError as e:
-                        raise PlanError(f"{name}, k={k}, seed {seed}: {e}") from None
-            out.append({"dataset": name, "k": k, "skipped": False, "longest_prompt": worst[0],
-                        "longest_seed": worst[1], "context_window": limit})
-    if all(s["skipped"] for s in out):
-        why = "; ".join(f"{s['dataset']} has {s['n_classes']} classes, more than k={s['k']}"
-                        for s in out)
-        raise ValueError(f"nothing to run: {why} (a class would have no demonstration; the "
-                         "paper skips such settings, Appendix A): use --shots at least the "
-                         "number of classes")
-    return out
+
+def check_first_seed(name: str, ds, split, sj: SeedJobs, mode: str) -> None:
+    """What the first seed of a (dataset, k) shows for all: labels the scoring
+    ``mode`` can separate (:func:`check_mode`), and a test set missing a class (a
+    warning)."""
+    check_mode(mode, sj.pieces)
+    warn_missing_test_classes(name, ds, split, split.seed)
+
+
+def refuse_nothing_to_run(skipped) -> None:
+    """A run in which every (dataset, k) is skipped (``(dataset, k, n_classes)``
+    each, more classes than k) is refused in one line."""
+    why = "; ".join(f"{name} has {n} classes, more than k={k}" for name, k, n in skipped)
+    raise ValueError(f"nothing to run: {why} (a class would have no demonstration; the "
+                     "paper skips such settings, Appendix A): use --shots at least the "
+                     "number of classes")

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from sc_jax.experiment.figures import can_plot, plot_f1_bars, plot_params
-from sc_jax.experiment.results import METHOD_NAMES, load_results
+from sc_jax.experiment.results import METHOD_NAMES, METRICS, ResultRow, RunResults, load_results
 from sc_jax.experiment.samples import read_samples, rows_from_samples, samples_markdown
 from sc_jax.experiment.staging import Staging
 from sc_jax.models.named_models import display_name
@@ -37,15 +37,15 @@ CSV_FIELDS = ("dataset", "model", "shots", "method", "seed", "accuracy", "macro_
               "model_source")
 
 
-def summarize(rows) -> dict[tuple, dict]:
+def summarize(rows: Iterable[ResultRow]) -> dict[tuple, dict]:
     """``{(dataset, shots, method): {metric: (mean, std, n_seeds)}}``."""
     groups = defaultdict(list)
     for r in rows:
-        groups[(r["dataset"], r["shots"], r["method"])].append(r)
+        groups[(r.dataset, r.shots, r.method)].append(r)
     out = {}
     for key, rs in groups.items():
-        out[key] = {m: (float(np.mean([r[m] for r in rs])), float(np.std([r[m] for r in rs])), len(rs))
-                    for m in ("accuracy", "macro_f1", "ece")}
+        out[key] = {m: (float(np.mean([r.metric(m) for r in rs])),
+                        float(np.std([r.metric(m) for r in rs])), len(rs)) for m in METRICS}
     return out
 
 
@@ -55,11 +55,11 @@ def summarize(rows) -> dict[tuple, dict]:
 BASELINES = ("base", "cc", "dc", "bc")
 
 
-def _by_task(rows, metric: str) -> dict:
+def _by_task(rows: Iterable[ResultRow], metric: str) -> dict:
     """(dataset, shots) -> method -> {seed: value}."""
     by = defaultdict(dict)
     for r in rows:
-        by[(r["dataset"], r["shots"])].setdefault(r["method"], {})[r["seed"]] = r[metric]
+        by[(r.dataset, r.shots)].setdefault(r.method, {})[r.seed] = r.metric(metric)
     return by
 
 
@@ -235,26 +235,25 @@ _CELLS = ("mean ± standard deviation over seeds, in %; the population standard 
           "the dataset means.")
 
 
-def markdown_tables(results: dict, records: list[dict] | None = None) -> str:
+def markdown_tables(results: RunResults, records: list[dict] | None = None) -> str:
     """table.md: the tables of the module docstring; with the run's per-sample
     ``records`` (:mod:`sc_jax.experiment.samples`), also their check against the rows and SC
     against both forms of BC query by query. Methods the records hold and the rows
     do not (``bc_reference`` for a run that predates it) join the tables from them."""
-    rows = results["rows"]
+    rows = list(results.rows)
     extra = []
     if records:
-        have = {r["method"] for r in rows}
+        have = {r.method for r in rows}
         extra = rows_from_samples(records, [m for m in METHOD_NAMES if m not in have])
         rows = rows + extra
     summ = summarize(rows)
-    datasets = sorted({r["dataset"] for r in rows})
-    shots = sorted({r["shots"] for r in rows})
-    methods = [m for m in METHOD_NAMES if any(r["method"] == m for r in rows)]
-    cfg = results["config"]
-    out = [f"# Results: {display_name(str(cfg['model']))}", "",
-           f"Seeds {list(cfg['seeds'])}, test size {cfg['test_size']}, mode {cfg['mode']}, "
-           f"solver {cfg['solver']}, lambda_inv {results.get('lambda_inv', cfg.get('lambda_inv'))}, "
-           f"guard {cfg.get('guard', 'none')}. "
+    datasets = sorted({r.dataset for r in rows})
+    shots = sorted({r.shots for r in rows})
+    methods = [m for m in METHOD_NAMES if any(r.method == m for r in rows)]
+    out = [f"# Results: {display_name(str(results.model))}", "",
+           f"Seeds {results.seeds}, test size {results.test_size}, mode {results.mode}, "
+           f"solver {results.solver}, lambda_inv {results.config_lambda_inv}, "
+           f"guard {results.guard}. "
            f"Cells: {_CELLS}", ""]
     for metric, title in (("macro_f1", "Macro-F1"), ("accuracy", "Accuracy")):
         for k in shots:
@@ -266,29 +265,29 @@ def markdown_tables(results: dict, records: list[dict] | None = None) -> str:
     out += _best_baseline_table(rows)
     out += _margin_table(rows)
     if records:
-        out += samples_markdown(records, results["rows"])
+        out += samples_markdown(records, results.rows)
         if extra:
-            names = ", ".join(METHOD_NAMES[m] for m in sorted({r["method"] for r in extra}))
+            names = ", ".join(METHOD_NAMES[m] for m in sorted({r.method for r in extra}))
             out += [f"{names}: computed from the per-sample records (results.json predates it).",
                     ""]
-    notes = results.get("notes") or []
+    notes = results.notes
     if notes:
         out += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
     return "\n".join(out)
 
 
-def write_csv(results: dict, path: Path) -> None:
+def write_csv(results: RunResults, path: Path) -> None:
     """results.csv: the rows, ``model`` the model actually loaded under its resolved name
     (a named model's own, "smollm2-135m" for "default"; any other source as given) and
     ``model_source`` what was read (results.json's ``model_source``: the directory,
     snapshot or file; empty for runs made before it was recorded)."""
-    source = str(results.get("model_source", ""))
+    source = "" if "model_source" in results.absent else str(results.model_source)
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
         w.writeheader()
-        for r in results["rows"]:
-            model = r.get("model", results["config"]["model"])
-            w.writerow({**r, "model": display_name(str(model)), "model_source": source})
+        for r in results.rows:
+            model = results.model if "model" in r.absent else r.model
+            w.writerow({**r.to_json(), "model": display_name(str(model)), "model_source": source})
 
 
 _TEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
@@ -300,19 +299,19 @@ def _tex(text: str) -> str:
     return "".join(_TEX.get(c, c) for c in text)
 
 
-def latex_table(results: dict) -> str:
+def latex_table(results: RunResults) -> str:
     """results.tex: the main table (macro-F1, one ``tabular`` per shot count) in
     booktabs style (``\\usepackage{booktabs}``): methods as rows, datasets and their
     average as columns, cells mean $\\pm$ std over seeds (population std, ddof = 0) in
     %, the best mean of each column in bold."""
-    rows = results["rows"]
+    rows = results.rows
     summ = summarize(rows)
-    datasets = sorted({r["dataset"] for r in rows})
-    methods = [m for m in METHOD_NAMES if any(r["method"] == m for r in rows)]
-    model = _tex(display_name(str(results["config"]["model"])))
-    out = [f"% sc-jax report: {model}, seeds {list(results['config']['seeds'])}; needs "
+    datasets = sorted({r.dataset for r in rows})
+    methods = [m for m in METHOD_NAMES if any(r.method == m for r in rows)]
+    model = _tex(display_name(str(results.model)))
+    out = [f"% sc-jax report: {model}, seeds {results.seeds}; needs "
            "\\usepackage{booktabs}"]
-    for k in sorted({r["shots"] for r in rows}):
+    for k in sorted({r.shots for r in rows}):
         cells = {}
         for m in methods:
             for d in datasets:
@@ -345,13 +344,16 @@ def latex_table(results: dict) -> str:
     return "\n".join(out)
 
 
-def write_report(results: dict | str | Path, out_dir: str | Path | None = None) -> dict[str, Path]:
+def write_report(results: RunResults | str | Path,
+                 out_dir: str | Path | None = None) -> dict[str, Path]:
     """Write table.md, results.csv, results.tex and the plots, all or none
     (:class:`~sc_jax.experiment.staging.Staging`: an error or an interrupt leaves the
-    folder's earlier files as they were). Returns ``{name: path}``. Per-sample records
-    (``samples.jsonl[.gz]``) in the run's directory (``results`` when it is a path, else
-    ``out_dir``) are checked against the rows and summarised in table.md."""
-    if not isinstance(results, dict):
+    folder's earlier files as they were). Returns ``{name: path}``. ``results``: a
+    run's :class:`RunResults`, or its directory or results.json (read by
+    :func:`load_results`). Per-sample records (``samples.jsonl[.gz]``) in the run's
+    directory (``results`` when it is a path, else ``out_dir``) are checked against the
+    rows and summarised in table.md."""
+    if not isinstance(results, RunResults):
         src = Path(results)
         run_dir = src if src.is_dir() else src.parent
         out_dir = out_dir or run_dir
@@ -363,7 +365,7 @@ def write_report(results: dict | str | Path, out_dir: str | Path | None = None) 
     return {name: stage.final(path) for name, path in staged.items()}
 
 
-def report_files(results: dict, out: Path, records: list[dict] | None) -> dict[str, Path]:
+def report_files(results: RunResults, out: Path, records: list[dict] | None) -> dict[str, Path]:
     """:func:`write_report`'s files written straight into the folder ``out``, with the
     per-sample ``records`` (or None); returns ``{name: path}``."""
     paths = {"table": out / "table.md", "csv": out / "results.csv", "latex": out / "results.tex"}
@@ -371,7 +373,7 @@ def report_files(results: dict, out: Path, records: list[dict] | None) -> dict[s
     write_csv(results, paths["csv"])
     paths["latex"].write_text(latex_table(results))
     plots = can_plot()
-    if results["rows"] and plots:  # every (dataset, k) skipped: nothing to plot
+    if results.rows and plots:  # every (dataset, k) skipped: nothing to plot
         for ext, path in plot_f1_bars(results, out / "f1_bars.png").items():
             paths["f1_bars" if ext == "png" else f"f1_bars_{ext}"] = path
     if plots:

@@ -34,13 +34,13 @@ from pathlib import Path
 
 import numpy as np
 
-from sc_jax.calibration import baselines
 from sc_jax.calibration.numpy_predict import FitResult
 from sc_jax.calibration.solvers import Status
 from sc_jax.experiment import metrics
 from sc_jax.experiment.config import METHODS, SC_FITS, RunConfig
 from sc_jax.experiment.jobs import draw_split, load_datasets
 from sc_jax.experiment.methods import method_probs, sc_size_probs
+from sc_jax.experiment.results import METRICS, FitRecord, ResultRow, RunResults
 from sc_jax.experiment.store import load_run_scores
 from sc_jax.experiment.task_loading import DataUnavailableError
 from sc_jax.models.identity import text_hash  # a query named without copying its text
@@ -152,10 +152,11 @@ def _groups(records) -> dict:
     return out
 
 
-def rows_from_samples(records: Sequence[dict], methods: Sequence[str] | None = None) -> list[dict]:
-    """results.json-style rows (dataset, shots, seed, method, accuracy, macro_f1, ece)
-    recomputed from the records, for ``methods`` (None: every method they hold): e.g.
-    ``bc_reference`` for a run whose results.json predates it."""
+def rows_from_samples(records: Sequence[dict],
+                      methods: Sequence[str] | None = None) -> list[ResultRow]:
+    """results.json's rows (:class:`ResultRow`, with no ``model``) recomputed from the
+    records, for ``methods`` (None: every method they hold): e.g. ``bc_reference`` for
+    a run whose results.json predates it."""
     out = []
     for (d, k, seed), recs in sorted(_groups(records).items()):
         gold = np.array([r["gold"] for r in recs])
@@ -164,34 +165,33 @@ def rows_from_samples(records: Sequence[dict], methods: Sequence[str] | None = N
                 continue
             pred = np.array([r["pred"][m] for r in recs])
             probs = np.array([r["probs"][m] for r in recs])
-            out.append({"dataset": d, "shots": k, "seed": seed, "method": m,
-                        "accuracy": metrics.accuracy(gold, pred),
-                        "macro_f1": metrics.macro_f1(gold, pred, num_classes=probs.shape[-1]),
-                        "ece": metrics.expected_calibration_error(probs, gold)})
+            out.append(ResultRow(dataset=d, shots=k, seed=seed, method=m,
+                                 accuracy=metrics.accuracy(gold, pred),
+                                 macro_f1=metrics.macro_f1(gold, pred, num_classes=probs.shape[-1]),
+                                 ece=metrics.expected_calibration_error(probs, gold)))
     return out
 
 
-def check_samples(records: Sequence[dict], rows: Sequence[dict], *, tol: float = 1e-9,
+def check_samples(records: Sequence[dict], rows: Sequence[ResultRow], *, tol: float = 1e-9,
                   ece_tol: float = 1e-6) -> list[str]:
     """Accuracy and macro-F1 (from ``pred``) and ECE (from the rounded ``probs``, hence
     ``ece_tol``) recomputed per (dataset, shots, seed, method) from the records, against
     results.json's ``rows``: one line per disagreement, and one per row that has no
     records; empty when they agree. Methods in the records but not in the rows (e.g.
     ``bc_reference`` regenerated for an older run) are not compared."""
-    got = {(r["dataset"], r["shots"], r["seed"], r["method"]): r
-           for r in rows_from_samples(records)}
+    got = {(r.dataset, r.shots, r.seed, r.method): r for r in rows_from_samples(records)}
     problems = []
     for row in rows:
-        key = (row["dataset"], row["shots"], row["seed"], row["method"])
+        key = (row.dataset, row.shots, row.seed, row.method)
         where = f"{key[0]} k={key[1]} seed {key[2]} {key[3]}"
         if key not in got:
             problems.append(f"{where}: no per-sample records")
             continue
-        for name in ("accuracy", "macro_f1", "ece"):
-            value = got[key][name]
-            if name in row and abs(value - row[name]) > (ece_tol if name == "ece" else tol):
+        for name in METRICS:
+            value, kept = got[key].metric(name), row.metric(name)
+            if abs(value - kept) > (ece_tol if name == "ece" else tol):
                 problems.append(f"{where}: {name} {value:.6f} from the records, "
-                                f"{row[name]:.6f} in results.json")
+                                f"{kept:.6f} in results.json")
     return problems
 
 
@@ -221,7 +221,7 @@ def paired_counts(records: Sequence[dict], a: str = "sc", b: str = "bc") -> list
             for (d, k), (n, x, y) in sorted(tally.items())]
 
 
-def samples_markdown(records: Sequence[dict], rows: Sequence[dict]) -> list[str]:
+def samples_markdown(records: Sequence[dict], rows: Sequence[ResultRow]) -> list[str]:
     """Report lines: whether the records reproduce results.json, and SC against BC in
     both forms (and the best-baseline BC) query by query."""
     problems = check_samples(records, rows)
@@ -244,28 +244,26 @@ def samples_markdown(records: Sequence[dict], rows: Sequence[dict]) -> list[str]
     return out
 
 
-def _fit_from_param(p: dict, solver: str) -> FitResult:
+def _fit_from_param(p: FitRecord, solver: str) -> FitResult:
     """The :class:`FitResult` of one param record of results.json (the run's own b and
     w, stored as exact float64 JSON numbers): predictions from it are the run's."""
-    nan = float("nan")
-    name = p.get("status", "CONVERGED")
-    if name not in Status.__members__:
-        raise ValueError(f"results.json: a {p.get('method')} fit's status {name!r} is no solver "
+    if not isinstance(p.status, str) or p.status not in Status.__members__:
+        raise ValueError(f"results.json: a {p.method} fit's status {p.status!r} is no solver "
                          f"status ({', '.join(Status.__members__)}); rerun the run's `sc-jax run` "
                          "command with the same --out to rewrite it")
-    return FitResult(b=np.asarray(p["b"], np.float64), w=np.asarray(p["w"], np.float64),
-                     status=Status[name], iterations=0,
-                     outer_iterations=0, objective=p.get("objective", nan), constraint=nan,
-                     violation=nan, tau=p.get("tau", nan), lambda_inv=p.get("lambda_inv", nan),
-                     solver=solver, sc_star=p["method"] != "sc" or bool(p.get("guarded")),
-                     num_rows=int(p.get("rows", 0)),
-                     base_accuracy=p.get("base_accuracy", nan), guarded=bool(p.get("guarded")))
+    nan = float("nan")
+    return FitResult(b=np.asarray(p.b, np.float64), w=np.asarray(p.w, np.float64),
+                     status=Status[p.status], iterations=0,
+                     outer_iterations=0, objective=p.objective, constraint=nan,
+                     violation=nan, tau=p.tau, lambda_inv=p.lambda_inv,
+                     solver=solver, sc_star=p.method != "sc" or bool(p.guarded),
+                     num_rows=int(p.rows), base_accuracy=p.base_accuracy, guarded=bool(p.guarded))
 
 
-def _drawn_splits(results: dict) -> tuple[dict, str | None]:
+def _drawn_splits(results: RunResults) -> tuple[dict, str | None]:
     """(dataset, k, seed) -> (dataset, Split) as the run drew them, checked against the
     test-set hashes in results.json; ``({}, why)`` when the data cannot be had here."""
-    config = results["config"]
+    config = results.config
     known = {f.name for f in dataclasses.fields(RunConfig)}
 
     def frozen(v):  # JSON lists back to the tuples RunConfig holds
@@ -277,10 +275,10 @@ def _drawn_splits(results: dict) -> tuple[dict, str | None]:
     except (DataUnavailableError, OSError, ValueError, TypeError) as e:
         return {}, f"the run's data could not be loaded here ({type(e).__name__}: {e})"
     out = {}
-    for rec in results.get("splits", []):
-        name, k, seed = rec["dataset"], rec["shots"], rec["seed"]
+    for rec in results.splits:
+        name, k, seed = rec.dataset, rec.shots, rec.seed
         split = draw_split(datasets[name], cfg, k, seed)
-        if split.test_hash() != rec.get("test_hash"):
+        if split.test_hash() != rec.test_hash:
             return {}, (f"{name} k={k} seed {seed}: the data here draw another test set than "
                         "the run's (its hash differs)")
         out[(name, k, seed)] = (datasets[name], split)
@@ -301,13 +299,10 @@ def regenerate_samples(run_dir, *, with_texts: bool = True) -> tuple[Path, list[
     """
     run_dir = Path(run_dir)
     results, runs = load_run_scores(run_dir)
-    config = results["config"]
-    solver = config.get("solver", "augmented_lagrangian")
-    bc_batch = int(config.get("bc_batch", baselines.BC_BATCH_SIZE))
-    weighting = config.get("size_weighting", "uniform")
+    solver, bc_batch, weighting = results.solver, results.bc_batch, results.size_weighting
     fits = defaultdict(dict)  # (method, dataset, shots, seed) -> size -> FitResult
-    for p in results.get("params") or []:
-        fits[(p["method"], p["dataset"], p["shots"], p["seed"])][p["size"]] = _fit_from_param(p, solver)
+    for p in results.params:
+        fits[(p.method, p.dataset, p.shots, p.seed)][p.size] = _fit_from_param(p, solver)
     drawn, why = _drawn_splits(results) if with_texts else ({}, "texts not asked for")
     notes = [] if why is None else [f"no dataset rows or text hashes: {why}"]
     records = []

@@ -21,7 +21,7 @@ from sc_jax.experiment import metrics
 from sc_jax.experiment.config import RunConfig
 from sc_jax.experiment.jobs import SeedScores
 from sc_jax.experiment.methods import method_probs
-from sc_jax.experiment.results import load_results
+from sc_jax.experiment.results import METRICS, RunResults, load_results
 from sc_jax.experiment.splits import test_set_hash
 
 
@@ -128,8 +128,9 @@ def check_holds(path: Path, s: SeedScores, meta: dict | None, expect: dict) -> N
     ``test_hash`` (:func:`sc_jax.experiment.splits.test_set_hash`) and
     ``model_identity`` (from results.json). A file without a record is checked by its
     content instead: every Base / CC / DC row of ``expect["rows"]`` (results.json's
-    rows of this dataset, k and seed) recomputed from it, to 1e-9 (the run computed
-    them in float64 from the same float32 scores)."""
+    :class:`~sc_jax.experiment.results.ResultRow` of this dataset, k and seed)
+    recomputed from it, to 1e-9 (the run computed them in float64 from the same float32
+    scores)."""
     want = f"{expect['dataset']} k={expect['shots']} seed {expect['seed']}"
     redo = ("rerun the `sc-jax run` command of results.json with the same --out to rewrite "
             "it from the score cache")
@@ -161,48 +162,45 @@ def _short(value) -> str:
 def _legacy_problem(s: SeedScores, expect: dict) -> str | None:
     """Why scores without a record cannot be taken for ``expect``'s, or None: its
     Base / CC / DC rows must be in results.json and be reproduced from them."""
-    rows = [r for r in expect.get("rows", ()) if r["method"] in _LEGACY_METHODS]
+    rows = [r for r in expect.get("rows", ()) if r.method in _LEGACY_METHODS]
     if not rows:
         return "results.json has no Base, CC or DC row of it to check its scores against"
     n = s.base.shape[-1]
     for r in rows:
-        p = method_probs(r["method"], s, None, [])
+        p = method_probs(r.method, s, None, [])
         got = dict(accuracy=metrics.accuracy(s.y_test, p.argmax(-1)),
                    macro_f1=metrics.macro_f1(s.y_test, p.argmax(-1), num_classes=n),
                    ece=metrics.expected_calibration_error(p, s.y_test))
-        for key, value in got.items():
-            if key in r and not abs(value - r[key]) <= 1e-9:
-                return (f"its {r['method']} {key} {value:.6f} is not results.json's "
-                        f"{r[key]:.6f}")
+        for key in METRICS:
+            if not abs(got[key] - r.metric(key)) <= 1e-9:
+                return (f"its {r.method} {key} {got[key]:.6f} is not results.json's "
+                        f"{r.metric(key):.6f}")
     return None
 
 
-def load_run_scores(run_dir: Path) -> tuple[dict, dict]:
+def load_run_scores(run_dir: Path) -> tuple[RunResults, dict]:
     """A finished run's results.json (:func:`sc_jax.experiment.results.load_results`) and its
     saved scores, ``{(dataset, k): {seed: SeedScores}}`` for every (dataset, k) it did not
     skip. Raises FileNotFoundError naming the score files missing (and how to write
     them), ValueError when the run has no (dataset, k) at all."""
     results = load_results(run_dir)
-    config = results["config"]
-    skipped = {(x["dataset"], x["shots"]) for x in results.get("skipped", [])}
+    skipped = {(x.dataset, x.shots) for x in results.skipped}
     runs, missing = {}, []
-    tag = config_tag(config)
-    splits = {(x.get("dataset"), x.get("shots"), x.get("seed")): x
-              for x in results.get("splits") or [] if isinstance(x, dict)}
-    for name in config["datasets"]:
-        for k in config["shots"]:
+    tag = config_tag(results.config)
+    splits = {(x.dataset, x.shots, x.seed): x for x in results.splits}
+    for name in results.datasets:
+        for k in results.shots:
             if (name, k) in skipped:
                 continue
-            for seed in config["seeds"]:
+            for seed in results.seeds:
                 path = scores_path(run_dir, name, k, seed)
                 if path.exists():
-                    split = splits.get((name, k, seed), {})
-                    rows = [r for r in results["rows"]
-                            if (r["dataset"], r["shots"], r["seed"]) == (name, k, seed)]
-                    expect = dict(dataset=name, shots=k, seed=seed, rows=rows,
-                                  demo_indices=split.get("demo_indices"),
-                                  test_hash=split.get("test_hash"),
-                                  model_identity=results.get("model_identity"))
+                    split = splits.get((name, k, seed))
+                    expect = dict(dataset=name, shots=k, seed=seed,
+                                  rows=results.rows_of(name, k, seed),
+                                  demo_indices=None if split is None else split.demo_indices,
+                                  test_hash=None if split is None else split.test_hash,
+                                  model_identity=results.model_identity)
                     runs.setdefault((name, k), {})[seed] = load_scores(path, tag, expect)
                 else:
                     missing.append(path.name)

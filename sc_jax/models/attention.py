@@ -8,26 +8,32 @@ may see ``S`` of the ``C`` cached keys and the earlier tokens of its own item, s
 attention of a row over all ``C + W`` keys computes ``m`` times too many scores over
 the cache and most of the ``W`` packed ones (85-90% masked on a 7B plan). Four
 implementations, one answer (to float rounding), chosen on the device by timing them
-(:mod:`sc_jax.scoring.attention_choice`; :func:`choose` is what a plan assumes):
+(:mod:`sc_jax.scoring.attention_choice`; :func:`choose` is what a plan assumes).
+
+This module is where a name becomes a computation: :data:`REGISTRY` maps each name to
+an :class:`Implementation`, which builds its own typed inputs once per call from the
+call's :class:`PackedTokens` (:func:`packed_inputs`: only what it reads, a pytree) and
+runs one layer on them (:func:`packed_attention`):
 
 * ``"dense"``: XLA, every key of the row scored and masked (the plain path the others
-  are tested against). The masks are built once per call (:func:`packed_masks`) and
+  are tested against). The masks (:class:`DenseInputs`) are built once per call and
   shared by every layer; the cached and packed scores are normalised together without
   concatenating them.
 * ``"blocked"``: XLA, block-sparse with an online softmax (FlashAttention's
   recurrence): the queries in blocks of ``bq`` tokens, the keys in blocks; each query
   block scores only the key blocks that hold its slots' cached keys and its items'
-  earlier tokens (:func:`block_ranges`). On a CPU the loops run to the call's largest
+  earlier tokens (:func:`block_ranges`; :class:`BlockedInputs`). On a CPU the loops run to the call's largest
   such range, a traced number, so one program serves every depth. On an accelerator
   they run over every key block, the masks doing the skipping: a traced trip count
   there would have the host read each iteration's predicate back from the device
   (XLA's GPU while loop), hundreds of round trips per call. Scores never exceed one
   ``[bq, bk]`` tile per block and head.
 * ``"cudnn"``: ``jax.nn.dot_product_attention(implementation="cudnn")`` over the row's
-  ``C + W`` keys with the packed mask: cuDNN's fused flash kernel (GPU, bfloat16 or
+  ``C + W`` keys with the packed mask (:class:`CudnnInputs`): cuDNN's fused flash kernel (GPU, bfloat16 or
   float16) never writes the scores to memory, at the price of scoring masked keys.
 * ``"pallas"``: one Pallas kernel that scores only the key blocks of ``"blocked"``,
-  with the block bounds read inside the kernel, so its loops never leave the device:
+  with the block bounds read inside the kernel (:class:`SparseInputs`, the kernel's
+  keyword arguments), so its loops never leave the device:
   Triton on a GPU (:mod:`sc_jax.models.pallas_attention`), Mosaic on a TPU
   (:mod:`sc_jax.models.pallas_tpu_attention`). On a CPU the GPU kernel runs in
   Pallas' interpreter (slow: for tests); on another accelerator, the accelerator form
@@ -44,6 +50,8 @@ G = H / K, Dh head dim.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -51,7 +59,6 @@ import numpy as np
 
 from sc_jax.models import pallas_attention, pallas_tpu_attention
 
-IMPLEMENTATIONS = ("dense", "blocked", "cudnn", "pallas")
 #: Query and packed-key block of ``"blocked"`` (tokens; divides W) and its cache-key
 #: block (divides C). Small blocks skip more masked keys; large ones make larger
 #: matrix products. Per platform, as the call shape is.
@@ -59,43 +66,94 @@ BLOCKS = {"cpu": (32, 64), "default": (64, 128)}
 # Finite, so a row with no visible key gives zeros rather than NaN; its output is
 # never read.
 _MASK_VALUE = -1e30
+# The id of a padding key: equal to no query's slot or item (those are >= -1).
+_INVALID = pallas_attention.INVALID
+
+
+class PackedTokens(NamedTuple):
+    """Where every token of a packed call sits, what each implementation's inputs are
+    built from (:func:`packed_inputs`): per new token ``[B, W]`` its rotary position
+    ``q_pos``, ``q_valid`` (False: padding), its item ``segment`` (-1 in padding) and
+    its item's cache ``slot``; per cached key ``[B, C]`` ``c_pos``, ``c_valid`` and
+    ``c_slot`` (the slot it belongs to, -1 past the slots)."""
+
+    q_pos: jax.Array
+    q_valid: jax.Array
+    segment: jax.Array
+    slot: jax.Array
+    c_pos: jax.Array
+    c_valid: jax.Array
+    c_slot: jax.Array
+
+
+class DenseInputs(NamedTuple):
+    """``"dense"``'s inputs: ``cache`` ``[B, W, C]``, the token may see the cached key
+    (valid, its slot, not later); ``new`` ``[B, W, W]``, it may see the packed key
+    (valid, its segment, not later; the diagonal always, so a padding query sees one
+    key); ``d_cache``, ``d_new``: query minus key position, for sliding windows (None
+    when no layer has one)."""
+
+    cache: jax.Array
+    new: jax.Array
+    d_cache: jax.Array | None
+    d_new: jax.Array | None
+
+
+class CudnnInputs(NamedTuple):
+    """``"cudnn"``'s inputs, over the row's ``C + W`` keys (cached, then packed): the
+    dense masks side by side, ``mask`` ``[B, W, C + W]``, and the position differences
+    ``d`` (None without sliding windows)."""
+
+    mask: jax.Array
+    d: jax.Array | None
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class PackedMasks:
-    """What a packed call's every layer shares, built once (:func:`packed_masks`).
+class SparseInputs:
+    """What the block-sparse loops read (the Pallas kernels' keyword arguments, and the
+    XLA form of ``"blocked"``): per new token ``[B, W]`` ``q_pos``, ``q_slot``,
+    ``q_seg`` and ``k_id`` (its item if valid, else :data:`_INVALID`); per cached key
+    ``[B, C]`` ``c_pos`` and ``c_id`` (its slot if valid, else :data:`_INVALID`), so a
+    key's validity is folded into its id; the block bounds of :func:`block_ranges`
+    (``c_lo``, ``c_n``, ``n_lo`` ``[B, W/bq]``) for blocks of ``bq`` queries and ``bk``
+    cached keys; ``windows``: some layer has a sliding window."""
 
-    Dense and cuDNN: ``cache`` ``[B, W, C]``, the token may see the cached key (valid,
-    its slot, not later); ``new`` ``[B, W, W]``, it may see the packed key (valid, its
-    segment, not later; the diagonal always, so a padding query sees one key);
-    ``d_cache``, ``d_new``: query minus key position, for sliding windows (None
-    when no layer has one). Blocked: the per-token inputs (``q_pos``, ``q_slot``,
-    ``q_seg``, ``k_valid`` ``[B, W]``; ``c_pos``, ``c_slot``, ``c_valid`` ``[B, C]``)
-    and the block bounds of :func:`block_ranges` (``c_lo``, ``c_n``, ``n_lo``
-    ``[B, W/bq]``, ``trips`` ``[2]``), for blocks of ``bq`` queries and ``bk`` cached
-    keys; ``windows``: some layer has a sliding window. Pallas: the blocked fields, at
-    the kernel's blocks.
-    """
+    q_pos: jax.Array
+    q_slot: jax.Array
+    q_seg: jax.Array
+    k_id: jax.Array
+    c_pos: jax.Array
+    c_id: jax.Array
+    c_lo: jax.Array
+    c_n: jax.Array
+    n_lo: jax.Array
+    bq: int = dataclasses.field(metadata=dict(static=True))
+    bk: int = dataclasses.field(metadata=dict(static=True))
+    windows: bool = dataclasses.field(metadata=dict(static=True))
 
-    cache: jax.Array | None = None
-    new: jax.Array | None = None
-    d_cache: jax.Array | None = None
-    d_new: jax.Array | None = None
-    q_pos: jax.Array | None = None
-    q_slot: jax.Array | None = None
-    q_seg: jax.Array | None = None
-    k_valid: jax.Array | None = None
-    c_pos: jax.Array | None = None
-    c_slot: jax.Array | None = None
-    c_valid: jax.Array | None = None
-    c_lo: jax.Array | None = None
-    c_n: jax.Array | None = None
-    n_lo: jax.Array | None = None
-    trips: jax.Array | None = None
-    windows: bool = dataclasses.field(default=False, metadata=dict(static=True))
-    bq: int = dataclasses.field(default=0, metadata=dict(static=True))
-    bk: int = dataclasses.field(default=0, metadata=dict(static=True))
+    def kwargs(self) -> dict:
+        """The fields as keyword arguments (a Pallas kernel's)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+class BlockedInputs(NamedTuple):
+    """``"blocked"``'s inputs: the block-sparse ones and ``trips`` ``[2]``, the call's
+    largest count of cache and packed key blocks (the CPU's loop bounds)."""
+
+    sparse: SparseInputs
+    trips: jax.Array
+
+
+class Implementation(NamedTuple):
+    """One packed attention: ``inputs(tokens, windows, blocks)`` builds its inputs once
+    per call from the :class:`PackedTokens` (shared by every layer), ``attend(q, k, v,
+    ck, cv, inputs, window)`` runs one layer on them; ``blocks(platform, W, C)`` gives
+    its ``(bq, bk)`` (None: it is not blocked)."""
+
+    inputs: Callable
+    attend: Callable
+    blocks: Callable | None = None
 
 
 def choose(platform: str) -> str:
@@ -105,6 +163,22 @@ def choose(platform: str) -> str:
     keys), the block-sparse XLA path elsewhere (on a CPU, where it is the faster:
     ``benchmarks/RESULTS.md``)."""
     return "pallas" if platform in ("gpu", "cuda") else "blocked"
+
+
+def blocks(implementation: str, platform: str, W: int, C: int) -> tuple[int, int] | None:
+    """``(bq, bk)``, the query and cache-key blocks of ``implementation`` at a call of
+    ``W`` new tokens after ``C`` cached keys on ``platform`` (None: not blocked)."""
+    impl = _implementation(implementation)
+    return impl.blocks(platform, W, C) if impl.blocks is not None else None
+
+
+def _blocked_blocks(platform: str, W: int, C: int) -> tuple[int, int]:
+    bq, bk = BLOCKS.get(platform, BLOCKS["default"])
+    return (bq if W % bq == 0 else W), (bk if C % bk == 0 else C)  # blocks that tile
+
+
+def _pallas_blocks(platform: str, W: int, C: int) -> tuple[int, int]:
+    return pallas_attention.blocks(W, C)  # one choice for every platform: see pallas_attention
 
 
 def _segment_first(segment):
@@ -142,31 +216,67 @@ def block_ranges(q_valid, q_slot, q_seg, c_slot, bq: int, bk: int):
     return c_lo.astype(jnp.int32), c_n.astype(jnp.int32), n_lo.astype(jnp.int32), trips
 
 
-def packed_masks(q_pos, q_valid, segment, slot, c_pos, c_valid, c_slot, *, windows: bool,
-                 implementation: str, platform: str = "default") -> PackedMasks:
-    """The masks (and, for ``"blocked"`` and ``"pallas"``, the block bounds) of one packed
-    call.
+def packed_inputs(tokens: PackedTokens, *, implementation: str, windows: bool,
+                  platform: str = "default"):
+    """The inputs of ``implementation`` for one packed call, built once and shared by
+    every layer: :class:`DenseInputs`, :class:`CudnnInputs`, :class:`BlockedInputs` or
+    (``"pallas"``) :class:`SparseInputs`. ``tokens``: the call's :class:`PackedTokens`
+    (``[B, W]`` and ``[B, C]``, one cached row per batch row); ``windows``: some layer
+    has a sliding window; ``platform``: the one the blocks are chosen for."""
+    impl = _implementation(implementation)
+    W, C = tokens.q_pos.shape[1], tokens.c_pos.shape[1]
+    return impl.inputs(tokens, windows, impl.blocks(platform, W, C) if impl.blocks else None)
 
-    q_pos, q_valid, segment, slot: ``[B, W]``; c_pos, c_valid, c_slot: ``[B, C]``
-    (one cached row per batch row). ``windows``: some layer has a sliding window."""
-    W, C = q_pos.shape[1], c_pos.shape[1]
-    if implementation in ("blocked", "pallas"):
-        if implementation == "pallas":  # one choice for every platform: see pallas_attention
-            bq, bk = pallas_attention.blocks(W, C)
-        else:
-            bq, bk = BLOCKS.get(platform, BLOCKS["default"])
-            bq, bk = (bq if W % bq == 0 else W), (bk if C % bk == 0 else C)  # blocks that tile
-        c_lo, c_n, n_lo, trips = block_ranges(q_valid, slot, segment, c_slot, bq, bk)
-        return PackedMasks(q_pos=q_pos, q_slot=slot, q_seg=segment, k_valid=q_valid, c_pos=c_pos,
-                           c_slot=c_slot, c_valid=c_valid, c_lo=c_lo, c_n=c_n, n_lo=n_lo,
-                           trips=trips, windows=windows, bq=bq, bk=bk)
-    d_c = q_pos[:, :, None] - c_pos[:, None, :]
-    d_n = q_pos[:, :, None] - q_pos[:, None, :]
-    cache = c_valid[:, None, :] & (slot[:, :, None] == c_slot[:, None, :]) & (d_c >= 0)
-    new = q_valid[:, None, :] & (segment[:, :, None] == segment[:, None, :]) & (d_n >= 0)
+
+def _dense_inputs(t: PackedTokens, windows: bool, blocks=None) -> DenseInputs:
+    W = t.q_pos.shape[1]
+    d_c = t.q_pos[:, :, None] - t.c_pos[:, None, :]
+    d_n = t.q_pos[:, :, None] - t.q_pos[:, None, :]
+    cache = t.c_valid[:, None, :] & (t.slot[:, :, None] == t.c_slot[:, None, :]) & (d_c >= 0)
+    new = t.q_valid[:, None, :] & (t.segment[:, :, None] == t.segment[:, None, :]) & (d_n >= 0)
     new = new | jnp.eye(W, dtype=bool)[None]
-    return PackedMasks(cache, new, d_c if windows else None, d_n if windows else None,
-                       windows=windows)
+    return DenseInputs(cache, new, d_c if windows else None, d_n if windows else None)
+
+
+def _cudnn_inputs(t: PackedTokens, windows: bool, blocks=None) -> CudnnInputs:
+    m = _dense_inputs(t, windows)
+    d = jnp.concatenate([m.d_cache, m.d_new], axis=-1) if windows else None
+    return CudnnInputs(jnp.concatenate([m.cache, m.new], axis=-1), d)
+
+
+def _sparse_inputs(t: PackedTokens, windows: bool, blocks) -> tuple[SparseInputs, jax.Array]:
+    """The block-sparse inputs and the call's largest trip counts."""
+    bq, bk = blocks
+    c_lo, c_n, n_lo, trips = block_ranges(t.q_valid, t.slot, t.segment, t.c_slot, bq, bk)
+    sparse = SparseInputs(t.q_pos, t.slot, t.segment, jnp.where(t.q_valid, t.segment, _INVALID),
+                          t.c_pos, jnp.where(t.c_valid, t.c_slot, _INVALID), c_lo, c_n, n_lo,
+                          bq=bq, bk=bk, windows=windows)
+    return sparse, trips
+
+
+def _blocked_inputs(t: PackedTokens, windows: bool, blocks) -> BlockedInputs:
+    return BlockedInputs(*_sparse_inputs(t, windows, blocks))
+
+
+def _pallas_inputs(t: PackedTokens, windows: bool, blocks) -> SparseInputs:
+    return _sparse_inputs(t, windows, blocks)[0]
+
+
+def packed_attention(q, k, v, ck, cv, inputs, window, *, implementation: str):
+    """Attention of a packed call's new queries over their slots' cached keys and their
+    segments' new keys (paper-independent; the model's attention, Vaswani et al.
+    eq. 1, softmax(q k^T / sqrt(Dh)) v, restricted to the keys each token may see).
+
+    q: ``[B, W, H, Dh]``; k, v: ``[B, W, K, Dh]``; ck, cv: ``[B, C, K, Dh]``;
+    ``inputs``: :func:`packed_inputs` of the same ``implementation``; ``window``: this
+    layer's sliding window (0: none). Returns ``[B, W, H, Dh]``."""
+    return _implementation(implementation).attend(q, k, v, ck, cv, inputs, window)
+
+
+def _implementation(name: str) -> Implementation:
+    if name not in REGISTRY:
+        raise ValueError(f"attention implementation must be one of {tuple(REGISTRY)}, got {name!r}")
+    return REGISTRY[name]
 
 
 def _windowed(mask, d, window):
@@ -175,34 +285,7 @@ def _windowed(mask, d, window):
     return mask & ((window <= 0) | (d < window))
 
 
-def packed_attention(q, k, v, ck, cv, masks: PackedMasks, window, *, implementation: str):
-    """Attention of a packed call's new queries over their slots' cached keys and their
-    segments' new keys (paper-independent; the model's attention, Vaswani et al.
-    eq. 1, softmax(q k^T / sqrt(Dh)) v, restricted by the masks).
-
-    q: ``[B, W, H, Dh]``; k, v: ``[B, W, K, Dh]``; ck, cv: ``[B, C, K, Dh]``;
-    ``window``: this layer's sliding window (0: none). Returns ``[B, W, H, Dh]``."""
-    if implementation == "dense":
-        return _dense(q, k, v, ck, cv, masks, window)
-    if implementation == "blocked":
-        # Traced trip counts on a CPU (the fewest blocks); on an accelerator a loop
-        # predicate is read back by the host every iteration, so there the full ranges.
-        return jax.lax.platform_dependent(
-            cpu=lambda: _blocked(q, k, v, ck, cv, masks, window, static=False),
-            default=lambda: _blocked(q, k, v, ck, cv, masks, window, static=True))
-    if implementation == "pallas":
-        return jax.lax.platform_dependent(
-            cpu=lambda: _pallas(q, k, v, ck, cv, masks, window, interpret=True),
-            cuda=lambda: _pallas(q, k, v, ck, cv, masks, window, interpret=False),
-            tpu=lambda: _pallas(q, k, v, ck, cv, masks, window, interpret=False,
-                                kernel=pallas_tpu_attention.packed_attention),
-            default=lambda: _blocked(q, k, v, ck, cv, masks, window, static=True))
-    if implementation == "cudnn":
-        return _cudnn(q, k, v, ck, cv, masks, window)
-    raise ValueError(f"attention implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
-
-
-def _dense(q, k, v, ck, cv, masks, window):
+def _dense(q, k, v, ck, cv, masks: DenseInputs, window):
     B, W, H, Dh = q.shape
     K = k.shape[2]
     qg = q.reshape(B, W, K, H // K, Dh)
@@ -223,38 +306,50 @@ def _dense(q, k, v, ck, cv, masks, window):
     return out.reshape(B, W, H, Dh).astype(q.dtype)
 
 
-def _cudnn(q, k, v, ck, cv, masks, window):
-    vis = jnp.concatenate([_windowed(masks.cache, masks.d_cache, window),
-                           _windowed(masks.new, masks.d_new, window)], axis=-1)
+def _cudnn(q, k, v, ck, cv, masks: CudnnInputs, window):
     keys = jnp.concatenate([ck.astype(q.dtype), k], axis=1)
     vals = jnp.concatenate([cv.astype(q.dtype), v], axis=1)
-    return jax.nn.dot_product_attention(q, keys, vals, mask=vis[:, None],
+    return jax.nn.dot_product_attention(q, keys, vals, mask=_windowed(masks.mask, masks.d, window)[:, None],
                                         scale=1.0 / np.sqrt(q.shape[-1]), implementation="cudnn")
 
 
-def _pallas(q, k, v, ck, cv, masks, window, *, interpret, kernel=pallas_attention.packed_attention):
+def _blocked_attend(q, k, v, ck, cv, x: BlockedInputs, window):
+    # Traced trip counts on a CPU (the fewest blocks); on an accelerator a loop
+    # predicate is read back by the host every iteration, so there the full ranges.
+    return jax.lax.platform_dependent(
+        cpu=lambda: _blocked(q, k, v, ck, cv, x.sparse, window, trips=x.trips),
+        default=lambda: _blocked(q, k, v, ck, cv, x.sparse, window))
+
+
+def _pallas_attend(q, k, v, ck, cv, x: SparseInputs, window):
+    return jax.lax.platform_dependent(
+        cpu=lambda: _pallas(q, k, v, ck, cv, x, window, interpret=True),
+        cuda=lambda: _pallas(q, k, v, ck, cv, x, window, interpret=False),
+        tpu=lambda: _pallas(q, k, v, ck, cv, x, window, interpret=False,
+                            kernel=pallas_tpu_attention.packed_attention),
+        default=lambda: _blocked(q, k, v, ck, cv, x, window))
+
+
+def _pallas(q, k, v, ck, cv, x: SparseInputs, window, *, interpret,
+            kernel=pallas_attention.packed_attention):
     """``kernel``: the GPU's (:mod:`sc_jax.models.pallas_attention`) or the TPU's
     (:mod:`sc_jax.models.pallas_tpu_attention`), which take the same inputs."""
-    big = pallas_attention.INVALID
-    return kernel(
-        q, k, v, ck, cv, window, q_pos=masks.q_pos, q_slot=masks.q_slot, q_seg=masks.q_seg,
-        k_id=jnp.where(masks.k_valid, masks.q_seg, big), c_pos=masks.c_pos,
-        c_id=jnp.where(masks.c_valid, masks.c_slot, big), c_lo=masks.c_lo, c_n=masks.c_n,
-        n_lo=masks.n_lo, bq=masks.bq, bk=masks.bk, windows=masks.windows, interpret=interpret)
+    return kernel(q, k, v, ck, cv, window, **x.kwargs(), interpret=interpret)
 
 
-def _blocked(q, k, v, ck, cv, masks, window, *, static: bool):
-    """``static``: loops over every key block (the masks skip), no traced trip count."""
+def _blocked(q, k, v, ck, cv, x: SparseInputs, window, trips=None):
+    """The block-sparse loops in XLA. ``trips`` ``[2]``: the loops' trip counts (the
+    CPU's); None: every key block (the masks skip), no traced trip count."""
     B, W, H, Dh = q.shape
     K, C = k.shape[2], ck.shape[1]
     G = H // K
-    bq, bk = masks.bq, masks.bk
+    bq, bk = x.bq, x.bk
     nq = W // bq
     scale = 1.0 / np.sqrt(Dh)
     qb = q.reshape(B, nq, bq, K, G, Dh)
-    q_pos = masks.q_pos.reshape(B, nq, bq)
-    q_slot = masks.q_slot.reshape(B, nq, bq)
-    q_seg = masks.q_seg.reshape(B, nq, bq)
+    q_pos = x.q_pos.reshape(B, nq, bq)
+    q_slot = x.q_slot.reshape(B, nq, bq)
+    q_seg = x.q_seg.reshape(B, nq, bq)
     f32 = jnp.float32
     state = (jnp.full((B, nq, K, G, bq), _MASK_VALUE, f32), jnp.zeros((B, nq, K, G, bq), f32),
              jnp.zeros((B, nq, K, G, bq, Dh), f32))
@@ -274,35 +369,45 @@ def _blocked(q, k, v, ck, cv, masks, window, *, static: bool):
                                               preferred_element_type=f32)
         return m_new, l, acc
 
-    def take(x, idx, b):  # x [B, n*b, ...], idx [B, nq] -> blocks [B, nq, b, ...]
-        xb = x.reshape((B, x.shape[1] // b, b) + x.shape[2:])
+    def take(a, idx, b):  # a [B, n*b, ...], idx [B, nq] -> blocks [B, nq, b, ...]
+        xb = a.reshape((B, a.shape[1] // b, b) + a.shape[2:])
         ix = idx.reshape((B, nq) + (1,) * (xb.ndim - 2))
         return jnp.take_along_axis(xb, ix, axis=1)
 
     def cache_step(i, state):
-        idx = jnp.clip(masks.c_lo + i, 0, C // bk - 1)
-        cp, cs, cvd = (take(x, idx, bk) for x in (masks.c_pos, masks.c_slot, masks.c_valid))
+        idx = jnp.clip(x.c_lo + i, 0, C // bk - 1)
+        cp, cid = (take(a, idx, bk) for a in (x.c_pos, x.c_id))
         d = q_pos[..., None] - cp[:, :, None, :]
-        vis = cvd[:, :, None, :] & (q_slot[..., None] == cs[:, :, None, :]) & (d >= 0)
-        vis = vis & (i < masks.c_n)[:, :, None, None]
-        if masks.windows:
+        vis = (q_slot[..., None] == cid[:, :, None, :]) & (d >= 0)  # a padding key's id is no slot
+        vis = vis & (i < x.c_n)[:, :, None, None]
+        if x.windows:
             vis = vis & ((window <= 0) | (d < window))
         return update(state, take(ck, idx, bk), take(cv, idx, bk), vis)
 
     def new_step(i, state):
         blk = jnp.broadcast_to(jnp.arange(nq, dtype=jnp.int32) - i, (B, nq))
         idx = jnp.clip(blk, 0, nq - 1)
-        kp, ks, kvd = (take(x, idx, bq) for x in (masks.q_pos, masks.q_seg, masks.k_valid))
+        kp, kid = (take(a, idx, bq) for a in (x.q_pos, x.k_id))
         d = q_pos[..., None] - kp[:, :, None, :]
         own = (i == 0) & (jnp.arange(bq)[:, None] == jnp.arange(bq)[None, :])
-        vis = (kvd[:, :, None, :] & (q_seg[..., None] == ks[:, :, None, :]) & (d >= 0)) | own
-        vis = vis & (blk >= masks.n_lo)[:, :, None, None]
-        if masks.windows:
+        vis = ((q_seg[..., None] == kid[:, :, None, :]) & (d >= 0)) | own
+        vis = vis & (blk >= x.n_lo)[:, :, None, None]
+        if x.windows:
             vis = vis & ((window <= 0) | (d < window))
         return update(state, take(k, idx, bq), take(v, idx, bq), vis)
 
-    n_c, n_n = (C // bk, nq) if static else (masks.trips[0], masks.trips[1])
+    n_c, n_n = (C // bk, nq) if trips is None else (trips[0], trips[1])
     state = jax.lax.fori_loop(0, n_c, cache_step, state)
     m, l, acc = jax.lax.fori_loop(0, n_n, new_step, state)
     out = acc / jnp.where(l > 0, l, 1.0)[..., None]  # [B, nq, K, G, bq, Dh]
     return out.transpose(0, 1, 4, 2, 3, 5).reshape(B, W, H, Dh).astype(q.dtype)
+
+
+#: The packed attentions by name, in the order of :data:`IMPLEMENTATIONS`.
+REGISTRY: dict[str, Implementation] = {
+    "dense": Implementation(_dense_inputs, _dense),
+    "blocked": Implementation(_blocked_inputs, _blocked_attend, _blocked_blocks),
+    "cudnn": Implementation(_cudnn_inputs, _cudnn),
+    "pallas": Implementation(_pallas_inputs, _pallas_attend, _pallas_blocks),
+}
+IMPLEMENTATIONS = tuple(REGISTRY)

@@ -19,6 +19,7 @@ read :mod:`sc_jax.models.identity`'s.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -31,7 +32,7 @@ from sc_jax.models.checkpoint import convert, decoder_from_arrays, read_safetens
 from sc_jax.models.config import ModelConfig
 from sc_jax.models.identity import files_identity, text_hash
 from sc_jax.models.model import Decoder, KVCache, positions_from_valid
-from sc_jax.models.sources import locate, model_parts
+from sc_jax.models.sources import LocatedModel, hub_weights, locate_model
 from sc_jax.runtime.multihost import put_global, to_host
 from sc_jax.runtime.sharding import (
     MODEL,
@@ -249,7 +250,7 @@ def _token_int(t) -> int:
 
 # ------------------------------------------------------------------ loading
 def load_model(source: str, *, dtype: str = "float32", mesh=None, seed: int = 0,
-               revision: str | None = None) -> LoadedModel:
+               revision: str | None = None, located: LocatedModel | None = None) -> LoadedModel:
     """Load a decoder and its tokenizer.
 
     ``source``, tried in this order:
@@ -288,6 +289,9 @@ def load_model(source: str, *, dtype: str = "float32", mesh=None, seed: int = 0,
     text as ``sc-jax --mesh`` takes it (``"data=2,model=4"``, ``"8"``); batches are
     split over its ``data`` axis and weights over its ``model`` axis by the rules of
     :mod:`sc_jax.runtime.sharding` (replicated when ``model`` is 1).
+
+    ``located``: ``source`` already located (:func:`sc_jax.models.sources.locate_model`,
+    as a run's plan holds it): the weights load from there, nothing is located again.
     """
     jdtype = DTYPES[ranges.check_dtype(dtype)]
     if isinstance(mesh, (str, int)) and not isinstance(mesh, bool):
@@ -297,8 +301,11 @@ def load_model(source: str, *, dtype: str = "float32", mesh=None, seed: int = 0,
         raise TypeError(f"mesh must be a jax.sharding.Mesh (sc_jax.runtime.sharding.make_mesh) or text "
                         f"such as 'data=2,model=4', got {type(mesh).__name__}")
     sharding = (lambda name, shape: param_sharding(mesh, name, shape)) if mesh is not None else None
-    src = locate(source, revision, weights=True)
-    parts = model_parts(src)  # the vocabulary is checked here, before any weight is read
+    # The vocabulary is checked where the source is located, before any weight is read.
+    located = located or locate_model(source, revision, weights=True)
+    src, parts = located.source, located.parts
+    if src.hub_id is not None and not located.weights:  # located for its configuration alone
+        src = dataclasses.replace(src, path=hub_weights(src.hub_id, weights=True))
     config, tok = parts.config, parts.tokenizer
     if src.kind == "random":
         module = _random_decoder(config, jdtype, seed, mesh)

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from sc_jax.models.attention import packed_attention, packed_masks
+from sc_jax.models.attention import PackedTokens, packed_attention, packed_inputs
 from sc_jax.models.config import ModelConfig, layer_inv_freq
 
 # Finite, so a row with no visible key (a padded query) gives a uniform softmax
@@ -230,7 +230,7 @@ class Decoder(nnx.Module):
         ``packing`` (with a cache of B rows): several segments per row, see
         :class:`Packing`; its attention is ``attention``, one of
         :data:`sc_jax.models.attention.IMPLEMENTATIONS` (each token sees its slot's cached
-        keys and its segment's new keys; the masks are built once for all layers).
+        keys and its segment's new keys; its inputs are built once for all layers).
         Returns ``(hidden [B, T, D] after the final norm, KVCache of the new tokens
         [L, B, T, K, Dh])``; concatenate it to ``cache`` to extend.
         """
@@ -245,11 +245,13 @@ class Decoder(nnx.Module):
         act = jax.nn.silu if c.hidden_act == "silu" else (
             lambda g: jax.nn.gelu(g, approximate=True))
         lp = {n: getattr(self.layers, n)[...] for n in LAYER_PARAMS if hasattr(self.layers, n)}
-        masks = None
+        attn_inputs = None
         if packing is not None:
-            masks = packed_masks(positions, valid, packing.segment, packing.slot, cache.pos,
-                                 cache.valid, packing.cache_slot, implementation=attention,
-                                 windows=any(w > 0 for w in c.windows), platform=jax.default_backend())
+            tokens_at = PackedTokens(positions, valid, packing.segment, packing.slot, cache.pos,
+                                     cache.valid, packing.cache_slot)
+            attn_inputs = packed_inputs(tokens_at, implementation=attention,
+                                        windows=any(w > 0 for w in c.windows),
+                                        platform=jax.default_backend())
 
         def block(x, xs):
             w = xs["w"]
@@ -264,8 +266,8 @@ class Decoder(nnx.Module):
             q, k = self._rope(q, positions, xs["inv_freq"]), self._rope(k, positions, xs["inv_freq"])
             if q_mult is not None and q_mult != 1.0:
                 q = (q.astype(jnp.float32) * q_mult).astype(q.dtype)
-            if masks is not None:
-                a = packed_attention(q, k, v, xs["ck"], xs["cv"], masks, xs["window"],
+            if attn_inputs is not None:
+                a = packed_attention(q, k, v, xs["ck"], xs["cv"], attn_inputs, xs["window"],
                                      implementation=attention)
             elif cache is None:
                 a = self._attend(q, k, v, positions, valid, xs["window"], None, None, None, None)

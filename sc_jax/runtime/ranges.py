@@ -16,6 +16,8 @@ import argparse
 import dataclasses
 import math
 import numbers
+import re
+from typing import Literal, get_args
 
 #: The largest k a run accepts: the paper's largest is 16. Above a few dozen, the k-shot
 #: prompt outgrows small models' context windows and a run compiles for minutes before
@@ -34,7 +36,8 @@ LAMBDA_MAX = 1e30
 #: The dtypes a model is loaded in, by name. Half precision (float16) is left out: its
 #: 5-bit exponent overflows in the attention logits of the larger models, and bfloat16
 #: has float32's range at the same cost.
-DTYPES = ("float32", "bfloat16")
+DType = Literal["float32", "bfloat16"]
+DTYPES: tuple[DType, ...] = get_args(DType)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,8 +92,9 @@ RANGES: dict[str, Range] = {
     "max_size": Range("--max-size", 1),
     "m_cap": Range("--m-cap", 1),
     "budget": Range("--budget", 1),
-    "bc_batch": Range("--bc-batch", 1),
-    "dc_strings": Range("--dc-strings", 1),
+    # RunConfig fields with no command-line flag: the line names none.
+    "bc_batch": Range("RunConfig only", 1),
+    "dc_strings": Range("RunConfig only", 1),
     "max_tokens_per_batch": Range("--max-tokens-per-batch", 1),
     "max_cache_tokens": Range("--max-cache-tokens", 1),
     "mesh_devices": Range("--mesh", 1),
@@ -129,6 +133,24 @@ def check_dtype(dtype, *, option: str = "--dtype") -> str:
     if dtype not in DTYPES:
         raise ValueError(f"dtype ({option}) must be one of {', '.join(DTYPES)}, got {dtype!r}")
     return dtype
+
+
+def memory_size(text: str) -> int:
+    """'80GiB', '24GB', '512MiB', '60' -> bytes: a bare number is GiB (device memory is
+    quoted in GiB; GB and GiB both mean 2**30 here), 'B' names bytes. ValueError for
+    anything else."""
+    m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([KMGT]?)(i?B)?\s*", text)
+    if not m:
+        raise ValueError(f"not a memory size: {text!r} (e.g. 80GiB, or 80 for GiB)")
+    unit = m.group(2).upper() if (m.group(2) or m.group(3)) else "G"
+    scale = {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}[unit]
+    try:
+        value = int(float(m.group(1)) * scale)
+    except (ValueError, OverflowError):
+        raise ValueError(f"not a memory size: {text!r} (e.g. 80GiB)") from None
+    if value < 1:
+        raise ValueError(f"memory size must be positive, got {text!r}")
+    return value
 
 
 def arg_type(name: str, cast=int):

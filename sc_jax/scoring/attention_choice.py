@@ -1,5 +1,9 @@
 """Which packed attention (:mod:`sc_jax.models.attention`) a run's model program uses,
-chosen by measurement on the device it runs on.
+chosen by measurement on the device it runs on. The one place that decides it: a
+scoring engine asks :class:`EngineAttention` per call shape, which decides
+(:func:`choose_attention`), builds the model program with the decision and falls back
+(:func:`fallbacks`) where it does not compile or run; the model only runs the name it
+is handed (:data:`sc_jax.models.attention.REGISTRY`).
 
 What is fastest depends on the device, its libraries and the call shape: a fused kernel
 may not build on one CUDA release, the block-sparse XLA path pays per tile what a kernel
@@ -32,6 +36,8 @@ import os
 import statistics
 import tempfile
 import time
+import warnings
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -95,9 +101,9 @@ def candidates(platform: str, dtype, devices: int = 1) -> tuple[str, ...]:
 
 def layer_call(config, dtype, shape: PackShape, *, rows: int | None = None, seed: int = 0):
     """The inputs of one layer's packed attention at ``shape``: ``(q [b, W, H, Dh], k, v
-    [b, W, K, Dh], ck, cv [b, cache, K, Dh])`` and the call's per-token arrays
-    (``q_pos``, ``q_valid``, ``segment``, ``slot`` ``[b, W]``; ``c_pos``, ``c_valid``,
-    ``c_slot`` ``[b, cache]``), with ``b = rows`` (default ``shape.B``). The layout is
+    [b, W, K, Dh], ck, cv [b, cache, K, Dh])`` and the call's
+    :class:`sc_jax.models.attention.PackedTokens` (``[b, W]`` and ``[b, cache]``), with
+    ``b = rows`` (default ``shape.B``). The layout is
     the module docstring's; the values are normal draws."""
     rng = np.random.default_rng(seed)
     b, W, C = rows or shape.B, shape.W, shape.cache
@@ -126,16 +132,15 @@ def layer_call(config, dtype, shape: PackShape, *, rows: int | None = None, seed
     normal = lambda k, *s: jax.random.normal(k, s, jnp.float32).astype(dtype)  # noqa: E731
     arrays = (normal(key[0], b, W, H, Dh), normal(key[1], b, W, K, Dh), normal(key[2], b, W, K, Dh),
               normal(key[3], b, C, K, Dh), normal(key[4], b, C, K, Dh))
-    meta = dict(q_pos=pos, q_valid=valid, segment=seg, slot=slot, c_pos=cpos, c_valid=cvalid,
-                c_slot=cslot)
-    return arrays, {n: jnp.asarray(x) for n, x in meta.items()}
+    tokens = attn.PackedTokens(pos, valid, seg, slot, cpos, cvalid, cslot)
+    return arrays, attn.PackedTokens(*map(jnp.asarray, tokens))
 
 
 def _layer(implementation: str, windows: bool):
-    def f(q, k, v, ck, cv, meta, window):
-        masks = attn.packed_masks(**meta, windows=windows, implementation=implementation,
-                                  platform=jax.default_backend())
-        return attn.packed_attention(q, k, v, ck, cv, masks, window, implementation=implementation)
+    def f(q, k, v, ck, cv, tokens, window):
+        inputs = attn.packed_inputs(tokens, implementation=implementation, windows=windows,
+                                    platform=jax.default_backend())
+        return attn.packed_attention(q, k, v, ck, cv, inputs, window, implementation=implementation)
     return jax.jit(f)
 
 
@@ -152,27 +157,27 @@ def time_attention(config, dtype, shape: PackShape, names, *, rows: int | None =
     (a kernel can fail at run time), then ``repeats`` timed calls (median), its output
     compared with ``"dense"``'s over the real tokens. ``"dense"`` is the reference and
     must run. Returns one :class:`Trial` per name, in order."""
-    arrays, meta = layer_call(config, dtype, shape, rows=rows)
+    arrays, tokens = layer_call(config, dtype, shape, rows=rows)
     wins = [w for w in config.windows if w > 0]
     window = jnp.int32(min(wins) if wins else 0)
     windows = bool(wins)
-    real = np.asarray(meta["q_valid"])
+    real = np.asarray(tokens.q_valid)
     tol = TOLERANCE.get(jnp.dtype(dtype).name, 3e-2)
-    want = np.asarray(_layer("dense", windows)(*arrays, meta, window), np.float32)
+    want = np.asarray(_layer("dense", windows)(*arrays, tokens, window), np.float32)
     trials = []
     for name in names:
         fn = _layer(name, windows)
         try:
-            compiled = fn.lower(*arrays, meta, window).compile()
+            compiled = fn.lower(*arrays, tokens, window).compile()
         except Exception as e:  # noqa: BLE001  (a candidate this backend cannot build)
             trials.append(Trial(name, error=error_line(e)))
             continue
         try:
-            got = np.asarray(jax.block_until_ready(compiled(*arrays, meta, window)), np.float32)
+            got = np.asarray(jax.block_until_ready(compiled(*arrays, tokens, window)), np.float32)
             times = []
             for _ in range(repeats):
                 t = time.perf_counter()
-                jax.block_until_ready(compiled(*arrays, meta, window))
+                jax.block_until_ready(compiled(*arrays, tokens, window))
                 times.append(time.perf_counter() - t)
         except Exception as e:  # noqa: BLE001  (compiled, but fails when it runs)
             trials.append(Trial(name, compiled=True, error=error_line(e)))
@@ -335,3 +340,73 @@ def fallbacks(name: str, trials: list[Trial]) -> list[str]:
         if n != name and n not in out:
             out.append(n)
     return out
+
+
+#: The XLA paths need no trial run on a CPU once they compile (nothing there fails at
+#: run time that compiled); every other candidate, and every path elsewhere, runs once.
+_TRUSTED_ON_CPU = ("dense", "blocked")
+
+
+class EngineAttention:
+    """Which attention each model program of one scoring engine runs: the engine's one
+    place to ask (:meth:`sc_jax.scoring.engine.ScoringEngine.compile`).
+
+    ``requested``: ``"auto"`` or one of :data:`sc_jax.models.attention.IMPLEMENTATIONS`;
+    the model (``config``, ``dtype``) runs on ``n_devices`` data devices of
+    ``model_shards`` each. :meth:`decide` says what a call shape should run (for
+    ``"auto"``, :func:`choose_attention` on one device's share of the call's rows);
+    :meth:`settle` builds the shape's model program with it, and where that does not
+    compile or run, with the next of :func:`fallbacks`, warning once. Both are kept per
+    call shape, so a shape is decided and built once per engine."""
+
+    def __init__(self, requested: str, config, dtype, *, n_devices: int = 1, model_shards: int = 1):
+        if requested != "auto" and requested not in attn.IMPLEMENTATIONS:
+            raise ValueError(f"attention must be 'auto' or one of {attn.IMPLEMENTATIONS}, "
+                             f"got {requested!r}")
+        self.requested = requested
+        self._model = (config, dtype, n_devices, model_shards)
+        # Filled as shapes come: program -> (name, trials, from_cache), and
+        # (program, sequence) -> the attention its built program runs.
+        self._decided: dict = {}
+        self._settled: dict = {}
+
+    def decide(self, shape: PackShape) -> tuple[str, list[Trial], bool]:
+        """The attention for calls of ``shape``: ``(name, trials, from_cache)``."""
+        if shape.program not in self._decided:
+            config, dtype, n_devices, model_shards = self._model
+            if self.requested == "auto":
+                self._decided[shape.program] = choose_attention(
+                    config, dtype, shape, rows=max(1, shape.B // n_devices),
+                    devices=n_devices * model_shards)
+            else:
+                self._decided[shape.program] = (self.requested, [], False)
+        return self._decided[shape.program]
+
+    def settle(self, shape: PackShape, sequence: bool, build: Callable[[str, bool], None], *,
+               like: PackShape | None = None) -> str:
+        """The attention the model program of calls of ``shape`` runs, built once:
+        ``build(name, run)`` compiles the program with ``name`` (and, where ``run``,
+        runs it once: a kernel can compile and still fail when it runs) or raises. The
+        decision for ``like`` where given (a schedule's smaller calls run what its
+        largest call settled on, which must be settled first), else :meth:`decide`'s;
+        then its :func:`fallbacks`, each failure a warning; the last failure raises."""
+        key = (shape.program, sequence)
+        if key in self._settled:
+            return self._settled[key]
+        if like is not None:
+            name, trials = self._settled[like.program, sequence], []
+        else:
+            name, trials, _ = self.decide(shape)
+        order = [name] + fallbacks(name, trials)
+        cpu = jax.default_backend() == "cpu"
+        for i, cand in enumerate(order):
+            try:
+                build(cand, not (cpu and cand in _TRUSTED_ON_CPU))
+                break
+            except Exception as e:  # noqa: BLE001  (a kernel this backend cannot build or run)
+                if i + 1 == len(order):
+                    raise
+                warnings.warn(f"attention {cand!r} does not compile or run here ({error_line(e)}); "
+                              f"using {order[i + 1]!r}", RuntimeWarning, stacklevel=3)
+        self._settled[key] = cand
+        return cand

@@ -18,7 +18,6 @@ import jax
 import numpy as np
 
 from sc_jax.models import attention as attn
-from sc_jax.models import pallas_attention
 from sc_jax.scoring.attention_choice import layer_call
 from sc_jax.scoring.memory import query_rows
 from sc_jax.scoring.packing import PackedDepth, PackShape
@@ -176,11 +175,8 @@ def replay(sched: Schedule, config, *, attention: str = "dense", platform: str =
     and slots per row ``m``."""
     sh = sched.shape
     cost = CostModel.of(config, itemsize)
-    if attention == "pallas":
-        bq, bk = pallas_attention.blocks(sh.W, sh.cache)
-    else:
-        bq, bk = attn.BLOCKS.get(platform, attn.BLOCKS["default"])
-        bq, bk = (bq if sh.W % bq == 0 else sh.W), (bk if sh.cache % bk == 0 else sh.cache)
+    # The kernel's blocks for "pallas", the XLA blocked path's for the rest.
+    bq, bk = attn.blocks("pallas" if attention == "pallas" else "blocked", platform, sh.W, sh.cache)
     G = config.num_heads // config.num_kv_heads
     depths: dict[str, dict] = {}
     for _, st, r0, sh in sched.calls():  # W and cache are those of every call size
@@ -258,21 +254,24 @@ def measured_attention(config, dtype, shape: PackShape, attention: str, *, platf
     (the dense path's float32 scores cost more than their bytes on a CPU)."""
     c = config
     B, W, C = min(rows, shape.B), shape.W, shape.cache
-    (q, k, v, ck, cv), meta = layer_call(config, dtype, shape, rows=B)
-    masks = attn.packed_masks(**meta, windows=False, implementation=attention, platform=platform)
+    (q, k, v, ck, cv), tokens = layer_call(config, dtype, shape, rows=B)
+    inputs = attn.packed_inputs(tokens, implementation=attention, windows=False, platform=platform)
     f = jax.jit(lambda *a: attn.packed_attention(*a, implementation=attention))
-    f(q, k, v, ck, cv, masks, 0).block_until_ready()
+    f(q, k, v, ck, cv, inputs, 0).block_until_ready()
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
-        f(q, k, v, ck, cv, masks, 0).block_until_ready()
+        f(q, k, v, ck, cv, inputs, 0).block_until_ready()
         times.append(time.perf_counter() - t)
-    trips = masks.trips
     # The keys it scored, counted as replay() counts them: the traced trips of the CPU's
     # blocked path and of the kernel, every key for the rest (the accelerator's blocked
     # path loops over every block).
     sparse = attention == "pallas" or (attention == "blocked" and jax.default_backend() == "cpu")
-    scored = float(trips[0] * masks.bk + trips[1] * masks.bq) if sparse else float(C + W)
+    scored = float(C + W)
+    if sparse:
+        bq, bk = attn.blocks(attention, platform, W, C)
+        trips = attn.block_ranges(tokens.q_valid, tokens.slot, tokens.segment, tokens.c_slot, bq, bk)[3]
+        scored = float(trips[0] * bk + trips[1] * bq)
     return float(np.median(times)) / (B * W * c.num_heads * scored)
 
 

@@ -26,28 +26,27 @@ come from the device's memory (:mod:`sc_jax.scoring.memory`) unless given.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
-import warnings
 from typing import NamedTuple
 
 import jax
 import numpy as np
-from tqdm.auto import tqdm
 
-from sc_jax.models import attention as attn
 from sc_jax.models.loading import LoadedModel
 from sc_jax.models.model import KVCache
 from sc_jax.runtime.multihost import to_host
+from sc_jax.runtime.progress import Bar
 from sc_jax.runtime.sharding import kv_sharding, replicated
 from sc_jax.runtime.timing import CompileMeter
-from sc_jax.scoring.attention_choice import choose_attention, error_line, fallbacks
+from sc_jax.scoring.attention_choice import EngineAttention
 from sc_jax.scoring.memory import MemoryPolicy, Planned, query_rows
 from sc_jax.scoring.packing import MIN_CACHE, PackedDepth, PackShape
 from sc_jax.scoring.programs import PackedInputs, empty_pool, gather_slots, packed_call, write_tokens
 from sc_jax.scoring.prompts import PromptPieces
 from sc_jax.scoring.reference import check_inputs, label_logprobs
-from sc_jax.scoring.results import EngineStats, ScoreResult
+from sc_jax.scoring.results import CallCounts, EngineStats, ScoreResult
 from sc_jax.scoring.schedule import Chunk, Schedule
 
 
@@ -216,7 +215,8 @@ class ScoringEngine:
     compile or fails on its first run in the whole model program (a cuDNN that builds
     no plan, say), the engine says so in one warning and uses the next (the other
     trials that passed, fastest first, then ``"blocked"``, then ``"dense"``).
-    ``progress``: a tqdm bar of query rows.
+    ``progress``: a tqdm bar of query rows, on a terminal or in a notebook only
+    (:class:`sc_jax.runtime.progress.Bar`).
 
     Every setting is fixed here; a call returns what it did (:class:`ScoreResult`)
     and changes nothing but the caches :meth:`__init__` names.
@@ -226,35 +226,31 @@ class ScoringEngine:
                  max_cache_tokens: int | None = None, device_memory: int | None = None,
                  policy: MemoryPolicy | None = None, attention: str = "auto",
                  progress: bool = True):
-        if attention != "auto" and attention not in attn.IMPLEMENTATIONS:
-            raise ValueError(f"attention must be 'auto' or one of {attn.IMPLEMENTATIONS}, "
-                             f"got {attention!r}")
         self.model = model
-        # As asked: "auto" is decided per call shape (choice()), the first time a shape
-        # comes, and kept; what a call used is in its stats.
+        # As asked: "auto" is decided per call shape, the first time a shape comes, and
+        # kept; what a call used is in its stats.
         self.attention = attention
         self.policy = policy or MemoryPolicy.resolve(
             device_memory, n_devices=model.n_devices, model_shards=model.model_shards,
             max_tokens_per_batch=max_tokens_per_batch, max_cache_tokens=max_cache_tokens)
         self.device_memory = self.policy.budget_bytes if self.policy.enforced else None
         self.progress = progress
-        # Caches, filled as calls come (nothing else changes after construction):
-        # the attention chosen per call shape (name, trials, from the decision file);
-        # the model programs compiled, (program, sequence) -> the attention they run;
-        # and the call shape of the last schedule scored (one element once a call
-        # ran), which later plans keep where their items fit, so a process that met a
-        # longer item keeps its wider program.
-        self._choices: dict = {}
-        self._warm: dict = {}
-        self._last_shape: list[PackShape] = []
+        # Caches, filled as calls come (nothing else changes after construction): the
+        # attention decided and built per call shape (the one place that decides it),
+        # and the call shapes of the schedules scored, the last scored last, which later
+        # plans keep where their items fit, so a process that met a longer item keeps
+        # its wider program.
+        self._attention = EngineAttention(attention, model.config, model.dtype,
+                                          n_devices=model.n_devices, model_shards=model.model_shards)
+        self._scored: dict[PackShape, None] = {}
 
     def plan(self, pieces: PromptPieces, jobs, mode: str) -> Planned:
         """The packed schedule of ``jobs`` (checked inputs) under this engine's policy,
         and the budgets it was made under. Assigns nothing; where an earlier
-        :meth:`score_jobs` ran, the plan keeps that call's shape where the items fit
-        (the ``_last_shape`` cache), so a process reuses its compiled program."""
+        :meth:`score_jobs` ran, the plan keeps the last scored call shape where the
+        items fit (the ``_scored`` cache), so a process reuses its compiled program."""
         m = self.model
-        prefer = self._last_shape[-1] if self._last_shape else None
+        prefer = next(reversed(self._scored), None)
         return self.policy.plan(m.config, m.dtype, pieces, jobs, mode, prefer=prefer)
 
     def _pool_of(self, tokens: int) -> KVCache:
@@ -282,54 +278,37 @@ class ScoringEngine:
 
     def choice(self, shape: PackShape) -> tuple[str, list, bool]:
         """The attention for calls of ``shape``: ``(name, trials, from_cache)``, decided
-        once per shape (:func:`sc_jax.scoring.attention_choice.choose_attention` for
-        ``"auto"``, timed on one device's share of the call's rows)."""
-        if shape.program not in self._choices:
-            m = self.model
-            if self.attention == "auto":
-                rows = max(1, shape.B // m.n_devices)
-                self._choices[shape.program] = choose_attention(
-                    m.config, m.dtype, shape, rows=rows, devices=m.n_devices * m.model_shards)
-            else:
-                self._choices[shape.program] = (self.attention, [], False)
-        return self._choices[shape.program]
+        once per shape (:meth:`sc_jax.scoring.attention_choice.EngineAttention.decide`)."""
+        return self._attention.decide(shape)
 
     def compile(self, shape: PackShape, pool: KVCache, mode: str = "first_token", *,
                 choose: PackShape | None = None) -> str:
         """Compile the model program of calls of ``shape`` now, ahead of time (once per
         engine and shape), so that the first call of a depth times the forward pass only;
-        returns the attention it uses: the choice for ``choose`` where given (a
-        schedule's smaller calls run its largest call's choice). The arguments are those
-        of a call of padding, its cache gathered from ``pool`` (which compiles the
-        gather too), so the program is the one the calls then find in JAX's cache. Unless
-        it is one of the XLA paths on a CPU, the program also runs once on them: a
-        kernel can compile and still fail when it runs. A failure either way moves to
-        the next attention (:func:`sc_jax.scoring.attention_choice.fallbacks`)."""
+        returns the attention it uses, as the engine's attention choice settles it
+        (:meth:`sc_jax.scoring.attention_choice.EngineAttention.settle`: the decision
+        for ``choose`` where given, as a schedule's smaller calls run its largest call's
+        choice, and the next one where a candidate does not compile or run). The
+        arguments are those of a call of padding, its cache gathered from ``pool``
+        (which compiles the gather too), so the program is the one the calls then find
+        in JAX's cache."""
         seq = mode == "sequence"
-        if (shape.program, seq) in self._warm:
-            return self._warm[shape.program, seq]
-        m = self.model
-        rows_arg = None if seq else m.replicate(np.zeros(shape.labels, np.int32))
-        args = self._args(pool, shape, _padding_call(shape), np.zeros((shape.B, shape.cache), np.int32),
-                          np.full(shape.cache, -1, np.int32), rows_arg)
         if choose is not None:
-            name, trials = self.compile(choose, pool, mode), []
-        else:
-            name, trials, _ = self.choice(shape)
-        order = [name] + fallbacks(name, trials)
-        for i, cand in enumerate(order):
-            try:
-                packed_call.lower(*args, sequence=seq, attention=cand).compile()
-                if cand not in ("dense", "blocked") or jax.default_backend() != "cpu":
-                    jax.block_until_ready(packed_call(*args, sequence=seq, attention=cand))
-                break
-            except Exception as e:  # noqa: BLE001  (a kernel this backend cannot build or run)
-                if i + 1 == len(order):
-                    raise
-                warnings.warn(f"attention {cand!r} does not compile or run here ({error_line(e)}); "
-                              f"using {order[i + 1]!r}", RuntimeWarning, stacklevel=2)
-        self._warm[shape.program, seq] = cand
-        return cand
+            self.compile(choose, pool, mode)
+        m = self.model
+
+        @functools.cache
+        def args():
+            rows_arg = None if seq else m.replicate(np.zeros(shape.labels, np.int32))
+            return self._args(pool, shape, _padding_call(shape), np.zeros((shape.B, shape.cache), np.int32),
+                              np.full(shape.cache, -1, np.int32), rows_arg)
+
+        def build(name: str, run: bool) -> None:
+            packed_call.lower(*args(), sequence=seq, attention=name).compile()
+            if run:
+                jax.block_until_ready(packed_call(*args(), sequence=seq, attention=name))
+
+        return self._attention.settle(shape, seq, build, like=choose)
 
     # -------------------------------------------------------------- main entry
     def score(self, pieces: PromptPieces, contexts, pairs, mode: str = "first_token") -> np.ndarray:
@@ -341,13 +320,15 @@ class ScoringEngine:
         return self.score_jobs(pieces, {"job": (contexts, pairs)}, mode).scores["job"]
 
     def score_jobs(self, pieces: PromptPieces, jobs: dict, mode: str = "first_token",
-                   on_done=None) -> ScoreResult:
+                   on_done=None, planned: Planned | None = None) -> ScoreResult:
         """Label log-probs of several jobs scored together: ``jobs`` maps a tag to
         ``(contexts [M, i], pairs [N, 2])`` (sizes may differ); returns a
         :class:`ScoreResult`: tag -> ``[N, n_classes]``, where the time went
         (:class:`EngineStats`) and the plan. ``on_done(tag, scores)`` is called as
         soon as a job's last query row is scored (jobs of small contexts finish
         first), so a caller can keep each job's result before the others end.
+        ``planned``: the schedule of exactly these jobs, made ahead under this engine's
+        policy (as a run's plan holds it); None: planned here.
 
         Host work is table lookups, and each call's result is fetched after the next
         call has been dispatched, so the host never waits on the call it has just
@@ -358,15 +339,15 @@ class ScoringEngine:
         n = len(pieces.labels)
         seq = mode == "sequence"
         nr = n if seq else 1
-        st = EngineStats()
         tags = [t for t, (_, p) in checked.items() if len(p)]
         results = {t: np.zeros((0, n), np.float32) for t, (_, p) in checked.items() if not len(p)}
         if not tags:
-            return ScoreResult({t: results[t] for t in jobs}, st, None)
-        planned = self.plan(pieces, [checked[t] for t in tags], mode)
+            return ScoreResult({t: results[t] for t in jobs}, EngineStats(), None)
+        if planned is None:
+            planned = self.plan(pieces, [checked[t] for t in tags], mode)
         sched = planned.schedule
-        self._last_shape[:] = [sched.shape]
-        st.shape, st.programs = sched.shape, len(sched.programs)
+        self._scored.pop(sched.shape, None)
+        self._scored[sched.shape] = None  # the last scored last
         tok = _Tokens(pieces, mode)
         rows_arg = None
         if not seq:  # label rows padded to the shape's count: one program for every dataset
@@ -374,11 +355,11 @@ class ScoringEngine:
             rows_arg = self.model.replicate(np.asarray(first + first[:1] * (sched.shape.labels - n),
                                                        np.int32))
         sizes = np.asarray([len(checked[t][1]) * nr for t in tags])
-        run = _Run(sched, tok, seq, n, np.r_[0, np.cumsum(sizes)], on_done, tags, results, st)
-        st.plan_s = time.perf_counter() - t0
+        run = _Run(sched, tok, seq, n, np.r_[0, np.cumsum(sizes)], on_done, tags, results)
+        plan_s = time.perf_counter() - t0
         bar = None
         if self.progress:
-            bar = tqdm(total=int(sizes.sum()), unit="query", desc="scoring", leave=False)
+            bar = Bar(total=int(sizes.sum()), unit="query", desc="scoring", leave=False)
         try:
             with CompileMeter() as meter:
                 t = time.perf_counter()
@@ -391,55 +372,64 @@ class ScoringEngine:
                 # Choosing the attention runs candidates and the program once: wall time
                 # beyond the meter's compiles, all of it before the first call.
                 warm, warm_compiles = time.perf_counter() - t, meter.seconds
-                loop = self._run(run, pool, rows_arg, bar, sizes_used)
+                loop, counts = self._run(run, pool, rows_arg, bar, sizes_used)
         finally:
             if bar is not None:
                 bar.close()
-        st.attention = attention
-        _, trials, st.attention_from_cache = self.choice(sched.shape)
-        st.attention_trials = [t.to_json() for t in trials]
-        st.compiled, st.cache_hits = meter.count()
-        st.model_compiled = meter.count("packed_call")[0]
+        stats = self._stats(sched, counts, meter, attention, t0=t0, plan_s=plan_s, warm=warm,
+                            warm_compiles=warm_compiles, loop=loop)
+        return ScoreResult({t: results[t] for t in jobs}, stats, planned)
+
+    def _stats(self, sched: Schedule, counts: CallCounts, meter: CompileMeter, attention: str, *,
+               t0: float, plan_s: float, warm: float, warm_compiles: float, loop: float) -> EngineStats:
+        """A :meth:`score_jobs` call's stats, made once as it ends: the loop's ``counts``,
+        the compiles the ``meter`` saw (``warm_compiles`` seconds of them before the
+        loop, within ``warm`` seconds of getting the programs ready), the ``loop``'s
+        seconds and the attention its calls ran."""
+        _, trials, from_cache = self.choice(sched.shape)
+        compiled, cache_hits = meter.count()
         # Compiles happen inside dispatches: what the meter saw in the loop is compile
         # time, not forward time.
         in_loop = max(0.0, meter.seconds - warm_compiles)
-        st.compile_s = warm + in_loop
-        st.forward_s = max(0.0, loop - st.host_s - in_loop)
-        st.seconds = time.perf_counter() - t0
-        return ScoreResult({t: results[t] for t in jobs}, st, planned)
+        return EngineStats(
+            **counts._asdict(), programs=len(sched.programs), shape=sched.shape, plan_s=plan_s,
+            compile_s=warm + in_loop, forward_s=max(0.0, loop - counts.host_s - in_loop),
+            compiled=compiled, model_compiled=meter.count("packed_call")[0], cache_hits=cache_hits,
+            attention=attention, attention_trials=[t.to_json() for t in trials],
+            attention_from_cache=from_cache, seconds=time.perf_counter() - t0)
 
-    def _run(self, run: _Run, pool: KVCache, rows_arg, bar, attention: dict) -> float:
+    def _run(self, run: _Run, pool: KVCache, rows_arg, bar, attention: dict) -> tuple[float, CallCounts]:
         """Every call of the schedule (:meth:`Schedule.calls`: chunk by chunk, depth by
         depth), each with the attention ``attention`` maps its program to; returns the
-        loop's seconds (host work in ``run.stats.host_s``)."""
-        m, st, sched = self.model, run.stats, run.sched
+        loop's seconds and what its calls did."""
+        m, sched = self.model, run.sched
         t_loop = time.perf_counter()
+        counts = CallCounts()
         pending, at, index = None, None, None
         for ci, packed, r0, shape in sched.calls():
             t = time.perf_counter()
             ch, d = sched.trie[ci], packed.depth
+            nodes = 0
             if at != (ci, d):  # a new depth reads the nodes of depth d - 1
                 index = self._index(sched, ci, d, index if at == (ci, d - 1) else None)
                 at = (ci, d)
-                st.nodes += ch.nodes(d) if d <= ch.depth else 0
+                nodes = ch.nodes(d) if d <= ch.depth else 0
             a = call_arrays(run.tok, shape, packed, r0)
             src, key_slot, dst = pool_arrays(shape, packed, r0, index, ch, sched.pool)
-            st.host_s += time.perf_counter() - t
+            host = time.perf_counter() - t
             res, kv = packed_call(*self._args(pool, shape, a, src, key_slot, rows_arg),
                                   sequence=run.seq, attention=attention[shape.program])
             if dst is not None:
                 pool = write_tokens(pool, kv, m.replicate(dst))
             del kv
-            st.calls += 1
-            st.tokens += a.tokens_real
-            st.padded_tokens += a.inputs.tokens.size
-            st.query_rows += a.query_rows
+            counts = counts.plus(calls=1, tokens=a.tokens_real, padded_tokens=a.inputs.tokens.size,
+                                 nodes=nodes, query_rows=a.query_rows, host_s=host)
             if pending is not None:
-                self._collect(run, *pending, bar)
+                counts = counts.plus(host_s=self._collect(run, *pending, bar))
             pending = (res, a.dest) if len(a.dest) else None
         if pending is not None:
-            self._collect(run, *pending, bar)
-        return time.perf_counter() - t_loop
+            counts = counts.plus(host_s=self._collect(run, *pending, bar))
+        return time.perf_counter() - t_loop, counts
 
     @staticmethod
     def _index(sched: Schedule, ci: int, d: int, prev: np.ndarray | None) -> np.ndarray:
@@ -453,26 +443,27 @@ class ScoringEngine:
             index = level_index(ch, j, index, lens)
         return index
 
-    def _collect(self, run: _Run, res, dest, bar) -> None:
-        """File one call's results (fetching them waits on the device: forward time)."""
+    @staticmethod
+    def _collect(run: _Run, res, dest, bar) -> float:
+        """File one call's results (fetching them waits on the device: forward time);
+        returns the host's seconds filing them."""
         res = to_host(res)[:len(dest)]  # blocks only on an earlier call
         t = time.perf_counter()
         run.file(res, dest)
         if bar is not None:
             bar.update(len(np.unique(dest)))
-        run.stats.host_s += time.perf_counter() - t
+        return time.perf_counter() - t
 
 
 class _Run:
     """One :meth:`ScoringEngine.score_jobs` call's results as they come: the output
     rows of every job (``offsets``), the readouts each job still waits for, the
-    hand-over of a finished job (``on_done``) and the call's ``stats``."""
+    hand-over of a finished job (``on_done``)."""
 
     def __init__(self, sched: Schedule, tok: _Tokens, seq: bool, n: int, offsets, on_done, tags,
-                 results, stats: EngineStats):
+                 results):
         self.sched, self.tok, self.seq, self.n = sched, tok, seq, n
         self.offsets, self.on_done, self.tags, self.results = offsets, on_done, tags, results
-        self.stats = stats
         self.out = np.zeros((sched.n_out, n) if not seq else (sched.n_out,), np.float32)
         self.left = np.zeros(len(tags), np.int64)  # readouts still to come, per job
         for ch in sched.trie:

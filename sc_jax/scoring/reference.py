@@ -32,7 +32,6 @@ from sc_jax.scoring.memory import query_rows
 from sc_jax.scoring.packing import round_up
 from sc_jax.scoring.programs import flat_call
 from sc_jax.scoring.prompts import PromptPieces
-from sc_jax.scoring.results import EngineStats
 
 MODES = ("first_token", "sequence")
 
@@ -174,7 +173,7 @@ def flat_length(n: int) -> int:
 
 
 def score_flat(model: LoadedModel, pieces: PromptPieces, contexts, pairs, mode: str = "first_token",
-               *, max_tokens_per_batch: int = 16384, side: str = "right", stats: EngineStats | None = None) -> np.ndarray:
+               *, max_tokens_per_batch: int = 16384, side: str = "right") -> np.ndarray:
     """Flat batches of full prompts (no prefix sharing): every prompt is recomputed in
     full, but many at a time, the way a careful user would batch them: sorted by
     length, padded to multiples of 32 tokens, power-of-two batches of at most
@@ -217,10 +216,6 @@ def score_flat(model: LoadedModel, pieces: PromptPieces, contexts, pairs, mode: 
         if pending is not None:
             out[pending[1]] = to_host(pending[0])[:len(pending[1])]
         pending = (res, idx)
-        if stats is not None:
-            stats.calls += 1
-            stats.tokens += int(lengths[idx].sum())
-            stats.padded_tokens += Bp * T
         s = e
     if pending is not None:
         out[pending[1]] = to_host(pending[0])[:len(pending[1])]

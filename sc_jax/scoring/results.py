@@ -1,11 +1,12 @@
 """What a call of :class:`sc_jax.scoring.engine.ScoringEngine` returns: the scores
-of each job, what the call did (:class:`EngineStats`) and the plan it ran
-(:class:`ScoreResult`).
+of each job, what the call did (:class:`EngineStats`, with the forward calls' counts
+:class:`CallCounts`) and the plan it ran (:class:`ScoreResult`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import numpy as np
 
@@ -13,12 +14,30 @@ from sc_jax.scoring.memory import Planned
 from sc_jax.scoring.packing import PackShape
 
 
-@dataclasses.dataclass
+class CallCounts(NamedTuple):
+    """What a run of forward calls did, summed call by call (:meth:`plus`): ``calls``,
+    real ``tokens`` computed, ``padded_tokens`` executed (calls x B x W, padding
+    included), trie ``nodes`` made, ``query_rows`` read out, and ``host_s``, the host's
+    seconds building the calls' arrays and filing their results."""
+
+    calls: int = 0
+    tokens: int = 0
+    padded_tokens: int = 0
+    nodes: int = 0
+    query_rows: int = 0
+    host_s: float = 0.0
+
+    def plus(self, **more) -> CallCounts:
+        """These counts with ``more`` (field -> amount) added."""
+        return self._replace(**{n: getattr(self, n) + x for n, x in more.items()})
+
+
+@dataclasses.dataclass(frozen=True)
 class EngineStats:
-    """What one :meth:`sc_jax.scoring.engine.ScoringEngine.score_jobs` call did:
-    forward calls, real tokens computed (the trie's unique tokens plus query
-    tokens), executed tokens (calls x B x W, padding included), trie nodes, query
-    rows, distinct model ``programs``,
+    """What one :meth:`sc_jax.scoring.engine.ScoringEngine.score_jobs` call did, made
+    once when it ends: forward calls, real tokens computed (the trie's unique tokens
+    plus query tokens), executed tokens (calls x B x W, padding included), trie nodes,
+    query rows (:class:`CallCounts`), distinct model ``programs``,
     the call shape, and where its ``seconds`` went: ``plan_s`` (the schedule, on the
     host), ``compile_s`` (JAX compiles: the model program before the first call,
     the model-free gathers and writes as they come; ``compiled`` programs, of them

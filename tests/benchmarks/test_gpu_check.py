@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+from sc_jax.experiment.results import RunTiming
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -77,10 +79,12 @@ def test_grid_records_and_a_grid_phase_killed_in_its_plan_keeps_them(tmp_path, m
     scoring and its fit; MFU = 2 x non-embedding parameters x unique tokens / forward s /
     peak); a grid child past its deadline after its run keeps the records it wrote."""
     gc = _gpu_check()
-    timing = {"seeds": [dict(dataset="a", shots=8, wall_s=10.0, compile_s=3.0, forward_s=5.0, host_s=2.0,
-                             programs=4, model_programs=1, cache_hits=2, calls=7, tokens=1000,
-                             executed_tokens=1200, attention="pallas")],
-              "fits": [dict(dataset="a", shots=8, wall_s=1.5, compile_s=1.0, programs=3)]}
+    timing = RunTiming.from_json({
+        "seeds": [dict(dataset="a", shots=8, seed=0, wall_s=10.0, compile_s=3.0, forward_s=5.0,
+                       host_s=2.0, programs=4, model_programs=1, cache_hits=2, calls=7, tokens=1000,
+                       executed_tokens=1200, attention="pallas")],
+        "fits": [dict(dataset="a", shots=8, seeds=[0], wall_s=1.5, compile_s=1.0, solve_s=0.5,
+                      programs=3)]})
     (r,) = gc.grid_records(timing, nonembed=50, peak=1e5)
     assert r["seconds"] == 11.5 and r["mfu"] == 2 * 50 * 1000 / 5.0 / 1e5
     assert (r["programs"], r["model_programs"], r["fit_programs"]) == (4, 1, 3)

@@ -154,7 +154,7 @@ def test_blank_texts_are_left_out_with_one_warning_and_recorded(tmp_path, capsys
     paper's tweet_eval_hate export has 7) was refused whole; a text of zero-width spaces
     alone was accepted as a text. They are left out of every draw now, with one warning
     naming the rows, and results.json lists them; --strict-data refuses them."""
-    from sc_jax.experiment.run import rows_passed_over
+    from sc_jax.experiment.runplan import rows_passed_over
     from sc_jax.experiment.splits import split_protocol
     from sc_jax.experiment.task_loading import load_task
 
@@ -185,9 +185,12 @@ def test_a_projection_from_a_run_that_scored_nothing_is_refused():
     """A resumed run (every seed from its score cache) has no forward time to rate: the
     projection divided by zero."""
     from sc_jax.experiment.grid import MeasuredRates
+    from sc_jax.experiment.results import FitTiming, RunTiming, SeedTiming
 
-    seed = dict(dataset="sst2", shots=4, compile_s=0.0, executed_tokens=0, forward_s=0.0, host_s=0.1)
-    timing = dict(seeds=[seed], fits=[dict(solve_s=0.1, compile_s=0.0, seeds=[0])], metrics_s=0.0,
-                  load_s=1.0, report_s=0.5, unaccounted_s=0.0)
+    seed = SeedTiming(dataset="sst2", shots=4, seed=0, wall_s=0.1, compile_s=0.0,
+                      executed_tokens=0, forward_s=0.0, host_s=0.1)
+    fit = FitTiming(dataset="sst2", shots=4, seeds=[0], wall_s=0.1, solve_s=0.1, compile_s=0.0)
+    timing = RunTiming(seeds=(seed,), fits=(fit,), metrics_s=0.0, load_s=1.0, report_s=0.5,
+                       unaccounted_s=0.0)
     with pytest.raises(ValueError, match=r"^the run scored no token \(every seed came from its score cache\)"):
         MeasuredRates.from_timing(timing)

@@ -5,11 +5,11 @@ import pytest
 
 import sc_jax
 from sc_jax.scoring.cache import ScoreCache
-from sc_jax.experiment.splits import split_protocol
 from sc_jax.experiment.task_loading import load_task
 from sc_jax.calibration.baselines import CONTENT_FREE_INPUTS
 from sc_jax.experiment.config import RunConfig
 from sc_jax.experiment.jobs import score_seed
+from sc_jax.experiment.runplan import build_plan
 from sc_jax.scoring.engine import ScoringEngine
 
 
@@ -22,10 +22,11 @@ def test_score_seed_shapes_and_cache(dataset, tmp_path):
     model = sc_jax.load_model("random:tiny-llama")
     config = RunConfig(model="random:tiny-llama", shots=(4,), seeds=(0,), test_size=6, m_cap=3,
                        budget=30)
-    split = split_protocol(dataset, k=4, test_size=6, seed=0)
+    work = build_plan(config, datasets={"rotten_tomatoes": dataset}).work[0]
+    split = work.split
     engine = ScoringEngine(model, progress=False)
     cache = ScoreCache(tmp_path / "cache")
-    s, stats = score_seed(model, engine, cache, dataset, split, config, k=4)
+    s, stats = score_seed(model, engine, cache, dataset, work, config, planned=work.planned)
     assert stats.calls > 0
     assert s.base.shape == (6, 2) and s.cc.shape == (len(CONTENT_FREE_INPUTS), 2) and s.dc.shape == (20, 2)
     assert sorted(s.surrogate) == [1, 2, 3] and sorted(s.test) == [1, 2, 3]
@@ -37,19 +38,26 @@ def test_score_seed_shapes_and_cache(dataset, tmp_path):
     assert cache.misses == 3 + 2 * 3 and cache.hits == 0
     # A second run (a resumed one) recomputes nothing and gives identical arrays.
     cache2 = ScoreCache(tmp_path / "cache")
-    s2, stats2 = score_seed(model, engine, cache2, dataset, split, config, k=4)
+    s2, stats2 = score_seed(model, engine, cache2, dataset, work, config, planned=work.planned)
     assert stats2.calls == 0  # served from the cache: no engine call
     assert cache2.hits == 9 and cache2.misses == 0
     np.testing.assert_array_equal(s.base, s2.base)
     np.testing.assert_array_equal(s.test[3], s2.test[3])
+    # The plan's schedule against the engine's own: the same calls, the same scores.
+    s3, stats3 = score_seed(model, ScoringEngine(model, progress=False), None, dataset, work, config)
+    assert stats3.shape == stats.shape and stats3.calls == stats.calls
+    for a, b in ((s.base, s3.base), (s.cc, s3.cc), (s.dc, s3.dc), (s.test[2], s3.test[2]),
+                 (s.surrogate[3][0], s3.surrogate[3][0])):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_run_config_rejects_bad_input():
-    with pytest.raises(ValueError, match="unknown method"):
+    with pytest.raises(ValueError, match=r"^methods \(--methods\) must be one of base, .*got .magic.$"):
         RunConfig(methods=("sc", "magic"))
     with pytest.raises(ValueError, match="tau"):
         RunConfig(tau=2.0)
-    with pytest.raises(ValueError, match="guard must be one of"):
+    with pytest.raises(ValueError, match=r"^guard \(--guard\) must be one of none, bias_only, "
+                                         r"bias_only_free, got 'always'$"):
         RunConfig(guard="always")
     with pytest.raises(ValueError, match="shots"):
         RunConfig(shots=(1,))

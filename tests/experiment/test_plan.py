@@ -20,6 +20,7 @@
   No test depends on a timing value.
 """
 
+import dataclasses
 import json
 
 import numpy as np
@@ -110,7 +111,7 @@ def test_cost_model_counts_the_keys_the_device_scores(platform):
     below the dense path's C + W; and the plan's attention and dense parts add up."""
     import jax.numpy as jnp
 
-    from sc_jax.models.attention import BLOCKS, packed_masks
+    from sc_jax.models.attention import BLOCKS, PackedTokens, block_ranges, blocks
     from sc_jax.scoring.costs import call_trips
     from sc_jax.scoring.engine import _Tokens, call_arrays
 
@@ -130,12 +131,12 @@ def test_cost_model_counts_the_keys_the_device_scores(platform):
         a = call_arrays(tok, sh, st, r0)
         slot_of_key = np.full(sh.cache, -1)
         slot_of_key[:st.m * st.S] = np.repeat(np.arange(st.m), st.S)
-        masks = packed_masks(*(jnp.asarray(getattr(a.inputs, n)) for n in ("positions", "valid", "segment", "slot")),
-                             jnp.zeros((sh.B, sh.cache), jnp.int32), jnp.ones((sh.B, sh.cache), bool),
-                             jnp.asarray(np.broadcast_to(slot_of_key, (sh.B, sh.cache)), jnp.int32),
-                             windows=False, implementation="blocked", platform=platform)
-        trips = np.asarray(masks.trips)
-        assert trips[0] * masks.bk + trips[1] * masks.bq == \
+        t = PackedTokens(*(jnp.asarray(getattr(a.inputs, n)) for n in ("positions", "valid", "segment", "slot")),
+                         jnp.zeros((sh.B, sh.cache), jnp.int32), jnp.ones((sh.B, sh.cache), bool),
+                         jnp.asarray(np.broadcast_to(slot_of_key, (sh.B, sh.cache)), jnp.int32))
+        tq, tk = blocks("blocked", platform, sh.W, sh.cache)  # the blocks the device would use
+        trips = np.asarray(block_ranges(t.q_valid, t.slot, t.segment, t.c_slot, tq, tk)[3])
+        assert trips[0] * tk + trips[1] * tq == \
             call_trips(st, r0, sh.B, sh.W, sh.cache, bq, bk), (st.depth, r0)
     dense = costs.replay(sched, model.config, attention="dense", platform=platform)
     blocked = costs.replay(sched, model.config, attention="blocked", platform=platform)
@@ -340,6 +341,7 @@ def test_grid_projection_adds_up_and_the_cli_prints_it(grid_dir, tmp_path, capsy
     setting counts nothing; the table and the JSON hold it. From measured rates, every
     part follows from the plan's executed tokens and the rates."""
     from sc_jax.experiment.grid import MeasuredRates, project_grid
+    from sc_jax.experiment.results import FitTiming, RunTiming, SeedTiming
 
     out = tmp_path / "plan.json"
     assert cli.main(["plan", "--model", "random:tiny-llama", "--dataset", "rotten_tomatoes",
@@ -369,12 +371,14 @@ def test_grid_projection_adds_up_and_the_cli_prints_it(grid_dir, tmp_path, capsy
     assert f"\ntotal: about {g['total_minutes']:.1f} min = forward {g['total_minutes']:.1f} (minutes)" in text
 
     # Measured rates (a run's timing: two settings of one seed each) applied to the plan.
-    timing = {"load_s": 4.0, "report_s": 1.0, "unaccounted_s": 0.5, "metrics_s": 0.6,
-              "seeds": [dict(dataset="a", shots=8, executed_tokens=3000, forward_s=2.0, host_s=0.3,
-                             compile_s=10.0),
-                        dict(dataset="b", shots=8, executed_tokens=1000, forward_s=2.0, host_s=0.1,
-                             compile_s=2.0)],
-              "fits": [dict(seeds=[0], solve_s=0.2, compile_s=5.0), dict(seeds=[0], solve_s=0.4, compile_s=1.0)]}
+    timing = RunTiming(
+        load_s=4.0, report_s=1.0, unaccounted_s=0.5, metrics_s=0.6,
+        seeds=(SeedTiming(dataset="a", shots=8, seed=0, wall_s=12.3, executed_tokens=3000,
+                          forward_s=2.0, host_s=0.3, compile_s=10.0),
+               SeedTiming(dataset="b", shots=8, seed=0, wall_s=4.1, executed_tokens=1000,
+                          forward_s=2.0, host_s=0.1, compile_s=2.0)),
+        fits=(FitTiming(dataset="a", shots=8, seeds=[0], wall_s=5.2, solve_s=0.2, compile_s=5.0),
+              FitTiming(dataset="b", shots=8, seeds=[0], wall_s=1.4, solve_s=0.4, compile_s=1.0)))
     rates = MeasuredRates.from_timing(timing)
     assert rates == MeasuredRates(forward_tokens_per_s=1000.0, host_seconds_per_token=1e-4,
                                   compile_first_s=10.0, compile_per_setting_s=2.0,
@@ -393,7 +397,7 @@ def test_grid_projection_adds_up_and_the_cli_prints_it(grid_dir, tmp_path, capsy
     assert m["total_seconds"] == pytest.approx(sum(r["seconds"] for r in rows) + 5.5)
     assert sum(m["parts"].values()) + 5.5 == pytest.approx(m["total_seconds"])
     with pytest.raises(ValueError, match="no scored seed"):
-        MeasuredRates.from_timing(dict(timing, seeds=[]))
+        MeasuredRates.from_timing(dataclasses.replace(timing, seeds=()))
 
 
 # ------------------------------------------------------------------ tokenizers and compile time

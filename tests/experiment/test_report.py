@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from sc_jax.experiment.report import markdown_tables, sc_against_best_baseline, summarize, write_report
-from sc_jax.experiment.results import load_results
+from sc_jax.experiment.results import ResultRow, RunResults, RunTiming, load_results
 
 
 def _results():
@@ -27,10 +27,18 @@ def _results():
             "rows": rows, "params": params, "notes": ["a note"]}
 
 
+def _typed(res: dict) -> RunResults:
+    return RunResults.from_json(res)
+
+
+def _rows(rows: list[dict]) -> list[ResultRow]:
+    return [ResultRow.from_json(r) for r in rows]
+
+
 def test_summary_and_table():
-    res = _results()
-    summ = summarize(res["rows"])
-    vals = [r["macro_f1"] for r in res["rows"] if (r["dataset"], r["shots"], r["method"]) == ("sst2", 8, "sc")]
+    res = _typed(_results())
+    summ = summarize(res.rows)
+    vals = [r.macro_f1 for r in res.rows if (r.dataset, r.shots, r.method) == ("sst2", 8, "sc")]
     mean, std, n = summ[("sst2", 8, "sc")]["macro_f1"]
     assert n == 3 and mean == pytest.approx(np.mean(vals)) and std == pytest.approx(np.std(vals))
     table = markdown_tables(res)
@@ -39,7 +47,7 @@ def test_summary_and_table():
     assert "- a note" in table
     # A run resumed from its checkpoint holds the seeds as a tuple: the header reads
     # the same either way (a recheck once rewrote committed tables for this alone).
-    res["config"]["seeds"] = (0, 1, 2)
+    res.config["seeds"] = (0, 1, 2)
     assert markdown_tables(res) == table
 
 
@@ -47,7 +55,7 @@ def test_sc_against_the_best_baseline_is_paired_over_seeds():
     def rows(sc, base, cc):
         out = []
         for m, vals in (("sc", sc), ("base", base), ("cc", cc)):
-            out += [dict(dataset="t", shots=4, method=m, seed=s, macro_f1=v, accuracy=v, ece=0.0)
+            out += [ResultRow(dataset="t", shots=4, method=m, seed=s, macro_f1=v, accuracy=v, ece=0.0)
                     for s, v in enumerate(vals)]
         return out
 
@@ -64,9 +72,9 @@ def test_sc_against_the_best_baseline_is_paired_over_seeds():
         "outcome"] == "tie"
     assert sc_against_best_baseline(rows([0.6, 0.5, 0.7], [0, 0, 0], [0.70, 0.60, 0.80]))[0][
         "outcome"] == "loss"
-    table = markdown_tables({"config": {"model": "m", "seeds": [0, 1, 2], "test_size": 4,
-                                        "mode": "first_token", "solver": "s"},
-                             "rows": rows([0.6, 0.5, 0.7], [0, 0, 0], [0.70, 0.60, 0.80])})
+    table = markdown_tables(RunResults(config={"model": "m", "seeds": [0, 1, 2], "test_size": 4,
+                                               "mode": "first_token", "solver": "s"},
+                                       rows=rows([0.6, 0.5, 0.7], [0, 0, 0], [0.70, 0.60, 0.80])))
     assert "| t | 4 | CC | -10.0 |" in table and "4-shot win / tie / loss over datasets: 0 / 0 / 1" in table
     assert table.startswith("# Results: m\n")  # a source that is not a named model: as given
 
@@ -77,9 +85,9 @@ def test_named_models_are_reported_under_their_own_names():
     assert display_name("default") == "smollm2-135m" and "smollm2-135m" in MODELS
     assert display_name("qwen2.5-0.5b") == "qwen2.5-0.5b"
     assert display_name("models/my.gguf") == "models/my.gguf"
-    table = markdown_tables({"config": {"model": "default", "seeds": [0], "test_size": 4,
-                                        "mode": "first_token", "solver": "s"},
-                             "rows": _results()["rows"]})
+    table = markdown_tables(RunResults(config={"model": "default", "seeds": [0], "test_size": 4,
+                                               "mode": "first_token", "solver": "s"},
+                                       rows=_rows(_results()["rows"])))
     assert table.startswith("# Results: smollm2-135m\n")
 
 
@@ -118,7 +126,7 @@ def test_figures_and_tables_a_paper_can_use(tmp_path):
             assert paths[f"{name}_{ext}"].stat().st_size > 0
     assert (tmp_path / "f1_bars.pdf").read_bytes().startswith(b"%PDF")
     assert "<svg" in (tmp_path / "f1_bars.svg").read_text()
-    fig = f1_bars_figure(res)
+    fig = f1_bars_figure(_typed(res))
     titles = [ax.get_title() for ax in fig.axes if ax.get_visible()]
     assert titles == ["rotten_tomatoes", "sst2", "Average over datasets"]
     canvas = FigureCanvasAgg(fig)
@@ -208,7 +216,7 @@ def test_fits_that_did_not_converge_are_left_out_of_the_parameter_plot():
     res["params"][0].update(status="UNBOUNDED", w=[3e8], b=[-1e9])  # far out along a ray
     res["params"][1].update(status="MAX_ITERATIONS", w=[-4e7], b=[2e8])
     res["params"][2].update(status="CONVERGED")
-    fig = params_figure(res)
+    fig = params_figure(_typed(res))
     ax = fig.axes[0]
     assert max(abs(x) for x in ax.get_xlim() + ax.get_ylim()) < 10
     assert ax.get_title() == "sst2, 4-shot (2 fits not converged, not shown)"
@@ -234,10 +242,11 @@ def test_bc_reference_is_reported_beside_bc_but_never_the_best_baseline():
                     ("bc_reference", [0.90, 0.90, 0.90])):
         rows += [{"dataset": "t", "shots": 4, "method": m, "seed": s, "macro_f1": v,
                   "accuracy": v, "ece": 0.0} for s, v in enumerate(vals)]
+    rows = _rows(rows)
     (p,) = sc_against_best_baseline(rows)
     assert p["best_baseline"] == "bc"  # the paper's BC, though BC (code) scores higher
-    table = markdown_tables({"config": {"model": "m", "seeds": [0, 1, 2], "test_size": 4,
-                                        "mode": "first_token", "solver": "s"}, "rows": rows})
+    table = markdown_tables(RunResults(config={"model": "m", "seeds": [0, 1, 2], "test_size": 4,
+                                               "mode": "first_token", "solver": "s"}, rows=rows))
     assert "| BC (code) | 90.0 ± 0.0 | 90.0 |" in table
     assert "## SC minus BC, as the paper defines it and as its code computes it" in table
     assert "| t | 4 | +5.0 |" in table and "| -20.0 |" in table
@@ -258,8 +267,8 @@ def test_a_committed_run_without_bc_reference_still_reports(tmp_path):
     # Runs made before bc_reference existed: their results.json has no such rows and
     # no such method in its config; the report is written as before, without them.
     run = Path(__file__).resolve().parents[2] / "benchmarks/real_eval/qwen2.5-0.5b/k4"
-    res = _as_committed_before_added_methods(load_results(run))
-    assert "bc_reference" not in res["config"]["methods"]
+    res = _typed(_as_committed_before_added_methods(load_results(run).to_json()))
+    assert "bc_reference" not in res.config["methods"]
     paths = write_report(res, tmp_path)
     table = paths["table"].read_text()
     assert "| BC |" in table and "BC (code)" not in table
@@ -296,8 +305,7 @@ def test_ablate_reads_a_committed_run_and_reports_both_bcs(tmp_path):
     # The paper's BC row reproduces the run's own BC result (same scores, same batches).
     bc = [r for r in rows if r["setting"] == ablation.BC_SETTINGS[0][0]]
     res = load_results(run)
-    assert bc[0]["macro_f1"] == pytest.approx(
-        next(r["macro_f1"] for r in res["rows"] if r["method"] == "bc"))
+    assert bc[0]["macro_f1"] == pytest.approx(next(r.macro_f1 for r in res.rows if r.method == "bc"))
     assert "BC (reference code" in markdown(rows)
 
 
@@ -313,19 +321,20 @@ def test_two_seeds_give_the_per_seed_differences_and_no_verdict():
     for m, vals in (("sc", [0.70, 0.60]), ("bc", [0.65, 0.62]), ("bc_reference", [0.5, 0.5])):
         rows += [{"dataset": "t", "shots": 4, "method": m, "seed": s, "macro_f1": v,
                   "accuracy": v, "ece": 0.0} for s, v in enumerate(vals)]
+    rows = _rows(rows)
     (p,) = sc_against_best_baseline(rows)
     assert p["outcome"] is None and p["ci_low"] is None and p["diffs"] == pytest.approx([0.05, -0.02])
-    table = markdown_tables({"config": {"model": "m", "seeds": [0, 1], "test_size": 4,
-                                        "mode": "first_token", "solver": "s"}, "rows": rows})
+    table = markdown_tables(RunResults(config={"model": "m", "seeds": [0, 1], "test_size": 4,
+                                               "mode": "first_token", "solver": "s"}, rows=rows))
     assert "| t | 4 | BC | +1.5 | per seed +5.0, -2.0 | none (2 seeds; needs 3) |" in table
     assert "4-shot win / tie / loss over datasets: 0 / 0 / 0 (1 without a verdict" in table
     assert "| t | 4 | +1.5 | per seed +5.0, -2.0 | +15.0 | per seed +20.0, +10.0 |" in table
     assert "[" not in table.split("## SC minus the best baseline")[1]  # no interval at all
     assert "population standard deviation (ddof = 0" in table
     # One seed: its value alone, not "± 0.0".
-    one = markdown_tables({"config": {"model": "m", "seeds": [0], "test_size": 4,
-                                      "mode": "first_token", "solver": "s"},
-                           "rows": [r for r in rows if r["seed"] == 0]})
+    one = markdown_tables(RunResults(config={"model": "m", "seeds": [0], "test_size": 4,
+                                             "mode": "first_token", "solver": "s"},
+                                     rows=tuple(r for r in rows if r.seed == 0)))
     assert "| SC | 70.0 | 70.0 |" in one and "± 0.0" not in one
 
 
@@ -363,19 +372,22 @@ def test_a_run_writes_the_same_files_and_tables(tmp_path, monkeypatch):
     from sc_jax.experiment.samples import read_samples, seed_records
     from sc_jax.runtime.timing import Parts
 
-    data = _results()
+    data = _typed(_results())
     probs = {"base": np.array([[0.6, 0.4], [0.3, 0.7]])}
     records = seed_records("sst2", 4, 0, [0, 1], probs)
     out = tmp_path / "run"
     out.mkdir()
     (out / "samples.jsonl.gz").write_bytes(b"an earlier run's records")  # replaced
-    files = _write_outputs(out, data, records, Parts(), lambda: {"total_s": 1.0}, False)
+    written, files = _write_outputs(out, data, records, Parts(), lambda: RunTiming(total_s=1.0),
+                                    False)
     names = sorted([*_REPORT_FILES, "results.json", "samples.jsonl"])
     assert sorted(p.name for p in out.iterdir()) == names
     assert sorted(p.name for p in files.values()) == names
     assert sorted(files) == ["csv", "f1_bars", "f1_bars_pdf", "f1_bars_svg", "json", "latex",
                              "samples", "sc_params", "sc_params_pdf", "sc_params_svg", "table"]
-    assert json.loads((out / "results.json").read_text()) == dict(data, timing={"total_s": 1.0})
+    assert (json.loads((out / "results.json").read_text())
+            == dict(_results(), timing=RunTiming(total_s=1.0).to_json()))
+    assert written == data.replace(timing=RunTiming(total_s=1.0))
     logged = read_samples(out)
     assert logged == records
     assert (out / "table.md").read_text() == report.markdown_tables(data, logged)
@@ -389,9 +401,9 @@ def test_a_run_writes_the_same_files_and_tables(tmp_path, monkeypatch):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(report, "plot_f1_bars", interrupted)
-    data["rows"][0]["macro_f1"] = 0.123
+    data = data.replace(rows=(data.rows[0].replace(macro_f1=0.123), *data.rows[1:]))
     with pytest.raises(KeyboardInterrupt):
-        _write_outputs(out, data, None, Parts(), lambda: {}, False)
+        _write_outputs(out, data, None, Parts(), RunTiming, False)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 

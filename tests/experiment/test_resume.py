@@ -5,6 +5,7 @@ import csv
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 from sc_jax.experiment.config import RunConfig
-
+from sc_jax.experiment.results import load_results
 from sc_jax.experiment.run import run_experiment
 
 SCRIPT = """
@@ -39,7 +40,7 @@ def _entries(out):
 
 
 def _numbers(res):
-    return [(r["seed"], r["method"], r["accuracy"], r["macro_f1"], r["ece"]) for r in res["rows"]]
+    return [(r.seed, r.method, r.accuracy, r.macro_f1, r.ece) for r in res.rows]
 
 
 def _same_numbers(got, want):
@@ -53,7 +54,7 @@ def _same_numbers(got, want):
 
 def test_killed_run_resumes_identically(config, tmp_path, monkeypatch, capsys):
     reference = run_experiment(RunConfig(**config), tmp_path / "ref", progress=False)
-    assert reference.data["cache"]["misses"] > 0 and reference.data["cache"]["hits"] == 0
+    assert reference.data.cache.misses > 0 and reference.data.cache.hits == 0
     for name in ("table", "csv", "f1_bars", "sc_params", "json"):
         assert reference.files[name].exists()
 
@@ -73,15 +74,15 @@ def test_killed_run_resumes_identically(config, tmp_path, monkeypatch, capsys):
     assert done >= 3
 
     resumed = run_experiment(RunConfig(**config), out, progress=False)
-    assert resumed.data["cache"]["hits"] >= done  # nothing already scored is recomputed
+    assert resumed.data.cache.hits >= done  # nothing already scored is recomputed
     _same_numbers(resumed.data, reference.data)
-    saved = json.loads((out / "results.json").read_text())
+    saved = load_results(out)
     _same_numbers(saved, reference.data)
     # The paper's protocol: one test set for both seeds, recorded with the demos.
-    splits = saved["splits"]
-    assert [s["seed"] for s in splits] == [0, 1] and splits[0]["test_size"] == 6
-    assert splits[0]["test_hash"] == splits[1]["test_hash"]
-    assert splits[0]["demo_indices"] != splits[1]["demo_indices"]
+    splits = saved.splits
+    assert [s.seed for s in splits] == [0, 1] and splits[0].test_size == 6
+    assert splits[0].test_hash == splits[1].test_hash
+    assert splits[0].demo_indices != splits[1].demo_indices
 
     # Ablations refit from the saved scores: no model load, no forward pass.
     from sc_jax import cli
@@ -99,15 +100,15 @@ def test_killed_run_resumes_identically(config, tmp_path, monkeypatch, capsys):
     rows = ablation.ablate(out, lambda_invs=(0.0, None, "paper"), m_values=(1, 2, 4))
     assert {r["study"] for r in rows} == set(ablation.STUDIES)
     # The run's own settings reproduce its SC numbers in every study.
-    sc = {r["seed"]: r["accuracy"] for r in reference.rows if r["method"] == "sc"}
-    base = {r["seed"]: r["accuracy"] for r in reference.rows if r["method"] == "base"}
-    star = {r["seed"]: r["accuracy"] for r in reference.rows if r["method"] == "sc_star"}
-    free = {r["seed"]: r["accuracy"] for r in reference.rows if r["method"] == "sc_star_free"}
-    paper = {r["seed"]: r["accuracy"] for r in reference.rows if r["method"] == "sc_paper"}
+    sc = {r.seed: r.accuracy for r in reference.rows if r.method == "sc"}
+    base = {r.seed: r.accuracy for r in reference.rows if r.method == "base"}
+    star = {r.seed: r.accuracy for r in reference.rows if r.method == "sc_star"}
+    free = {r.seed: r.accuracy for r in reference.rows if r.method == "sc_star_free"}
+    paper = {r.seed: r.accuracy for r in reference.rows if r.method == "sc_paper"}
     assert set(free) == set(paper) == {0, 1}  # SC* both ways and the paper's SC by default
-    fitted = [p for p in reference.data["params"] if p["method"] == "sc_paper"]
-    assert fitted and not any(p["guarded"] for p in fitted)  # fitted with guard "none"
-    run_lam = reference.data["lambda_inv"]
+    fitted = [p for p in reference.data.params if p.method == "sc_paper"]
+    assert fitted and not any(p.guarded for p in fitted)  # fitted with guard "none"
+    run_lam = reference.data.lambda_inv
     for seed in (0, 1):
         mine = {r["setting"]: r["accuracy"] for r in rows if r["seed"] == seed}
         assert mine[f"lambda_inv={float(run_lam)}, trust region on"] == sc[seed]
@@ -115,7 +116,7 @@ def test_killed_run_resumes_identically(config, tmp_path, monkeypatch, capsys):
         assert mine["uncalibrated"] == base[seed]
         # The run has the default guard: the guard study's guard row is its SC, its
         # last row SC*.
-        assert reference.data["config"]["guard"] == "bias_only"
+        assert reference.data.guard == "bias_only"
         assert mine["guard: SC* where below chance"] == sc[seed]
         assert mine["SC* at every size"] == star[seed]
         assert mine["SC* without trust region at every size"] == free[seed]
@@ -156,29 +157,37 @@ def test_skips_when_classes_exceed_shots(config, tmp_path, caplog):
         res = run_experiment(RunConfig(**dict(cfg, datasets=("rotten_tomatoes", "financial_phrasebank"),
                                               data_files=cfg["data_files"] + fin)),
                              tmp_path / "run", progress=True)
-    # Progress a person can follow: the check, then one line per stage, the fit, the report.
+    # Progress a person can follow: the plan and its check, its forward passes' time,
+    # then one line per stage, the fit, the report.
     lines = [r.getMessage() for r in caplog.records
              if r.name in ("sc_jax.experiment.run", "sc_jax.experiment.jobs")]
+    plan = lines[0].splitlines()
+    assert plan[0].startswith("run plan: model random:tiny-llama (float32; ")
+    assert plan[2].startswith("checked 1 (dataset, k) x 1 seeds: the longest prompt has ")
+    assert "skipped: financial_phrasebank k=2 (3 classes > 2 demonstrations)" in plan
+    assert lines[1].startswith("forward passes: about ") and "1 seed(s)" in lines[1]
+    del lines[:2]
     assert lines[0].startswith("loading the model random:tiny-llama")
-    assert lines[1].startswith("checked 1 (dataset, k) x 1 seeds: the longest prompt has ")
     seed0 = "[rotten_tomatoes k=2 seed=0]"
-    assert lines[2] == f"{seed0} scoring (seed 1 of 1)"
+    assert lines[1] == f"{seed0} scoring (seed 1 of 1)"
     # One line per stage as it is scored (all of a seed's stages run in one engine
     # call; the smaller contexts finish first).
     stages = ["k-shot prompt (Base, BC): 6 prompts, scored (", "k-shot prompt of CC: 3 prompts, ",
               "k-shot prompt of DC: 20 prompts, ", "surrogate prompt of size 1: 2 prompts, ",
               "test-time prompt of size 1: 6 prompts, "]
     for stage in stages:
-        assert sum(line.startswith(f"{seed0} {stage}") for line in lines[3:8]) == 1, (stage, lines)
-    assert lines[3].startswith(f"{seed0} surrogate prompt of size 1")
+        assert sum(line.startswith(f"{seed0} {stage}") for line in lines[2:7]) == 1, (stage, lines)
+    assert lines[2].startswith(f"{seed0} surrogate prompt of size 1")
     # Where the seed's time went, then the fits: SC, SC*, SC* without trust region and
     # the paper's SC, four fits of the one size; then the report and the run's time.
     assert lines[-4].startswith(f"{seed0} ") and "compile" in lines[-4] and "forward" in lines[-4]
+    # Off a terminal (pytest's stderr), with the count of the run's seeds and the time left.
+    assert re.search(r"; 1 of 1 seeds in \d\d:\d\d, about 00:00 left$", lines[-4]), lines[-4]
     assert lines[-3].startswith("[rotten_tomatoes k=2] fitted 4 SC / SC* problems (1 seeds x 1 sizes)")
     assert lines[-2] == f"writing the tables and plots into {tmp_path / 'run'}"
     assert lines[-1].startswith("time: ") and "+ fitting " in lines[-1]
-    assert {r["dataset"] for r in res.rows} == {"rotten_tomatoes"}
-    assert any("3 classes > 2 demonstrations" in note for note in res.data["notes"])
+    assert {r.dataset for r in res.rows} == {"rotten_tomatoes"}
+    assert any("3 classes > 2 demonstrations" in note for note in res.data.notes)
     # A run in which every (dataset, k) would be skipped is refused, not an empty table.
     with pytest.raises(ValueError, match="nothing to run: financial_phrasebank has 3 classes"):
         run_experiment(RunConfig(**dict(cfg, datasets=("financial_phrasebank",), data_files=fin)),
@@ -296,10 +305,10 @@ def test_score_files_name_what_they_hold_and_a_renamed_one_is_refused(logged_run
     original = scores_path(logged_run[1].out_dir, "rotten_tomatoes", 3, 1)
     with np.load(original) as z:
         record = json.loads(str(z["meta"]))
-    splits = json.loads((run / "results.json").read_text())["splits"]
+    splits = [s.to_json() for s in load_results(run).splits]
     assert record["seed"] == 1 and record["demo_indices"] == splits[1]["demo_indices"]
     assert len(record["test_indices"]) == 6
-    assert record["model_identity"] == logged_run[1].data["model_identity"]
+    assert record["model_identity"] == logged_run[1].data.model_identity
     # Another model's scores under the right names.
     _resave(seed1, seed0, seed=1, demo_indices=splits[1]["demo_indices"], model_identity="other")
     with pytest.raises(ValueError, match=r"seed1.npz holds the scores of rotten_tomatoes k=3 "

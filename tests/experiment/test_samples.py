@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 
 from sc_jax.experiment import samples
+from sc_jax.experiment.results import ResultRow, load_results
 from sc_jax.experiment.samples import (
     check_samples,
     paired_counts,
     read_samples,
+    rows_from_samples,
     seed_records,
     text_hash,
     write_samples,
@@ -66,10 +68,13 @@ def test_an_empty_sample_log_is_refused_not_read_as_absent(tmp_path, name, data)
 
 def test_check_and_paired_counts():
     recs = _records()
-    rows = [{"dataset": "t", "shots": 4, "seed": 0, "method": "sc", "accuracy": 1.0, "macro_f1": 1.0},
-            {"dataset": "t", "shots": 4, "seed": 0, "method": "bc", "accuracy": 0.5, "macro_f1": 0.5}]
+    ece = {r.method: r.ece for r in rows_from_samples(recs)}  # of the records' rounded probs
+    rows = [ResultRow(dataset="t", shots=4, seed=0, method="sc", accuracy=1.0, macro_f1=1.0,
+                      ece=ece["sc"]),
+            ResultRow(dataset="t", shots=4, seed=0, method="bc", accuracy=0.5, macro_f1=0.5,
+                      ece=ece["bc"])]
     assert check_samples(recs, rows) == []
-    bad = check_samples(recs, [dict(rows[1], accuracy=0.75), dict(rows[0], seed=1)])
+    bad = check_samples(recs, [rows[1].replace(accuracy=0.75), rows[0].replace(seed=1)])
     assert bad[0].startswith("t k=4 seed 0 bc: accuracy 0.500000 from the records, 0.750000")
     assert bad[1] == "t k=4 seed 1 sc: no per-sample records"
     (c,) = paired_counts(recs, "sc", "bc")
@@ -113,7 +118,7 @@ def test_regenerated_for_a_committed_run_from_its_score_files(tmp_path, monkeypa
     assert cli.main(["report", str(tmp_path), "--log-samples"]) == 0
     recs = read_samples(tmp_path)
     assert len(recs) == 2 * 3 * 128  # datasets x seeds x test queries
-    assert check_samples(recs, res["rows"]) == []
+    assert check_samples(recs, load_results(tmp_path).rows) == []
     assert "bc_reference" in recs[0]["pred"] and "sc_star_free" not in recs[0]["pred"]
     table = (tmp_path / "table.md").read_text()
     assert "match results.json" in table and "| BC (code) |" in table
@@ -150,10 +155,10 @@ def test_reference_size_weighting_of_a_committed_seed():
     from sc_jax.experiment.store import load_scores
 
     run = RUN.parents[1] / "smollm2-135m" / "k8"
-    res = json.loads((run / "results.json").read_text())
+    res = load_results(run)
     s = load_scores(run / "scores" / "ag_news-k8-seed0.npz")
-    fits = {p["size"]: samples._fit_from_param(p, "augmented_lagrangian") for p in res["params"]
-            if (p["dataset"], p["seed"], p["method"]) == ("ag_news", 0, "sc")}
+    fits = {p.size: samples._fit_from_param(p, "augmented_lagrangian") for p in res.params
+            if (p.dataset, p.seed, p.method) == ("ag_news", 0, "sc")}
     sizes = [1, 2, 3, 4, 5]
     assert [fits[i].num_rows for i in sizes] == [56, 300, 300, 300, 300]
     weights = np.array([56, 336, 1680, 6720, 15000], float)
@@ -174,8 +179,7 @@ def test_every_committed_run_has_sample_records_that_reproduce_it(run):
     ECE to the records' rounding of the probabilities: check_samples' tolerances)."""
     records = read_samples(run)
     assert records, f"{run} has no samples.jsonl(.gz)"
-    rows = json.loads((run / "results.json").read_text())["rows"]
-    assert check_samples(records, rows) == []
+    assert check_samples(records, load_results(run).rows) == []
 
 
 def test_the_committed_runs_are_found():

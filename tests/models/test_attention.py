@@ -13,6 +13,8 @@ probabilities rounded too: 3e-2 against the float64 result of the same bf16 inpu
 most 8e-3 seen).
 """
 
+import inspect
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,7 +23,7 @@ import pytest
 from jax.experimental.pallas import tpu as pltpu
 
 from sc_jax.models import attention, pallas_attention, pallas_tpu_attention
-from sc_jax.models.attention import BLOCKS, block_ranges, packed_attention, packed_masks
+from sc_jax.models.attention import BLOCKS, PackedTokens, block_ranges, packed_attention, packed_inputs
 
 B, W, C, H, K, Dh = 3, 128, 256, 4, 2, 16
 
@@ -94,15 +96,16 @@ def run(arrays, meta, window, implementation, platform):
     NaN)."""
     static, tpu = implementation == "blocked-static", implementation == "pallas-tpu"
     implementation = "blocked" if static else "pallas" if tpu else implementation
-    masks = packed_masks(**meta, windows=window > 0, implementation=implementation, platform=platform)
+    inputs = packed_inputs(PackedTokens(**meta), windows=window > 0, implementation=implementation,
+                           platform=platform)
     if static:
-        fn = jax.jit(lambda *a: attention._blocked(*a, static=True))
+        fn = jax.jit(lambda *a, x, w: attention._blocked(*a, x.sparse, w))
     elif tpu:
-        fn = jax.jit(lambda *a: attention._pallas(*a, interpret=pltpu.InterpretParams(),
-                                                  kernel=pallas_tpu_attention.packed_attention))
+        fn = jax.jit(lambda *a, x, w: attention._pallas(*a, x, w, interpret=pltpu.InterpretParams(),
+                                                        kernel=pallas_tpu_attention.packed_attention))
     else:
-        fn = jax.jit(lambda *a: packed_attention(*a, implementation=implementation))
-    return np.asarray(fn(*arrays, masks, jnp.int32(window)), np.float64)
+        fn = jax.jit(lambda *a, x, w: packed_attention(*a, x, w, implementation=implementation))
+    return np.asarray(fn(*arrays, x=inputs, w=jnp.int32(window)), np.float64)
 
 
 def assert_equals_the_rule(arrays, meta, window, paths):
@@ -141,8 +144,8 @@ def test_pallas_kernel_equals_the_rule(heads, window, dtype):
     two query blocks and four cache blocks per row."""
     rng = np.random.default_rng(heads[0] + window)
     arrays, meta = packed_call(rng, 64, dtype, heads=heads, empty_rows=(1,))
-    masks = packed_masks(**meta, windows=True, implementation="pallas")
-    assert (masks.bq, masks.bk) == pallas_attention.BLOCKS == pallas_attention.blocks(512, 2048)
+    inputs = packed_inputs(PackedTokens(**meta), windows=True, implementation="pallas")
+    assert (inputs.bq, inputs.bk) == pallas_attention.BLOCKS == pallas_attention.blocks(512, 2048)
     assert_equals_the_rule(arrays, meta, window, [("pallas", "cpu"), ("blocked-static", "default")])
 
 
@@ -181,6 +184,38 @@ def test_block_bounds_hold_every_visible_key_and_skip_the_rest(platform):
 def test_unknown_implementation_is_refused():
     rng = np.random.default_rng(0)
     arrays, meta = packed_call(rng, 32)
-    masks = packed_masks(**meta, windows=False, implementation="dense")
+    inputs = packed_inputs(PackedTokens(**meta), windows=False, implementation="dense")
     with pytest.raises(ValueError, match="attention implementation"):
-        packed_attention(*arrays, masks, 0, implementation="flash")
+        packed_attention(*arrays, inputs, 0, implementation="flash")
+    with pytest.raises(ValueError, match="attention implementation"):
+        packed_inputs(PackedTokens(**meta), windows=False, implementation="flash")
+
+
+def test_each_implementation_gets_only_its_own_inputs():
+    """Every implementation builds one typed pytree of what it reads, once per call: the
+    dense masks (position differences only with sliding windows), cuDNN's masks side by
+    side over its C + W keys, the blocked loops' inputs with their trip counts, and for
+    the Pallas kernels exactly their keyword arguments (the GPU's and the TPU's alike).
+    Types and shapes by ``jax.eval_shape`` (nothing compiles); values where they say
+    something."""
+    rng = np.random.default_rng(5)
+    _, meta = packed_call(rng, 32)
+    tokens = PackedTokens(**meta)
+
+    def build(name, windows=True):
+        return jax.eval_shape(lambda t: packed_inputs(t, implementation=name, windows=windows), tokens)
+    built = {name: build(name) for name in attention.IMPLEMENTATIONS}
+    assert {n: type(x) for n, x in built.items()} == {
+        "dense": attention.DenseInputs, "blocked": attention.BlockedInputs,
+        "cudnn": attention.CudnnInputs, "pallas": attention.SparseInputs}
+    for kernel in (pallas_attention.packed_attention, pallas_tpu_attention.packed_attention):
+        params = inspect.signature(kernel).parameters.values()
+        assert set(built["pallas"].kwargs()) == {p.name for p in params
+                                                  if p.kind == p.KEYWORD_ONLY} - {"interpret"}
+    assert built["cudnn"].mask.shape == built["cudnn"].d.shape == (B, W, C + W)
+    assert built["blocked"].trips.shape == (2,) and built["pallas"].c_n.shape == (B, W // built["pallas"].bq)
+    plain = build("dense", windows=False)
+    assert plain.d_cache is None and plain.d_new is None and build("cudnn", windows=False).d is None
+    dense = packed_inputs(tokens, implementation="dense", windows=False)
+    cudnn = packed_inputs(tokens, implementation="cudnn", windows=False)
+    np.testing.assert_array_equal(cudnn.mask, np.concatenate([dense.cache, dense.new], -1))

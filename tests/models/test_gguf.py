@@ -809,3 +809,19 @@ def test_id_assembly_equals_joined_string(ours, task):
         for q in range(2):
             joined = t.prompt([demos[j] for j in ctx], texts[4 + q])
             assert pieces.prompt(ctx, q) == ours.tokenizer.encode(joined), (task, ctx, q)
+
+
+def test_reading_gguf_without_torch_prints_no_notice():
+    """Reading a .gguf needs transformers' tokenizer conversion only, not PyTorch: on an
+    install without torch (blocked here), importing the reader writes nothing, where
+    transformers' import logs "PyTorch was not found. Models won't be available ..."."""
+    code = ("import sys; sys.modules['torch'] = None\n"  # find_spec('torch') is None
+            "import sc_jax.models.gguf\n"
+            "import transformers.utils.import_utils as u\n"
+            "assert not u.is_torch_available()\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(Path(sc_jax.__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "PyTorch" not in done.stderr and "Models won't be available" not in done.stderr, done.stderr

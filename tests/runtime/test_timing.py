@@ -62,27 +62,27 @@ def test_run_timing_adds_up_and_later_runs_compile_no_model_program(rt_csv, long
     classes) at most one model program per call size (its items are longer than a CPU's row)."""
     cfg = dict(model="random:tiny-llama", data_files=(("rotten_tomatoes", str(rt_csv)),), shots=(4,),
                seeds=(0,), test_size=6, m_cap=2, budget=30, max_size=2)
-    first = run_experiment(RunConfig(**cfg), tmp_path / "a", progress=False).data["timing"]
+    first = run_experiment(RunConfig(**cfg), tmp_path / "a", progress=False).data.timing
     for t in (first,):
-        parts = sum(t[key] for key in ("load_s", "scoring_s", "fitting_s", "metrics_s", "report_s"))
-        assert abs(t["total_s"] - parts) == pytest.approx(abs(t["unaccounted_s"]))
-        assert abs(t["unaccounted_s"]) <= 0.05 * t["total_s"], t
-        seed = t["seeds"][0]
-        assert seed["forward_s"] > 0 and seed["calls"] > 0 and seed["seed"] == 0
-        assert seed["compile_s"] + seed["forward_s"] + seed["host_s"] == pytest.approx(seed["wall_s"])
-        assert 0 <= seed["engine_host_s"] <= seed["host_s"]
-        assert t["fit_compile_s"] + t["fit_solve_s"] == pytest.approx(t["fits"][0]["wall_s"])
-        assert t["scoring_s"] == pytest.approx(sum(s["wall_s"] for s in t["seeds"]), rel=0.05)
+        parts = t.load_s + t.scoring_s + t.fitting_s + t.metrics_s + t.report_s
+        assert abs(t.total_s - parts) == pytest.approx(abs(t.unaccounted_s))
+        assert abs(t.unaccounted_s) <= 0.05 * t.total_s, t
+        seed = t.seeds[0]
+        assert seed.forward_s > 0 and seed.calls > 0 and seed.seed == 0
+        assert seed.compile_s + seed.forward_s + seed.host_s == pytest.approx(seed.wall_s)
+        assert 0 <= seed.engine_host_s <= seed.host_s
+        assert t.fit_compile_s + t.fit_solve_s == pytest.approx(t.fits[0].wall_s)
+        assert t.scoring_s == pytest.approx(sum(s.wall_s for s in t.seeds), rel=0.05)
     packed = COMPILES["packed"]
     second = run_experiment(RunConfig(**dict(cfg, seeds=(3, 4))), tmp_path / "b",
-                            progress=False).data["timing"]
-    assert COMPILES["packed"] == packed and second["model_programs"] == 0
-    assert [f["programs"] for f in second["fits"]] == [0]  # fit programs: row buckets seen
-    assert [s["shape"] for s in second["seeds"]] == [first["seeds"][0]["shape"]] * 2
+                            progress=False).data.timing
+    assert COMPILES["packed"] == packed and second.model_programs == 0
+    assert [f.programs for f in second.fits] == [0]  # fit programs: row buckets seen
+    assert [s.shape for s in second.seeds] == [first.seeds[0].shape] * 2
     other = run_experiment(RunConfig(**dict(cfg, datasets=("ag_news",),
                                             data_files=(("ag_news", str(long_csv)),),
-                                            shots=(6,))), tmp_path / "c", progress=False).data["timing"]
-    assert COMPILES["packed"] - packed <= ROW_SIZES and other["model_programs"] <= ROW_SIZES
+                                            shots=(6,))), tmp_path / "c", progress=False).data.timing
+    assert COMPILES["packed"] - packed <= ROW_SIZES and other.model_programs <= ROW_SIZES
 
 
 def test_one_memory_policy_for_engine_check_and_plan():

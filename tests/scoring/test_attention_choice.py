@@ -5,7 +5,7 @@ decision is kept per device and call shape and read back instead of timed again;
 engine falls back on a failure at run time as well as at compile time and still scores
 what the plain path scores (float32: <= 1e-4, the tolerance of tests/scoring/test_scoring.py).
 
-The failing candidates are planted by wrapping the attention function: "broken" raises
+The failing candidates are planted in the attention registry: "broken" raises
 while tracing (a kernel that does not build), "fails_at_run" calls back into Python and
 raises there (a kernel that builds and then fails, as cuDNN without execution plans
 does), "wrong" returns twice the right answer.
@@ -20,7 +20,6 @@ import pytest
 
 import sc_jax
 from sc_jax.models import attention as attn
-from sc_jax.models import model as model_mod
 from sc_jax.scoring import attention_choice as ac
 from sc_jax.scoring import engine as engine_mod
 from sc_jax.scoring.enumeration import all_contexts, surrogate_pairs
@@ -35,25 +34,25 @@ def _raise(x):
     raise RuntimeError("no execution plan for this graph")
 
 
-def planted(real):
-    """``packed_attention`` with the three planted candidates beside the real ones."""
-    def packed_attention(q, k, v, ck, cv, masks, window, *, implementation):
-        if implementation not in PLANTED:
-            return real(q, k, v, ck, cv, masks, window, implementation=implementation)
-        if implementation == "broken":
+def planted(name):
+    """A planted candidate: the dense path's inputs, and its output broken as ``name`` says."""
+    dense = attn.REGISTRY["dense"]
+
+    def attend(q, k, v, ck, cv, inputs, window):
+        if name == "broken":
             raise ValueError("Mosaic GPU cannot lower this kernel")
-        out = real(q, k, v, ck, cv, masks, window, implementation="dense")
-        if implementation == "wrong":
+        out = dense.attend(q, k, v, ck, cv, inputs, window)
+        if name == "wrong":
             return out * 2
         spec = jax.ShapeDtypeStruct(out.shape, out.dtype)
         return out + jax.pure_callback(_raise, spec, out)
-    return packed_attention
+    return attn.Implementation(dense.inputs, attend)
 
 
 @pytest.fixture
 def plant(monkeypatch):
-    monkeypatch.setattr(attn, "packed_attention", planted(attn.packed_attention))
-    monkeypatch.setattr(model_mod, "packed_attention", planted(model_mod.packed_attention))
+    for name in PLANTED:
+        monkeypatch.setitem(attn.REGISTRY, name, planted(name))
     monkeypatch.setattr(attn, "IMPLEMENTATIONS", attn.IMPLEMENTATIONS + PLANTED)
 
 
@@ -79,8 +78,8 @@ def test_trials_record_each_failure_and_agree_where_they_ran(config, plant):
 def test_layer_call_packs_items_after_their_slots(config):
     """The timed layer's input is a packed call: items continue the slot whose keys sit in
     the row's cache, in order along the row, and the end of each row is padding."""
-    _, meta = ac.layer_call(config, jnp.float32, SHAPE)
-    g = {n: np.asarray(x) for n, x in meta.items()}
+    _, tokens = ac.layer_call(config, jnp.float32, SHAPE)
+    g = {n: np.asarray(x) for n, x in tokens._asdict().items()}
     for r in range(SHAPE.B):
         real = g["q_valid"][r]
         assert real.sum() > SHAPE.W // 2 and not real[-1]
@@ -174,7 +173,7 @@ def test_engine_falls_back_when_the_chosen_attention_fails_at_run_time(plant, mo
     pairs = surrogate_pairs(ctx, 4)
     trials = [ac.Trial("fails_at_run", True, True, 1e-4, 0.0, 1e-4),
               ac.Trial("dense", True, True, 3e-4, 0.0, 1e-4)]
-    monkeypatch.setattr(engine_mod, "choose_attention", lambda *a, **k: ("fails_at_run", trials, False))
+    monkeypatch.setattr(ac, "choose_attention", lambda *a, **k: ("fails_at_run", trials, False))
     eng = engine_mod.ScoringEngine(model, attention="auto", progress=False)
     with pytest.warns(RuntimeWarning, match="'fails_at_run' does not compile or run here.*using 'dense'"):
         result = eng.score_jobs(pieces, {"job": (ctx, pairs)})
@@ -186,13 +185,15 @@ def test_engine_falls_back_when_the_chosen_attention_fails_at_run_time(plant, mo
 
 
 def test_seed_line_names_the_attention_and_what_was_timed():
+    from sc_jax.experiment.results import SeedTiming
     from sc_jax.experiment.run import _seed_line
 
-    t = dict(wall_s=9.0, compile_s=2.0, programs=3, model_programs=1, cache_hits=2, forward_s=5.0,
-             host_s=2.0, calls=10, tokens=5000, attention="pallas", attention_from_cache=False,
-             attention_trials=[ac.Trial("pallas", True, True, 4e-4, 0.01, 0.03).to_json(),
-                               ac.Trial("cudnn", True, error="XlaRuntimeError: no plan").to_json()])
+    t = SeedTiming(dataset="d", shots=4, seed=0, wall_s=9.0, compile_s=2.0, programs=3,
+                   model_programs=1, cache_hits=2, forward_s=5.0, host_s=2.0, calls=10,
+                   tokens=5000, attention="pallas", attention_from_cache=False,
+                   attention_trials=(ac.Trial("pallas", True, True, 4e-4, 0.01, 0.03).to_json(),
+                                     ac.Trial("cudnn", True, error="XlaRuntimeError: no plan").to_json()))
     line = _seed_line(t)
     assert line.endswith("attention pallas (per layer: pallas 0.40 ms, cudnn failed)")
-    assert "decision kept" in _seed_line(dict(t, attention_from_cache=True))
-    assert "attention" not in _seed_line(dict(t, attention="", attention_trials=[]))
+    assert "decision kept" in _seed_line(t.replace(attention_from_cache=True))
+    assert "attention" not in _seed_line(t.replace(attention="", attention_trials=()))

@@ -2,9 +2,11 @@
 call changes nothing but the caches ``__init__`` names."""
 
 import ast
+import dataclasses
 import inspect
 
 import numpy as np
+import pytest
 
 import sc_jax
 from sc_jax.scoring import engine as engine_mod
@@ -14,7 +16,7 @@ from sc_jax.scoring.prompts import Template, build_pieces
 from sc_jax.scoring.results import ScoreResult
 
 #: What a call may fill (never reassign): created in __init__, documented there as caches.
-CACHES = {"_choices", "_warm", "_last_shape"}
+CACHES = {"_attention", "_scored"}
 
 
 def _self_attribute_writes(fn: ast.FunctionDef) -> list[str]:
@@ -80,4 +82,9 @@ def test_scoring_changes_no_setting():
     assert result.plan.schedule.shape == result.stats.shape == planned.schedule.shape
     again = eng.score_jobs(pieces, {"a": (ctx, pairs)})
     assert again.stats is not result.stats and result.stats.calls > 0
+    # A call's stats are made once, as it ends, and stay what they were.
+    assert again.stats.calls == result.stats.calls and again.stats.tokens == result.stats.tokens
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.stats.calls = 0
+    assert not any(isinstance(v, list) for v in vars(eng).values())  # no list as a mutable cell
     np.testing.assert_allclose(again.scores["a"], result.scores["a"], atol=1e-6)

@@ -69,6 +69,7 @@ from sc_jax.calibration.solvers.steps import sqp_step, trust_region_step
 from sc_jax.calibration.solvers.types import (
     METHODS,
     Solution,
+    Solver,
     SolverOptions,
     Status,
     is_converged,
@@ -76,7 +77,7 @@ from sc_jax.calibration.solvers.types import (
 
 __all__ = [
     "COMPILER_OPTIONS", "METHODS", "NONCONVEX_LAMBDA", "NONCONVEX_STARTS", "THREADS_ENV",
-    "ScipyOptions", "Solution", "SolverOptions", "Status", "augmented_lagrangian",
+    "ScipyOptions", "Solution", "Solver", "SolverOptions", "Status", "augmented_lagrangian",
     "batched", "coarse_subsample", "compiler_options", "is_converged", "project_bias_sc_star",
     "project_cone", "projected", "resolve_batch_size", "resolve_threads", "run_parts",
     "scipy", "scipy_best", "scipy_starts", "solve_batch", "solve_slots", "split_parts",

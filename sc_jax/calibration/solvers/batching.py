@@ -20,7 +20,7 @@ import math
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Sequence
+from typing import Callable, Literal, Sequence, get_args
 
 import jax
 import jax.numpy as jnp
@@ -114,7 +114,8 @@ def resolve_threads(threads: int | None, backend: str | None = None) -> int:
 
 
 # Where a solve may run (:func:`fit_device`): the policy, the host, the default device.
-DEVICES = ("auto", "cpu", "default")
+DeviceName = Literal["auto", "cpu", "default"]
+DEVICES: tuple[DeviceName, ...] = get_args(DeviceName)
 
 # "auto" solves a batch on the host CPU below this many cells (padded rows x (n - 1)
 # in all buckets, times the starts the augmented Lagrangian vmaps). A solve is a
@@ -131,7 +132,7 @@ DEVICES = ("auto", "cpu", "default")
 HOST_CELLS = 1_000_000
 
 
-def fit_device(device="auto", problems: Problem | Sequence[Problem] = (),
+def fit_device(device: DeviceName | jax.Device = "auto", problems: Problem | Sequence[Problem] = (),
                num_starts: int = 1) -> jax.Device | None:
     """The device a batch of problems is solved on, or None for the default device
     (no context entered, no transfer: the solve runs as it would without this).

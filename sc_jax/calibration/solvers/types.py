@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +14,8 @@ from sc_jax.calibration.objective import Params, trust_region
 
 Array = jax.Array
 
-METHODS = ("augmented_lagrangian", "projected", "scipy")
+Solver = Literal["augmented_lagrangian", "projected", "scipy"]
+METHODS: tuple[Solver, ...] = get_args(Solver)
 
 
 class Status(enum.IntEnum):
