@@ -45,7 +45,7 @@ def test_a_config_field_that_is_not_a_number_is_named_with_its_file(tmp_path):
 
 
 # ------------------------------------------------------------------ the command line
-from test_cli import TINY, _data, _one_error, _stop_at_the_model  # noqa: E402
+from cli.test_cli import TINY, _data, _one_error, _stop_at_the_model  # noqa: E402
 
 from sc_jax import cli  # noqa: E402
 
@@ -106,11 +106,11 @@ def test_nan_model_scores_are_named_as_the_model_s(tmp_path, capsys, monkeypatch
 
     real = ScoringEngine.score_jobs
 
-    def nan_scores(self, pieces, jobs, mode="first_token", on_done=None):
+    def nan_scores(self, pieces, jobs, mode="first_token", on_done=None, **kwargs):
         def done(tag, arr):
             on_done(tag, np.full_like(arr, np.nan))
 
-        return real(self, pieces, jobs, mode, on_done=done if on_done else None)
+        return real(self, pieces, jobs, mode, on_done=done if on_done else None, **kwargs)
 
     monkeypatch.setattr(ScoringEngine, "score_jobs", nan_scores)
     argv = ["run", "--out", str(tmp_path / "run"), "--data-file", str(_data(tmp_path))] + TINY
