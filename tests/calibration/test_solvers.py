@@ -248,21 +248,26 @@ def test_constraint_derivatives_equal_autodiff(x64, sc_star):
     # below 2e-14).
     rng = np.random.default_rng(7)
     tau = jnp.float64(0.3)
+
+    def con(z):
+        cos = trust_region(params_from_flat(z, sc_star))
+        return (cos - tau) * jnp.sqrt(1.0 + jnp.dot(z, z))
+
+    @jax.jit
+    def closed_form(x):
+        # The pieces the solver composes (lagrangian_state.derivatives): the margin and
+        # the mean cosine's derivatives in the full x, restricted to z for SC*.
+        full = parameters.expand(x, sc_star)
+        _, gm, hm = geometry.mean_cosine_derivatives(full)
+        return geometry.scale_constraint(geometry.cosine_margin(full, tau),
+                                         *parameters.restrict(gm, hm, sc_star), x)
+
+    # Compiled once per size: op-by-op autodiff compiled every primitive on its own.
+    auto = jax.jit(lambda z: (con(z), jax.grad(con)(z), jax.hessian(con)(z)))
     for n1 in (1, 2, 5):
         for scale in (1e-4, 1.0, 30.0):
             x = jnp.asarray(rng.normal(size=n1 if sc_star else 2 * n1) * scale)
-
-            def con(z):
-                cos = trust_region(params_from_flat(z, sc_star))
-                return (cos - tau) * jnp.sqrt(1.0 + jnp.dot(z, z))
-
-            # The pieces the solver composes (lagrangian_state.derivatives): the margin and
-            # the mean cosine's derivatives in the full x, restricted to z for SC*.
-            full = parameters.expand(x, sc_star)
-            _, gm, hm = geometry.mean_cosine_derivatives(full)
-            c, g, h = geometry.scale_constraint(geometry.cosine_margin(full, tau),
-                                                *parameters.restrict(gm, hm, sc_star), x)
-            for ours, ref in ((c, con(x)), (g, jax.grad(con)(x)), (h, jax.hessian(con)(x))):
+            for ours, ref in zip(closed_form(x), auto(x)):
                 big = float(jnp.max(jnp.abs(ref)))
                 assert float(jnp.max(jnp.abs(ours - ref))) <= 1e-12 * max(big, 1.0)
 
@@ -283,22 +288,30 @@ def test_polar_coordinates_chain_rule_equals_autodiff(x64):
 
     d = design(prob)
     n1 = 2
+
+    def composed(fn):
+        return lambda v, c: fn(charts.from_polar(v, c, n1))
+
+    # One compilation each (the class is an argument, not a constant): op-by-op
+    # autodiff compiled every primitive of the objective's Hessian on its own.
+    pairs = [(jax.jit(derivs), jax.jit(jax.grad(composed(fn))), jax.jit(jax.hessian(composed(fn))))
+             for fn, derivs in ((lambda v: value_grad_hess(v, d, 0.1)[0],
+                                 lambda v: value_grad_hess(v, d, 0.1)),
+                                (lambda v: trust_region(params_from_flat(v, False)),
+                                 geometry.mean_cosine_derivatives))]
+    chain = jax.jit(charts.polar_chain, static_argnums=2)
     for cls in (0, 1):
         for s_val in (0.0, 8.0):
             z = jnp.asarray(rng.normal(size=4) * 0.3).at[n1 + cls].set(s_val)
             xz = charts.from_polar(z, jnp.int32(cls), n1)
             assert jnp.allclose(charts.to_polar(xz, jnp.int32(cls), n1), z, atol=1e-12)
-            for fn, derivs in (
-                    (lambda v: value_grad_hess(v, d, 0.1)[0],
-                     lambda v: value_grad_hess(v, d, 0.1)),
-                    (lambda v: trust_region(params_from_flat(v, False)),
-                     geometry.mean_cosine_derivatives)):
+            for derivs, grad, hess in pairs:
                 _, gx, hx = derivs(xz)
-                gz, hz = charts.polar_chain(z, jnp.int32(cls), n1, gx, hx)
-                comp = lambda v: fn(charts.from_polar(v, jnp.int32(cls), n1))  # noqa: E731
+                gz, hz = chain(z, jnp.int32(cls), n1, gx, hx)
                 r = float(jnp.exp(z[n1 + cls]))
                 scale = 1.0 + r * float(jnp.max(jnp.abs(gx))) + r * r * float(jnp.max(jnp.abs(hx)))
-                for ours, ref in ((gz, jax.grad(comp)(z)), (hz, jax.hessian(comp)(z))):
+                c = jnp.int32(cls)
+                for ours, ref in ((gz, grad(z, c)), (hz, hess(z, c))):
                     big = float(jnp.max(jnp.abs(ref)))
                     assert float(jnp.max(jnp.abs(ours - ref))) <= 1e-12 * max(big, scale)
                 same = charts.polar_chain(z, jnp.int32(-1), n1, gx, hx)

@@ -222,13 +222,19 @@ def test_context_that_cannot_fit_fails_before_compiling():
     assert dict(COMPILES) == before
 
 
+# The memory tests' time on a given roofline (an H100's peaks): the attention's pace,
+# which a plan for this CPU measures at the run's call shape, is not what they check,
+# and at a 7B or 70B call shape that measurement took 10-35 s of a CI worker each.
+_ROOFLINE_ONLY = dict(peak_flops=989e12, bandwidth=3.35e12)
+
+
 @pytest.mark.parametrize("budget_gib", [80, 24])
 def test_llama_2_7b_bf16_k8_plan_fits_and_agrees_with_xla(data_dir, budget_gib):
     config = RunConfig(model="random:llama-2-7b", dtype="bfloat16", datasets=("rotten_tomatoes",),
                        data_dir=str(data_dir), shots=(8,), seeds=(0,), test_size=64, budget=None,
                        m_cap=24, device_memory=budget_gib * GIB)
     budget = budget_gib * GIB
-    p = plan.plan_run(config, compile_time=False)
+    p = plan.plan_run(config, compile_time=False, **_ROOFLINE_ONLY)
     s = p["settings"][0]
     assert s["peak_bytes"] <= budget
     assert s["xla_peak_bytes"] <= budget
@@ -297,7 +303,7 @@ def test_llama_2_70b_sharded_over_8_devices_plan_agrees_with_xla(data_dir):
                        data_dir=str(data_dir), shots=(8,), seeds=(0,), test_size=64, budget=None,
                        device_memory=80 * GIB, mesh_devices=1, mesh_model=8)
     budget = 80 * GIB
-    p = plan.plan_run(config, compile_time=False)
+    p = plan.plan_run(config, compile_time=False, **_ROOFLINE_ONLY)
     s = p["settings"][0]
     cfg = preset("llama-2-70b")
     assert p["weight_bytes"] == cfg.num_params() * 2 // 8
