@@ -74,8 +74,8 @@ def rt_csv(tmp_path_factory):
 # one worker ran it alone while the other sat idle. Longest-first keeps the two
 # workers' loads even, and starts the model downloads of test_qwen2.py and
 # test_gguf.py early, beside CPU-bound work. Order within a file is unchanged.
-_LONGEST_FIRST = ("test_solvers.py", "test_qwen2.py", "test_gguf.py", "test_multiprocess.py",
-                  "test_scoring.py", "test_model.py", "test_jax_calibrate.py", "test_examples.py",
+_LONGEST_FIRST = ("test_solvers.py", "test_solver_families.py", "test_qwen2.py", "test_gguf.py",
+                  "test_multiprocess.py", "test_scoring.py", "test_model.py", "test_jax_calibrate.py", "test_examples.py",
                   "test_accelerator_suite.py", "test_resume.py", "test_experiment.py",
                   "test_numpy_fit.py", "test_plan.py")
 
