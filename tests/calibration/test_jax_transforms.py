@@ -43,6 +43,16 @@ def _fd_close(analytic, f, x, direction, h=1e-6, rtol=1e-7):
     assert np.all(np.abs(np.asarray(analytic) - fd) <= rtol * scale), (analytic, fd)
 
 
+def _grad_close(loss, point, rng):
+    """jax.grad of ``loss`` at the tuple of arrays ``point``, along a random direction,
+    against central differences (:func:`_fd_close`)."""
+    direction = tuple(jnp.asarray(rng.normal(size=a.shape)) for a in point)
+    grads = jax.grad(loss)(point)
+    analytic = sum(jnp.sum(g * d) for g, d in zip(grads, direction))
+    shifted = lambda s: loss(tuple(a + s * d for a, d in zip(point, direction)))  # noqa: E731
+    _fd_close(analytic, shifted, 0.0, 1.0)
+
+
 # ---------------------------------------------------------------------------------
 # The helpers beside calibrate.
 
@@ -79,11 +89,7 @@ def test_calibrated_log_probs_under_jit_vmap_grad(x64):
     weights = jnp.asarray(rng.normal(size=(6, 3)))
     loss = lambda bwf: jnp.sum(one(*bwf) * weights)  # noqa: E731
     point = (b[0], w[0], feats)
-    direction = tuple(jnp.asarray(rng.normal(size=a.shape)) for a in point)
-    grads = jax.grad(loss)(point)
-    analytic = sum(jnp.sum(g * d) for g, d in zip(grads, direction))
-    shifted = lambda s: loss(tuple(a + s * d for a, d in zip(point, direction)))  # noqa: E731
-    _fd_close(analytic, shifted, 0.0, 1.0)
+    _grad_close(loss, point, rng)
 
 
 def test_ensemble_proba_under_jit_vmap_grad(x64):
@@ -100,11 +106,7 @@ def test_ensemble_proba_under_jit_vmap_grad(x64):
     probe = jnp.asarray(rng.normal(size=(5, 3)))
     loss = lambda p: jnp.sum(one(*p) * probe)  # noqa: E731
     point = (b[0], w[0], weights)
-    direction = tuple(jnp.asarray(rng.normal(size=a.shape)) for a in point)
-    grads = jax.grad(loss)(point)
-    analytic = sum(jnp.sum(g * d) for g, d in zip(grads, direction))
-    shifted = lambda s: loss(tuple(a + s * d for a, d in zip(point, direction)))  # noqa: E731
-    _fd_close(analytic, shifted, 0.0, 1.0)
+    _grad_close(loss, point, rng)
 
 
 def test_tau_schedule_under_jit_vmap_grad(x64):
