@@ -34,7 +34,11 @@ class SeedScores:
 
     base: ``[T, n]`` under the full k-shot context; cc: ``[3, n]``; dc: ``[20, n]``;
     surrogate[i]: (logp ``[N_i, n]``, labels ``[N_i]``, query ids ``[N_i]``);
-    test[i]: ``[m_i, T, n]`` under m_i sampled sub-contexts of size i.
+    test[i]: ``[m_i, T, n]`` under m_i sampled sub-contexts of size i;
+    demo_labels: ``[k]`` the demonstrations' labels in the k-shot prompt's order;
+    surrogate_contexts[i]: ``[N_i, i]`` the demonstrations of each surrogate row's
+    context, in order (Surprise Calibration reads both; None in score files written
+    before them).
     """
 
     base: np.ndarray
@@ -43,6 +47,8 @@ class SeedScores:
     surrogate: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]
     test: dict[int, np.ndarray]
     y_test: np.ndarray
+    demo_labels: np.ndarray | None = None
+    surrogate_contexts: dict[int, np.ndarray] | None = None
 
 
 @dataclasses.dataclass
@@ -173,10 +179,12 @@ def score_seed(model, engine, cache, dataset, work, config: RunConfig, *,
                          "(--dtype float32); the scores are not usable")
 
     base, cc, dc = scored("base"), scored("cc"), scored("dc")
-    surrogate, test = {}, {}
+    surrogate, test, contexts = {}, {}, {}
     labels = np.asarray(split.demo_labels)
     for i in config.sizes(k):
-        pairs = sj.jobs[f"surrogate{i}"][1]
+        ctx, pairs = sj.jobs[f"surrogate{i}"]
         surrogate[i] = (scored(f"surrogate{i}"), labels[pairs[:, 1]], pairs[:, 1].copy())
+        contexts[i] = ctx[pairs[:, 0]]
         test[i] = scored(f"test{i}").reshape(sj.m[i], sj.n_test, -1)
-    return SeedScores(base, cc, dc, surrogate, test, np.asarray(split.test_labels(dataset))), stats
+    return SeedScores(base, cc, dc, surrogate, test, np.asarray(split.test_labels(dataset)),
+                      demo_labels=labels, surrogate_contexts=contexts), stats

@@ -10,7 +10,7 @@ import warnings
 
 import numpy as np
 
-from sc_jax.calibration import baselines
+from sc_jax.calibration import baselines, surprise
 from sc_jax.calibration.baselines import BC_BATCH_SIZE
 from sc_jax.calibration.numpy_fit import fit_batch
 from sc_jax.calibration.numpy_predict import predict_proba
@@ -18,6 +18,9 @@ from sc_jax.calibration.objective import log_odds
 from sc_jax.experiment.config import SC_FITS, RunConfig
 from sc_jax.experiment.jobs import SeedScores
 from sc_jax.experiment.results import FitRecord
+
+# Surprise Calibration's network and training: the authors' released defaults.
+SURPRISE_SETTINGS = surprise.SurpriseSettings()
 
 
 def method_probs(method: str, s: SeedScores, fits: dict | None, sizes, *,
@@ -38,10 +41,26 @@ def method_probs(method: str, s: SeedScores, fits: dict | None, sizes, *,
         return baselines.batch_calibration(p, bc_batch)
     if method == "bc_reference":
         return baselines.batch_calibration_reference(p, bc_batch)
+    if method == "surprise":
+        return surprise_method_probs(s)
     with fits_noted():
         return predict_proba([fits[i] for i in sizes], [log_odds(s.test[i]) for i in sizes],
                              size_weights="uniform" if size_weighting == "uniform" else "reference",
                              shots=shots, sizes=sizes)
+
+
+def surprise_method_probs(s: SeedScores) -> np.ndarray:
+    """Surprise Calibration's ``[T, n]`` test probabilities: its network trained on the
+    seed's surrogate rows (each held-out demonstration under a sub-context of the
+    others, every size), then applied to the k-shot context's demonstrations."""
+    if s.demo_labels is None or s.surrogate_contexts is None:
+        raise ValueError("these scores predate Surprise Calibration (no demonstration labels "
+                         "or surrogate contexts): rerun `sc-jax run` with the same --out to "
+                         "rewrite them from the score cache")
+    labels = np.asarray(s.demo_labels)
+    train = [(labels[s.surrogate_contexts[i]], lp, y) for i, (lp, y, _) in sorted(s.surrogate.items())]
+    return surprise.surprise_probs(s.base.astype(np.float64), s.demo_labels, train,
+                                   n=s.base.shape[-1], settings=SURPRISE_SETTINGS)
 
 
 @contextlib.contextmanager

@@ -314,6 +314,9 @@ def regenerate_samples(run_dir, *, with_texts: bool = True) -> tuple[Path, list[
                 per = fits.get((method, name, k, seed)) if method in SC_FITS else None
                 if method in SC_FITS and not per:
                     continue  # the run did not fit it
+                if method == "surprise" and (s.surrogate_contexts is None
+                                             or method not in results.config.get("methods", ())):
+                    continue  # a score file written before it, or a run without it (it trains)
                 sizes = sorted(per) if per else []
                 probs[method] = method_probs(method, s, per, sizes, bc_batch=bc_batch,
                                              size_weighting=weighting, shots=k)
