@@ -42,7 +42,7 @@ Method = Literal["base", "cc", "dc", "bc", "bc_reference", "sc_star", "sc_star_f
                  "sc_paper", "surprise"]
 METHODS: tuple[Method, ...] = get_args(Method)
 # Run only when named in --methods: Surprise Calibration trains a 5.5M-parameter GRU
-# per seed (about a minute on two CPU cores at the authors' sizes).
+# per seed (40-50 s for one k = 4 seed on two shared CPU cores at the authors' sizes).
 OPT_IN_METHODS: tuple[Method, ...] = ("surprise",)
 DEFAULT_METHODS: tuple[Method, ...] = tuple(m for m in METHODS if m not in OPT_IN_METHODS)
 
