@@ -72,12 +72,12 @@ def test_network_equals_torch_modules():
     assert np.abs(got - want).max() <= 1e-5
 
 
-def test_training_equals_torch_adam_with_l2_weight_decay():
+def test_training_equals_torch_adam_with_l2_weight_decay(exact_rows):
     """Five full-batch steps over rows of two context lengths (mean cross-entropy over
     all rows), torch.optim.Adam(lr, weight_decay) as the released code trains."""
     net = _torch_net(seed=3)
     params = _params_of(net)
-    groups = _groups(np.random.default_rng(2))
+    groups = _signed(exact_rows)
     lr, wd, steps = 0.05, 0.01, 5
     opt = torch.optim.Adam(net.parameters(), lr=lr, weight_decay=wd)
     total = sum(len(y) for *_, y in groups)
@@ -98,44 +98,58 @@ def test_training_equals_torch_adam_with_l2_weight_decay():
     assert err <= 1e-4, err
 
 
-def test_training_recovers_a_known_prior_shift():
+SHIFT = 0.8
+
+
+@pytest.fixture(scope="module")
+def exact_rows():
     """Every context of one or two demonstrations, and per context queries whose
     calibrated distribution is each ordering of (0.5, 0.3, 0.2), labelled in exactly
     those proportions (ten rows per query); the model's log-probs are shifted by
-    a * (how often each class labels the context). The mean cross-entropy is then
-    minimised exactly by g(s) = a * counts + const, and the trained network must find
-    it: centred over classes, within 1e-3 of the shift (it reaches ~1e-6)."""
-    a = 0.8
+    SHIFT * (how often each class labels the context). Per length: (context labels
+    [N_i, i], logp [N_i, n] float32, labels [N_i]). Every test here trains on these
+    rows, so that they share one compilation of the training loop."""
     dists = np.array(list(itertools.permutations([0.5, 0.3, 0.2])))
-    groups = []
+    rows = []
     for i in (1, 2):
         ctx, logp, y = [], [], []
         for c in itertools.product(range(N_CLASSES), repeat=i):
-            shift = a * np.eye(N_CLASSES)[list(c)].sum(0)
-            for p in dists:
+            shifted = np.log(dists) + SHIFT * np.eye(N_CLASSES)[list(c)].sum(0)  # [6, n]
+            shifted -= np.log(np.exp(shifted).sum(-1, keepdims=True))
+            for p, lp in zip(dists, shifted):
                 for label, times in enumerate(np.rint(10 * p).astype(int)):
                     ctx += [c] * times
-                    logp += [np.log(p) + shift - np.log(np.exp(np.log(p) + shift).sum())] * times
+                    logp += [lp] * times
                     y += [label] * times
-        groups.append((S.sign_surprise(np.array(ctx), N_CLASSES), np.float32(logp), np.array(y)))
-    settings = S.SurpriseSettings(embed_dim=8, hidden_dim=16, epochs=300, learning_rate=3e-2,
-                                  weight_decay=0.0)
-    params = S.fit(groups, N_CLASSES, settings)
+        rows.append((np.array(ctx), np.float32(logp), np.array(y)))
+    return rows
+
+
+def _signed(rows):
+    return [(S.sign_surprise(c, N_CLASSES), lp, y) for c, lp, y in rows]
+
+
+def test_training_recovers_a_known_prior_shift(exact_rows):
+    """On :func:`exact_rows` the mean cross-entropy is minimised exactly by
+    g(s) = SHIFT * counts + const, and the trained network must find it: centred over
+    classes, within 1e-3 of the shift (it reaches ~1e-6)."""
+    settings = S.SurpriseSettings(embed_dim=EMBED, hidden_dim=HIDDEN, epochs=300,
+                                  learning_rate=3e-2, weight_decay=0.0)
+    params = S.fit(_signed(exact_rows), N_CLASSES, settings)
     for i in (1, 2):
         ctx = np.array(list(itertools.product(range(N_CLASSES), repeat=i)))
         g = np.asarray(S.prior_logits(params, jnp.asarray(S.sign_surprise(ctx, N_CLASSES))))
-        want = a * np.eye(N_CLASSES)[ctx].sum(1)
+        want = SHIFT * np.eye(N_CLASSES)[ctx].sum(1)
         err = np.abs((g - g.mean(-1, keepdims=True)) - (want - want.mean(-1, keepdims=True))).max()
         assert err <= 1e-3, (i, err)
 
 
-def test_surprise_probs_divides_by_the_k_shot_contexts_prior():
+def test_surprise_probs_divides_by_the_k_shot_contexts_prior(exact_rows):
     rng = np.random.default_rng(4)
-    train = [(rng.integers(0, N_CLASSES, (8, 2)), *_groups(rng, lengths=(2,), rows=8)[0][1:])]
-    settings = S.SurpriseSettings(embed_dim=5, hidden_dim=7, epochs=3)
+    settings = S.SurpriseSettings(embed_dim=EMBED, hidden_dim=HIDDEN, epochs=3)
     test_logp = np.log(rng.dirichlet(np.ones(N_CLASSES), 4))
-    p = S.surprise_probs(test_logp, np.array([0, 2, 1]), train, N_CLASSES, settings)
-    params = S.fit([(S.sign_surprise(c, N_CLASSES), lp, y) for c, lp, y in train], N_CLASSES, settings)
+    p = S.surprise_probs(test_logp, np.array([0, 2, 1]), exact_rows, N_CLASSES, settings)
+    params = S.fit(_signed(exact_rows), N_CLASSES, settings)
     g = np.asarray(S.prior_logits(params, jnp.asarray(S.sign_surprise(np.array([[0, 2, 1]]), N_CLASSES))))
     want = np.exp(test_logp - g) / np.exp(test_logp - g).sum(-1, keepdims=True)
     np.testing.assert_allclose(p, want, atol=1e-6)
