@@ -77,9 +77,9 @@ def init_params(key, n: int, embed_dim: int, hidden_dim: int) -> dict:
     ortho = jax.nn.initializers.orthogonal()
     E, H = embed_dim, hidden_dim
     return {"w_in": _uniform(k[0], (E, n), n), "b_in": _uniform(k[1], (E,), n),
-            "ln_scale": jnp.ones(E), "ln_bias": jnp.zeros(E),
+            "ln_scale": jnp.ones(E, jnp.float32), "ln_bias": jnp.zeros(E, jnp.float32),
             "w_ih": ortho(k[2], (3 * H, E), jnp.float32), "w_hh": ortho(k[3], (3 * H, H), jnp.float32),
-            "b_ih": jnp.zeros(3 * H), "b_hh": jnp.zeros(3 * H),
+            "b_ih": jnp.zeros(3 * H, jnp.float32), "b_hh": jnp.zeros(3 * H, jnp.float32),
             "w_out": _uniform(k[4], (n, H), H), "b_out": _uniform(k[5], (n,), H)}
 
 
