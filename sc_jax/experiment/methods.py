@@ -1,5 +1,5 @@
 """Each method's test-set probabilities from one seed's scores: the baselines (Base,
-CC, DC, BC) and the SC fits of every size, combined by Algorithm 2's two-level ensemble
+CC, DC, BC, LOOC, LinC) and the SC fits of every size, combined by Algorithm 2's two-level ensemble
 (:func:`method_probs`), and the batched SC / SC* fits of a (dataset, k) (:func:`fit_sc`).
 """
 
@@ -12,6 +12,8 @@ import numpy as np
 
 from sc_jax.calibration import baselines
 from sc_jax.calibration.baselines import BC_BATCH_SIZE
+from sc_jax.calibration.linc import linc_fit, linc_predict
+from sc_jax.calibration.looc import leave_one_out_calibration
 from sc_jax.calibration.numpy_fit import fit_batch
 from sc_jax.calibration.numpy_predict import predict_proba
 from sc_jax.calibration.objective import log_odds
@@ -38,10 +40,37 @@ def method_probs(method: str, s: SeedScores, fits: dict | None, sizes, *,
         return baselines.batch_calibration(p, bc_batch)
     if method == "bc_reference":
         return baselines.batch_calibration_reference(p, bc_batch)
+    if method == "looc":
+        return looc_probs(s, p)
+    if method == "linc":
+        return linc_probs(s, p)
     with fits_noted():
         return predict_proba([fits[i] for i in sizes], [log_odds(s.test[i]) for i in sizes],
                              size_weights="uniform" if size_weighting == "uniform" else "reference",
                              shots=shots, sizes=sizes)
+
+
+def looc_probs(s: SeedScores, p: np.ndarray) -> np.ndarray:
+    """LOOC (:mod:`sc_jax.calibration.looc`) of the test probabilities ``p [T, n]``,
+    its prior from the surrogate prompts of the largest size the run scored: size k - 1,
+    the leave-one-out prompts, unless --max-size stops below it (docs/methods.md)."""
+    if not s.surrogate:
+        raise ValueError("looc needs surrogate scores (k >= 2); drop it from --methods")
+    logp, labels, queries = s.surrogate[max(s.surrogate)]
+    return leave_one_out_calibration(p, np.exp(logp.astype(np.float64)), labels, queries)
+
+
+def linc_probs(s: SeedScores, p: np.ndarray) -> np.ndarray:
+    """LinC (:mod:`sc_jax.calibration.linc`) fitted on the surrogate rows of every size
+    (SC's training data), started from the content-free scores under the full context,
+    and applied to the test probabilities ``p [T, n]`` under that context."""
+    if not s.surrogate:
+        raise ValueError("linc needs surrogate scores (k >= 2); drop it from --methods")
+    sizes = sorted(s.surrogate)
+    logp = np.concatenate([s.surrogate[i][0] for i in sizes]).astype(np.float64)
+    labels = np.concatenate([s.surrogate[i][1] for i in sizes])
+    fit = linc_fit(np.exp(logp), labels, np.exp(s.cc.astype(np.float64)))
+    return linc_predict(fit, p)
 
 
 @contextlib.contextmanager

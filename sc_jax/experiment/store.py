@@ -312,7 +312,7 @@ RUN_CONFIG_FILE = "run_config.json"
 
 # Methods that runs made before them lack in their run_config.json and
 # results.json: resuming such a run with the default --methods only adds them.
-ADDED_METHODS = ("bc_reference", "sc_star_free", "sc_paper")
+ADDED_METHODS = ("bc_reference", "sc_star_free", "sc_paper", "looc", "linc")
 
 
 def _config_differences(old: dict, new: dict) -> list[str]:
