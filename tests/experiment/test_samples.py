@@ -90,7 +90,7 @@ def test_check_and_paired_counts():
 def test_regenerated_for_a_committed_run_from_its_score_files(tmp_path, monkeypatch):
     """A run committed before sample logs: `sc-jax report DIR --log-samples` writes
     them from DIR/scores and the params in results.json (no model, no refit); they
-    reproduce every row, and add BC as the reference code computes it."""
+    reproduce every row, and add BC as the reference code computes it, LOOC and LinC."""
     from sc_jax import cli
     from sc_jax.experiment import methods
     from sc_jax.experiment.store import ADDED_METHODS
@@ -119,10 +119,11 @@ def test_regenerated_for_a_committed_run_from_its_score_files(tmp_path, monkeypa
     recs = read_samples(tmp_path)
     assert len(recs) == 2 * 3 * 128  # datasets x seeds x test queries
     assert check_samples(recs, load_results(tmp_path).rows) == []
-    assert "bc_reference" in recs[0]["pred"] and "sc_star_free" not in recs[0]["pred"]
+    assert {"bc_reference", "looc", "linc"} <= set(recs[0]["pred"])
+    assert "sc_star_free" not in recs[0]["pred"]
     table = (tmp_path / "table.md").read_text()
-    assert "match results.json" in table and "| BC (code) |" in table
-    assert "BC (code): computed from the per-sample records" in table
+    assert "match results.json" in table and "| BC (code) |" in table and "| LOOC |" in table
+    assert "BC (code), LinC, LOOC: computed from the per-sample records" in table
     # compare_paper.py gives SC's margin over both forms of BC, bc_reference from the records.
     compare = _compare_paper()
     tasks, blocks = compare.blocks([tmp_path], {"macro_f1_k4": json.loads(
