@@ -60,6 +60,17 @@ def looc_probs(s: SeedScores, p: np.ndarray) -> np.ndarray:
     return leave_one_out_calibration(p, np.exp(logp.astype(np.float64)), labels, queries)
 
 
+def looc_notes(config: RunConfig) -> list[str]:
+    """A note per k at which the run's LOOC is not the paper's: --max-size below k - 1
+    leaves out the leave-one-out prompts, and :func:`looc_probs` uses the largest size."""
+    if "looc" not in config.methods:
+        return []
+    return [f"LOOC, k={k}: each demonstration held out under {max(config.sizes(k))} of the "
+            f"others (--max-size {config.max_size} < k - 1 = {k - 1}), not the paper's "
+            "leave-one-out prompts; see docs/methods.md" for k in config.shots
+            if config.sizes(k) and max(config.sizes(k)) < k - 1]
+
+
 def linc_probs(s: SeedScores, p: np.ndarray) -> np.ndarray:
     """LinC (:mod:`sc_jax.calibration.linc`) fitted on the surrogate rows of every size
     (SC's training data), started from the content-free scores under the full context,
