@@ -57,6 +57,34 @@ class Template:
     def n_classes(self) -> int:
         return len(self.labels)
 
+    @classmethod
+    def from_string(cls, fmt: str, labels) -> Template:
+        """The template written as one demonstration, its text and label as the slots
+        ``{text}`` and ``{label}``: ``"review: {text}\\nsentiment: {label}"`` is
+        ``Template("review:", "sentiment:", labels)``. The format is this module's
+        (:meth:`demo`): an input prefix, a space, the text, a newline, a label prefix, a
+        space, the label word; anything else raises ValueError naming the slot."""
+        if not isinstance(fmt, str):
+            raise ValueError(f"the template must be a string, got {type(fmt).__name__}")
+        for slot in ("{text}", "{label}"):
+            if fmt.count(slot) != 1:
+                raise ValueError(f"the template must hold the slot {slot} once, got {fmt!r}")
+        head, _, rest = fmt.partition(" {text}")
+        label_prefix, found, tail = rest.partition(" {label}")
+        if "{text}" in head or not found or tail or not label_prefix.startswith("\n"):
+            raise ValueError(f"the template must read 'PREFIX {{text}}\\nLABEL PREFIX {{label}}' "
+                             f"(a space before each slot, a newline between the lines, nothing "
+                             f"after {{label}}), got {fmt!r}")
+        template = cls(head, label_prefix[1:], tuple(labels))
+        if "\n" in template.input_prefix + template.label_prefix:
+            raise ValueError(f"the template's prefixes must be one line each, got {fmt!r}")
+        return template
+
+    @property
+    def format(self) -> str:
+        """The template as :meth:`from_string` reads it."""
+        return f"{self.input_prefix} {{text}}\n{self.label_prefix} {{label}}"
+
     def body(self, text: str) -> str:
         """The query form: ``"<input prefix> <text>\\n<label prefix>"``."""
         return f"{self.input_prefix} {normalise(text)}\n{self.label_prefix}"
