@@ -1,7 +1,12 @@
-"""The paper's nine tasks (Section 4.1, Appendix C) and the labelled texts of one.
+"""Tasks as data, the paper's nine tasks (Section 4.1, Appendix C) and the labelled
+texts of one.
 
-`TASKS` maps a task name to a `TaskSpec`: the Hugging Face dataset id and config,
-split names, text and label columns, and the prompt `Template` of Appendix C
+A `TaskSpec` is a task: its prompt `Template`, the Hugging Face dataset id and config
+or a local data file, split names, text and label columns, and CC's content-free
+inputs. One is built in Python (`TaskSpec.create`, from a template string and label
+words) or read from a YAML or JSON task file (`read_task_file`, `sc-jax run
+--task-file`). `TASKS` maps the nine built-in names to theirs, read from the JSON task
+files shipped in ``builtin_tasks/``, with the templates of Appendix C
 (`sc_jax.scoring.prompts.TEMPLATES`). Class ids follow the template's label words: class 0 is
 `template.labels[0]`. The integer labels of all nine Hugging Face datasets are already
 in that order; `TaskSpec.label_map` adds the sources' own label names ("ABBR",
