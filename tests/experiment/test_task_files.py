@@ -101,7 +101,7 @@ GOOD = f"name: films\ntemplate: {json.dumps(TEMPLATE)}\nlabels: [bad, good]\ndat
     (GOOD + "content_free: []\n", "content_free must be one or more strings"),
     ("- name: films\n", "a task is a mapping of fields"),
     ("name: [unclosed\n", "not valid YAML"),
-])
+], ids=lambda v: None if "\n" in v else v)
 def test_a_bad_task_file_is_one_line_naming_the_file_and_field(tmp_path, body, problem):
     path = _write_yaml(tmp_path / "films.yaml", body)
     with pytest.raises(ValueError) as e:
@@ -188,6 +188,14 @@ def test_task_files_on_the_command_line(tmp_path):
         RunConfig(datasets=("sst2",), task_files=(str(clash),))
     with pytest.raises(ValueError, match="both define task 'films'"):
         RunConfig(datasets=("films",), task_files=(str(path), str(path)))
+
+
+def test_a_bad_task_file_on_the_command_line_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("sc_jax.experiment.runplan.build_plan", lambda *a, **k: pytest.fail("planned"))
+    bad = _write_yaml(tmp_path / "films.yaml", GOOD + "colour: red\n")
+    assert cli.main(["run", "--task-file", str(bad), *TINY, "--out", str(tmp_path / "run")]) != 0
+    err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("sc_jax:")]
+    assert len(err) == 1 and f"task file {bad}: unknown field 'colour'" in err[0], err
 
 
 def _films(tmp_path, labels="[bad, good]", extra=""):
