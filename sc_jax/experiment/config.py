@@ -191,6 +191,10 @@ class RunConfig:
         ranged=True)
     mode: LabelMode = _option("first_token", Flag(
         "--mode", "label scoring: first token, or full label sequence"))
+    chat_template: bool = _option(False, Flag(
+        "--chat-template", "wrap each prompt in the model's own chat template (an instruction-"
+                           "tuned model's): demonstrations and query in the user turn, the label "
+                           "after the assistant turn's opening"))
     max_size: int = _option(5, Flag("--max-size", "sub-context sizes i = 1..min(this, k-1)"),
                             ranged=True)
     lambda_inv: float | None = _option(None, Flag(

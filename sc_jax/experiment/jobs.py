@@ -23,6 +23,7 @@ from sc_jax.experiment.splits import dc_pool, split_protocol
 from sc_jax.experiment.task_loading import load_task
 from sc_jax.experiment.tasks import read_task_file
 from sc_jax.scoring.enumeration import default_m, sample_contexts, surrogate_contexts, surrogate_pairs
+from sc_jax.scoring.chat import chat_frame
 from sc_jax.scoring.prompts import build_pieces
 from sc_jax.scoring.results import EngineStats
 
@@ -68,7 +69,8 @@ def seed_jobs(tokenizer, dataset, split, config: RunConfig, k: int) -> SeedJobs:
     dcs = random_domain_strings(dc_pool(dataset, split.test_indices), config.dc_strings, seed=split.seed)
     content_free = list(dataset.task.content_free)  # CC's inputs, the task's own where it names them
     queries = [t for t, _ in demos] + tests + content_free + dcs
-    pieces = build_pieces(tokenizer, dataset.template, demos, queries)
+    chat = chat_frame(tokenizer, config.model) if config.chat_template else None
+    pieces = build_pieces(tokenizer, dataset.template, demos, queries, chat=chat)
     T = len(tests)
     q_test = np.arange(k, k + T)
     q_cc = np.arange(k + T, k + T + len(content_free))
