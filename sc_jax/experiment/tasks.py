@@ -175,6 +175,7 @@ class TaskSpec:
 
 _REQUIRED = object()
 _NAME = re.compile(r"[A-Za-z0-9_.-]+")
+_INTEGER = re.compile(r"[+-]?\d+")
 
 #: The fields of a task file (and of :meth:`TaskSpec.from_dict`): name -> (kind, default).
 TASK_FILE_FIELDS: dict[str, tuple[str, Any]] = {
@@ -212,7 +213,9 @@ def _field_value(value, kind: str, key: str, where: str):
         if (isinstance(pairs, (list, tuple))
                 and all(isinstance(p, (list, tuple)) and len(p) == 2 for p in pairs)
                 and all(isinstance(raw, (str, int)) and not isinstance(raw, bool) for raw, _ in pairs)):
-            return tuple((raw, c) for raw, c in pairs)
+            # JSON keys are strings: "1" names the integer label 1, as a YAML key 1 does.
+            return tuple((int(raw) if isinstance(raw, str) and _INTEGER.fullmatch(raw.strip()) else raw, c)
+                         for raw, c in pairs)
     raise ValueError(f"{where}: field {key!r} must be {_KIND_TEXT[kind]}, got {type(value).__name__} "
                      f"{str(value)[:40]!r}")
 

@@ -71,6 +71,10 @@ def test_a_task_from_a_template_string_is_the_template_it_names(tmp_path):
     assert (spec.text_column, spec.label_column, spec.hf_id, spec.test_split) == ("text", "label", None, "train")
     # A Template object is taken as it is; the built-in templates read back from their strings.
     assert TaskSpec.create("x", TEMPLATES["trec"]).template == TEMPLATES["trec"]
+    # A JSON key "1" is the integer label 1 (YAML's 1), so it maps integer data too.
+    flipped = TaskSpec.create("x", TEMPLATE, ["bad", "good"], label_map={"1": "bad", "0": "good"})
+    assert flipped.label_map == ((1, 0), (0, 1))
+    assert load_task(flipped, data={"text": ["a", "b"], "label": [1, "0"]}).labels.tolist() == [0, 1]
     for name, template in TEMPLATES.items():
         assert Template.from_string(template.format, template.labels) == template, name
     # The same task from a JSON file, its data_file read from the file's directory.
