@@ -21,6 +21,7 @@ from sc_jax.experiment.results import METHOD_NAMES, load_results
 from sc_jax.experiment.run import run_experiment
 from sc_jax.experiment.samples import regenerate_samples
 from sc_jax.experiment.store import check_output_file
+from sc_jax.experiment.task_export import export_tasks
 from sc_jax.models.config import PRESETS, preset
 from sc_jax.models.hub import cached_models_lines
 from sc_jax.models.loading import load_model
@@ -98,6 +99,12 @@ def run_command(args) -> int:
     print()
     print((results.out_dir / "table.md").read_text())
     print(f"outputs in {results.out_dir}: " + ", ".join(sorted(p.name for p in results.files.values())))
+    return 0
+
+
+def export_tasks_command(args) -> int:
+    """`sc-jax export-tasks DIR`: the nine tasks' JSONL files from the Hugging Face hub."""
+    export_tasks(args.dir, args.tasks, overwrite=args.overwrite)
     return 0
 
 
