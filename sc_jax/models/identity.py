@@ -14,7 +14,7 @@ import json
 import os
 from pathlib import Path
 
-from sc_jax.models.named_models import NamedModel, named_model
+from sc_jax.models.named_models import NamedModel, converted_from, named_model
 from sc_jax.runtime.wheel_files import cache_root, sha256_of
 
 
@@ -137,10 +137,12 @@ def describe_named(model: NamedModel, dtype: str) -> ModelDescription:
 
 def describe(given: str, source, dtype: str) -> ModelDescription:
     """What the model ``given`` (as ``load_model`` took it) is, located at ``source``
-    (a :class:`sc_jax.models.sources.ModelSource`) and run in ``dtype``. A named model is
-    described from its table entry; a GGUF file by its name and its header's file type
+    (a :class:`sc_jax.models.sources.ModelSource`) and run in ``dtype``. A named model
+    (by name, or its converted folder by path) is described from its table entry; a GGUF file by its name and its header's file type
     (the header alone is read); a hub id by its id; anything else by its path."""
     named = named_model(str(given))
+    if named is None and source.kind == "hf" and source.hub_id is None:
+        named = converted_from(source.path)  # a named model's converted folder, by path
     if named is not None:
         return describe_named(named, dtype)
     if source.kind == "random":

@@ -53,6 +53,7 @@ __all__ = [
     "gguf_path",
     "model_dir",
     "named_model",
+    "converted_from",
     "resolve",
     "tokenizer_file",
 ]
@@ -224,6 +225,14 @@ def named_model(source: str) -> NamedModel | None:
     """The `NamedModel` a model source names ("default" included), else None (a path,
     a hub id, a random preset)."""
     return MODELS.get(_ALIASES.get(source, source))
+
+
+def converted_from(path: str | os.PathLike) -> NamedModel | None:
+    """The `NamedModel` whose converted directory ``path`` is (by its folder name, in any
+    cache), else None: such a directory holds a GGUF file's weights dequantised, and
+    is described as that model, not as a plain Hugging Face directory."""
+    name = Path(path).name
+    return next((m for m in MODELS.values() if m.cached_dir(".").name == name), None)
 
 
 def resolve(name: str) -> NamedModel:

@@ -54,6 +54,9 @@ def test_default_is_smollm2_and_other_sources_are_not_named():
     assert describe("default", ModelSource("hf", Path("/x")), "float32").name == "SmolLM2-135M-Instruct"
     assert named_model("default") is MODELS["smollm2-135m"]
     assert named_model("models/my.gguf") is None and short_name("org/name") == "org/name"
+    # A named model's converted folder passed by path is still that (dequantised) model.
+    folder = MODELS["qwen2.5-0.5b"].cached_dir("/elsewhere")
+    assert describe(str(folder), ModelSource("hf", folder), "float32").quantisation == "Q4_K_M"
 
 
 @pytest.mark.parametrize("name", NAMED)
