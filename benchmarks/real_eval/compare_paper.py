@@ -34,10 +34,12 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # paper_tables, beside this file
 
+from paper_tables import PAPER_MODELS  # noqa: E402
 from sc_jax.models.named_models import display_name  # noqa: E402
 from sc_jax.experiment.report import paired_bootstrap, summarize  # noqa: E402
-from sc_jax.experiment.results import load_results  # noqa: E402
+from sc_jax.experiment.results import load_results, model_description  # noqa: E402
 from sc_jax.experiment.samples import read_samples, rows_from_samples
 
 HERE = Path(__file__).resolve().parent
@@ -88,7 +90,8 @@ def blocks(run_dirs, paper: dict, shots: int, metric: str):
         if records:
             rows = rows + rows_from_samples(records, [m for m in OURS if m not in have])
         summary = summarize(rows)
-        model = display_name(str(res.model))
+        described = model_description(res)
+        model = display_name(str(res.model)) if described is None else described.short
         cells = {}
         for (task, k, method), stats in summary.items():
             if k == shots:
@@ -111,7 +114,7 @@ def blocks(run_dirs, paper: dict, shots: int, metric: str):
     paper_order = list(next(iter(paper[key].values()))["sc"])
     present = {t for _, cells, _ in ours for v in cells.values() for t in v}
     tasks = [t for t in paper_order if t in present]
-    theirs = [(f"{model} 7B (paper)",
+    theirs = [(f"{PAPER_MODELS.get(model, model)} (paper)",
                {m: {t: (v["mean"], v["sd"]) for t, v in per_task.items()}
                 for m, per_task in methods.items()}, None)
               for model, methods in paper[key].items()]

@@ -19,7 +19,7 @@ from sc_jax.experiment.figures import can_plot, save_figure
 from sc_jax.experiment.report import mean_std_table
 from sc_jax.experiment.staging import Staging
 from sc_jax.experiment.store import make_out_dir, refuse_foreign_outputs
-from sc_jax.models.named_models import display_name
+from sc_jax.models.identity import short_name
 
 
 def summarize(rows) -> dict[tuple, dict]:
@@ -89,7 +89,7 @@ def curve_figure(rows, study: str, x_field: str, xlabel: str, model: str | None 
     # N sizes and m sub-contexts are counts: no tick at 2.5.
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if model is not None:
-        ax.set_title(f"{display_name(str(model))}: macro-F1 against {xlabel}", fontsize=9)
+        ax.set_title(f"{short_name(str(model))}: macro-F1 against {xlabel}", fontsize=9)
     for d, k in keys:
         pts = sorted({(r[x_field], r["setting"]) for r in rows
                       if r["study"] == study and r["dataset"] == d and r["shots"] == k})

@@ -22,8 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from sc_jax.calibration.solvers import is_converged
-from sc_jax.experiment.results import METHOD_NAMES, ResultRow, RunResults
-from sc_jax.models.named_models import display_name
+from sc_jax.experiment.results import METHOD_NAMES, ResultRow, RunResults, model_label
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +140,7 @@ def f1_bars_figure(results: RunResults):
     for ax in axes[len(panels):]:
         ax.set_visible(False)
     axes[0].legend(fontsize=7)
-    fig.suptitle(f"{display_name(str(results.model))}: macro-F1, mean ± std over "
+    fig.suptitle(f"{model_label(results)}: macro-F1, mean ± std over "
                  "seeds", fontsize=10)
     return fig
 
@@ -174,7 +173,7 @@ def params_figure(results: RunResults):
     from matplotlib.figure import Figure  # noqa: PLC0415  (plotting only)
 
     fig = Figure(figsize=(3.6 * len(panels), 3.8))
-    fig.suptitle(f"SC parameters, {display_name(str(results.model))}", fontsize=10)
+    fig.suptitle(f"SC parameters, {model_label(results)}", fontsize=10)
     axes = fig.subplots(1, len(panels), squeeze=False)
     for ax, (d, k) in zip(axes[0], panels):
         panel = [p for p in params if p.dataset == d and p.shots == k]

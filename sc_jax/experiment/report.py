@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from sc_jax.experiment.figures import can_plot, plot_f1_bars, plot_params
-from sc_jax.experiment.results import METHOD_NAMES, METRICS, ResultRow, RunResults, load_results
+from sc_jax.experiment.results import METHOD_NAMES, METRICS, ResultRow, RunResults, load_results, model_label
 from sc_jax.experiment.samples import read_samples, rows_from_samples, samples_markdown
 from sc_jax.experiment.staging import Staging
 from sc_jax.models.named_models import display_name
@@ -250,7 +250,7 @@ def markdown_tables(results: RunResults, records: list[dict] | None = None) -> s
     datasets = sorted({r.dataset for r in rows})
     shots = sorted({r.shots for r in rows})
     methods = [m for m in METHOD_NAMES if any(r.method == m for r in rows)]
-    out = [f"# Results: {display_name(str(results.model))}", "",
+    out = [f"# Results: {model_label(results)}", "",
            f"Seeds {results.seeds}, test size {results.test_size}, mode {results.mode}, "
            f"solver {results.solver}, lambda_inv {results.config_lambda_inv}, "
            f"guard {results.guard}. "
@@ -308,7 +308,7 @@ def latex_table(results: RunResults) -> str:
     summ = summarize(rows)
     datasets = sorted({r.dataset for r in rows})
     methods = [m for m in METHOD_NAMES if any(r.method == m for r in rows)]
-    model = _tex(display_name(str(results.model)))
+    model = _tex(model_label(results))
     out = [f"% sc-jax report: {model}, seeds {results.seeds}; needs "
            "\\usepackage{booktabs}"]
     for k in sorted({r.shots for r in rows}):

@@ -399,7 +399,9 @@ def _results_data(plan: RunPlan, model, lam: float, rows, params, splits, notes,
     """results.json's contents but its ``timing``."""
     return RunResults(
         config=plan.config.to_json(), lambda_inv=lam, model_identity=model.identity,
-        model_source=model.source, versions=package_versions(), rows=tuple(rows),
+        model_source=model.source,
+        model_description=None if model.description is None else model.description.to_json(),
+        versions=package_versions(), rows=tuple(rows),
         params=tuple(params), splits=tuple(splits),
         skipped=tuple(SkippedSetting(dataset=name, shots=k) for name, k, _ in plan.skipped),
         notes=tuple(notes), timing=RunTiming(), left_out_rows=plan.left_out_rows,

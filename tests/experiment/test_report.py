@@ -88,7 +88,27 @@ def test_named_models_are_reported_under_their_own_names():
     table = markdown_tables(RunResults(config={"model": "default", "seeds": [0], "test_size": 4,
                                                "mode": "first_token", "solver": "s"},
                                        rows=_rows(_results()["rows"])))
-    assert table.startswith("# Results: smollm2-135m\n")
+    # A file made before results.json described its model: a named model's table entry.
+    assert table.startswith("# Results: SmolLM2-135M-Instruct Q4_1 GGUF, dequantised to float32\n")
+
+
+def test_tables_and_plots_name_the_model_results_json_describes():
+    from sc_jax.experiment.figures import f1_bars_figure
+    from sc_jax.experiment.report import latex_table
+
+    res = _results()
+    res["config"]["model"] = "qwen2.5-0.5b"
+    res["model_description"] = {
+        "name": "Qwen2.5-Coder-0.5B-Instruct", "variant": "Coder-Instruct", "quantisation": "Q4_K_M",
+        "dtype": "bfloat16", "source": "6 PyPI wheels", "upstream": "Qwen/Qwen2.5-Coder-0.5B-Instruct",
+        "licence": "Apache-2.0"}
+    typed = _typed(res)
+    label = "Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF, dequantised to bfloat16"
+    assert markdown_tables(typed).startswith(f"# Results: {label}\n")
+    tex, escaped = latex_table(typed), label.replace("_", "\\_")
+    assert f"\\caption{{{escaped}, 4-shot: macro-F1" in tex
+    assert tex.startswith(f"% sc-jax report: {escaped},")
+    assert f1_bars_figure(typed)._suptitle.get_text().startswith(f"{label}: macro-F1")
 
 
 def test_write_report_from_dir(tmp_path):
@@ -220,7 +240,9 @@ def test_fits_that_did_not_converge_are_left_out_of_the_parameter_plot():
     ax = fig.axes[0]
     assert max(abs(x) for x in ax.get_xlim() + ax.get_ylim()) < 10
     assert ax.get_title() == "sst2, 4-shot (2 fits not converged, not shown)"
-    assert fig._suptitle.get_text() == "SC parameters, smollm2-135m"  # the model, by name
+    # The model, as it is: name, quantisation as stored, the dtype it ran in.
+    assert fig._suptitle.get_text() == ("SC parameters, SmolLM2-135M-Instruct Q4_1 GGUF, "
+                                        "dequantised to float32")
 
 
 def test_ablation_curves_have_integer_ticks_and_name_the_model():
@@ -233,7 +255,7 @@ def test_ablation_curves_have_integer_ticks_and_name_the_model():
     ax = fig.axes[0]
     ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
     assert ticks and all(float(t).is_integer() for t in ticks), ticks
-    assert ax.get_title().startswith("smollm2-135m: ")
+    assert ax.get_title().startswith("SmolLM2-135M-Instruct Q4_1: ")
 
 
 def test_bc_reference_is_reported_beside_bc_but_never_the_best_baseline():
