@@ -232,7 +232,7 @@ _CELLS = ("mean ± s.d. (ddof=1) over the seeds, in %: the sample standard devia
 # How the intervals over seeds are made (stats.seed_interval).
 _CI_METHODS = ("Student t interval (scipy.stats.t.interval, standard error scipy.stats.sem) "
                "below 10 seeds, BCa bootstrap (scipy.stats.bootstrap, 9,999 resamples) from "
-               "10; the cell names the method.")
+               "10; the heading names the method, or each cell where they differ.")
 
 _METRIC_TITLES = {"macro_f1": "Macro-F1", "accuracy": "Accuracy",
                   "ece": "ECE (top-label, 10 bins; lower is better)"}
@@ -254,27 +254,31 @@ def _per_seed(rows, metric: str) -> dict:
     return out
 
 
-def interval_table(rows, metric: str, shots: int, methods, datasets) -> list[str]:
-    """Markdown: per method (rows) and dataset plus the per-seed average over datasets
-    (columns), the mean over seeds in % and its 95% interval with the method's name
-    (:func:`stats.seed_interval`); fewer than two seeds: the mean alone."""
+def interval_table(rows, metric: str, shots: int, methods, datasets) -> tuple[list[str], set]:
+    """Markdown lines and the interval methods used: per method (rows) and dataset plus
+    the per-seed average over datasets (columns), the mean over seeds in % and its 95%
+    interval (:func:`stats.seed_interval`), each cell naming its interval's method
+    unless every cell's is the same (the caller names it then); fewer than two seeds:
+    the mean alone."""
     per_seed = _per_seed(rows, metric)
     cols = list(datasets) + [None]
+    cells = {(m, d): list(per_seed.get((d, shots, m), {}).values()) for m in methods for d in cols}
+    cis = {key: seed_interval(vals) for key, vals in cells.items() if vals}
+    used = {ci.method for ci in cis.values() if ci is not None}
     out = ["| Method | " + " | ".join(dataset_name(d) for d in datasets) + " | Average |",
            "|---|" + "---|" * len(cols)]
     for m in methods:
-        cells = []
+        shown = []
         for d in cols:
-            vals = list(per_seed.get((d, shots, m), {}).values())
-            if not vals:
-                cells.append("–")
+            if not cells[m, d]:
+                shown.append("–")
                 continue
-            ci = seed_interval(vals)
-            mean = 100 * float(np.mean(vals))
-            cells.append(f"{mean:.1f}" if ci is None else
-                         f"{mean:.1f} [{100 * ci.low:.1f}, {100 * ci.high:.1f}] ({ci.method})")
-        out.append(f"| {method_name(m)} | " + " | ".join(cells) + " |")
-    return out
+            mean, ci = 100 * float(np.mean(cells[m, d])), cis[m, d]
+            tag = f" ({ci.method})" if ci is not None and len(used) > 1 else ""
+            shown.append(f"{mean:.1f}" if ci is None else
+                         f"{mean:.1f} [{100 * ci.low:.1f}, {100 * ci.high:.1f}]{tag}")
+        out.append(f"| {method_name(m)} | " + " | ".join(shown) + " |")
+    return out, used
 
 
 def markdown_tables(results: RunResults, records: list[dict] | None = None) -> str:
@@ -308,11 +312,12 @@ def markdown_tables(results: RunResults, records: list[dict] | None = None) -> s
             out.append("")
     for metric in ("macro_f1", "accuracy"):
         for k in shots:
-            out += [f"## {_METRIC_TITLES[metric]}, {k}-shot: mean and {CONFIDENCE:.0%} interval "
-                    f"over {n_seeds} seeds", "",
-                    f"Interval: {_CI_METHODS} Average: the per-seed mean over datasets.", ""]
-            out += interval_table(rows, metric, k, methods, datasets)
-            out.append("")
+            lines, used = interval_table(rows, metric, k, methods, datasets)
+            name = f"{next(iter(used))} " if len(used) == 1 else ""
+            out += [f"## {_METRIC_TITLES[metric]}, {k}-shot: mean and {CONFIDENCE:.0%} {name}"
+                    f"interval over {n_seeds} seeds", "",
+                    f"Interval: {_CI_METHODS} Average: the per-seed mean over datasets.", "",
+                    *lines, ""]
     out += _best_baseline_table(rows)
     out += _margin_table(rows)
     if records:

@@ -143,11 +143,12 @@ def test_tables_name_their_statistics_and_take_unknown_methods():
     table = markdown_tables(res)
     assert "| LOOC |" in table and "| SST-2 | my_task |" not in table
     assert "mean ± s.d. (ddof=1) over 3 seeds" in table and "Student t interval" in table
-    lines = interval_table(res.rows, "macro_f1", 4, ["sc"], ["sst2"])
+    assert "## Macro-F1, 4-shot: mean and 95% t interval over 3 seeds" in table
+    lines, used = interval_table(res.rows, "macro_f1", 4, ["sc"], ["sst2"])
     vals = [r.macro_f1 for r in res.rows if r.method == "sc" and r.dataset == "sst2"]
     ci = stats.seed_interval(vals)
-    assert lines[2].startswith(f"| SC | {100 * np.mean(vals):.1f} [{100 * ci.low:.1f}, "
-                               f"{100 * ci.high:.1f}] (t) |")
+    assert used == {"t"} and lines[2].startswith(
+        f"| SC | {100 * np.mean(vals):.1f} [{100 * ci.low:.1f}, {100 * ci.high:.1f}] |")
     fig = f1_bars_figure(res)
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["SC", "Base", "BC", "LOOC"]
 
