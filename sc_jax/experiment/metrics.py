@@ -60,7 +60,8 @@ def expected_calibration_error(probs, labels, num_bins: int = 10) -> float:
     return float(ece)
 
 
-def calibration_bins(probs, labels, num_bins: int = 10) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def calibration_bins(probs, labels,
+                     num_bins: int = 10) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The bins of :func:`expected_calibration_error` (a reliability diagram's bars):
     ``(count, accuracy, confidence)``, each ``[num_bins]``: per bin the number of
     predictions whose top-label confidence falls in it, their accuracy and their mean

@@ -161,7 +161,8 @@ def _best_baseline_table(rows) -> list[str]:
            "| Dataset | k | best baseline | SC - best | 95% CI | outcome |",
            "|---|---|---|---|---|---|"]
     for p in paired:
-        out.append(f"| {dataset_name(p['dataset'])} | {p['shots']} | {method_name(p['best_baseline'])} | "
+        out.append(f"| {dataset_name(p['dataset'])} | {p['shots']} | "
+                   f"{method_name(p['best_baseline'])} | "
                    f"{100 * p['diff']:+.1f} | {_interval(p)} | "
                    f"{p['outcome'] or _no_verdict(p)} |")
     for k in sorted({p["shots"] for p in paired}):
@@ -192,7 +193,8 @@ def _margin_table(rows) -> list[str]:
            "|---|---|---|---|---|---|"]
     for key in keys:
         a, b = pairs["bc"][key], pairs["bc_reference"][key]
-        out.append(f"| {dataset_name(key[0])} | {key[1]} | {100 * a['diff']:+.1f} | {_interval(a)} | "
+        out.append(f"| {dataset_name(key[0])} | {key[1]} | {100 * a['diff']:+.1f} | "
+                   f"{_interval(a)} | "
                    f"{100 * b['diff']:+.1f} | {_interval(b)} |")
     return out + [""]
 
@@ -356,7 +358,8 @@ def _tex(text: str) -> str:
 
 
 #: The LaTeX files of the report: name -> metric.
-LATEX_FILES = {"latex": ("results.tex", "macro_f1"), "latex_accuracy": ("results_accuracy.tex", "accuracy"),
+LATEX_FILES = {"latex": ("results.tex", "macro_f1"),
+               "latex_accuracy": ("results_accuracy.tex", "accuracy"),
                "latex_ece": ("results_ece.tex", "ece")}
 _TEX_METRICS = {"macro_f1": "macro-F1 (\\%)", "accuracy": "accuracy (\\%)",
                 "ece": "top-label ECE (\\%, 10 equal-width bins; lower is better)"}
@@ -448,6 +451,7 @@ def report_files(results: RunResults, out: Path, records: list[dict] | None) -> 
         for ext, path in plot_params(results, out / "sc_params.png").items():
             paths["sc_params" if ext == "png" else f"sc_params_{ext}"] = path
     if plots and records:
-        for ext, path in plot_reliability(records, out / "reliability.png", str(results.model)).items():
+        drawn = plot_reliability(records, out / "reliability.png", str(results.model))
+        for ext, path in drawn.items():
             paths["reliability" if ext == "png" else f"reliability_{ext}"] = path
     return paths

@@ -233,7 +233,9 @@ def paired_tests(records: Sequence[dict], a: str = "sc", b: str = "bc") -> list[
 
 def _by_index(recs: list[dict]) -> list[dict]:
     """One seed's records in test-set order (``index``, else as written)."""
-    return sorted(recs, key=lambda r: r.get("index", 0)) if all("index" in r for r in recs) else recs
+    if all("index" in r for r in recs):
+        return sorted(recs, key=lambda r: r["index"])
+    return recs
 
 
 def samples_markdown(records: Sequence[dict], rows: Sequence[ResultRow]) -> list[str]:
