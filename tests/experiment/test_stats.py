@@ -101,9 +101,9 @@ def test_display_names_and_colours():
     assert dataset_name("rotten_tomatoes") == "Rotten Tomatoes" and dataset_name("mine") == "mine"
     assert method_name("sc_star") == "SC*" and method_name("hidden") == "Hidden Calibration"
     assert method_name("new_method") == "new_method"
-    known = [*METHOD_NAMES, "looc", "linc", "surprise", "hidden"]
+    known = {*METHOD_NAMES, "looc", "linc", "surprise", "hidden"}
     assert len({method_colour(m) for m in known}) == len(known)  # no two alike
-    assert set(known) <= set(METHOD_COLOURS)
+    assert known <= set(METHOD_COLOURS)
     assert method_colour("zz") == method_colour("zz")  # fixed by the name
     assert method_colour("zz") not in METHOD_COLOURS.values()
     assert order_methods(["zz", "sc", "base", "looc", "aa"]) == ["base", "sc", "looc", "aa", "zz"]
