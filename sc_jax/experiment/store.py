@@ -302,9 +302,10 @@ def write_json(path: Path, data: dict) -> None:
 
 
 #: What a run writes into --out besides run_config.json and results.json (and cache/).
-RUN_OUTPUTS = ("results.csv", "results.tex", "table.md", "f1_bars.png", "f1_bars.pdf",
-               "f1_bars.svg", "sc_params.png", "sc_params.pdf", "sc_params.svg", "samples.jsonl",
-               "samples.jsonl.gz", "scores")
+RUN_OUTPUTS = ("results.csv", "results.tex", "results_accuracy.tex", "results_ece.tex",
+               "table.md", "f1_bars.png", "f1_bars.pdf", "f1_bars.svg", "sc_params.png",
+               "sc_params.pdf", "sc_params.svg", "reliability.png", "reliability.pdf",
+               "reliability.svg", "samples.jsonl", "samples.jsonl.gz", "scores")
 
 
 RUN_CONFIG_FILE = "run_config.json"

@@ -723,7 +723,8 @@ def test_ctrl_c_in_report_keeps_the_earlier_files_and_says_so(tmp_path, capsys, 
     monkeypatch.setattr(staging.os, "replace", ctrl_c_at_the_first_rename)
     assert cli.main(["report", str(run)]) == 130
     assert _one_error(capsys) == ("error: interrupted after `sc-jax report` wrote results.csv, "
-                                  f"results.tex, table.md into {run}")
+                                  "results.tex, results_accuracy.tex, results_ece.tex, table.md "
+                                  f"into {run}")
     assert all((run / name).read_bytes() != data for name, data in old.items())
     assert (run / "table.md").read_text().startswith("# Results: ")
 

@@ -1,5 +1,5 @@
 """Per-sample records (sc_jax.experiment.samples): the file, its check against results.json,
-paired counts, and records regenerated for a committed run from its score files."""
+paired tests, and records regenerated for a committed run from its score files."""
 
 import json
 import shutil
@@ -12,7 +12,7 @@ from sc_jax.experiment import samples
 from sc_jax.experiment.results import ResultRow, load_results
 from sc_jax.experiment.samples import (
     check_samples,
-    paired_counts,
+    paired_tests,
     read_samples,
     rows_from_samples,
     seed_records,
@@ -66,7 +66,7 @@ def test_an_empty_sample_log_is_refused_not_read_as_absent(tmp_path, name, data)
         read_samples(tmp_path)
 
 
-def test_check_and_paired_counts():
+def test_check_and_paired_tests():
     recs = _records()
     ece = {r.method: r.ece for r in rows_from_samples(recs)}  # of the records' rounded probs
     rows = [ResultRow(dataset="t", shots=4, seed=0, method="sc", accuracy=1.0, macro_f1=1.0,
@@ -77,10 +77,15 @@ def test_check_and_paired_counts():
     bad = check_samples(recs, [rows[1].replace(accuracy=0.75), rows[0].replace(seed=1)])
     assert bad[0].startswith("t k=4 seed 0 bc: accuracy 0.500000 from the records, 0.750000")
     assert bad[1] == "t k=4 seed 1 sc: no per-sample records"
-    (c,) = paired_counts(recs, "sc", "bc")
-    assert (c["n"], c["a_only"], c["b_only"]) == (4, 2, 0)
-    assert c["p"] == pytest.approx(0.5)  # exact McNemar: 2 * (1/2)^2
-    assert paired_counts(recs * 10, "sc", "bc")[0]["p"] == pytest.approx(2 * 0.5 ** 20)
+    (c,) = paired_tests(recs, "sc", "bc")
+    assert (c["queries"], c["seeds"], c["a_only"], c["b_only"]) == (4, [0], [2], [0])
+    assert c["mcnemar_p"] == [pytest.approx(0.5)]  # exact McNemar: 2 * (1/2)^2
+    # Three seeds of the same four queries: one McNemar test per seed, never pooled.
+    other = seed_records("t", 4, 1, [0, 1, 1, 0], {"sc": np.eye(2)[[0, 0, 1, 0]],
+                                                    "bc": np.eye(2)[[0, 1, 1, 1]]})
+    (c,) = paired_tests(recs + other, "sc", "bc")
+    assert (c["seeds"], c["a_only"], c["b_only"]) == ([0, 1], [2, 1], [0, 1])
+    assert c["mcnemar_p"] == [pytest.approx(0.5), pytest.approx(1.0)]
     with pytest.raises(ValueError, match=r"probs\['x'\] must be \[2, n\]"):
         seed_records("t", 4, 0, [0, 1], {"x": np.ones((3, 2))})
     with pytest.raises(ValueError, match="texts must have one entry per test query"):
