@@ -1,5 +1,5 @@
 """Each method's test-set probabilities from one seed's scores: the baselines (Base,
-CC, DC, BC) and the SC fits of every size, combined by Algorithm 2's two-level ensemble
+CC, DC, BC, LOOC, LinC, Surprise Calibration) and the SC fits of every size, combined by Algorithm 2's two-level ensemble
 (:func:`method_probs`), and the batched SC / SC* fits of a (dataset, k) (:func:`fit_sc`).
 """
 
@@ -12,6 +12,8 @@ import numpy as np
 
 from sc_jax.calibration import baselines, surprise
 from sc_jax.calibration.baselines import BC_BATCH_SIZE
+from sc_jax.calibration.linc import linc_fit, linc_predict
+from sc_jax.calibration.looc import leave_one_out_calibration
 from sc_jax.calibration.numpy_fit import fit_batch
 from sc_jax.calibration.numpy_predict import predict_proba
 from sc_jax.calibration.objective import log_odds
@@ -41,6 +43,10 @@ def method_probs(method: str, s: SeedScores, fits: dict | None, sizes, *,
         return baselines.batch_calibration(p, bc_batch)
     if method == "bc_reference":
         return baselines.batch_calibration_reference(p, bc_batch)
+    if method == "looc":
+        return looc_probs(s, p)
+    if method == "linc":
+        return linc_probs(s, p)
     if method == "surprise":
         return surprise_method_probs(s)
     with fits_noted():
@@ -49,6 +55,38 @@ def method_probs(method: str, s: SeedScores, fits: dict | None, sizes, *,
                              shots=shots, sizes=sizes)
 
 
+def looc_probs(s: SeedScores, p: np.ndarray) -> np.ndarray:
+    """LOOC (:mod:`sc_jax.calibration.looc`) of the test probabilities ``p [T, n]``,
+    its prior from the surrogate prompts of the largest size the run scored: size k - 1,
+    the leave-one-out prompts, unless --max-size stops below it (docs/methods.md)."""
+    if not s.surrogate:
+        raise ValueError("looc needs surrogate scores (k >= 2); drop it from --methods")
+    logp, labels, queries = s.surrogate[max(s.surrogate)]
+    return leave_one_out_calibration(p, np.exp(logp.astype(np.float64)), labels, queries)
+
+
+def looc_notes(config: RunConfig) -> list[str]:
+    """A note per k at which the run's LOOC is not the paper's: --max-size below k - 1
+    leaves out the leave-one-out prompts, and :func:`looc_probs` uses the largest size."""
+    if "looc" not in config.methods:
+        return []
+    return [f"LOOC, k={k}: each demonstration held out under {max(config.sizes(k))} of the "
+            f"others (--max-size {config.max_size} < k - 1 = {k - 1}), not the paper's "
+            "leave-one-out prompts; see docs/methods.md" for k in config.shots
+            if config.sizes(k) and max(config.sizes(k)) < k - 1]
+
+
+def linc_probs(s: SeedScores, p: np.ndarray) -> np.ndarray:
+    """LinC (:mod:`sc_jax.calibration.linc`) fitted on the surrogate rows of every size
+    (SC's training data), started from the content-free scores under the full context,
+    and applied to the test probabilities ``p [T, n]`` under that context."""
+    if not s.surrogate:
+        raise ValueError("linc needs surrogate scores (k >= 2); drop it from --methods")
+    sizes = sorted(s.surrogate)
+    logp = np.concatenate([s.surrogate[i][0] for i in sizes]).astype(np.float64)
+    labels = np.concatenate([s.surrogate[i][1] for i in sizes])
+    fit = linc_fit(np.exp(logp), labels, np.exp(s.cc.astype(np.float64)))
+    return linc_predict(fit, p)
 def surprise_method_probs(s: SeedScores) -> np.ndarray:
     """Surprise Calibration's ``[T, n]`` test probabilities: its network trained on the
     seed's surrogate rows (each held-out demonstration under a sub-context of the

@@ -310,9 +310,10 @@ def write_json(path: Path, data: dict) -> None:
 
 
 #: What a run writes into --out besides run_config.json and results.json (and cache/).
-RUN_OUTPUTS = ("results.csv", "results.tex", "table.md", "f1_bars.png", "f1_bars.pdf",
-               "f1_bars.svg", "sc_params.png", "sc_params.pdf", "sc_params.svg", "samples.jsonl",
-               "samples.jsonl.gz", "scores")
+RUN_OUTPUTS = ("results.csv", "results.tex", "results_accuracy.tex", "results_ece.tex",
+               "table.md", "f1_bars.png", "f1_bars.pdf", "f1_bars.svg", "sc_params.png",
+               "sc_params.pdf", "sc_params.svg", "reliability.png", "reliability.pdf",
+               "reliability.svg", "samples.jsonl", "samples.jsonl.gz", "scores")
 
 
 RUN_CONFIG_FILE = "run_config.json"
@@ -320,7 +321,7 @@ RUN_CONFIG_FILE = "run_config.json"
 
 # Methods that runs made before them lack in their run_config.json and
 # results.json: resuming such a run with the default --methods only adds them.
-ADDED_METHODS = ("bc_reference", "sc_star_free", "sc_paper", "surprise")
+ADDED_METHODS = ("bc_reference", "sc_star_free", "sc_paper", "looc", "linc", "surprise")
 
 
 def _config_differences(old: dict, new: dict) -> list[str]:
