@@ -305,14 +305,6 @@ class Dataset:
             raise ValueError(f"labels must lie in 0..{self.task.n_classes - 1}, "
                              f"got {labels.min()}..{labels.max()}")
 
-    @classmethod
-    def from_columns(cls, data, task: TaskSpec, **columns) -> Dataset:
-        """The rows of ``data`` (a ``datasets.Dataset``, a dict of lists, a pyarrow Table,
-        anything with columns) as ``task``'s Dataset: :func:`sc_jax.experiment.task_loading
-        .load_task` with ``data=`` (``columns``: its text_column / label_column)."""
-        from sc_jax.experiment.task_loading import load_task  # it builds on this module
-        return load_task(task, data=data, **columns)
-
     def __len__(self) -> int:
         return len(self.texts)
 

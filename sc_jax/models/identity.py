@@ -166,7 +166,7 @@ def gguf_file_type(path) -> str:
     its ``general.file_type`` (the header alone is read); "unknown" where it has none."""
     import gguf  # needs the optional [gguf] extra, as reading the file does
 
-    from sc_jax.models.gguf.reader import scan_layout
+    from sc_jax.models.gguf.reader import scan_layout  # the same extra: it imports gguf
 
     value = scan_layout(Path(path))[0].get("general.file_type")
     try:

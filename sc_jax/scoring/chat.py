@@ -29,8 +29,8 @@ def render_chat(template: str, messages, special_tokens: dict, *, add_generation
     ``trim_blocks`` and ``lstrip_blocks``, loop controls, ``raise_exception`` and
     ``strftime_now``, the special tokens' strings as variables."""
     try:
-        from jinja2.ext import loopcontrols
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
+        from jinja2.ext import loopcontrols  # only --chat-template needs jinja2
+        from jinja2.sandbox import ImmutableSandboxedEnvironment  # (with transformers)
     except ImportError:
         raise ImportError("--chat-template renders the model's chat template with jinja2, which is "
                           "not installed: pip install jinja2") from None

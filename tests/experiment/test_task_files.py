@@ -18,7 +18,7 @@ from sc_jax.experiment.config import RunConfig
 from sc_jax.experiment.run import run_experiment
 from sc_jax.experiment.runplan import build_plan
 from sc_jax.experiment.task_loading import columns_of, load_task
-from sc_jax.experiment.tasks import BUILTIN_TASKS, TASKS, Dataset, TaskSpec, read_task_file
+from sc_jax.experiment.tasks import BUILTIN_TASKS, TASKS, TaskSpec, read_task_file
 from sc_jax.scoring.prompts import TEMPLATES, Template
 
 TEMPLATE = "review: {text}\nverdict: {label}"
@@ -148,7 +148,7 @@ def test_rows_from_python_load_as_from_a_file(tmp_path):
         got = load_task(spec, data=data)
         assert got.texts == expected.texts and got.labels.tolist() == expected.labels.tolist(), type(data)
         assert got.task is spec and type(data).__name__ in got.source
-    assert Dataset.from_columns(columns, spec).labels.tolist() == [1, 0, 1, 0]
+    assert load_task(spec, data=columns).labels.tolist() == [1, 0, 1, 0]
     with pytest.raises(ValueError, match="a int has no columns"):
         load_task(spec, data=3)
     with pytest.raises(ValueError, match=r"no label column 'stars'; its columns are \['review'\]"):
