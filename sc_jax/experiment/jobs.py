@@ -41,7 +41,11 @@ class SeedScores:
     demo_labels: ``[k]`` the demonstrations' labels in the k-shot prompt's order;
     surrogate_contexts[i]: ``[N_i, i]`` the demonstrations of each surrogate row's
     context, in order (Surprise Calibration reads both; None in score files written
-    before them).
+    before them);
+    loo: (logp ``[k, n]``, labels ``[k]``, query ids ``[k]``), each demonstration under
+    the other k - 1 in the k-shot prompt's order: LOOC's leave-one-out prompts, scored
+    on their own where the run's sub-context sizes stop below k - 1 (else None: the
+    surrogate prompts of size k - 1 are they).
     """
 
     base: np.ndarray
@@ -52,6 +56,7 @@ class SeedScores:
     y_test: np.ndarray
     demo_labels: np.ndarray | None = None
     surrogate_contexts: dict[int, np.ndarray] | None = None
+    loo: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
 
 @dataclasses.dataclass
@@ -96,7 +101,18 @@ def seed_jobs(tokenizer, dataset, split, config: RunConfig, k: int) -> SeedJobs:
         m = ms[i] = default_m(len(pairs), k, i, cap=config.m_cap)
         tctx = sample_contexts(k, i, m, seed=split.seed * 1000 + 500 + i)
         jobs[f"test{i}"] = (tctx, np.stack([np.repeat(np.arange(m), T), np.tile(q_test, m)], axis=1))
+    if "looc" in config.methods and k >= 2 and k - 1 not in config.sizes(k):
+        jobs["loo"] = leave_one_out_job(k)
     return SeedJobs(pieces, jobs, ms, T)
+
+
+def leave_one_out_job(k: int) -> tuple[np.ndarray, np.ndarray]:
+    """LOOC's k prompts (Reif & Schwartz 2024): demonstration j as the query after the
+    other k - 1 in the k-shot prompt's order. ``(contexts [k, k - 1], pairs [k, 2])``;
+    prefixes of the k-shot prompt, so the engine's prefix sharing scores them for little
+    more than their last demonstration and query."""
+    contexts = np.array([[d for d in range(k) if d != j] for j in range(k)], np.int64)
+    return contexts, np.stack([np.arange(k), np.arange(k)], axis=1)
 
 
 def load_datasets(config: RunConfig) -> dict:
@@ -123,7 +139,7 @@ def draw_split(dataset, config: RunConfig, k: int, seed: int):
 def job_name(tag: str) -> str:
     """A job tag of :func:`seed_jobs`, as a person reads it."""
     named = {"base": "k-shot prompt (Base, BC)", "cc": "k-shot prompt of CC",
-             "dc": "k-shot prompt of DC"}
+             "dc": "k-shot prompt of DC", "loo": "leave-one-out prompt (LOOC)"}
     if tag in named:
         return named[tag]
     if tag.startswith("surrogate"):
@@ -194,5 +210,9 @@ def score_seed(model, engine, cache, dataset, work, config: RunConfig, *,
         surrogate[i] = (scored(f"surrogate{i}"), labels[pairs[:, 1]], pairs[:, 1].copy())
         contexts[i] = ctx[pairs[:, 0]]
         test[i] = scored(f"test{i}").reshape(sj.m[i], sj.n_test, -1)
+    loo = None
+    if "loo" in sj.jobs:
+        pairs = sj.jobs["loo"][1]
+        loo = (scored("loo"), labels[pairs[:, 1]], pairs[:, 1].copy())
     return SeedScores(base, cc, dc, surrogate, test, np.asarray(split.test_labels(dataset)),
-                      demo_labels=labels, surrogate_contexts=contexts), stats
+                      demo_labels=labels, surrogate_contexts=contexts, loo=loo), stats

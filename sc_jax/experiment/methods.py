@@ -56,24 +56,17 @@ def method_probs(method: str, s: SeedScores, fits: dict | None, sizes, *,
 
 
 def looc_probs(s: SeedScores, p: np.ndarray) -> np.ndarray:
-    """LOOC (:mod:`sc_jax.calibration.looc`) of the test probabilities ``p [T, n]``,
-    its prior from the surrogate prompts of the largest size the run scored: size k - 1,
-    the leave-one-out prompts, unless --max-size stops below it (docs/methods.md)."""
-    if not s.surrogate:
+    """LOOC (:mod:`sc_jax.calibration.looc`) of the test probabilities ``p [T, n]``, its
+    prior from the leave-one-out prompts: the run's own ``loo`` job where its sizes stop
+    below k - 1, else the surrogate prompts of size k - 1 (the same prompts, under every
+    ordering the budget scored)."""
+    if s.loo is not None:
+        logp, labels, queries = s.loo
+    elif s.surrogate:
+        logp, labels, queries = s.surrogate[max(s.surrogate)]
+    else:
         raise ValueError("looc needs surrogate scores (k >= 2); drop it from --methods")
-    logp, labels, queries = s.surrogate[max(s.surrogate)]
     return leave_one_out_calibration(p, np.exp(logp.astype(np.float64)), labels, queries)
-
-
-def looc_notes(config: RunConfig) -> list[str]:
-    """A note per k at which the run's LOOC is not the paper's: --max-size below k - 1
-    leaves out the leave-one-out prompts, and :func:`looc_probs` uses the largest size."""
-    if "looc" not in config.methods:
-        return []
-    return [f"LOOC, k={k}: each demonstration held out under {max(config.sizes(k))} of the "
-            f"others (--max-size {config.max_size} < k - 1 = {k - 1}), not the paper's "
-            "leave-one-out prompts; see docs/methods.md" for k in config.shots
-            if config.sizes(k) and max(config.sizes(k)) < k - 1]
 
 
 def linc_probs(s: SeedScores, p: np.ndarray) -> np.ndarray:

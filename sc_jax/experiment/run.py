@@ -45,7 +45,7 @@ from sc_jax.experiment.config import RunConfig
 from sc_jax.experiment.jobs import SeedScores, score_seed
 from sc_jax.experiment.roofline import forward_estimate
 from sc_jax.experiment.runplan import RunPlan, build_plan, run_mesh
-from sc_jax.experiment.methods import fit_sc, looc_notes, method_probs, sc_size_probs
+from sc_jax.experiment.methods import fit_sc, method_probs, sc_size_probs
 from sc_jax.experiment.report import report_files
 from sc_jax.experiment.results import (
     CacheCounts,
@@ -361,7 +361,6 @@ def _run_locked(config: RunConfig, out: Path, progress: bool, log_samples: bool,
     lam = DEFAULT_LAMBDA_INV if config.lambda_inv is None else config.lambda_inv
     rows, params, splits, records, seed_times, fit_times = [], [], [], [], [], []
     notes = list(plan.notes) + [_skip_note(name, n, k) for name, k, n in plan.skipped]
-    notes += looc_notes(config)
     with RunProgress(len(plan.work), enabled=progress, logger=log) as bar:
         for name, k in plan.settings:
             ds = plan.datasets[name]

@@ -69,6 +69,8 @@ def save_scores(path: Path, s: SeedScores, tag: str | None = None,
         arrays["demo_labels"] = s.demo_labels
     for i, c in (s.surrogate_contexts or {}).items():
         arrays[f"surrogate{i}_contexts"] = c
+    if s.loo is not None:
+        arrays.update(zip(("loo_logp", "loo_labels", "loo_queries"), s.loo))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".tmp-{path.name}")
     with open(tmp, "wb") as f:
@@ -114,7 +116,8 @@ def load_scores(path: Path, tag: str | None = None, expect: dict | None = None) 
             # Files written before Surprise Calibration lack these: it is then not rerun.
             demo_labels=a.get("demo_labels"),
             surrogate_contexts={i: a[f"surrogate{i}_contexts"] for i in sizes}
-            if all(f"surrogate{i}_contexts" in a for i in sizes) and "demo_labels" in a else None)
+            if all(f"surrogate{i}_contexts" in a for i in sizes) and "demo_labels" in a else None,
+            loo=(a["loo_logp"], a["loo_labels"], a["loo_queries"]) if "loo_logp" in a else None)
     except (KeyError, ValueError) as e:  # a foreign archive: a key missing or misnamed
         raise _unreadable(path, e) from e
     if expect is not None:

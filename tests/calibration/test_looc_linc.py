@@ -18,8 +18,7 @@ from sc_jax.calibration import baselines
 from sc_jax.calibration.linc import LinC, epoch_orders, linc_fit, linc_init, linc_predict
 from sc_jax.calibration.looc import leave_one_out_calibration, looc_prior
 from sc_jax.experiment.jobs import SeedScores
-from sc_jax.experiment.config import RunConfig
-from sc_jax.experiment.methods import looc_notes, method_probs
+from sc_jax.experiment.methods import method_probs
 
 PRIOR = np.array([0.5, 0.3, 0.2])
 
@@ -155,12 +154,3 @@ def test_method_probs_looc_and_linc_read_the_runs_surrogate_scores():
     for method in ("looc", "linc"):
         with pytest.raises(ValueError, match=f"{method} needs surrogate scores"):
             method_probs(method, empty, None, [])
-
-
-def test_a_run_notes_where_looc_lacks_the_leave_one_out_size():
-    """--max-size 5 at k = 8 scores no size 7: the run's notes say LOOC used size 5."""
-    assert looc_notes(RunConfig(shots=(4, 8))) == [
-        "LOOC, k=8: each demonstration held out under 5 of the others (--max-size 5 < "
-        "k - 1 = 7), not the paper's leave-one-out prompts; see docs/methods.md"]
-    assert looc_notes(RunConfig(shots=(4, 8), max_size=7)) == []
-    assert looc_notes(RunConfig(shots=(8,), methods=("sc", "bc"))) == []
