@@ -36,8 +36,10 @@ from sc_jax.scoring.memory import MemoryPolicy
 # paper's description and the reference code, with no trust region (tau = -1).
 # sc_paper: SC as the paper fits it (guard "none"), reported beside the run's SC so that
 # a table shows what the guard changed; with --guard none the two are the same fits.
+# hidden: Hidden Calibration (sc_jax.calibration.hidden), nearest class centroid of the
+# last hidden states; the run asks the engine for the states of the jobs it needs.
 Method = Literal["base", "cc", "dc", "bc", "bc_reference", "sc_star", "sc_star_free", "sc",
-                 "sc_paper"]
+                 "sc_paper", "hidden"]
 METHODS: tuple[Method, ...] = get_args(Method)
 
 

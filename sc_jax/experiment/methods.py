@@ -12,6 +12,7 @@ import numpy as np
 
 from sc_jax.calibration import baselines
 from sc_jax.calibration.baselines import BC_BATCH_SIZE
+from sc_jax.calibration.hidden import hidden_calibration
 from sc_jax.calibration.numpy_fit import fit_batch
 from sc_jax.calibration.numpy_predict import predict_proba
 from sc_jax.calibration.objective import log_odds
@@ -38,10 +39,23 @@ def method_probs(method: str, s: SeedScores, fits: dict | None, sizes, *,
         return baselines.batch_calibration(p, bc_batch)
     if method == "bc_reference":
         return baselines.batch_calibration_reference(p, bc_batch)
+    if method == "hidden":
+        return hidden_probs(s, sizes)
     with fits_noted():
         return predict_proba([fits[i] for i in sizes], [log_odds(s.test[i]) for i in sizes],
                              size_weights="uniform" if size_weighting == "uniform" else "reference",
                              shots=shots, sizes=sizes)
+
+
+def hidden_probs(s: SeedScores, sizes) -> np.ndarray:
+    """Hidden Calibration's ``[T, n]`` (:func:`sc_jax.calibration.hidden.hidden_calibration`)
+    from the seed's centroid distances of every size."""
+    missing = [i for i in sizes if i not in s.hidden]
+    if missing:
+        raise ValueError(f"method hidden: these scores hold no hidden-state distances of sizes "
+                         f"{missing} (scored without it); rerun `sc-jax run` with hidden in "
+                         "--methods")
+    return hidden_calibration([s.hidden[i] for i in sizes])
 
 
 @contextlib.contextmanager

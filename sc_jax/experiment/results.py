@@ -28,7 +28,7 @@ from sc_jax.calibration.defaults import DEFAULT_LAMBDA_INV
 # the paper describes SC* and the reference code fits it; "SC*" keeps it.
 METHOD_NAMES = {"base": "Base", "cc": "CC", "dc": "DC", "bc": "BC", "bc_reference": "BC (code)",
                 "sc_star": "SC*", "sc_star_free": "SC* (no trust region)", "sc": "SC",
-                "sc_paper": "SC (paper, no guard)"}
+                "sc_paper": "SC (paper, no guard)", "hidden": "Hidden"}
 
 
 def load_results(path: str | Path) -> RunResults:

@@ -65,6 +65,8 @@ def save_scores(path: Path, s: SeedScores, tag: str | None = None,
                        f"surrogate{i}_queries": q})
     for i, t in s.test.items():
         arrays[f"test{i}"] = t
+    for i, d in s.hidden.items():
+        arrays[f"hidden{i}"] = d
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".tmp-{path.name}")
     with open(tmp, "wb") as f:
@@ -106,7 +108,8 @@ def load_scores(path: Path, tag: str | None = None, expect: dict | None = None) 
             base=a["base"], cc=a["cc"], dc=a["dc"], y_test=a["y_test"],
             surrogate={i: (a[f"surrogate{i}_logp"], a[f"surrogate{i}_labels"],
                            a[f"surrogate{i}_queries"]) for i in sizes},
-            test={i: a[f"test{i}"] for i in sizes})
+            test={i: a[f"test{i}"] for i in sizes},
+            hidden={i: a[f"hidden{i}"] for i in sizes if f"hidden{i}" in a})
     except (KeyError, ValueError) as e:  # a foreign archive: a key missing or misnamed
         raise _unreadable(path, e) from e
     if expect is not None:
@@ -312,7 +315,7 @@ RUN_CONFIG_FILE = "run_config.json"
 
 # Methods that runs made before them lack in their run_config.json and
 # results.json: resuming such a run with the default --methods only adds them.
-ADDED_METHODS = ("bc_reference", "sc_star_free", "sc_paper")
+ADDED_METHODS = ("bc_reference", "sc_star_free", "sc_paper", "hidden")
 
 
 def _config_differences(old: dict, new: dict) -> list[str]:
