@@ -291,8 +291,8 @@ def regenerate_samples(run_dir, *, with_texts: bool = True) -> tuple[Path, list[
     results.json holds: no model, no forward pass, no refit. Returns the file and notes.
 
     Baselines: every baseline of :data:`sc_jax.experiment.config.METHODS`, ``bc_reference``
-    included for a run that predates it (its ``bc_batch``). SC methods: those with
-    params in results.json. The records of the run's own methods reproduce its
+    included for a run that predates it (its ``bc_batch``); Hidden Calibration where the
+    score files hold its distances. SC methods: those with params in results.json. The records of the run's own methods reproduce its
     results.json rows (:func:`sc_jax.experiment.samples.check_samples`). Dataset rows and text
     hashes are filled in when ``with_texts`` and the run's data load here and draw the
     test sets the run recorded; otherwise they are null, and a note says why.
@@ -312,9 +312,9 @@ def regenerate_samples(run_dir, *, with_texts: bool = True) -> tuple[Path, list[
             probs, per_size = {}, {}
             for method in METHODS:
                 per = fits.get((method, name, k, seed)) if method in SC_FITS else None
-                if method in SC_FITS and not per:
-                    continue  # the run did not fit it
-                sizes = sorted(per) if per else []
+                if method in SC_FITS and not per or method == "hidden" and not s.hidden:
+                    continue  # the run did not fit it, or scored no hidden states
+                sizes = sorted(per) if per else sorted(s.hidden) if method == "hidden" else []
                 probs[method] = method_probs(method, s, per, sizes, bc_batch=bc_batch,
                                              size_weighting=weighting, shots=k)
                 if per:
