@@ -1,8 +1,7 @@
 """The engine's last hidden states (``hidden=True``) against the plain path: one whole
 prompt per forward pass (:func:`sc_jax.scoring.reference.states_plain`), float32, in
 both label modes, through several jobs of one trie; the label log-probs of the same
-calls equal ``hidden=False``'s bit for bit, and ``hidden=False`` runs the programs it
-always ran."""
+calls equal ``hidden=False``'s bit for bit, and the two run programs apart."""
 
 import numpy as np
 import pytest
@@ -72,9 +71,9 @@ def test_hidden_states_equal_the_plain_path_and_leave_log_probs_unchanged(model,
 
 
 def test_hidden_is_opt_in_and_compiles_its_own_programs(model, setup):
-    """``hidden=False`` (the default) compiles no model program that a hidden run
-    made, and a hidden run none that a plain run made: they are apart, and the plain
-    one is the program every run compiled before states existed."""
+    """A hidden call compiles model programs of its own (the plain call passes no
+    ``hidden`` argument: the program it always was), and a plain call after it
+    compiles nothing, returns no states and the same log-probs, bit for bit."""
     pieces, jobs = setup
     base = jobs["base"]
     # A call shape of this test alone (B = 4 rows of 128 tokens), so that what it
