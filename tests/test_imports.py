@@ -34,6 +34,8 @@ ALLOWED_LOCAL = {
     "datasets": "optional extra [data]",
     "pyarrow": "optional extra [data]",
     "torch": "optional extra [test]",
+    "yaml": "pyyaml, for YAML task files only (JSON task files need nothing)",
+    "jinja2": "--chat-template only (installed with transformers, the [gguf] extra)",
     "sc_jax.cli": "sc_jax.entry imports the command inside main, so that Ctrl-C during its "
                   "imports is caught",
     "matplotlib": "plotting only",

@@ -8,9 +8,10 @@ column per task in the paper's order, and Avg over the columns shown. BC is the 
 p / mean p; BC (code) is softmax(p - mean p), what the reference code computes
 (sc_jax.calibration.baselines.batch_calibration_reference). Each block ends with SC's margin over
 both, "SC - BC" and "SC - BC (code)": the difference of the means per task and Avg,
-and for our runs its 95% paired bootstrap interval over seeds in brackets (per task:
-the seeds' differences resampled with replacement, as `sc-jax report` does; Avg: each
-task's seeds resampled independently, then averaged over the tasks). The paper's blocks
+and for our runs its 95% interval over seeds of the paired differences in brackets
+(sc_jax.experiment.stats.seed_interval, as `sc-jax report` uses: a Student t interval
+below 10 seeds, BCa bootstrap from 10; per task: the per-seed differences; Avg: the
+per-seed differences averaged over the tasks). Cells are mean ± s.d. (ddof = 1). The paper's blocks
 have only the first margin and no interval (the paper gives means and s.d. only). The
 margins are not candidates for bold. A run whose results.json predates bc_reference
 (or SC* without trust region, or SC (paper)) gets them from its per-sample records when
@@ -34,10 +35,14 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # paper_tables, beside this file
 
+from paper_tables import PAPER_MODELS  # noqa: E402
 from sc_jax.models.named_models import display_name  # noqa: E402
-from sc_jax.experiment.report import paired_bootstrap, summarize  # noqa: E402
-from sc_jax.experiment.results import load_results  # noqa: E402
+from sc_jax.experiment.names import dataset_name  # noqa: E402
+from sc_jax.experiment.report import paired_diffs, summarize  # noqa: E402
+from sc_jax.experiment.stats import seed_interval  # noqa: E402
+from sc_jax.experiment.results import load_results, model_description  # noqa: E402
 from sc_jax.experiment.samples import read_samples, rows_from_samples
 
 HERE = Path(__file__).resolve().parent
@@ -45,7 +50,6 @@ OURS = ("base", "cc", "dc", "bc", "bc_reference", "sc_star", "sc_star_free", "sc
 LABELS = {"base": "Base", "cc": "CC", "dc": "DC", "bc": "BC", "bc_reference": "BC (code)",
           "sc_star": "SC*", "sc_star_free": "SC* (no TR)", "sc": "SC", "sc_paper": "SC (paper)"}
 MARGINS = ("bc", "bc_reference")  # SC minus each, per task
-N_BOOT = 10000
 
 
 def margin(cells: dict, baseline: str, tasks) -> list:
@@ -54,21 +58,23 @@ def margin(cells: dict, baseline: str, tasks) -> list:
     return [sc[t][0] - other[t][0] if t in sc and t in other else None for t in tasks]
 
 
-def margin_intervals(seeds: dict, baseline: str, tasks, *, n_boot: int = N_BOOT,
-                     seed: int = 0) -> dict | None:
-    """95% paired bootstrap intervals of SC minus ``baseline`` over seeds, in %:
-    {task: (low, high)} and "avg": (low, high) of the mean over ``tasks``; None unless
-    every task has both methods. ``seeds``: method -> task -> {seed: value in %}."""
-    rng = np.random.default_rng(seed)
-    draws = []
+def margin_intervals(seeds: dict, baseline: str, tasks, *, seed: int = 0) -> dict | None:
+    """95% intervals over seeds of SC minus ``baseline`` (paired by seed), in %:
+    {task: Interval} and "avg": the interval of the per-seed difference averaged over
+    ``tasks`` (the seeds every task has); each a
+    :class:`sc_jax.experiment.stats.Interval` naming its method. None unless every
+    task has both methods on at least two common seeds. ``seeds``: method -> task ->
+    {seed: value in %}."""
+    diffs = {}
     for t in tasks:
         a, b = seeds.get("sc", {}).get(t), seeds.get(baseline, {}).get(t)
         if not a or not b:
             return None
-        draws.append(paired_bootstrap(a, b, rng, n_boot)[1])
-    out = {t: tuple(np.percentile(d, [2.5, 97.5])) for t, d in zip(tasks, draws)}
-    out["avg"] = tuple(np.percentile(np.mean(draws, axis=0), [2.5, 97.5]))
-    return out
+        diffs[t] = dict(zip(sorted(set(a) & set(b)), paired_diffs(a, b)))
+    common = sorted(set.intersection(*(set(d) for d in diffs.values())))
+    out = {t: seed_interval(list(d.values()), seed=seed) for t, d in diffs.items()}
+    out["avg"] = seed_interval([np.mean([diffs[t][s] for t in tasks]) for s in common], seed=seed)
+    return None if any(ci is None for ci in out.values()) else out
 
 
 def blocks(run_dirs, paper: dict, shots: int, metric: str):
@@ -88,7 +94,8 @@ def blocks(run_dirs, paper: dict, shots: int, metric: str):
         if records:
             rows = rows + rows_from_samples(records, [m for m in OURS if m not in have])
         summary = summarize(rows)
-        model = display_name(str(res.model))
+        described = model_description(res)
+        model = display_name(str(res.model)) if described is None else described.short
         cells = {}
         for (task, k, method), stats in summary.items():
             if k == shots:
@@ -111,7 +118,7 @@ def blocks(run_dirs, paper: dict, shots: int, metric: str):
     paper_order = list(next(iter(paper[key].values()))["sc"])
     present = {t for _, cells, _ in ours for v in cells.values() for t in v}
     tasks = [t for t in paper_order if t in present]
-    theirs = [(f"{model} 7B (paper)",
+    theirs = [(f"{PAPER_MODELS.get(model, model)} (paper)",
                {m: {t: (v["mean"], v["sd"]) for t, v in per_task.items()}
                 for m, per_task in methods.items()}, None)
               for model, methods in paper[key].items()]
@@ -119,8 +126,11 @@ def blocks(run_dirs, paper: dict, shots: int, metric: str):
 
 
 def markdown(tasks, rows, metric: str, shots: int) -> str:
-    head = f"| Model | Method | Avg | {' | '.join(tasks)} |"
-    out = [f"{metric.replace('_', '-')} (%), k = {shots}", "", head,
+    head = f"| Model | Method | Avg | {' | '.join(dataset_name(t) for t in tasks)} |"
+    out = [f"{metric.replace('_', '-')} (%), k = {shots}: mean ± s.d. over seeds (ours: "
+           "ddof = 1); SC's margins with 95% intervals over seeds of the paired differences, "
+           "the method after each (t: Student t, scipy.stats.t.interval; BCa: "
+           "scipy.stats.bootstrap)", "", head,
            "|" + "---|" * (len(tasks) + 3)]
     notes = []
     for model, cells, info in rows:
@@ -149,13 +159,19 @@ def markdown(tasks, rows, metric: str, shots: int) -> str:
             avg = f"{statistics.mean(shown):+.1f}" if len(shown) == len(tasks) else "-"
             strs = ["-" if d is None else f"{d:+.1f}" for d in diffs]
             if ci is not None:
-                avg += " [{:+.1f}, {:+.1f}]".format(*ci["avg"])
-                strs = [f"{v} [{ci[t][0]:+.1f}, {ci[t][1]:+.1f}]" for v, t in zip(strs, tasks)]
+                avg += _ci(ci["avg"])
+                strs = [v + _ci(ci[t]) for v, t in zip(strs, tasks)]
                 intervals[b] = ci
             out.append(f"| {model} | SC - {LABELS[b]} | {avg} | {' | '.join(strs)} |")
         if info is not None:
             notes.append(block_note(model, info, intervals, tasks))
     return "\n".join(out + ([""] + notes if notes else [])) + "\n"
+
+
+def _ci(ci) -> str:
+    """An interval cell's bracket: " [low, high] (method)"."""
+    method = "BCa" if ci.method.startswith("BCa") else ci.method
+    return f" [{ci.low:+.1f}, {ci.high:+.1f}] ({method})"
 
 
 def block_note(model: str, info: dict, intervals: dict, tasks) -> str:
@@ -165,7 +181,7 @@ def block_note(model: str, info: dict, intervals: dict, tasks) -> str:
     parts = [(f"* {model}: the guard fitted SC* at {info['guarded']} of {info['fits']} SC fits "
               "(task, seed, size)")]
     for b, ci in intervals.items():
-        got = ["win" if ci[t][0] > 0 else "loss" if ci[t][1] < 0 else "tie" for t in tasks]
+        got = ["win" if ci[t].low > 0 else "loss" if ci[t].high < 0 else "tie" for t in tasks]
         parts.append(f"SC against {LABELS[b]}, win / tie / loss: {got.count('win')} / "
                      f"{got.count('tie')} / {got.count('loss')} of {len(tasks)} tasks")
     return "; ".join(parts) + "."

@@ -1,7 +1,8 @@
 """The paper's result tables as JSON, for comparing this project's runs with them.
 
-Macro-F1 and accuracy at k = 4, 8 and 16, for Qwen, Llama and Mistral 7B and the
-methods Base, CC, DC, BC and SC: mean and s.d. over five seeds, keyed by this project's
+Macro-F1 and accuracy at k = 4, 8 and 16, for Qwen2-7B-Instruct, Llama-2-7B-chat and
+Mistral-7B-Instruct-v0.3 (keyed by the paper's short names, Qwen, Llama and Mistral;
+`PAPER_MODELS` maps them) and the methods Base, CC, DC, BC and SC: mean and s.d. over five seeds, keyed by this project's
 task names. Each row's Avg column is checked against the mean of its cells, and any
 mismatch above rounding is printed (the paper's own).
 
@@ -20,6 +21,11 @@ from pathlib import Path
 TASKS = {"AGNews": "ag_news", "FPB": "financial_phrasebank", "SST2": "sst2",
          "RT": "rotten_tomatoes", "Subj": "subj", "TE-Emo": "tweet_eval_emotion",
          "TE-Hate": "tweet_eval_hate", "SST5": "sst5", "TREC": "trec"}
+# The paper's short names for its models (its Appendix's tables) and the checkpoints
+# they stand for (its "Models and Baselines" paragraph): all three instruction-tuned,
+# run unquantised from Hugging Face.
+PAPER_MODELS = {"Qwen": "Qwen2-7B-Instruct", "Llama": "Llama-2-7B-chat",
+                "Mistral": "Mistral-7B-Instruct-v0.3"}
 METHODS = {"Base LLM": "base", "CC": "cc", "DC": "dc", "BC": "bc", r"\MethodName{}": "sc"}
 NUMBER = re.compile(r"(\d+\.\d+)")
 

@@ -12,7 +12,8 @@ entry points:
   ``predict_proba``) and the padding into buckets, :mod:`~sc_jax.calibration.buckets`.
 
 Then the solvers (:mod:`sc_jax.calibration.solvers`), the baselines CC, DC and BC
-(:mod:`~sc_jax.calibration.baselines`) and synthetic surrogate data with a known truth
+(:mod:`~sc_jax.calibration.baselines`), LOOC (:mod:`~sc_jax.calibration.looc`) and
+LinC (:mod:`~sc_jax.calibration.linc`), and synthetic surrogate data with a known truth
 (:mod:`~sc_jax.calibration.synthetic`).
 
 Needs no model: it imports :mod:`sc_jax.runtime` at most, never a later stage.

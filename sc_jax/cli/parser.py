@@ -249,6 +249,17 @@ def _add_info_parser(sub) -> None:
     i.set_defaults(fn=commands.info_command)
 
 
+def _add_export_tasks_parser(sub) -> None:
+    e = sub.add_parser("export-tasks", help="rebuild the nine tasks' JSONL files (DIR/<task>.jsonl) "
+                                            "from the Hugging Face datasets (needs sc-jax[data])",
+                       formatter_class=HelpFormatter)
+    e.add_argument("dir", help="directory for the files (created if missing)")
+    e.add_argument("--tasks", nargs="+", default=None,
+                   help="only these tasks (default: the nine; sc_jax.experiment.task_export.EXPORT_SPLITS)")
+    e.add_argument("--overwrite", action="store_true", help="replace files that exist in DIR")
+    e.set_defaults(fn=commands.export_tasks_command)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sc-jax", description="Supervised Calibration for ICL, in JAX.",
                                 formatter_class=HelpFormatter)
@@ -260,4 +271,5 @@ def build_parser() -> argparse.ArgumentParser:
     _add_report_parser(sub)
     _add_ablate_parser(sub)
     _add_info_parser(sub)
+    _add_export_tasks_parser(sub)
     return p

@@ -1,6 +1,6 @@
 """What ``sc-jax ablate`` writes (:func:`write_ablation`): the studies of
-:func:`sc_jax.experiment.ablation.ablate` as markdown tables (macro-F1, mean ± std over
-seeds; :func:`markdown`) and a CSV, the SC-N and m_i curves as figures
+:func:`sc_jax.experiment.ablation.ablate` as markdown tables (macro-F1, mean ± s.d.
+(ddof = 1) over seeds; :func:`markdown`) and a CSV, the SC-N and m_i curves as figures
 (:func:`curve_figure`), and :mod:`sc_jax.experiment.diagnostics`' table beside them;
 and the check of its ``--out`` before any refit (:func:`check_ablation_out`).
 """
@@ -16,19 +16,22 @@ import numpy as np
 from sc_jax.experiment.ablation import ROW_FIELDS, STUDIES
 from sc_jax.experiment.diagnostics import DIAGNOSTIC_FIELDS, diagnostics_markdown
 from sc_jax.experiment.figures import can_plot, save_figure
+from sc_jax.experiment.names import dataset_name
 from sc_jax.experiment.report import mean_std_table
 from sc_jax.experiment.staging import Staging
+from sc_jax.experiment.stats import mean_sd
 from sc_jax.experiment.store import make_out_dir, refuse_foreign_outputs
-from sc_jax.models.named_models import display_name
+from sc_jax.models.identity import short_name
 
 
 def summarize(rows) -> dict[tuple, dict]:
-    """``{(study, setting, dataset, shots): {metric: (mean, std, n_seeds)}}``."""
+    """``{(study, setting, dataset, shots): {metric: (mean, sd, n_seeds)}}``, sd the
+    sample standard deviation over seeds (ddof = 1; :func:`stats.mean_sd`)."""
     groups = defaultdict(list)
     for r in rows:
         groups[(r["study"], r["setting"], r["dataset"], r["shots"])].append(r)
-    return {key: {m: (float(np.mean([r[m] for r in rs])), float(np.std([r[m] for r in rs])), len(rs))
-                  for m in ("accuracy", "macro_f1")} for key, rs in groups.items()}
+    return {key: {m: mean_sd([r[m] for r in rs]) for m in ("accuracy", "macro_f1")}
+            for key, rs in groups.items()}
 
 
 _TITLES = {
@@ -42,19 +45,21 @@ _TITLES = {
 
 def markdown(rows) -> str:
     """One macro-F1 table per study and shot count: settings as rows, datasets and
-    their average as columns, cells mean ± std over seeds (in %)."""
+    their average as columns (display names), cells mean ± s.d. (ddof = 1) over seeds
+    (in %)."""
     summ = summarize(rows)
     datasets = sorted({r["dataset"] for r in rows})
     out = ["# Ablations (refitted from saved scores; no forward pass)", "",
-           "Cells: macro-F1, mean ± std over seeds (in %; the population std, ddof = 0). lambda_inv=paper is the paper's "
+           "Cells: macro-F1, mean ± s.d. (ddof=1) over seeds (in %; the sample standard deviation; "
+           "one seed: the value alone). lambda_inv=paper is the paper's "
            "summed-objective weight 10 on our mean scale (10 P / N per problem).", ""]
     for study in STUDIES:
         for k in sorted({r["shots"] for r in rows if r["study"] == study}):
             settings = list(dict.fromkeys(r["setting"] for r in rows
                                           if r["study"] == study and r["shots"] == k))
             out += [f"## {_TITLES[study]}, {k}-shot", ""]
-            out += mean_std_table("Setting", datasets, (
-                (setting, {d: summ[(study, setting, d, k)]["macro_f1"] for d in datasets
+            out += mean_std_table("Setting", [dataset_name(d) for d in datasets], (
+                (setting, {dataset_name(d): summ[(study, setting, d, k)]["macro_f1"] for d in datasets
                            if (study, setting, d, k) in summ})
                 for setting in settings), missing="-", lone_seed_alone=False)
             out.append("")
@@ -73,7 +78,7 @@ def _plot_curve(rows, study: str, x_field: str, xlabel: str, path: Path,
 
 
 def curve_figure(rows, study: str, x_field: str, xlabel: str, model: str | None = None):
-    """Macro-F1 (mean and std over seeds) of ``study``'s rows against the integer
+    """Macro-F1 (mean and s.d. (ddof = 1; none for one seed) over seeds) of ``study``'s rows against the integer
     ``x_field`` (N sizes, m sub-contexts), one line per (dataset, k): a
     ``matplotlib.figure.Figure``, or None when the study has no rows."""
     summ = summarize(rows)
@@ -89,14 +94,14 @@ def curve_figure(rows, study: str, x_field: str, xlabel: str, model: str | None 
     # N sizes and m sub-contexts are counts: no tick at 2.5.
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if model is not None:
-        ax.set_title(f"{display_name(str(model))}: macro-F1 against {xlabel}", fontsize=9)
+        ax.set_title(f"{short_name(str(model))}: macro-F1 against {xlabel}", fontsize=9)
     for d, k in keys:
         pts = sorted({(r[x_field], r["setting"]) for r in rows
                       if r["study"] == study and r["dataset"] == d and r["shots"] == k})
         xs = [x for x, _ in pts]
         ys = [100 * summ[(study, s, d, k)]["macro_f1"][0] for _, s in pts]
-        es = [100 * summ[(study, s, d, k)]["macro_f1"][1] for _, s in pts]
-        ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=f"{d}, k={k}")
+        es = [100 * np.nan_to_num(summ[(study, s, d, k)]["macro_f1"][1]) for _, s in pts]
+        ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=f"{dataset_name(d)}, k={k}")
     ax.set_xlabel(xlabel)
     ax.set_ylabel("macro-F1 (%)")
     ax.legend(fontsize=7)

@@ -25,7 +25,7 @@ from sc_jax.runtime.sharding import parse_mesh
 from sc_jax.calibration.numpy_fit import Guard
 from sc_jax.calibration.solvers.types import Solver
 from sc_jax.experiment.splits import DEFAULT_TEST_SEED
-from sc_jax.experiment.tasks import TASKS
+from sc_jax.experiment.tasks import TASKS, read_task_file
 from sc_jax.scoring.memory import MemoryPolicy
 
 # bc_reference: BC as the reference code computes it (sc_jax.calibration.baselines
@@ -36,11 +36,19 @@ from sc_jax.scoring.memory import MemoryPolicy
 # paper's description and the reference code, with no trust region (tau = -1).
 # sc_paper: SC as the paper fits it (guard "none"), reported beside the run's SC so that
 # a table shows what the guard changed; with --guard none the two are the same fits.
+# looc, linc: leave-one-out and linear probe calibration (docs/methods.md), from the
+# surrogate scores SC already makes.
+# surprise: Surprise Calibration (Tan et al. 2025; sc_jax.calibration.surprise), its
+# network trained on SC's surrogate rows.
 # hidden: Hidden Calibration (sc_jax.calibration.hidden), nearest class centroid of the
 # last hidden states; the run asks the engine for the states of the jobs it needs.
 Method = Literal["base", "cc", "dc", "bc", "bc_reference", "sc_star", "sc_star_free", "sc",
-                 "sc_paper", "hidden"]
+                 "sc_paper", "looc", "linc", "surprise", "hidden"]
 METHODS: tuple[Method, ...] = get_args(Method)
+# Run only when named in --methods: Surprise Calibration trains a 5.5M-parameter GRU
+# per seed (40-50 s for one k = 4 seed on two shared CPU cores at the authors' sizes).
+OPT_IN_METHODS: tuple[Method, ...] = ("surprise",)
+DEFAULT_METHODS: tuple[Method, ...] = tuple(m for m in METHODS if m not in OPT_IN_METHODS)
 
 
 # Per SC method of METHODS: fit SC* (w = 1) or not, its tau and its guard (None: the run's).
@@ -104,6 +112,17 @@ def _expand_datasets(names) -> tuple:
     return tuple(TASKS) if tuple(names) == ("all",) else tuple(names)
 
 
+def _task_files(files, fields) -> dict:
+    """``--task-file`` FILEs, their tasks added to ``--dataset``'s (or, where it is not
+    given, the only datasets)."""
+    files = tuple(files or ())
+    if not files:
+        return {"task_files": files}
+    names = tuple(read_task_file(f).name for f in files)
+    given = _expand_datasets(fields["datasets"]) if "datasets" in fields else ()
+    return {"task_files": files, "datasets": given + tuple(n for n in names if n not in given)}
+
+
 def _data_files(files, fields) -> dict:
     """``--data-file`` FILE (the first dataset's) or NAME=FILE as (dataset, file) pairs."""
     first = _expand_datasets(fields.get("datasets", RunConfig.datasets))[0]
@@ -132,7 +151,15 @@ class RunConfig:
     dtype: DType = _option("float32", Flag("--dtype", DTYPE_HELP))
     datasets: tuple[str, ...] = _option(("rotten_tomatoes",), Flag(
         "--dataset", "task names (sc_jax.experiment.tasks.TASKS), or 'all' for the nine; "
-                     "rotten_tomatoes works offline"))
+                     "rotten_tomatoes works offline (default: rotten_tomatoes, or only the "
+                     "--task-file tasks where one is given)",
+        default=lambda _: None, to_fields=lambda names, _: {} if names is None else {"datasets": names}))
+    # Tasks defined in YAML/JSON files (sc_jax.experiment.tasks.read_task_file); each
+    # file's task must be among `datasets` (the command line adds it there).
+    task_files: tuple[str, ...] = _option((), Flag(
+        "--task-file", "a task defined in a YAML or JSON file (template, labels, columns, its "
+                       "data_file or hf_id; docs/experiment.md), run beside --dataset's tasks or "
+                       "alone; may be repeated", kind="append", to_fields=_task_files))
     data_files: tuple[tuple[str, str], ...] = _option((), Flag(
         "--data-file", "local CSV/JSONL/Parquet for a dataset: FILE (first dataset) or NAME=FILE; "
                        "may be repeated", kind="append", to_fields=_data_files))
@@ -159,7 +186,7 @@ class RunConfig:
              to_fields=lambda n, _: {"seeds": tuple(range(n))}),
         Flag("--seed-list", "explicit seeds (overrides --seeds)", default=lambda _: None),
         ranged=True)
-    methods: tuple[Method, ...] = _option(METHODS, Flag(
+    methods: tuple[Method, ...] = _option(DEFAULT_METHODS, Flag(
         "--methods", "the methods to run and report (spaces or commas between them)"))
     test_size: int = _option(256, Flag("--test-size", "held-out test queries per seed"),
                              ranged=True)
@@ -174,6 +201,10 @@ class RunConfig:
         ranged=True)
     mode: LabelMode = _option("first_token", Flag(
         "--mode", "label scoring: first token, or full label sequence"))
+    chat_template: bool = _option(False, Flag(
+        "--chat-template", "wrap each prompt in the model's own chat template (an instruction-"
+                           "tuned model's): demonstrations and query in the user turn, the label "
+                           "after the assistant turn's opening"))
     max_size: int = _option(5, Flag("--max-size", "sub-context sizes i = 1..min(this, k-1)"),
                             ranged=True)
     lambda_inv: float | None = _option(None, Flag(
@@ -257,6 +288,7 @@ class RunConfig:
                              f"{max(self.shots)} (each size's surrogate data must hold every "
                              f"demonstration out at least once), got {self.budget}")
         self._check_data_files()
+        self._check_task_files()
 
     def _as_tuples(self):
         """Lists as tuples (a list would make the frozen config unhashable); one name or
@@ -301,6 +333,23 @@ class RunConfig:
                                  ".csv or .parquet file)")
             if name not in known:
                 raise ValueError(f"--data-file given for {name!r}, which is not among the datasets")
+
+    def _check_task_files(self):
+        """Every task file read (a bad one is refused here, before any model loads), its
+        task among the datasets, no name given twice or taken from a built-in task."""
+        names = {}
+        for file in self.task_files:
+            name = read_task_file(file).name
+            if name in TASKS:
+                raise ValueError(f"task file {file} names its task {name!r}, a built-in task's name: "
+                                 "rename it (field 'name')")
+            if name in names:
+                raise ValueError(f"task files {names[name]} and {file} both define task {name!r}: "
+                                 "rename one (field 'name')")
+            if name not in self.datasets:
+                raise ValueError(f"task file {file} defines task {name!r}, which is not among the "
+                                 "datasets: add it to datasets")
+            names[name] = file
 
     def sizes(self, k: int) -> list[int]:
         return list(range(1, min(self.max_size, k - 1) + 1))

@@ -2,10 +2,16 @@
 (:func:`save_figure`):
 
 * ``f1_bars.png``: macro-F1 per method, one panel per dataset and one averaged over
-  datasets, one group per shot count, error bars = std over seeds (the paper's
-  Figure 3; :func:`f1_bars_figure`).
+  datasets, one group per shot count, error bars = sample s.d. over seeds (ddof = 1;
+  the paper's Figure 3; :func:`f1_bars_figure`).
 * ``sc_params.png``: the learned (w_c, b_c) of SC for every class, size and seed (the
   paper's Figure 4; :func:`params_figure`); the base model is (1, 0).
+* ``reliability.png``: a reliability diagram per method from the per-sample records,
+  every dataset's and seed's test queries pooled, a line per shot count, in the bins of
+  :func:`sc_jax.experiment.metrics.calibration_bins` (:func:`reliability_figure`).
+
+Each method has one colour in every figure (:func:`sc_jax.experiment.names.method_colour`);
+SC's bars have a heavy black edge and a hatch, and SC comes first in the legends.
 
 matplotlib is optional (:func:`can_plot`) and loads on the first plot.
 """
@@ -22,8 +28,9 @@ from pathlib import Path
 import numpy as np
 
 from sc_jax.calibration.solvers import is_converged
-from sc_jax.experiment.results import METHOD_NAMES, ResultRow, RunResults
-from sc_jax.models.named_models import display_name
+from sc_jax.experiment.metrics import calibration_bins
+from sc_jax.experiment.names import dataset_name, method_colour, method_name, order_methods
+from sc_jax.experiment.results import ResultRow, RunResults, model_label
 
 log = logging.getLogger(__name__)
 
@@ -91,28 +98,42 @@ def method_label(method: str, width: int = 11) -> str:
     """A method's name as a tick label, wrapped at ``width`` characters (the paper's
     long names, "SC* (no trust region)", otherwise run into their neighbours)."""
 
-    return "\n".join(textwrap.wrap(METHOD_NAMES[method], width)) or method
+    return "\n".join(textwrap.wrap(method_name(method), width)) or method
+
+
+#: How SC's bars are marked beside its colour (legible in greyscale too).
+SC_STYLE = {"edgecolor": "black", "linewidth": 1.6, "hatch": "//"}
+
+
+def _bar_style(method: str) -> dict:
+    """Keyword arguments of ``ax.bar`` for ``method``: its colour, and for SC the
+    :data:`SC_STYLE` marks."""
+    return {"color": method_colour(method), **(SC_STYLE if method == "sc" else {})}
 
 
 def _bar_values(rows: tuple[ResultRow, ...], dataset: str | None, k: int,
                 method: str) -> tuple[float, float]:
-    """(mean, std) in % over seeds of macro-F1 of one dataset, or with ``dataset`` None of
-    the per-seed average over datasets."""
+    """(mean, s.d.) in % over seeds of macro-F1 of one dataset, or with ``dataset`` None
+    of the per-seed average over datasets; s.d. the sample one (ddof = 1), 0 for a
+    single seed (no error bar)."""
     per_seed = defaultdict(list)
     for r in rows:
         if r.shots == k and r.method == method and dataset in (None, r.dataset):
             per_seed[r.seed].append(r.macro_f1)
     vals = [np.mean(v) for v in per_seed.values()]
-    return (100 * np.mean(vals), 100 * np.std(vals)) if vals else (np.nan, 0.0)
+    if not vals:
+        return np.nan, 0.0
+    return 100 * np.mean(vals), 100 * np.std(vals, ddof=1) if len(vals) > 1 else 0.0
 
 
 def f1_bars_figure(results: RunResults):
     """The figure of :func:`plot_f1_bars`: one panel per dataset and one for their
-    average (the paper's Figure 3), bars per method grouped by shot count, error bars
-    the std over seeds (ddof = 0); method names wrapped and turned 45 degrees."""
+    average (the paper's Figure 3), one group per shot count, a bar per method in its
+    colour (SC marked, first), error bars the sample s.d. over seeds (ddof = 1); one
+    legend of the methods."""
     rows = results.rows
     shots = sorted({r.shots for r in rows})
-    methods = [m for m in METHOD_NAMES if any(r.method == m for r in rows)]
+    methods = order_methods((r.method for r in rows), sc_first=True)
     datasets = sorted({r.dataset for r in rows})
     panels = datasets + [None] if len(datasets) > 1 else [None]
     # matplotlib loads on first plot: it takes about 0.5 s to import, which every
@@ -121,28 +142,31 @@ def f1_bars_figure(results: RunResults):
 
     cols = min(len(panels), 4)
     nrows = -(-len(panels) // cols)
-    panel_w = 1.0 + 0.4 * len(methods) * max(len(shots), 1) ** 0.5
+    panel_w = 1.0 + 0.25 * len(methods) * max(len(shots), 1)
     # A bare Figure, not pyplot: no backend switch or global figure registry in the
     # caller's process.
-    fig = Figure(figsize=(panel_w * cols, 3.4 * nrows), layout="constrained")
+    fig = Figure(figsize=(panel_w * cols, 3.0 * nrows + 0.6), layout="constrained")
     axes = fig.subplots(nrows, cols, squeeze=False).ravel()
-    width = 0.8 / max(len(shots), 1)
+    width = 0.8 / max(len(methods), 1)
     for ax, d in zip(axes, panels):
-        for j, k in enumerate(shots):
-            means, stds = zip(*(_bar_values(rows, d, k, m) for m in methods))
-            x = np.arange(len(methods)) + (j - (len(shots) - 1) / 2) * width
-            ax.bar(x, means, width, yerr=stds, capsize=2, label=f"{k}-shot")
-        ax.set_xticks(np.arange(len(methods)), [method_label(m) for m in methods], rotation=45,
-                      ha="right", rotation_mode="anchor", fontsize=7)
-        ax.set_title("Average over datasets" if d is None else d, fontsize=9)
+        for j, m in enumerate(methods):
+            means, sds = zip(*(_bar_values(rows, d, k, m) for k in shots))
+            x = np.arange(len(shots)) + (j - (len(methods) - 1) / 2) * width
+            ax.bar(x, means, width, yerr=sds, capsize=1.5, error_kw={"lw": 0.8},
+                   label=method_name(m), **_bar_style(m))
+        ax.set_xticks(np.arange(len(shots)), [f"{k}-shot" for k in shots], fontsize=8)
+        ax.set_title("Average over datasets" if d is None else dataset_name(d), fontsize=9)
         ax.set_ylabel("macro-F1 (%)", fontsize=8)
         ax.tick_params(axis="y", labelsize=7)
         ax.grid(axis="y", alpha=0.3)
     for ax in axes[len(panels):]:
         ax.set_visible(False)
-    axes[0].legend(fontsize=7)
-    fig.suptitle(f"{display_name(str(results.model))}: macro-F1, mean ± std over "
-                 "seeds", fontsize=10)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=min(len(methods), 7),
+               fontsize=7)
+    n_seeds = len({r.seed for r in rows})
+    fig.suptitle(f"{model_label(results)}: macro-F1, mean ± s.d. (ddof=1) over "
+                 f"{n_seeds} seeds", fontsize=10)
     return fig
 
 
@@ -174,7 +198,7 @@ def params_figure(results: RunResults):
     from matplotlib.figure import Figure  # noqa: PLC0415  (plotting only)
 
     fig = Figure(figsize=(3.6 * len(panels), 3.8))
-    fig.suptitle(f"SC parameters, {display_name(str(results.model))}", fontsize=10)
+    fig.suptitle(f"SC parameters, {model_label(results)}", fontsize=10)
     axes = fig.subplots(1, len(panels), squeeze=False)
     for ax, (d, k) in zip(axes[0], panels):
         panel = [p for p in params if p.dataset == d and p.shots == k]
@@ -192,8 +216,83 @@ def params_figure(results: RunResults):
         ax.axhline(0, color="grey", lw=0.6)
         ax.set_xlabel("w_c (slope)")
         ax.set_ylabel("b_c (bias)")
-        ax.set_title(f"{d}, {k}-shot" + (f" ({hidden} fit{'s' * (hidden > 1)} not converged, "
+        ax.set_title(f"{dataset_name(d)}, {k}-shot" + (f" ({hidden} fit{'s' * (hidden > 1)} not converged, "
                                             "not shown)" if hidden else ""), fontsize=9)
         ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+#: Line styles and markers of the shot counts in a reliability diagram.
+_SHOT_STYLES = (("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"))
+
+
+def reliability_figure(records, model: str | None = None, num_bins: int = 10):
+    """A reliability diagram per method (panels, SC first) from the per-sample
+    ``records`` (:mod:`sc_jax.experiment.samples`), every dataset's and seed's queries
+    pooled: per shot count a line through (mean confidence, accuracy) of each non-empty
+    bin of :func:`sc_jax.experiment.metrics.calibration_bins`, in the method's colour
+    (one line style per shot count), and the diagonal (perfect calibration); the title
+    gives each shot count's pooled ECE. None without records."""
+    if not records:
+        return None
+    methods = order_methods((m for r in records for m in r["probs"]), sc_first=True)
+    shots = sorted({r["shots"] for r in records})
+    from matplotlib.figure import Figure  # noqa: PLC0415  (plotting only; see plot_f1_bars)
+
+    cols = min(len(methods), 4)
+    nrows = -(-len(methods) // cols)
+    fig = Figure(figsize=(2.7 * cols, 2.8 * nrows + 0.4), layout="constrained")
+    axes = fig.subplots(nrows, cols, squeeze=False).ravel()
+    for ax, m in zip(axes, methods):
+        eces = []
+        for j, k in enumerate(shots):
+            have = [r for r in records if r["shots"] == k and m in r["probs"]]
+            if not have:
+                continue
+            count, acc, conf = pooled_calibration_bins(have, m, num_bins)
+            eces.append(f"{100 * np.nansum(count / count.sum() * np.abs(acc - conf)):.1f}")
+            ls, marker = _SHOT_STYLES[j % len(_SHOT_STYLES)]
+            ax.plot(conf[count > 0], acc[count > 0], ls=ls, marker=marker, ms=3.5,
+                    color=method_colour(m), lw=2.2 if m == "sc" else 1.2,
+                    markeredgecolor="black" if m == "sc" else method_colour(m), label=f"{k}-shot")
+        ax.plot([0, 1], [0, 1], color="grey", lw=0.7, ls=(0, (2, 2)))
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        ax.set_title(f"{method_name(m)}: ECE {' / '.join(eces)}%", fontsize=8)
+        ax.set_xlabel("confidence", fontsize=7)
+        ax.set_ylabel("accuracy", fontsize=7)
+        ax.tick_params(labelsize=6)
+        ax.legend(fontsize=6, loc="upper left")
+    for ax in axes[len(methods):]:
+        ax.set_visible(False)
+    fig.suptitle(f"{model + ': ' if model else ''}reliability (all datasets "
+                 f"and seeds pooled, {num_bins} equal-width bins; ECE per shot count "
+                 f"{', '.join(map(str, shots))})", fontsize=9)
+    return fig
+
+
+def pooled_calibration_bins(records, method: str, num_bins: int = 10):
+    """:func:`sc_jax.experiment.metrics.calibration_bins` of ``method`` over ``records``
+    of several datasets (their class counts may differ): each dataset's bins, their
+    counts summed and their accuracy and confidence averaged weighted by count."""
+    by_dataset = defaultdict(list)
+    for r in records:
+        by_dataset[r["dataset"]].append(r)
+    count = np.zeros(num_bins, np.int64)
+    hits, conf_sum = np.zeros(num_bins), np.zeros(num_bins)
+    for recs in by_dataset.values():
+        probs = np.array([r["probs"][method] for r in recs], np.float64)
+        c, acc, conf = calibration_bins(probs, [r["gold"] for r in recs], num_bins)
+        count += c
+        hits += np.nan_to_num(acc) * c
+        conf_sum += np.nan_to_num(conf) * c
+    with np.errstate(invalid="ignore", divide="ignore"):  # empty bins: NaN
+        return count, hits / count, conf_sum / count
+
+
+def plot_reliability(records, path: Path, model: str | None = None) -> dict[str, Path]:
+    """:func:`reliability_figure` as ``path`` (PNG), PDF and SVG; returns ``{format:
+    path}``, empty (and writes nothing) without records."""
+    fig = reliability_figure(records, model)
+    return {} if fig is None else save_figure(fig, path)

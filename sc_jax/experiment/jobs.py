@@ -17,12 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from sc_jax.calibration.baselines import CONTENT_FREE_INPUTS, random_domain_strings
+from sc_jax.calibration.baselines import random_domain_strings
 from sc_jax.calibration.hidden import centroid_distances, class_centroids
 from sc_jax.experiment.config import RunConfig
 from sc_jax.experiment.splits import dc_pool, split_protocol
 from sc_jax.experiment.task_loading import load_task
+from sc_jax.experiment.tasks import read_task_file
 from sc_jax.scoring.enumeration import default_m, sample_contexts, surrogate_contexts, surrogate_pairs
+from sc_jax.scoring.chat import chat_frame
 from sc_jax.scoring.prompts import build_pieces
 from sc_jax.scoring.results import EngineStats
 
@@ -33,9 +35,14 @@ log = logging.getLogger(__name__)
 class SeedScores:
     """Label log-probs of one (dataset, k, seed). Shapes: T test queries, n classes.
 
-    base: ``[T, n]`` under the full k-shot context; cc: ``[3, n]``; dc: ``[20, n]``;
+    base: ``[T, n]`` under the full k-shot context; cc: ``[C, n]`` (the task's C
+    content-free inputs, 3 by default); dc: ``[20, n]``;
     surrogate[i]: (logp ``[N_i, n]``, labels ``[N_i]``, query ids ``[N_i]``);
     test[i]: ``[m_i, T, n]`` under m_i sampled sub-contexts of size i;
+    demo_labels: ``[k]`` the demonstrations' labels in the k-shot prompt's order;
+    surrogate_contexts[i]: ``[N_i, i]`` the demonstrations of each surrogate row's
+    context, in order (Surprise Calibration reads both; None in score files written
+    before them).
     hidden[i]: ``[m_i, T, n]`` Hidden Calibration's Euclidean distances of test[i]'s
     prompts' last hidden states to the class centroids of surrogate[i]'s
     (:func:`hidden_distances`; empty where the run has no method ``hidden``).
@@ -47,6 +54,8 @@ class SeedScores:
     surrogate: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]
     test: dict[int, np.ndarray]
     y_test: np.ndarray
+    demo_labels: np.ndarray | None = None
+    surrogate_contexts: dict[int, np.ndarray] | None = None
     hidden: dict[int, np.ndarray] = dataclasses.field(default_factory=dict)
 
 
@@ -69,12 +78,14 @@ def seed_jobs(tokenizer, dataset, split, config: RunConfig, k: int) -> SeedJobs:
     demos = split.demonstrations(dataset)
     tests = list(split.test_texts(dataset))
     dcs = random_domain_strings(dc_pool(dataset, split.test_indices), config.dc_strings, seed=split.seed)
-    queries = [t for t, _ in demos] + tests + list(CONTENT_FREE_INPUTS) + dcs
-    pieces = build_pieces(tokenizer, dataset.template, demos, queries)
+    content_free = list(dataset.task.content_free)  # CC's inputs, the task's own where it names them
+    queries = [t for t, _ in demos] + tests + content_free + dcs
+    chat = chat_frame(tokenizer, config.model) if config.chat_template else None
+    pieces = build_pieces(tokenizer, dataset.template, demos, queries, chat=chat)
     T = len(tests)
     q_test = np.arange(k, k + T)
-    q_cc = np.arange(k + T, k + T + len(CONTENT_FREE_INPUTS))
-    q_dc = np.arange(k + T + len(CONTENT_FREE_INPUTS), len(queries))
+    q_cc = np.arange(k + T, k + T + len(content_free))
+    q_dc = np.arange(k + T + len(content_free), len(queries))
     full = np.arange(k)[None]  # the k demonstrations in their sampled order
 
     def with_full(qs):
@@ -95,9 +106,12 @@ def seed_jobs(tokenizer, dataset, split, config: RunConfig, k: int) -> SeedJobs:
 
 def load_datasets(config: RunConfig) -> dict:
     """name -> :class:`sc_jax.experiment.tasks.Dataset` of every dataset of ``config``, from its
-    ``--data-file``, ``--data-dir`` or default source."""
+    ``--data-file``, ``--data-dir`` or default source; a ``--task-file`` task from its
+    ``--data-file``, else its file's data_file or hf_id."""
     files = dict(config.data_files)
-    return {name: load_task(name, data_file=files.get(name), data_dir=config.data_dir,
+    defined = {spec.name: spec for spec in map(read_task_file, config.task_files)}
+    return {name: load_task(defined.get(name, name), data_file=files.get(name),
+                            data_dir=None if name in defined else config.data_dir,
                             text_column=config.text_column, label_column=config.label_column,
                             strict=config.strict_data)
             for name in config.datasets}
@@ -203,15 +217,16 @@ def score_seed(model, engine, cache, dataset, work, config: RunConfig, *,
                          "(--dtype float32); the scores are not usable")
 
     base, cc, dc = scored("base"), scored("cc"), scored("dc")
-    surrogate, test, hidden = {}, {}, {}
+    surrogate, test, contexts, hidden = {}, {}, {}, {}
     labels = np.asarray(split.demo_labels)
     n = base.shape[-1]
     for i in config.sizes(k):
-        pairs = sj.jobs[f"surrogate{i}"][1]
+        ctx, pairs = sj.jobs[f"surrogate{i}"]
         surrogate[i] = (scored(f"surrogate{i}"), labels[pairs[:, 1]], pairs[:, 1].copy())
+        contexts[i] = ctx[pairs[:, 0]]
         test[i] = scored(f"test{i}").reshape(sj.m[i], sj.n_test, -1)
         if states:
             hidden[i] = hidden_distances(states[f"surrogate{i}"], surrogate[i][1],
                                          states[f"test{i}"].reshape(sj.m[i], sj.n_test, -1), n)
     return SeedScores(base, cc, dc, surrogate, test, np.asarray(split.test_labels(dataset)),
-                      hidden), stats
+                      demo_labels=labels, surrogate_contexts=contexts, hidden=hidden), stats

@@ -1,5 +1,5 @@
 """Each method's test-set probabilities from one seed's scores: the baselines (Base,
-CC, DC, BC) and the SC fits of every size, combined by Algorithm 2's two-level ensemble
+CC, DC, BC, LOOC, LinC, Surprise Calibration) and the SC fits of every size, combined by Algorithm 2's two-level ensemble
 (:func:`method_probs`), and the batched SC / SC* fits of a (dataset, k) (:func:`fit_sc`).
 """
 
@@ -10,15 +10,20 @@ import warnings
 
 import numpy as np
 
-from sc_jax.calibration import baselines
+from sc_jax.calibration import baselines, surprise
 from sc_jax.calibration.baselines import BC_BATCH_SIZE
 from sc_jax.calibration.hidden import hidden_calibration
+from sc_jax.calibration.linc import linc_fit, linc_predict
+from sc_jax.calibration.looc import leave_one_out_calibration
 from sc_jax.calibration.numpy_fit import fit_batch
 from sc_jax.calibration.numpy_predict import predict_proba
 from sc_jax.calibration.objective import log_odds
 from sc_jax.experiment.config import SC_FITS, RunConfig
 from sc_jax.experiment.jobs import SeedScores
 from sc_jax.experiment.results import FitRecord
+
+# Surprise Calibration's network and training: the authors' released defaults.
+SURPRISE_SETTINGS = surprise.SurpriseSettings()
 
 
 def method_probs(method: str, s: SeedScores, fits: dict | None, sizes, *,
@@ -41,6 +46,12 @@ def method_probs(method: str, s: SeedScores, fits: dict | None, sizes, *,
         return baselines.batch_calibration_reference(p, bc_batch)
     if method == "hidden":
         return hidden_probs(s, sizes)
+    if method == "looc":
+        return looc_probs(s, p)
+    if method == "linc":
+        return linc_probs(s, p)
+    if method == "surprise":
+        return surprise_method_probs(s)
     with fits_noted():
         return predict_proba([fits[i] for i in sizes], [log_odds(s.test[i]) for i in sizes],
                              size_weights="uniform" if size_weighting == "uniform" else "reference",
@@ -56,6 +67,54 @@ def hidden_probs(s: SeedScores, sizes) -> np.ndarray:
                          f"{missing} (scored without it); rerun `sc-jax run` with hidden in "
                          "--methods")
     return hidden_calibration([s.hidden[i] for i in sizes])
+
+
+def looc_probs(s: SeedScores, p: np.ndarray) -> np.ndarray:
+    """LOOC (:mod:`sc_jax.calibration.looc`) of the test probabilities ``p [T, n]``,
+    its prior from the surrogate prompts of the largest size the run scored: size k - 1,
+    the leave-one-out prompts, unless --max-size stops below it (docs/methods.md)."""
+    if not s.surrogate:
+        raise ValueError("looc needs surrogate scores (k >= 2); drop it from --methods")
+    logp, labels, queries = s.surrogate[max(s.surrogate)]
+    return leave_one_out_calibration(p, np.exp(logp.astype(np.float64)), labels, queries)
+
+
+def looc_notes(config: RunConfig) -> list[str]:
+    """A note per k at which the run's LOOC is not the paper's: --max-size below k - 1
+    leaves out the leave-one-out prompts, and :func:`looc_probs` uses the largest size."""
+    if "looc" not in config.methods:
+        return []
+    return [f"LOOC, k={k}: each demonstration held out under {max(config.sizes(k))} of the "
+            f"others (--max-size {config.max_size} < k - 1 = {k - 1}), not the paper's "
+            "leave-one-out prompts; see docs/methods.md" for k in config.shots
+            if config.sizes(k) and max(config.sizes(k)) < k - 1]
+
+
+def linc_probs(s: SeedScores, p: np.ndarray) -> np.ndarray:
+    """LinC (:mod:`sc_jax.calibration.linc`) fitted on the surrogate rows of every size
+    (SC's training data), started from the content-free scores under the full context,
+    and applied to the test probabilities ``p [T, n]`` under that context."""
+    if not s.surrogate:
+        raise ValueError("linc needs surrogate scores (k >= 2); drop it from --methods")
+    sizes = sorted(s.surrogate)
+    logp = np.concatenate([s.surrogate[i][0] for i in sizes]).astype(np.float64)
+    labels = np.concatenate([s.surrogate[i][1] for i in sizes])
+    fit = linc_fit(np.exp(logp), labels, np.exp(s.cc.astype(np.float64)))
+    return linc_predict(fit, p)
+
+
+def surprise_method_probs(s: SeedScores) -> np.ndarray:
+    """Surprise Calibration's ``[T, n]`` test probabilities: its network trained on the
+    seed's surrogate rows (each held-out demonstration under a sub-context of the
+    others, every size), then applied to the k-shot context's demonstrations."""
+    if s.demo_labels is None or s.surrogate_contexts is None:
+        raise ValueError("these scores predate Surprise Calibration (no demonstration labels "
+                         "or surrogate contexts): rerun `sc-jax run` with the same --out to "
+                         "rewrite them from the score cache")
+    labels = np.asarray(s.demo_labels)
+    train = [(labels[s.surrogate_contexts[i]], lp, y) for i, (lp, y, _) in sorted(s.surrogate.items())]
+    return surprise.surprise_probs(s.base.astype(np.float64), s.demo_labels, train,
+                                   n=s.base.shape[-1], settings=SURPRISE_SETTINGS)
 
 
 @contextlib.contextmanager

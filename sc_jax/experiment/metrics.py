@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["accuracy", "expected_calibration_error", "macro_f1"]
+__all__ = ["accuracy", "calibration_bins", "expected_calibration_error", "macro_f1"]
 
 
 def _labels(y_true, y_pred):
@@ -51,6 +51,36 @@ def expected_calibration_error(probs, labels, num_bins: int = 10) -> float:
 
     probs: ``[N, n]`` predicted probabilities; labels: ``[N]``.
     """
+    conf, correct, bins = _top_label(probs, labels, num_bins)
+    ece = 0.0
+    for b in range(num_bins):
+        in_bin = bins == b
+        if in_bin.any():
+            ece += in_bin.mean() * abs(correct[in_bin].mean() - conf[in_bin].mean())
+    return float(ece)
+
+
+def calibration_bins(probs, labels,
+                     num_bins: int = 10) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The bins of :func:`expected_calibration_error` (a reliability diagram's bars):
+    ``(count, accuracy, confidence)``, each ``[num_bins]``: per bin the number of
+    predictions whose top-label confidence falls in it, their accuracy and their mean
+    confidence (NaN in an empty bin). ECE = sum_b count_b / N |accuracy_b - confidence_b|.
+
+    probs: ``[N, n]`` predicted probabilities; labels: ``[N]``.
+    """
+    conf, correct, bins = _top_label(probs, labels, num_bins)
+    count = np.bincount(bins, minlength=num_bins).astype(np.int64)
+    with np.errstate(invalid="ignore", divide="ignore"):  # empty bins: NaN
+        acc = np.bincount(bins, correct, minlength=num_bins) / count
+        mean_conf = np.bincount(bins, conf, minlength=num_bins) / count
+    return count, acc, mean_conf
+
+
+def _top_label(probs, labels, num_bins: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(confidence, correct, bin)``, each ``[N]``: the top probability, whether its
+    class is the label (1.0 / 0.0) and its bin of ``num_bins`` equal-width bins on
+    [0, 1], right-closed, the first also holding 0."""
     probs = np.asarray(probs, np.float64)
     labels = np.asarray(labels).reshape(-1)
     if probs.ndim != 2 or probs.shape[0] != labels.shape[0] or probs.shape[0] == 0:
@@ -62,9 +92,4 @@ def expected_calibration_error(probs, labels, num_bins: int = 10) -> float:
     correct = (probs.argmax(axis=1) == labels).astype(np.float64)
     # bin b holds confidences in (b/B, (b+1)/B]; confidence 0 goes to bin 0.
     bins = np.clip(np.ceil(conf * num_bins).astype(np.int64) - 1, 0, num_bins - 1)
-    ece = 0.0
-    for b in range(num_bins):
-        in_bin = bins == b
-        if in_bin.any():
-            ece += in_bin.mean() * abs(correct[in_bin].mean() - conf[in_bin].mean())
-    return float(ece)
+    return conf, correct, bins

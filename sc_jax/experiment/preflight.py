@@ -13,7 +13,6 @@ import logging
 
 import numpy as np
 
-from sc_jax.calibration.baselines import CONTENT_FREE_INPUTS
 from sc_jax.experiment.jobs import SeedJobs, job_name
 from sc_jax.scoring.reference import check_mode
 
@@ -30,7 +29,7 @@ def _text_of(dataset, split, q: int, n_test: int) -> str:
         return f"demonstration {q + 1} (row {int(split.demo_indices[q]) + 1} of {dataset.source})"
     if q < k + n_test:
         return f"test query (row {int(split.test_indices[q - k]) + 1} of {dataset.source})"
-    if q < k + n_test + len(CONTENT_FREE_INPUTS):
+    if q < k + n_test + len(dataset.task.content_free):
         return "a content-free input of CC"
     return "a random in-domain string of DC"
 

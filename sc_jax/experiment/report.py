@@ -1,21 +1,26 @@
 """Tables and plots from a run's ``results.json`` (no model needed).
 
-* ``table.md``: macro-F1 and accuracy, mean ± std over seeds (population std,
-  ddof = 0; one seed: the value alone), one table per shot count, methods as rows
-  and datasets (plus their average) as columns, like the paper's Tables 2-4; then SC
-  against the best baseline, paired over seeds: a 95% paired bootstrap interval and a
-  win / tie / loss verdict with at least :data:`MIN_SEEDS_FOR_VERDICT` seeds, the
-  per-seed differences and no verdict with fewer.
-* ``results.tex``: the macro-F1 table in LaTeX (booktabs), one per shot count.
+* ``table.md``: macro-F1, accuracy and ECE, mean ± sample standard deviation over
+  seeds (ddof = 1; one seed: the value alone), one table per shot count, methods as
+  rows and datasets (plus their average) as columns, like the paper's Tables 2-4;
+  macro-F1 and accuracy again as means with 95% intervals over seeds; then SC against
+  the best baseline, paired over seeds: a 95% interval of the per-seed differences and
+  a win / tie / loss verdict with at least :data:`MIN_SEEDS_FOR_VERDICT` seeds, the
+  per-seed differences and no verdict with fewer. Every interval and test is SciPy's
+  (:mod:`sc_jax.experiment.stats`) and named in the table.
+* ``results.tex``, ``results_accuracy.tex``, ``results_ece.tex``: the macro-F1,
+  accuracy and ECE tables in LaTeX (booktabs), one ``tabular`` per shot count.
 * ``results.csv``: one row per dataset x model x shots x method x seed; ``model`` is
   the model loaded, by its resolved name, and ``model_source`` what was read.
 * ``f1_bars.png`` and ``sc_params.png`` (and ``.pdf``, ``.svg``): the paper's Figures
-  3 and 4 (:mod:`sc_jax.experiment.figures`).
+  3 and 4; with per-sample records, ``reliability.png``: a reliability diagram per
+  method (:mod:`sc_jax.experiment.figures`).
 
 ``sc-jax report DIR`` calls :func:`write_report` on ``DIR/results.json``
 (read and checked by :func:`sc_jax.experiment.results.load_results`), which puts its
 files in place all together or not at all (:mod:`sc_jax.experiment.staging`).
-:func:`mean_std_table` draws the mean ± std tables, here and in the ablation report.
+:func:`mean_std_table` draws the mean ± s.d. tables, here and in the ablation report.
+Datasets and methods appear under their display names (:mod:`sc_jax.experiment.names`).
 """
 
 from __future__ import annotations
@@ -27,10 +32,12 @@ from pathlib import Path
 
 import numpy as np
 
-from sc_jax.experiment.figures import can_plot, plot_f1_bars, plot_params
-from sc_jax.experiment.results import METHOD_NAMES, METRICS, ResultRow, RunResults, load_results
+from sc_jax.experiment.figures import can_plot, plot_f1_bars, plot_params, plot_reliability
+from sc_jax.experiment.names import dataset_name, method_name, order_methods
+from sc_jax.experiment.results import METHOD_NAMES, METRICS, ResultRow, RunResults, load_results, model_label
 from sc_jax.experiment.samples import read_samples, rows_from_samples, samples_markdown
 from sc_jax.experiment.staging import Staging
+from sc_jax.experiment.stats import CONFIDENCE, mean_sd, seed_interval
 from sc_jax.models.named_models import display_name
 
 CSV_FIELDS = ("dataset", "model", "shots", "method", "seed", "accuracy", "macro_f1", "ece",
@@ -38,15 +45,13 @@ CSV_FIELDS = ("dataset", "model", "shots", "method", "seed", "accuracy", "macro_
 
 
 def summarize(rows: Iterable[ResultRow]) -> dict[tuple, dict]:
-    """``{(dataset, shots, method): {metric: (mean, std, n_seeds)}}``."""
+    """``{(dataset, shots, method): {metric: (mean, sd, n_seeds)}}``, sd the sample
+    standard deviation over seeds (ddof = 1; NaN for one seed; :func:`stats.mean_sd`)."""
     groups = defaultdict(list)
     for r in rows:
         groups[(r.dataset, r.shots, r.method)].append(r)
-    out = {}
-    for key, rs in groups.items():
-        out[key] = {m: (float(np.mean([r.metric(m) for r in rs])),
-                        float(np.std([r.metric(m) for r in rs])), len(rs)) for m in METRICS}
-    return out
+    return {key: {m: mean_sd([r.metric(m) for r in rs]) for m in METRICS}
+            for key, rs in groups.items()}
 
 
 # The baselines SC is compared with: the paper's. BC as the reference code computes it
@@ -63,69 +68,62 @@ def _by_task(rows: Iterable[ResultRow], metric: str) -> dict:
     return by
 
 
-def paired_bootstrap(a: dict, b: dict, rng, n_boot: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(d, means)``: d_s = a[s] - b[s] over the seeds both dicts have (sorted), and
-    ``[n_boot]`` means of d over resamples of those seeds with replacement (a paired
-    bootstrap; its 2.5 and 97.5 percentiles are the 95% interval)."""
-    seeds = sorted(set(a) & set(b))
-    diff = np.array([a[x] - b[x] for x in seeds])
-    return diff, diff[rng.integers(0, len(diff), (n_boot, len(diff)))].mean(axis=1)
+def paired_diffs(a: dict, b: dict) -> np.ndarray:
+    """d_s = a[s] - b[s] over the seeds both dicts ({seed: value}) have, in seed order."""
+    return np.array([a[x] - b[x] for x in sorted(set(a) & set(b))], np.float64)
 
 
 #: The fewest paired seeds with which the tables give a 95% interval and a win / tie /
-#: loss verdict. With one seed the bootstrap "interval" is the point itself, and with
-#: two it is one of three values ([d_1, d_2] at best): neither says anything about
-#: the spread, so such comparisons list the per-seed differences and no verdict
-#: (issue 64, case 5). With 3 to about 5 seeds the percentile interval is still
-#: coarse (close to the range of the per-seed differences): read it as such.
+#: loss verdict. With one seed there is no spread, and with two the t interval has one
+#: degree of freedom (t = 12.7): such comparisons list the per-seed differences and no
+#: verdict. With 3 to about 5 seeds the t interval is wide and rests on the
+#: differences being roughly normal: read it as such.
 MIN_SEEDS_FOR_VERDICT = 3
 
 
-def _paired(a: dict, b: dict, rng, n_boot: int) -> dict:
+def _paired(a: dict, b: dict, seed: int) -> dict:
     """Mean of d_s = a_s - b_s over the seeds both have, the per-seed ``diffs``, and,
-    with at least :data:`MIN_SEEDS_FOR_VERDICT` seeds, its 95% paired bootstrap interval
-    and outcome (see :func:`sc_against_best_baseline`); with fewer, ``ci_low``,
-    ``ci_high`` and ``outcome`` are None."""
-    diff, means = paired_bootstrap(a, b, rng, n_boot)
-    seeds = diff.size
-    out = dict(seeds=seeds, diff=float(diff.mean()), diffs=[float(x) for x in diff],
-               ci_low=None, ci_high=None, outcome=None)
-    if seeds >= MIN_SEEDS_FOR_VERDICT:
-        lo, hi = np.percentile(means, [2.5, 97.5])
-        out.update(ci_low=float(lo), ci_high=float(hi),
-                   outcome="win" if lo > 0 else ("loss" if hi < 0 else "tie"))
+    with at least :data:`MIN_SEEDS_FOR_VERDICT` seeds, its 95% interval over seeds
+    (:func:`stats.seed_interval`: ``ci_method`` names it) and outcome (see
+    :func:`sc_against_best_baseline`); with fewer, ``ci_low``, ``ci_high``,
+    ``ci_method`` and ``outcome`` are None."""
+    diff = paired_diffs(a, b)
+    out = dict(seeds=diff.size, diff=float(diff.mean()), diffs=[float(x) for x in diff],
+               ci_low=None, ci_high=None, ci_method=None, outcome=None)
+    if diff.size >= MIN_SEEDS_FOR_VERDICT:
+        ci = seed_interval(diff, seed=seed)
+        out.update(ci_low=ci.low, ci_high=ci.high, ci_method=ci.method,
+                   outcome="win" if ci.low > 0 else ("loss" if ci.high < 0 else "tie"))
     return out
 
 
 def _interval(p: dict) -> str:
-    """A comparison's interval cell: the 95% interval, or, with too few seeds for one,
-    the per-seed differences (in %)."""
+    """A comparison's interval cell: the 95% interval and its method, or, with too few
+    seeds for one, the per-seed differences (in %)."""
     if p["outcome"] is None:
         return "per seed " + ", ".join(f"{100 * d:+.1f}" for d in p["diffs"])
-    return f"[{100 * p['ci_low']:+.1f}, {100 * p['ci_high']:+.1f}]"
+    return f"[{100 * p['ci_low']:+.1f}, {100 * p['ci_high']:+.1f}] ({p['ci_method']})"
 
 
 def _no_verdict(p: dict) -> str:
     return f"none ({p['seeds']} seed{'s' * (p['seeds'] != 1)}; needs {MIN_SEEDS_FOR_VERDICT})"
 
 
-def sc_against_best_baseline(rows, metric: str = "macro_f1", *, n_boot: int = 10000,
-                             seed: int = 0) -> list[dict]:
+def sc_against_best_baseline(rows, metric: str = "macro_f1", *, seed: int = 0) -> list[dict]:
     """SC minus the best baseline, per (dataset, shots), paired over seeds.
 
     The best baseline is the one of Base, CC, DC and BC (the paper's p / mean p;
     :data:`BASELINES`, never BC as the reference code computes it) present with the
     highest mean ``metric`` over seeds on that (dataset, shots): chosen on the test
     results themselves, which favours the baseline. Per seed s, d_s = SC_s - best_s
-    (the same test set and demonstrations); the 95% interval is the 2.5 and 97.5
-    percentiles of the mean of d over ``n_boot`` resamples of the seeds with
-    replacement (a paired bootstrap; with few seeds it is coarse). The outcome is "win"
+    (the same test set and demonstrations); the 95% interval of the mean of d is
+    :func:`stats.seed_interval`'s (a t interval below ten seeds, BCa bootstrap from ten,
+    its resamples drawn from ``seed``; ``ci_method`` names it). The outcome is "win"
     if the interval lies above 0, "loss" if below, else "tie". With fewer than
     :data:`MIN_SEEDS_FOR_VERDICT` seeds there is no interval and no outcome (None):
     only the per-seed differences ``diffs``. Returns one dict per (dataset, shots) with
     both methods' seeds.
     """
-    rng = np.random.default_rng(seed)
     out = []
     for (d, k), methods in sorted(_by_task(rows, metric).items()):
         if "sc" not in methods:
@@ -135,17 +133,15 @@ def sc_against_best_baseline(rows, metric: str = "macro_f1", *, n_boot: int = 10
             continue
         best = max(candidates, key=lambda m: np.mean(list(methods[m].values())))
         out.append(dict(dataset=d, shots=k, best_baseline=best,
-                        **_paired(methods["sc"], methods[best], rng, n_boot)))
+                        **_paired(methods["sc"], methods[best], seed)))
     return out
 
 
-def sc_against(rows, baseline: str, metric: str = "macro_f1", *, n_boot: int = 10000,
-               seed: int = 0) -> list[dict]:
+def sc_against(rows, baseline: str, metric: str = "macro_f1", *, seed: int = 0) -> list[dict]:
     """SC minus one named ``baseline`` (e.g. "bc" and "bc_reference"), per (dataset,
     shots) where both ran, paired over seeds as in :func:`sc_against_best_baseline`."""
-    rng = np.random.default_rng(seed)
     return [dict(dataset=d, shots=k, baseline=baseline,
-                 **_paired(methods["sc"], methods[baseline], rng, n_boot))
+                 **_paired(methods["sc"], methods[baseline], seed))
             for (d, k), methods in sorted(_by_task(rows, metric).items())
             if "sc" in methods and baseline in methods]
 
@@ -158,14 +154,15 @@ def _best_baseline_table(rows) -> list[str]:
         return []
     out = ["## SC minus the best baseline (macro-F1, paired over seeds)", "",
            ("The best of Base, CC, DC and BC (the paper's) by mean on the same test data; "
-            "SC - best is the mean over seeds of the per-seed difference; 95% paired "
-            "bootstrap interval over seeds (percentiles of 10,000 resamples); win / loss "
-            f"when it excludes 0. With fewer than {MIN_SEEDS_FOR_VERDICT} seeds no interval "
-            "or verdict is given, only the per-seed differences."), "",
+            "SC - best is the mean over seeds of the per-seed difference; its 95% interval "
+            f"over seeds: {_CI_METHODS} Win / loss when it excludes 0. With fewer than "
+            f"{MIN_SEEDS_FOR_VERDICT} seeds no interval or verdict is given, only the "
+            "per-seed differences."), "",
            "| Dataset | k | best baseline | SC - best | 95% CI | outcome |",
            "|---|---|---|---|---|---|"]
     for p in paired:
-        out.append(f"| {p['dataset']} | {p['shots']} | {METHOD_NAMES[p['best_baseline']]} | "
+        out.append(f"| {dataset_name(p['dataset'])} | {p['shots']} | "
+                   f"{method_name(p['best_baseline'])} | "
                    f"{100 * p['diff']:+.1f} | {_interval(p)} | "
                    f"{p['outcome'] or _no_verdict(p)} |")
     for k in sorted({p["shots"] for p in paired}):
@@ -190,13 +187,14 @@ def _margin_table(rows) -> list[str]:
     out = ["## SC minus BC, as the paper defines it and as its code computes it (macro-F1)", "",
            ("BC: p / mean p over the test batch (the paper; the best-baseline comparison "
             "above uses it). BC (code): softmax(p - mean p), the reference code's. Paired "
-            "over seeds, 95% bootstrap interval (with fewer than "
-            f"{MIN_SEEDS_FOR_VERDICT} seeds: the per-seed differences)."), "",
+            f"over seeds, 95% interval ({_CI_METHODS} With fewer than "
+            f"{MIN_SEEDS_FOR_VERDICT} seeds: the per-seed differences.)"), "",
            "| Dataset | k | SC - BC | 95% CI | SC - BC (code) | 95% CI |",
            "|---|---|---|---|---|---|"]
     for key in keys:
         a, b = pairs["bc"][key], pairs["bc_reference"][key]
-        out.append(f"| {key[0]} | {key[1]} | {100 * a['diff']:+.1f} | {_interval(a)} | "
+        out.append(f"| {dataset_name(key[0])} | {key[1]} | {100 * a['diff']:+.1f} | "
+                   f"{_interval(a)} | "
                    f"{100 * b['diff']:+.1f} | {_interval(b)} |")
     return out + [""]
 
@@ -207,10 +205,10 @@ def mean_std_table(label: str, columns: Sequence[str],
     """Markdown lines of one table like the paper's Tables 2-4: a header
     ``| label | columns... | Average |``, then per ``(name, cells)`` of ``rows`` one
     line, ``cells`` mapping a column to its (mean, std, n_seeds) over seeds (fractions;
-    shown in %, "mean ± std"). A column without a cell shows ``missing``; Average is
+    shown in %, "mean ± sd"). A column without a cell shows ``missing``; Average is
     the mean of the row's means when every column has one, else ``missing``. With
     ``lone_seed_alone`` a single seed's value stands alone: it has no spread, and
-    "± 0.0" would say it had."""
+    "± 0.0" would say it had; a NaN sd (one seed under ddof = 1) always does."""
     out = [f"| {label} | " + " | ".join(columns) + " | Average |",
            "|---|" + "---|" * (len(columns) + 1)]
     for name, cells in rows:
@@ -221,18 +219,68 @@ def mean_std_table(label: str, columns: Sequence[str],
                 continue
             mean, std, n = cells[c]
             means.append(mean)
-            alone = lone_seed_alone and n <= 1
+            alone = (lone_seed_alone and n <= 1) or not np.isfinite(std)
             shown.append(f"{100 * mean:.1f}" if alone else f"{100 * mean:.1f} ± {100 * std:.1f}")
         avg = f"{100 * np.mean(means):.1f}" if len(means) == len(columns) else missing
         out.append(f"| {name} | " + " | ".join(shown) + f" | {avg} |")
     return out
 
 
-# What a cell of the main tables holds (issue 64, case 5: the table did not say).
-_CELLS = ("mean ± standard deviation over seeds, in %; the population standard deviation "
-          "(ddof = 0, numpy's np.std) of the per-seed values, which spreads the seeds, not "
-          "a confidence interval; a single seed's value stands alone. Average: the mean of "
-          "the dataset means.")
+# What a cell of the main tables holds.
+_CELLS = ("mean ± s.d. (ddof=1) over the seeds, in %: the sample standard deviation of the "
+          "per-seed values, which spreads the seeds, not a confidence interval; a single "
+          "seed's value stands alone. Average: the mean of the dataset means.")
+
+# How the intervals over seeds are made (stats.seed_interval).
+_CI_METHODS = ("Student t interval (scipy.stats.t.interval, standard error scipy.stats.sem) "
+               "below 10 seeds, BCa bootstrap (scipy.stats.bootstrap, 9,999 resamples) from "
+               "10; the heading names the method, or each cell where they differ.")
+
+_METRIC_TITLES = {"macro_f1": "Macro-F1", "accuracy": "Accuracy",
+                  "ece": "ECE (top-label, 10 bins; lower is better)"}
+
+
+def _per_seed(rows, metric: str) -> dict:
+    """(dataset, shots, method) -> {seed: value}; and (None, shots, method) -> {seed:
+    the mean over datasets} for the seeds that have every dataset of that shot count."""
+    out = defaultdict(dict)
+    for r in rows:
+        out[(r.dataset, r.shots, r.method)][r.seed] = r.metric(metric)
+    datasets = defaultdict(set)
+    for r in rows:
+        datasets[r.shots].add(r.dataset)
+    for (d, k, m) in list(out):
+        seeds = set.intersection(*(set(out.get((e, k, m), {})) for e in datasets[k]))
+        out[(None, k, m)] = {s: float(np.mean([out[(e, k, m)][s] for e in datasets[k]]))
+                             for s in sorted(seeds)}
+    return out
+
+
+def interval_table(rows, metric: str, shots: int, methods, datasets) -> tuple[list[str], set]:
+    """Markdown lines and the interval methods used: per method (rows) and dataset plus
+    the per-seed average over datasets (columns), the mean over seeds in % and its 95%
+    interval (:func:`stats.seed_interval`), each cell naming its interval's method
+    unless every cell's is the same (the caller names it then); fewer than two seeds:
+    the mean alone."""
+    per_seed = _per_seed(rows, metric)
+    cols = list(datasets) + [None]
+    cells = {(m, d): list(per_seed.get((d, shots, m), {}).values()) for m in methods for d in cols}
+    cis = {key: seed_interval(vals) for key, vals in cells.items() if vals}
+    used = {ci.method for ci in cis.values() if ci is not None}
+    out = ["| Method | " + " | ".join(dataset_name(d) for d in datasets) + " | Average |",
+           "|---|" + "---|" * len(cols)]
+    for m in methods:
+        shown = []
+        for d in cols:
+            if not cells[m, d]:
+                shown.append("–")
+                continue
+            mean, ci = 100 * float(np.mean(cells[m, d])), cis[m, d]
+            tag = f" ({ci.method})" if ci is not None and len(used) > 1 else ""
+            shown.append(f"{mean:.1f}" if ci is None else
+                         f"{mean:.1f} [{100 * ci.low:.1f}, {100 * ci.high:.1f}]{tag}")
+        out.append(f"| {method_name(m)} | " + " | ".join(shown) + " |")
+    return out, used
 
 
 def markdown_tables(results: RunResults, records: list[dict] | None = None) -> str:
@@ -249,25 +297,35 @@ def markdown_tables(results: RunResults, records: list[dict] | None = None) -> s
     summ = summarize(rows)
     datasets = sorted({r.dataset for r in rows})
     shots = sorted({r.shots for r in rows})
-    methods = [m for m in METHOD_NAMES if any(r.method == m for r in rows)]
-    out = [f"# Results: {display_name(str(results.model))}", "",
+    methods = order_methods(r.method for r in rows)
+    out = [f"# Results: {model_label(results)}", "",
            f"Seeds {results.seeds}, test size {results.test_size}, mode {results.mode}, "
            f"solver {results.solver}, lambda_inv {results.config_lambda_inv}, "
            f"guard {results.guard}. "
            f"Cells: {_CELLS}", ""]
-    for metric, title in (("macro_f1", "Macro-F1"), ("accuracy", "Accuracy")):
+    n_seeds = len({r.seed for r in rows})
+    for metric, title in _METRIC_TITLES.items():
         for k in shots:
-            out += [f"## {title}, {k}-shot", ""]
-            out += mean_std_table("Method", datasets, (
-                (METHOD_NAMES[m], {d: summ[(d, k, m)][metric] for d in datasets if (d, k, m) in summ})
+            out += [f"## {title}, {k}-shot: mean ± s.d. (ddof=1) over {n_seeds} seeds", ""]
+            out += mean_std_table("Method", [dataset_name(d) for d in datasets], (
+                (method_name(m), {dataset_name(d): summ[(d, k, m)][metric] for d in datasets
+                                  if (d, k, m) in summ})
                 for m in methods))
             out.append("")
+    for metric in ("macro_f1", "accuracy"):
+        for k in shots:
+            lines, used = interval_table(rows, metric, k, methods, datasets)
+            name = f"{next(iter(used))} " if len(used) == 1 else ""
+            out += [f"## {_METRIC_TITLES[metric]}, {k}-shot: mean and {CONFIDENCE:.0%} {name}"
+                    f"interval over {n_seeds} seeds", "",
+                    f"Interval: {_CI_METHODS} Average: the per-seed mean over datasets.", "",
+                    *lines, ""]
     out += _best_baseline_table(rows)
     out += _margin_table(rows)
     if records:
         out += samples_markdown(records, results.rows)
         if extra:
-            names = ", ".join(METHOD_NAMES[m] for m in sorted({r.method for r in extra}))
+            names = ", ".join(method_name(m) for m in sorted({r.method for r in extra}))
             out += [f"{names}: computed from the per-sample records (results.json predates it).",
                     ""]
     notes = results.notes
@@ -299,16 +357,27 @@ def _tex(text: str) -> str:
     return "".join(_TEX.get(c, c) for c in text)
 
 
-def latex_table(results: RunResults) -> str:
-    """results.tex: the main table (macro-F1, one ``tabular`` per shot count) in
-    booktabs style (``\\usepackage{booktabs}``): methods as rows, datasets and their
-    average as columns, cells mean $\\pm$ std over seeds (population std, ddof = 0) in
-    %, the best mean of each column in bold."""
+#: The LaTeX files of the report: name -> metric.
+LATEX_FILES = {"latex": ("results.tex", "macro_f1"),
+               "latex_accuracy": ("results_accuracy.tex", "accuracy"),
+               "latex_ece": ("results_ece.tex", "ece")}
+_TEX_METRICS = {"macro_f1": "macro-F1 (\\%)", "accuracy": "accuracy (\\%)",
+                "ece": "top-label ECE (\\%, 10 equal-width bins; lower is better)"}
+
+
+def latex_table(results: RunResults, metric: str = "macro_f1") -> str:
+    """The ``metric`` table (macro-F1, accuracy or ECE; one ``tabular`` per shot count)
+    in booktabs style (``\\usepackage{booktabs}``): methods as rows, datasets (display
+    names) and their average as columns, cells mean $\\pm$ s.d. (ddof = 1) over seeds in
+    %, the best mean of each column (the lowest for ECE) in bold. Every name is escaped
+    (:func:`_tex`)."""
     rows = results.rows
     summ = summarize(rows)
     datasets = sorted({r.dataset for r in rows})
-    methods = [m for m in METHOD_NAMES if any(r.method == m for r in rows)]
-    model = _tex(display_name(str(results.model)))
+    methods = order_methods(r.method for r in rows)
+    pick = min if metric == "ece" else max
+    model = _tex(model_label(results))
+    n_seeds = len({r.seed for r in rows})
     out = [f"% sc-jax report: {model}, seeds {results.seeds}; needs "
            "\\usepackage{booktabs}"]
     for k in sorted({r.shots for r in rows}):
@@ -317,16 +386,16 @@ def latex_table(results: RunResults) -> str:
             for d in datasets:
                 s = summ.get((d, k, m))
                 if s is not None:
-                    cells[m, d] = s["macro_f1"]
+                    cells[m, d] = s[metric]
             means = [cells[m, d][0] for d in datasets if (m, d) in cells]
             if len(means) == len(datasets):
                 cells[m, None] = (float(np.mean(means)), None, 0)
-        best = {d: max((cells[m, d][0] for m in methods if (m, d) in cells), default=None)
+        best = {d: pick((cells[m, d][0] for m in methods if (m, d) in cells), default=None)
                 for d in datasets + [None]}
         out += ["\\begin{table}[t]", "\\centering", "\\small",
                 f"\\begin{{tabular}}{{l{'c' * (len(datasets) + 1)}}}", "\\toprule",
-                "Method & " + " & ".join(_tex(d) for d in datasets) + " & Average \\\\",
-                "\\midrule"]
+                "Method & " + " & ".join(_tex(dataset_name(d)) for d in datasets)
+                + " & Average \\\\", "\\midrule"]
         for m in methods:
             row = []
             for d in datasets + [None]:
@@ -336,11 +405,11 @@ def latex_table(results: RunResults) -> str:
                 mean, std, n = cells[m, d]
                 text = f"{100 * mean:.1f}" + (f" $\\pm$ {100 * std:.1f}" if n > 1 else "")
                 row.append(f"\\textbf{{{text}}}" if mean == best[d] else text)
-            out.append(f"{_tex(METHOD_NAMES[m])} & " + " & ".join(row) + " \\\\")
+            out.append(f"{_tex(method_name(m))} & " + " & ".join(row) + " \\\\")
         out += ["\\bottomrule", "\\end{tabular}",
-                f"\\caption{{{model}, {k}-shot: macro-F1 (\\%), mean $\\pm$ standard "
-                "deviation over seeds (population, ddof = 0); best mean in bold.}",
-                f"\\label{{tab:sc-jax-k{k}}}", "\\end{table}", ""]
+                f"\\caption{{{model}, {k}-shot: {_TEX_METRICS[metric]}, mean $\\pm$ s.d. "
+                f"(ddof = 1) over {n_seeds} seeds; best mean in bold.}}",
+                f"\\label{{tab:sc-jax-{metric.replace('_', '-')}-k{k}}}", "\\end{table}", ""]
     return "\n".join(out)
 
 
@@ -368,10 +437,12 @@ def write_report(results: RunResults | str | Path,
 def report_files(results: RunResults, out: Path, records: list[dict] | None) -> dict[str, Path]:
     """:func:`write_report`'s files written straight into the folder ``out``, with the
     per-sample ``records`` (or None); returns ``{name: path}``."""
-    paths = {"table": out / "table.md", "csv": out / "results.csv", "latex": out / "results.tex"}
+    paths = {"table": out / "table.md", "csv": out / "results.csv"}
     paths["table"].write_text(markdown_tables(results, records))
     write_csv(results, paths["csv"])
-    paths["latex"].write_text(latex_table(results))
+    for name, (file, metric) in LATEX_FILES.items():
+        paths[name] = out / file
+        paths[name].write_text(latex_table(results, metric))
     plots = can_plot()
     if results.rows and plots:  # every (dataset, k) skipped: nothing to plot
         for ext, path in plot_f1_bars(results, out / "f1_bars.png").items():
@@ -379,4 +450,8 @@ def report_files(results: RunResults, out: Path, records: list[dict] | None) -> 
     if plots:
         for ext, path in plot_params(results, out / "sc_params.png").items():
             paths["sc_params" if ext == "png" else f"sc_params_{ext}"] = path
+    if plots and records:
+        drawn = plot_reliability(records, out / "reliability.png", model_label(results))
+        for ext, path in drawn.items():
+            paths["reliability" if ext == "png" else f"reliability_{ext}"] = path
     return paths

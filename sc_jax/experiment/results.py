@@ -21,6 +21,8 @@ from typing import Any, Self
 
 from sc_jax.calibration.baselines import BC_BATCH_SIZE
 from sc_jax.calibration.defaults import DEFAULT_LAMBDA_INV
+from sc_jax.models.identity import ModelDescription, describe_named
+from sc_jax.models.named_models import display_name, named_model
 
 # "BC (code)": BC as the reference code computes it, softmax(p - mean p)
 # (sc_jax.calibration.baselines.batch_calibration_reference), beside the paper's p / mean p.
@@ -28,7 +30,8 @@ from sc_jax.calibration.defaults import DEFAULT_LAMBDA_INV
 # the paper describes SC* and the reference code fits it; "SC*" keeps it.
 METHOD_NAMES = {"base": "Base", "cc": "CC", "dc": "DC", "bc": "BC", "bc_reference": "BC (code)",
                 "sc_star": "SC*", "sc_star_free": "SC* (no trust region)", "sc": "SC",
-                "sc_paper": "SC (paper, no guard)", "hidden": "Hidden"}
+                "sc_paper": "SC (paper, no guard)", "looc": "LOOC", "linc": "LinC",
+                "surprise": "Surprise", "hidden": "Hidden"}
 
 
 def load_results(path: str | Path) -> RunResults:
@@ -409,8 +412,10 @@ class RunTiming(_Record):
 class RunResults(_Record):
     """A run's results.json: ``config`` (the :class:`~sc_jax.experiment.config.RunConfig`
     as JSON), the ``lambda_inv`` its fits used, the model's identity
-    (:func:`sc_jax.models.identity.files_identity`) and ``model_source`` (what was
-    read), package ``versions``, one :class:`ResultRow` per (method, dataset, k, seed),
+    (:func:`sc_jax.models.identity.files_identity`), ``model_source`` (what was
+    read) and ``model_description`` (what the model is: name, variant, quantisation as
+    stored, the dtype it ran in, where it came from; a
+    :class:`sc_jax.models.identity.ModelDescription` as a dict), package ``versions``, one :class:`ResultRow` per (method, dataset, k, seed),
     one :class:`FitRecord` per fit, one :class:`SplitRecord` per seed, the skipped
     (dataset, k), the notes, the :class:`RunTiming`, per dataset the file's rows left
     out for a blank text (1-based), the score cache's counts, the processes, devices and
@@ -424,6 +429,7 @@ class RunResults(_Record):
     lambda_inv: float | None = None
     model_identity: str | None = None
     model_source: str | None = None
+    model_description: dict[str, Any] | None = None
     versions: dict[str, str] = dataclasses.field(default_factory=dict)
     rows: tuple[ResultRow, ...] = dataclasses.field(**_records(ResultRow))
     params: tuple[FitRecord, ...] = dataclasses.field(default=(), **_records(FitRecord))
@@ -496,3 +502,22 @@ class RunResults(_Record):
     def rows_of(self, dataset: str, shots: int, seed: int) -> list[ResultRow]:
         """The rows of one (dataset, k, seed)."""
         return [r for r in self.rows if (r.dataset, r.shots, r.seed) == (dataset, shots, seed)]
+
+
+def model_description(results: RunResults) -> ModelDescription | None:
+    """What the run's model is: results.json's ``model_description``, else, in files
+    made before it was written, a named model's from its table (the run's ``--model``
+    and dtype), else None."""
+    described = ModelDescription.from_json(results.model_description)
+    if described is not None:
+        return described
+    named = named_model(str(results.model))
+    return None if named is None else describe_named(named, results.config.get("dtype", "float32"))
+
+
+def model_label(results: RunResults) -> str:
+    """The model as the tables' captions and the plots' titles name it: its name,
+    variant, stored quantisation and run dtype ("SmolLM2-135M-Instruct Q4_1 GGUF,
+    dequantised to float32"); the ``--model`` given where nothing more is known."""
+    described = model_description(results)
+    return display_name(str(results.model)) if described is None else described.label

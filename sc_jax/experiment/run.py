@@ -45,7 +45,7 @@ from sc_jax.experiment.config import RunConfig
 from sc_jax.experiment.jobs import SeedScores, score_seed
 from sc_jax.experiment.roofline import forward_estimate
 from sc_jax.experiment.runplan import RunPlan, build_plan, run_mesh
-from sc_jax.experiment.methods import fit_sc, method_probs, sc_size_probs
+from sc_jax.experiment.methods import fit_sc, looc_notes, method_probs, sc_size_probs
 from sc_jax.experiment.report import report_files
 from sc_jax.experiment.results import (
     CacheCounts,
@@ -278,7 +278,8 @@ def _fit_notes(params: list[FitRecord]) -> list[str]:
 
 
 def run_experiment(config: RunConfig, out_dir, *, progress: bool = True,
-                   overwrite: bool = False, log_samples: bool = False) -> Results:
+                   overwrite: bool = False, log_samples: bool = False,
+                   datasets: dict | None = None) -> Results:
     """Run the experiment and write results.json, results.csv, table.md and plots
     into ``out_dir``. LLM scores are cached in ``out_dir/cache``: a re-run after an
     interruption recomputes only what is missing. Each seed's assembled scores are
@@ -292,7 +293,15 @@ def run_experiment(config: RunConfig, out_dir, *, progress: bool = True,
     ``log_samples``: also write the per-sample records (every test query's gold label,
     each method's probabilities and prediction, SC's per-size probabilities;
     :mod:`sc_jax.experiment.samples`) as ``samples.jsonl`` (or ``.jsonl.gz``) beside results.json.
-    Not part of the configuration: a rerun with or without it is the same run."""
+    Not part of the configuration: a rerun with or without it is the same run.
+
+    ``datasets``: name -> :class:`sc_jax.experiment.tasks.Dataset` for every name of
+    ``config.datasets``, data given from Python (``load_task(task, data=...)``) instead
+    of read from the config's sources; ``sc-jax report --log-samples`` reads the data
+    again from those sources, so it needs a task file or a data file there."""
+    if datasets is not None and set(datasets) != set(config.datasets):
+        raise ValueError(f"run_experiment: datasets= gives {sorted(datasets)}, but the config's "
+                         f"datasets are {list(config.datasets)}: give one Dataset for each")
     out = Path(out_dir)
     with contextlib.ExitStack() as held:
         def prepare():
@@ -313,7 +322,7 @@ def run_experiment(config: RunConfig, out_dir, *, progress: bool = True,
         # Several processes: process 0 alone creates, locks and checks the directory
         # (and writes into it); an error there stops every process.
         on_writer(prepare)
-        return _run_locked(config, out, progress, log_samples)
+        return _run_locked(config, out, progress, log_samples, datasets)
 
 
 def _load_planned(plan: RunPlan, progress: bool) -> loading.LoadedModel:
@@ -331,7 +340,8 @@ def _load_planned(plan: RunPlan, progress: bool) -> loading.LoadedModel:
     return loading.load_model(config.model, dtype=config.dtype, mesh=plan.mesh, located=plan.model)
 
 
-def _run_locked(config: RunConfig, out: Path, progress: bool, log_samples: bool) -> Results:
+def _run_locked(config: RunConfig, out: Path, progress: bool, log_samples: bool,
+                datasets: dict | None = None) -> Results:
     """:func:`run_experiment` once ``out`` is created, locked and checked."""
     t_start = time.perf_counter()
     parts = Parts()
@@ -339,7 +349,7 @@ def _run_locked(config: RunConfig, out: Path, progress: bool, log_samples: bool)
         # The model located (configuration and tokenizer, no weights), the data, every
         # seed's work checked, then the weights: a model missing from the hub cache, a
         # bad dataset name or file, or a prompt too long fails before the weights load.
-        plan = build_plan(config, mesh=run_mesh(config))
+        plan = build_plan(config, datasets=datasets, mesh=run_mesh(config))
         model = _load_planned(plan, progress)
         # What this directory now holds: a later run with another configuration is refused.
         if is_writer():
@@ -351,6 +361,7 @@ def _run_locked(config: RunConfig, out: Path, progress: bool, log_samples: bool)
     lam = DEFAULT_LAMBDA_INV if config.lambda_inv is None else config.lambda_inv
     rows, params, splits, records, seed_times, fit_times = [], [], [], [], [], []
     notes = list(plan.notes) + [_skip_note(name, n, k) for name, k, n in plan.skipped]
+    notes += looc_notes(config)
     with RunProgress(len(plan.work), enabled=progress, logger=log) as bar:
         for name, k in plan.settings:
             ds = plan.datasets[name]
@@ -388,7 +399,9 @@ def _results_data(plan: RunPlan, model, lam: float, rows, params, splits, notes,
     """results.json's contents but its ``timing``."""
     return RunResults(
         config=plan.config.to_json(), lambda_inv=lam, model_identity=model.identity,
-        model_source=model.source, versions=package_versions(), rows=tuple(rows),
+        model_source=model.source,
+        model_description=None if model.description is None else model.description.to_json(),
+        versions=package_versions(), rows=tuple(rows),
         params=tuple(params), splits=tuple(splits),
         skipped=tuple(SkippedSetting(dataset=name, shots=k) for name, k, _ in plan.skipped),
         notes=tuple(notes), timing=RunTiming(), left_out_rows=plan.left_out_rows,

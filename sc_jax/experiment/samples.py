@@ -18,8 +18,10 @@ f(m(x; C_i^(j)); theta_i) of Algorithm 2 that the ensemble averages.
 
 The file is ``samples.jsonl``, or ``samples.jsonl.gz`` above :data:`GZIP_ABOVE`
 bytes. :func:`check_samples` recomputes accuracy, macro-F1 and ECE from the records
-and compares them with results.json; :func:`paired_counts` gives per-query paired
-statistics (exact McNemar) that per-seed means cannot.
+and compares them with results.json; :func:`paired_tests` gives per-query paired
+tests (exact McNemar per seed, and a signed-rank test over queries that treats the
+shared test set as one sample; :mod:`sc_jax.experiment.stats`) that per-seed means
+cannot.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
-import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -40,7 +41,9 @@ from sc_jax.experiment import metrics
 from sc_jax.experiment.config import METHODS, SC_FITS, RunConfig
 from sc_jax.experiment.jobs import draw_split, load_datasets
 from sc_jax.experiment.methods import method_probs, sc_size_probs
+from sc_jax.experiment.names import dataset_name, method_name
 from sc_jax.experiment.results import METRICS, FitRecord, ResultRow, RunResults
+from sc_jax.experiment.stats import mcnemar_exact_p, query_signed_rank_p
 from sc_jax.experiment.store import load_run_scores
 from sc_jax.experiment.task_loading import DataUnavailableError
 from sc_jax.models.identity import text_hash  # a query named without copying its text
@@ -49,7 +52,7 @@ SAMPLES_FILE = "samples.jsonl"
 GZIP_ABOVE = 4 << 20  # bytes of JSONL; a 9-task, 3-seed, 128-query run is about 5 MB
 DIGITS = 8  # significant digits kept of each probability
 
-__all__ = ["SAMPLES_FILE", "check_samples", "paired_counts", "read_samples", "regenerate_samples",
+__all__ = ["SAMPLES_FILE", "check_samples", "paired_tests", "read_samples", "regenerate_samples",
            "rows_from_samples", "sample_paths", "samples_markdown", "seed_records", "text_hash",
            "write_samples"]
 
@@ -195,51 +198,75 @@ def check_samples(records: Sequence[dict], rows: Sequence[ResultRow], *, tol: fl
     return problems
 
 
-def _mcnemar_p(a: int, b: int) -> float:
-    """Exact two-sided McNemar p-value: 2 P(X <= min(a, b)), X ~ Bin(a + b, 1/2), capped at 1."""
-    n = a + b
-    if n == 0:
-        return 1.0
-    tail = sum(math.comb(n, i) for i in range(min(a, b) + 1)) / 2.0 ** n
-    return min(1.0, 2.0 * tail)
+def paired_tests(records: Sequence[dict], a: str = "sc", b: str = "bc") -> list[dict]:
+    """Method ``a`` against ``b`` query by query, per (dataset, shots).
+
+    Every seed scores the same test queries (with its own demonstrations), so the
+    (seed, query) pairs are not independent units and are never pooled. Per seed s:
+    ``a_only[s]`` queries ``a`` gets right and ``b`` wrong, ``b_only[s]`` the reverse,
+    and ``mcnemar_p[s]``, the exact McNemar p-value (:func:`stats.mcnemar_exact_p`).
+    Over seeds: ``signed_rank_p``, the Wilcoxon signed-rank test over queries of the
+    per-query difference in correctness averaged over seeds
+    (:func:`stats.query_signed_rank_p`). ``queries``: the test-set size; ``seeds``: the
+    seeds with both methods, sorted. Queries are matched across seeds by their
+    position in the test set (``index``)."""
+    groups = defaultdict(dict)  # (dataset, shots) -> seed -> records
+    for (d, k, seed), recs in _groups(records).items():
+        if all(a in r["pred"] and b in r["pred"] for r in recs):
+            groups[(d, k)][seed] = recs
+    out = []
+    for (d, k), per_seed in sorted(groups.items()):
+        seeds = sorted(per_seed)
+        if len({len(per_seed[s]) for s in seeds}) != 1:
+            raise ValueError(f"per-sample records of {d} k={k}: the seeds have different test "
+                             "sets; rewrite them with `sc-jax report DIR --log-samples`")
+        correct = {m: np.array([[r["pred"][m] == r["gold"] for r in _by_index(per_seed[s])]
+                                for s in seeds]) for m in (a, b)}
+        a_only = (correct[a] & ~correct[b]).sum(axis=1)
+        b_only = (correct[b] & ~correct[a]).sum(axis=1)
+        out.append({"dataset": d, "shots": k, "a": a, "b": b, "queries": correct[a].shape[1],
+                    "seeds": seeds, "a_only": a_only.tolist(), "b_only": b_only.tolist(),
+                    "mcnemar_p": [mcnemar_exact_p(x, y) for x, y in zip(a_only, b_only)],
+                    "signed_rank_p": query_signed_rank_p(correct[a], correct[b])})
+    return out
 
 
-def paired_counts(records: Sequence[dict], a: str = "sc", b: str = "bc") -> list[dict]:
-    """Per (dataset, shots), pooled over seeds: ``n`` queries, ``a_only`` that method
-    ``a`` gets right and ``b`` wrong, ``b_only`` the reverse, and the exact McNemar
-    p-value of a_only against b_only. Seeds share the test set but not the
-    demonstrations, so pooling treats (seed, query) pairs as the units."""
-    tally = defaultdict(lambda: [0, 0, 0])
-    for r in records:
-        if a in r["pred"] and b in r["pred"]:
-            t = tally[(r["dataset"], r["shots"])]
-            ra, rb = r["pred"][a] == r["gold"], r["pred"][b] == r["gold"]
-            t[0] += 1
-            t[1] += int(ra and not rb)
-            t[2] += int(rb and not ra)
-    return [{"dataset": d, "shots": k, "a": a, "b": b, "n": n, "a_only": x, "b_only": y, "p": _mcnemar_p(x, y)}
-            for (d, k), (n, x, y) in sorted(tally.items())]
+def _by_index(recs: list[dict]) -> list[dict]:
+    """One seed's records in test-set order (``index``, else as written)."""
+    if all("index" in r for r in recs):
+        return sorted(recs, key=lambda r: r["index"])
+    return recs
 
 
 def samples_markdown(records: Sequence[dict], rows: Sequence[ResultRow]) -> list[str]:
     """Report lines: whether the records reproduce results.json, and SC against BC in
-    both forms (and the best-baseline BC) query by query."""
+    both forms query by query (:func:`paired_tests`)."""
     problems = check_samples(records, rows)
     out = ["## Per-sample records", "",
            f"{len(records)} records (samples.jsonl). " + (
                "Accuracy, macro-F1 and ECE recomputed from them match results.json."
                if not problems else
                f"{len(problems)} disagreements with results.json, e.g. {problems[0]}."), ""]
-    tables = [paired_counts(records, "sc", b) for b in ("bc", "bc_reference")]
+    tables = [paired_tests(records, "sc", b) for b in ("bc", "bc_reference")]
     if any(tables):
-        out += [("Query by query, pooled over seeds: queries SC gets right and the baseline "
-                 "wrong, the reverse, and the exact McNemar p-value."), "",
-                "| Dataset | k | baseline | queries | SC only | baseline only | p |",
-                "|---|---|---|---|---|---|---|"]
-        names = {"bc": "BC", "bc_reference": "BC (code)"}
+        out += ["### SC against BC, query by query", "",
+                ("Every seed uses the same test queries, so (seed, query) pairs are not "
+                 "independent and are not pooled. Per seed: queries SC gets right and the "
+                 "baseline wrong (SC only), the reverse, and the exact two-sided McNemar "
+                 "p-value (scipy.stats.binomtest on the discordant pairs). The seeds' McNemar "
+                 "tests share the queries, so they are not independent either and are not "
+                 "combined; over seeds: the Wilcoxon signed-rank test (scipy.stats.wilcoxon, "
+                 "two-sided, zero differences dropped) over queries of the per-query "
+                 "difference in correctness (SC - baseline) averaged over the seeds."), "",
+                "| Dataset | k | baseline | queries | SC only (per seed) | baseline only "
+                "(per seed) | McNemar exact p (per seed) | Wilcoxon signed-rank p (queries) |",
+                "|---|---|---|---|---|---|---|---|"]
         for table in tables:
-            out += [f"| {c['dataset']} | {c['shots']} | {names[c['b']]} | {c['n']} | "
-                    f"{c['a_only']} | {c['b_only']} | {c['p']:.3g} |" for c in table]
+            out += [f"| {dataset_name(c['dataset'])} | {c['shots']} | {method_name(c['b'])} | "
+                    f"{c['queries']} | {', '.join(map(str, c['a_only']))} | "
+                    f"{', '.join(map(str, c['b_only']))} | "
+                    f"{', '.join(f'{p:.3g}' for p in c['mcnemar_p'])} | "
+                    f"{c['signed_rank_p']:.3g} |" for c in table]
         out.append("")
     return out
 
@@ -312,8 +339,13 @@ def regenerate_samples(run_dir, *, with_texts: bool = True) -> tuple[Path, list[
             probs, per_size = {}, {}
             for method in METHODS:
                 per = fits.get((method, name, k, seed)) if method in SC_FITS else None
-                if method in SC_FITS and not per or method == "hidden" and not s.hidden:
-                    continue  # the run did not fit it, or scored no hidden states
+                if method in SC_FITS and not per:
+                    continue  # the run did not fit it
+                if method == "surprise" and (s.surrogate_contexts is None
+                                             or method not in results.config.get("methods", ())):
+                    continue  # a score file written before it, or a run without it (it trains)
+                if method == "hidden" and not s.hidden:
+                    continue  # the run scored no hidden states
                 sizes = sorted(per) if per else sorted(s.hidden) if method == "hidden" else []
                 probs[method] = method_probs(method, s, per, sizes, bc_batch=bc_batch,
                                              size_weighting=weighting, shots=k)

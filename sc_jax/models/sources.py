@@ -19,7 +19,7 @@ from sc_jax.models.checkpoint import safetensors_files
 from sc_jax.models.config import PRESETS, ModelConfig, preset
 from sc_jax.models.hub import HubId, hub_snapshot, parse_hub_id
 from sc_jax.models.named_models import MODELS, model_dir, resolve
-from sc_jax.models.tokenizer import Tokenizer
+from sc_jax.models.tokenizer import Tokenizer, chat_settings, read_chat_settings
 from sc_jax.models.vocabulary import PRESET_TOKENIZERS, check_vocabulary, preset_vocabulary, vocabulary_hash
 from sc_jax.runtime.multihost import writer_first
 
@@ -82,7 +82,8 @@ def _gguf_parts(path: Path):
     ck = read_gguf(path)
     config = ModelConfig.from_hf(ck.config)
     return ck, config, Tokenizer(ck.tokenizer, bos_token_id=config.bos_token_id,
-                                 eos_token_id=config.eos_token_id)
+                                 eos_token_id=config.eos_token_id,
+                                 **chat_settings(ck.tokenizer_config))
 
 
 def _local_path(source: str, revision: str | None, *, weights: bool) -> tuple[Path, HubId | None]:
@@ -121,7 +122,7 @@ def _hf_dir(path: Path, *, weights: bool = True):
         raise FileNotFoundError(f"{path} has no config.json: not a Hugging Face model directory")
     config = ModelConfig.from_json(cfg_path)  # a refusal names the field, value and file
     tok = Tokenizer.from_file(path / "tokenizer.json", bos_token_id=config.bos_token_id,
-                              eos_token_id=config.eos_token_id)
+                              eos_token_id=config.eos_token_id, **read_chat_settings(path))
     return config, tok, safetensors_files(path) if weights else []
 
 

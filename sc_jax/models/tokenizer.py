@@ -3,6 +3,7 @@ torch), and a byte-level stand-in for random-weight presets."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
@@ -10,12 +11,20 @@ from tokenizers import Tokenizer as HFTokenizer
 
 class Tokenizer:
     """Text <-> token ids. ``encode`` never adds special tokens: prompts are assembled
-    from ids by the caller, who decides where a BOS goes."""
+    from ids by the caller, who decides where a BOS goes. ``chat_template``: the model's
+    Jinja chat template (its tokenizer_config.json's or .gguf file's), None where it has
+    none; ``special_tokens``: the strings a template names (``bos_token``, ``eos_token``)."""
 
-    def __init__(self, tok, *, bos_token_id: int | None = None, eos_token_id: int | None = None):
+    chat_template: str | None = None
+    special_tokens: dict = {}
+
+    def __init__(self, tok, *, bos_token_id: int | None = None, eos_token_id: int | None = None,
+                 chat_template: str | None = None, special_tokens: dict | None = None):
         self._tok = tok
         self.bos_token_id = bos_token_id
         self.eos_token_id = eos_token_id
+        self.chat_template = chat_template
+        self.special_tokens = dict(special_tokens or {})
 
     @classmethod
     def from_file(cls, path: str | Path, **kw) -> "Tokenizer":
@@ -93,3 +102,34 @@ class ByteTokenizer(Tokenizer):
     def token_to_id(self, token: str) -> int | None:
         ids = self.encode(token)
         return ids[0] if len(ids) == 1 else None
+
+
+def chat_settings(config: dict, directory: str | Path | None = None) -> dict:
+    """``Tokenizer`` keywords ``chat_template`` and ``special_tokens`` from a
+    tokenizer_config.json's contents ``config`` (a .gguf file's, or a model directory's;
+    ``directory``: where a ``chat_template.jinja`` beside it takes precedence, as in
+    transformers). A list of named templates gives its "default"."""
+    template = config.get("chat_template")
+    jinja = Path(directory) / "chat_template.jinja" if directory is not None else None
+    if jinja is not None and jinja.is_file():
+        template = jinja.read_text(encoding="utf-8")
+    if isinstance(template, list):
+        template = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}.get("default")
+    specials = {}
+    for key in ("bos_token", "eos_token"):
+        value = config.get(key)
+        value = value.get("content") if isinstance(value, dict) else value
+        if isinstance(value, str):
+            specials[key] = value
+    return {"chat_template": template if isinstance(template, str) else None, "special_tokens": specials}
+
+
+def read_chat_settings(directory: str | Path) -> dict:
+    """:func:`chat_settings` of a model directory's tokenizer_config.json (none: no
+    chat template)."""
+    path = Path(directory) / "tokenizer_config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (OSError, ValueError):  # an unreadable config names no chat template
+        config = {}
+    return chat_settings(config if isinstance(config, dict) else {}, directory)

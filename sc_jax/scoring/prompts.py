@@ -57,6 +57,34 @@ class Template:
     def n_classes(self) -> int:
         return len(self.labels)
 
+    @classmethod
+    def from_string(cls, fmt: str, labels) -> Template:
+        """The template written as one demonstration, its text and label as the slots
+        ``{text}`` and ``{label}``: ``"review: {text}\\nsentiment: {label}"`` is
+        ``Template("review:", "sentiment:", labels)``. The format is this module's
+        (:meth:`demo`): an input prefix, a space, the text, a newline, a label prefix, a
+        space, the label word; anything else raises ValueError naming the slot."""
+        if not isinstance(fmt, str):
+            raise ValueError(f"the template must be a string, got {type(fmt).__name__}")
+        for slot in ("{text}", "{label}"):
+            if fmt.count(slot) != 1:
+                raise ValueError(f"the template must hold the slot {slot} once, got {fmt!r}")
+        head, _, rest = fmt.partition(" {text}")
+        label_prefix, found, tail = rest.partition(" {label}")
+        if "{text}" in head or not found or tail or not label_prefix.startswith("\n"):
+            raise ValueError(f"the template must read 'PREFIX {{text}}\\nLABEL PREFIX {{label}}' "
+                             f"(a space before each slot, a newline between the lines, nothing "
+                             f"after {{label}}), got {fmt!r}")
+        template = cls(head, label_prefix[1:], tuple(labels))
+        if "\n" in template.input_prefix + template.label_prefix:
+            raise ValueError(f"the template's prefixes must be one line each, got {fmt!r}")
+        return template
+
+    @property
+    def format(self) -> str:
+        """The template as :meth:`from_string` reads it."""
+        return f"{self.input_prefix} {{text}}\n{self.label_prefix} {{label}}"
+
     def body(self, text: str) -> str:
         """The query form: ``"<input prefix> <text>\\n<label prefix>"``."""
         return f"{self.input_prefix} {normalise(text)}\n{self.label_prefix}"
@@ -64,11 +92,21 @@ class Template:
     def demo(self, text: str, label: int) -> str:
         return f"{self.body(text)} {self.labels[label]}"
 
-    def prompt(self, demos, query: str) -> str:
+    def chat_query(self, text: str, footer: str) -> str:
+        """The query in a chat prompt (:mod:`sc_jax.scoring.chat`): its input line, the
+        chat template's footer (the user turn's end, the assistant turn's opening), then
+        the label prefix: ``"<input prefix> <text><footer><label prefix>"``."""
+        return f"{self.input_prefix} {normalise(text)}{footer}{self.label_prefix}"
+
+    def prompt(self, demos, query: str, chat: tuple[str, str] | None = None) -> str:
         """The joined string of a prompt (for display and for the tokenization test).
-        ``demos``: sequence of (text, label)."""
-        parts = [self.demo(t, y) for t, y in demos] + [self.body(query)]
-        return self.separator.join(parts)
+        ``demos``: sequence of (text, label); ``chat``: the chat template's (header,
+        footer) (:func:`sc_jax.scoring.chat.chat_frame`), None for the plain prompt."""
+        parts = [self.demo(t, y) for t, y in demos]
+        if chat is None:
+            return self.separator.join(parts + [self.body(query)])
+        header, footer = chat
+        return header + self.separator.join(parts + [self.chat_query(query, footer)])
 
 
 def normalise(text: str) -> str:
@@ -122,7 +160,7 @@ class PromptPieces:
 
     demos: ``[k]`` lists (body + label word); queries: lists (bodies ending with the
     label prefix); labels: ``[n_classes]`` lists (label word with its leading space);
-    sep: separator ids; bos: ``[]`` or ``[bos_id]``.
+    sep: separator ids; bos: ``[]`` or ``[bos_id]``, or a chat template's header.
     """
 
     demos: tuple[tuple[int, ...], ...]
@@ -158,8 +196,12 @@ class PromptPieces:
         return len(self.bos) + ctx_len[pairs[:, 0]] + qlen[pairs[:, 1]] + extra
 
 
-def build_pieces(tokenizer, template: Template, demos, queries, *, add_bos: bool | None = None) -> PromptPieces:
-    """Tokenize demonstrations ``[(text, label)]`` and query texts once.
+def build_pieces(tokenizer, template: Template, demos, queries, *, add_bos: bool | None = None,
+                 chat: tuple[str, str] | None = None) -> PromptPieces:
+    """Tokenize demonstrations ``[(text, label)]`` and query texts once. ``chat``: the
+    model's chat template's (header, footer) (:func:`sc_jax.scoring.chat.chat_frame`):
+    the header's tokens open every prompt in BOS's place (the template writes its own
+    BOS where it has one) and each query ends with the footer and the label prefix.
 
     Raises ValueError for an empty demonstration set or labels out of range.
     """
@@ -180,10 +222,14 @@ def build_pieces(tokenizer, template: Template, demos, queries, *, add_bos: bool
             raise ValueError(f"label word {w!r} tokenizes to nothing")
     bodies = [tuple(encode_after(tokenizer, sep, template.body(t))) for t, _ in demos]
     demo_ids = tuple(b + labels[int(y)] for b, (_, y) in zip(bodies, demos))
-    q_ids = tuple(tuple(encode_after(tokenizer, sep, template.body(t))) for t in queries)
+    query_text = template.body if chat is None else (lambda t: template.chat_query(t, chat[1]))
+    q_ids = tuple(tuple(encode_after(tokenizer, sep, query_text(t))) for t in queries)
     sep_ids = tuple(encode_after(tokenizer, "a", sep))
     if add_bos is None:
-        add_bos = tokenizer_adds_bos(tokenizer)
-    bos = (tokenizer.bos_token_id,) if add_bos and tokenizer.bos_token_id is not None else ()
+        add_bos = chat is None and tokenizer_adds_bos(tokenizer)
+    if chat is not None:
+        bos = tuple(tokenizer.encode(chat[0]))
+    else:
+        bos = (tokenizer.bos_token_id,) if add_bos and tokenizer.bos_token_id is not None else ()
     return PromptPieces(demo_ids, tuple(int(y) for _, y in demos), q_ids, labels, sep_ids, bos)
 

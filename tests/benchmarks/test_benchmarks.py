@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,16 +42,23 @@ def test_timer_median_of_repeats_and_first_run_apart():
 
 
 def test_compare_paper_margin_intervals():
-    """SC minus a baseline over seeds: a constant difference gives the point as its
-    interval; the Avg interval resamples each task on its own, so it lies within the
-    tasks' intervals averaged end to end; a task without the baseline gives none."""
+    """SC minus a baseline over seeds: SciPy's t interval of the per-seed differences
+    (three seeds), per task and of the per-seed average over tasks; a constant
+    difference gives the point; a task without the baseline gives none."""
+    from scipy import stats
+
     compare = _script(ROOT / "benchmarks" / "real_eval" / "compare_paper.py")
     seeds = {"sc": {"a": {0: 60.0, 1: 70.0, 2: 80.0}, "b": {0: 50.0, 1: 50.0, 2: 50.0}},
-             "bc": {"a": {0: 50.0, 1: 50.0, 2: 50.0}, "b": {0: 55.0, 1: 45.0, 2: 50.0}}}
+             "bc": {"a": {0: 50.0, 1: 50.0, 2: 50.0}, "b": {0: 55.0, 1: 45.0, 2: 52.0}}}
     ci = compare.margin_intervals(seeds, "bc", ["a", "b"])
-    assert ci["a"] == (pytest.approx(10.0), pytest.approx(30.0))  # d = 10, 20, 30
-    assert ci["b"][0] == pytest.approx(-5.0) and ci["b"][1] == pytest.approx(5.0)
-    assert ci["a"][0] + ci["b"][0] <= 2 * ci["avg"][0] <= 2 * ci["avg"][1] <= ci["a"][1] + ci["b"][1]
+
+    def t_ci(d):
+        return stats.t.interval(0.95, len(d) - 1, loc=np.mean(d), scale=stats.sem(d))
+
+    for key, d in (("a", [10, 20, 30]), ("b", [-5, 5, -2]), ("avg", [2.5, 12.5, 14])):
+        assert (ci[key].low, ci[key].high) == pytest.approx(t_ci(d), rel=1e-12), key
+        assert ci[key].method == "t"
     assert compare.margin_intervals(seeds, "bc_reference", ["a"]) is None
     same = {"sc": {"a": {0: 61.0, 1: 61.0}}, "bc": {"a": {0: 60.0, 1: 60.0}}}
-    assert compare.margin_intervals(same, "bc", ["a"])["avg"] == (pytest.approx(1.0),) * 2
+    avg = compare.margin_intervals(same, "bc", ["a"])["avg"]
+    assert (avg.low, avg.high) == (pytest.approx(1.0),) * 2

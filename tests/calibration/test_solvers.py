@@ -582,7 +582,7 @@ def test_separable_infeasible_direction_does_not_run_off():
 
 
 def test_rejected_step_below_rounding_shrinks_the_radius():
-    # A real surrogate problem (SmolLM2-135M, SST-2, k = 4, seed 102, size 1: 12
+    # A real surrogate problem (SmolLM2-135M-Instruct, SST-2, k = 4, seed 102, size 1: 12
     # rows) whose optimum is the apex theta = 0 (the LLM is anti-informative there and
     # tau = cos 90 deg). float32 reaches a point where the step's predicted decrease
     # is below the rounding of f (100 eps |L_A|) and the step is rejected: the radius
@@ -623,7 +623,7 @@ def test_separable_along_the_identity_is_unbounded(x64):
     assert sol.status == Status.CONVERGED
 
 
-# Qwen2.5-0.5B, k = 4, Financial Phrasebank, seed 1, context size 1: the 12 surrogate
+# Qwen2.5-Coder-0.5B-Instruct, k = 4, Financial Phrasebank, seed 1, context size 1: the 12 surrogate
 # rows (log-odds of classes 1 and 2 against class 0, exact float32 values) from
 # benchmarks/real_eval/qwen2.5-0.5b/k4/scores/financial_phrasebank-k4-seed1.npz.
 FPB_ROWS = np.asarray([

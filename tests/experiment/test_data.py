@@ -51,7 +51,7 @@ def write_jsonl(path, records):
 def test_registry_covers_the_papers_tasks():
     assert set(TASKS) == PAPER_TASKS
     for name, spec in TASKS.items():
-        assert spec.name == name and spec.template is TEMPLATES[name]
+        assert spec.name == name and spec.template == TEMPLATES[name]
     assert (TASKS["sst2"].hf_id, TASKS["sst2"].hf_config, TASKS["sst2"].text_column) == ("glue", "sst2", "sentence")
     assert TASKS["sst2"].resolve_split("test") == "validation"  # GLUE hides its test labels
     assert TASKS["trec"].label_column == "coarse_label"

@@ -40,9 +40,12 @@ def test_summary_and_table():
     summ = summarize(res.rows)
     vals = [r.macro_f1 for r in res.rows if (r.dataset, r.shots, r.method) == ("sst2", 8, "sc")]
     mean, std, n = summ[("sst2", 8, "sc")]["macro_f1"]
-    assert n == 3 and mean == pytest.approx(np.mean(vals)) and std == pytest.approx(np.std(vals))
+    assert n == 3 and mean == pytest.approx(np.mean(vals))
+    assert std == pytest.approx(np.std(vals, ddof=1), rel=1e-12)  # the sample s.d.
     table = markdown_tables(res)
-    assert "## Macro-F1, 4-shot" in table and "## Accuracy, 8-shot" in table
+    assert "## Macro-F1, 4-shot: mean ± s.d. (ddof=1) over 3 seeds" in table
+    assert "## Accuracy, 8-shot" in table and "## ECE (top-label, 10 bins" in table
+    assert "| SC | 10.0 ± 0.0 | 10.0 ± 0.0 | 10.0 |" in table  # the ECE table
     assert f"{100 * mean:.1f} ± {100 * std:.1f}" in table
     assert "- a note" in table
     # A run resumed from its checkpoint holds the seeds as a tuple: the header reads
@@ -59,11 +62,15 @@ def test_sc_against_the_best_baseline_is_paired_over_seeds():
                     for s, v in enumerate(vals)]
         return out
 
-    # CC is the best baseline; SC beats it on every seed, by 0.05 to 0.06: a win whose
-    # interval lies within the range of the per-seed differences (up to rounding).
+    # CC is the best baseline; SC beats it on every seed, by 0.05 to 0.06: a win, its
+    # interval SciPy's t interval of the three per-seed differences.
+    from scipy import stats
+
     (p,) = sc_against_best_baseline(rows([0.75, 0.66, 0.86], [0.5, 0.5, 0.5], [0.70, 0.60, 0.80]))
     assert p["best_baseline"] == "cc" and p["diff"] == pytest.approx((0.05 + 0.06 + 0.06) / 3)
-    assert 0.05 - 1e-12 <= p["ci_low"] <= p["diff"] <= p["ci_high"] <= 0.06 + 1e-12
+    d = np.array([0.75, 0.66, 0.86]) - [0.70, 0.60, 0.80]
+    want = stats.t.interval(0.95, 2, loc=d.mean(), scale=stats.sem(d))
+    assert (p["ci_low"], p["ci_high"]) == pytest.approx(want, rel=1e-12) and p["ci_method"] == "t"
     assert p["outcome"] == "win"
     # Paired: large seed-to-seed spread shared by both methods does not hide a
     # consistent difference, but differences of both signs make a tie, and a
@@ -75,7 +82,7 @@ def test_sc_against_the_best_baseline_is_paired_over_seeds():
     table = markdown_tables(RunResults(config={"model": "m", "seeds": [0, 1, 2], "test_size": 4,
                                                "mode": "first_token", "solver": "s"},
                                        rows=rows([0.6, 0.5, 0.7], [0, 0, 0], [0.70, 0.60, 0.80])))
-    assert "| t | 4 | CC | -10.0 |" in table and "4-shot win / tie / loss over datasets: 0 / 0 / 1" in table
+    assert "| t | 4 | CC | -10.0 | [-10.0, -10.0] (t) | loss |" in table and "4-shot win / tie / loss over datasets: 0 / 0 / 1" in table
     assert table.startswith("# Results: m\n")  # a source that is not a named model: as given
 
 
@@ -88,13 +95,33 @@ def test_named_models_are_reported_under_their_own_names():
     table = markdown_tables(RunResults(config={"model": "default", "seeds": [0], "test_size": 4,
                                                "mode": "first_token", "solver": "s"},
                                        rows=_rows(_results()["rows"])))
-    assert table.startswith("# Results: smollm2-135m\n")
+    # A file made before results.json described its model: a named model's table entry.
+    assert table.startswith("# Results: SmolLM2-135M-Instruct Q4_1 GGUF, dequantised to float32\n")
+
+
+def test_tables_and_plots_name_the_model_results_json_describes():
+    from sc_jax.experiment.figures import f1_bars_figure
+    from sc_jax.experiment.report import latex_table
+
+    res = _results()
+    res["config"]["model"] = "qwen2.5-0.5b"
+    res["model_description"] = {
+        "name": "Qwen2.5-Coder-0.5B-Instruct", "variant": "Coder-Instruct", "quantisation": "Q4_K_M",
+        "dtype": "bfloat16", "source": "6 PyPI wheels", "upstream": "Qwen/Qwen2.5-Coder-0.5B-Instruct",
+        "licence": "Apache-2.0"}
+    typed = _typed(res)
+    label = "Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF, dequantised to bfloat16"
+    assert markdown_tables(typed).startswith(f"# Results: {label}\n")
+    tex, escaped = latex_table(typed), label.replace("_", "\\_")
+    assert f"\\caption{{{escaped}, 4-shot: macro-F1" in tex
+    assert tex.startswith(f"% sc-jax report: {escaped},")
+    assert f1_bars_figure(typed)._suptitle.get_text().startswith(f"{label}: macro-F1")
 
 
 def test_write_report_from_dir(tmp_path):
     (tmp_path / "results.json").write_text(json.dumps(_results()))
     paths = write_report(tmp_path)
-    for name in ("table", "csv", "latex", "f1_bars", "sc_params"):
+    for name in ("table", "csv", "latex", "latex_accuracy", "latex_ece", "f1_bars", "sc_params"):
         assert paths[name].exists() and paths[name].stat().st_size > 0
     lines = paths["csv"].read_text().splitlines()
     assert lines[0] == "dataset,model,shots,method,seed,accuracy,macro_f1,ece,model_source"
@@ -102,9 +129,9 @@ def test_write_report_from_dir(tmp_path):
 
 
 def test_figures_and_tables_a_paper_can_use(tmp_path):
-    """Issue 64, deliverable 5: per-dataset bars beside the average, tick labels that do
-    not overlap at the paper's method names, PDF and SVG beside PNG, a booktabs LaTeX
-    table, and results.csv naming the model loaded rather than "default"."""
+    """Per-dataset bars beside the average under the datasets' display names, a colour
+    per method with SC marked and first in the legend, PDF and SVG beside PNG, booktabs
+    LaTeX tables, and results.csv naming the model loaded rather than "default"."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     from sc_jax.experiment.figures import f1_bars_figure
@@ -128,17 +155,21 @@ def test_figures_and_tables_a_paper_can_use(tmp_path):
     assert "<svg" in (tmp_path / "f1_bars.svg").read_text()
     fig = f1_bars_figure(_typed(res))
     titles = [ax.get_title() for ax in fig.axes if ax.get_visible()]
-    assert titles == ["rotten_tomatoes", "sst2", "Average over datasets"]
-    canvas = FigureCanvasAgg(fig)
-    canvas.draw()
-    renderer = canvas.get_renderer()
-    for ax in fig.axes[:3]:
-        boxes = [t.get_window_extent(renderer) for t in ax.get_xticklabels() if t.get_text()]
-        assert len(boxes) == len(METHOD_NAMES)
-        assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    assert titles == ["Rotten Tomatoes", "SST-2", "Average over datasets"]
+    FigureCanvasAgg(fig).draw()
+    (legend,) = fig.legends
+    labels = [t.get_text() for t in legend.get_texts()]
+    assert labels[0] == "SC" and sorted(labels) == sorted(METHOD_NAMES.values())
+    bars = {c.get_label(): {(p.get_facecolor(), p.get_hatch()) for p in c.patches}
+            for c in fig.axes[0].containers if hasattr(c, "patches")}  # method -> (colour, hatch) of its bars
+    assert all(len(v) == 1 for v in bars.values())
+    faces = {next(iter(v))[0] for v in bars.values()}
+    assert len(faces) == len(METHOD_NAMES) == len(bars)  # one colour per method
+    assert {h for _, h in bars["SC"]} == {"//"} and all(
+        h is None for k, v in bars.items() if k != "SC" for _, h in v)
     tex = paths["latex"].read_text()
     assert "\\toprule" in tex and "\\midrule" in tex and "\\bottomrule" in tex
-    assert "Method & rotten\\_tomatoes & sst2 & Average \\\\" in tex
+    assert "Method & Rotten Tomatoes & SST-2 & Average \\\\" in tex
     assert "SC (paper, no guard) & " in tex and "$\\pm$" in tex and "\\textbf{" in tex
     assert tex.count("\\begin{tabular}") == 2  # k = 4 and 8
     line = paths["csv"].read_text().splitlines()[1].split(",")
@@ -154,7 +185,8 @@ def test_without_matplotlib_the_report_is_written_without_plots(tmp_path, monkey
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises
     (tmp_path / "results.json").write_text(json.dumps(_results()))
     paths = write_report(tmp_path)
-    assert sorted(paths) == ["csv", "latex", "table"] and paths["table"].stat().st_size > 0
+    assert sorted(paths) == ["csv", "latex", "latex_accuracy", "latex_ece", "table"]
+    assert paths["table"].stat().st_size > 0
     rows = [dict(study="sc_n", dataset="d", shots=4, setting="SC-1", sizes=1, seed=0,
                  macro_f1=0.5, accuracy=0.6, ece=0.1)]
     assert sorted(write_ablation(rows, tmp_path / "ablation")) == ["csv", "table"]
@@ -219,8 +251,10 @@ def test_fits_that_did_not_converge_are_left_out_of_the_parameter_plot():
     fig = params_figure(_typed(res))
     ax = fig.axes[0]
     assert max(abs(x) for x in ax.get_xlim() + ax.get_ylim()) < 10
-    assert ax.get_title() == "sst2, 4-shot (2 fits not converged, not shown)"
-    assert fig._suptitle.get_text() == "SC parameters, smollm2-135m"  # the model, by name
+    assert ax.get_title() == "SST-2, 4-shot (2 fits not converged, not shown)"
+    # The model, as it is: name, quantisation as stored, the dtype it ran in.
+    assert fig._suptitle.get_text() == ("SC parameters, SmolLM2-135M-Instruct Q4_1 GGUF, "
+                                        "dequantised to float32")
 
 
 def test_ablation_curves_have_integer_ticks_and_name_the_model():
@@ -233,7 +267,7 @@ def test_ablation_curves_have_integer_ticks_and_name_the_model():
     ax = fig.axes[0]
     ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
     assert ticks and all(float(t).is_integer() for t in ticks), ticks
-    assert ax.get_title().startswith("smollm2-135m: ")
+    assert ax.get_title().startswith("SmolLM2-135M-Instruct Q4_1: ")
 
 
 def test_bc_reference_is_reported_beside_bc_but_never_the_best_baseline():
@@ -330,7 +364,7 @@ def test_two_seeds_give_the_per_seed_differences_and_no_verdict():
     assert "4-shot win / tie / loss over datasets: 0 / 0 / 0 (1 without a verdict" in table
     assert "| t | 4 | +1.5 | per seed +5.0, -2.0 | +15.0 | per seed +20.0, +10.0 |" in table
     assert "[" not in table.split("## SC minus the best baseline")[1]  # no interval at all
-    assert "population standard deviation (ddof = 0" in table
+    assert "mean ± s.d. (ddof=1) over the seeds" in table
     # One seed: its value alone, not "± 0.0".
     one = markdown_tables(RunResults(config={"model": "m", "seeds": [0], "test_size": 4,
                                              "mode": "first_token", "solver": "s"},
@@ -338,8 +372,10 @@ def test_two_seeds_give_the_per_seed_differences_and_no_verdict():
     assert "| SC | 70.0 | 70.0 |" in one and "± 0.0" not in one
 
 
-_REPORT_FILES = ("table.md", "results.csv", "results.tex", "f1_bars.png", "f1_bars.pdf",
-                 "f1_bars.svg", "sc_params.png", "sc_params.pdf", "sc_params.svg")
+_REPORT_FILES = ("table.md", "results.csv", "results.tex", "results_accuracy.tex",
+                 "results_ece.tex", "f1_bars.png", "f1_bars.pdf", "f1_bars.svg", "sc_params.png",
+                 "sc_params.pdf", "sc_params.svg")
+_RELIABILITY_FILES = ("reliability.png", "reliability.pdf", "reliability.svg")
 
 
 def test_an_interrupted_report_leaves_the_earlier_files_as_they_were(tmp_path, monkeypatch):
@@ -380,11 +416,13 @@ def test_a_run_writes_the_same_files_and_tables(tmp_path, monkeypatch):
     (out / "samples.jsonl.gz").write_bytes(b"an earlier run's records")  # replaced
     written, files = _write_outputs(out, data, records, Parts(), lambda: RunTiming(total_s=1.0),
                                     False)
-    names = sorted([*_REPORT_FILES, "results.json", "samples.jsonl"])
+    names = sorted([*_REPORT_FILES, *_RELIABILITY_FILES, "results.json", "samples.jsonl"])
     assert sorted(p.name for p in out.iterdir()) == names
     assert sorted(p.name for p in files.values()) == names
     assert sorted(files) == ["csv", "f1_bars", "f1_bars_pdf", "f1_bars_svg", "json", "latex",
-                             "samples", "sc_params", "sc_params_pdf", "sc_params_svg", "table"]
+                             "latex_accuracy", "latex_ece", "reliability", "reliability_pdf",
+                             "reliability_svg", "samples", "sc_params", "sc_params_pdf",
+                             "sc_params_svg", "table"]
     assert (json.loads((out / "results.json").read_text())
             == dict(_results(), timing=RunTiming(total_s=1.0).to_json()))
     assert written == data.replace(timing=RunTiming(total_s=1.0))
@@ -392,6 +430,7 @@ def test_a_run_writes_the_same_files_and_tables(tmp_path, monkeypatch):
     assert logged == records
     assert (out / "table.md").read_text() == report.markdown_tables(data, logged)
     assert (out / "results.tex").read_text() == report.latex_table(data)
+    assert (out / "results_ece.tex").read_text() == report.latex_table(data, "ece")
     report.write_csv(data, tmp_path / "plain.csv")
     assert (out / "results.csv").read_bytes() == (tmp_path / "plain.csv").read_bytes()
 

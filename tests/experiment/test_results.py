@@ -52,7 +52,10 @@ def _run() -> RunResults:
         config={"model": "m", "datasets": ["sst2", "ag_news"], "shots": [4], "seeds": [0, 1],
                 "test_size": 8, "mode": "first_token", "solver": "augmented_lagrangian",
                 "methods": ["base", "sc"]},
-        lambda_inv=0.1, model_identity="abc", model_source="/m", versions={"jax": "0.10.2"},
+        lambda_inv=0.1, model_identity="abc", model_source="/m",
+        model_description={"name": "m", "variant": None, "quantisation": "none", "dtype": "float32",
+                           "source": "Hugging Face directory /m", "upstream": None, "licence": None},
+        versions={"jax": "0.10.2"},
         rows=rows, params=params,
         splits=tuple(SplitRecord(dataset="sst2", shots=4, seed=s, demo_indices=[1, 2, 3, 4],
                                  test_size=8, test_hash="ff") for s in (0, 1)),
@@ -64,7 +67,8 @@ def _run() -> RunResults:
 
 # The keys in the order the run has written them: a new file's bytes are an older
 # version's for the same run.
-_RUN_KEYS = ["config", "lambda_inv", "model_identity", "model_source", "versions", "rows",
+_RUN_KEYS = ["config", "lambda_inv", "model_identity", "model_source", "model_description",
+             "versions", "rows",
              "params", "splits", "skipped", "notes", "timing", "left_out_rows", "cache",
              "runtime", "memory_policy"]
 _ROW_KEYS = ["dataset", "model", "shots", "method", "seed", "accuracy", "macro_f1", "ece"]

@@ -220,6 +220,19 @@ def logged_run(config, tmp_path_factory):
                                log_samples=True)
 
 
+def test_results_json_and_table_describe_the_model_loaded(logged_run):
+    import json
+
+    _, res = logged_run
+    raw = json.loads((res.out_dir / "results.json").read_text())
+    assert raw["model_description"] == {
+        "name": "random:tiny-llama", "variant": "random weights", "quantisation": "none",
+        "dtype": "float32", "source": "random weights of the preset 'tiny-llama'",
+        "upstream": None, "licence": None}
+    table = (res.out_dir / "table.md").read_text()
+    assert table.startswith("# Results: random:tiny-llama (random weights), float32\n")
+
+
 def test_log_samples_writes_records_that_reproduce_the_rows(config, logged_run):
     """`run --log-samples`: one record per (seed, test query), naming its data row and
     text, whose predictions and probabilities give back every row of results.json;

@@ -1,5 +1,5 @@
 """Per-sample records (sc_jax.experiment.samples): the file, its check against results.json,
-paired counts, and records regenerated for a committed run from its score files."""
+paired tests, and records regenerated for a committed run from its score files."""
 
 import json
 import shutil
@@ -12,7 +12,7 @@ from sc_jax.experiment import samples
 from sc_jax.experiment.results import ResultRow, load_results
 from sc_jax.experiment.samples import (
     check_samples,
-    paired_counts,
+    paired_tests,
     read_samples,
     rows_from_samples,
     seed_records,
@@ -66,7 +66,7 @@ def test_an_empty_sample_log_is_refused_not_read_as_absent(tmp_path, name, data)
         read_samples(tmp_path)
 
 
-def test_check_and_paired_counts():
+def test_check_and_paired_tests():
     recs = _records()
     ece = {r.method: r.ece for r in rows_from_samples(recs)}  # of the records' rounded probs
     rows = [ResultRow(dataset="t", shots=4, seed=0, method="sc", accuracy=1.0, macro_f1=1.0,
@@ -77,10 +77,15 @@ def test_check_and_paired_counts():
     bad = check_samples(recs, [rows[1].replace(accuracy=0.75), rows[0].replace(seed=1)])
     assert bad[0].startswith("t k=4 seed 0 bc: accuracy 0.500000 from the records, 0.750000")
     assert bad[1] == "t k=4 seed 1 sc: no per-sample records"
-    (c,) = paired_counts(recs, "sc", "bc")
-    assert (c["n"], c["a_only"], c["b_only"]) == (4, 2, 0)
-    assert c["p"] == pytest.approx(0.5)  # exact McNemar: 2 * (1/2)^2
-    assert paired_counts(recs * 10, "sc", "bc")[0]["p"] == pytest.approx(2 * 0.5 ** 20)
+    (c,) = paired_tests(recs, "sc", "bc")
+    assert (c["queries"], c["seeds"], c["a_only"], c["b_only"]) == (4, [0], [2], [0])
+    assert c["mcnemar_p"] == [pytest.approx(0.5)]  # exact McNemar: 2 * (1/2)^2
+    # Three seeds of the same four queries: one McNemar test per seed, never pooled.
+    other = seed_records("t", 4, 1, [0, 1, 1, 0], {"sc": np.eye(2)[[0, 0, 1, 0]],
+                                                    "bc": np.eye(2)[[0, 1, 1, 1]]})
+    (c,) = paired_tests(recs + other, "sc", "bc")
+    assert (c["seeds"], c["a_only"], c["b_only"]) == ([0, 1], [2, 1], [0, 1])
+    assert c["mcnemar_p"] == [pytest.approx(0.5), pytest.approx(1.0)]
     with pytest.raises(ValueError, match=r"probs\['x'\] must be \[2, n\]"):
         seed_records("t", 4, 0, [0, 1], {"x": np.ones((3, 2))})
     with pytest.raises(ValueError, match="texts must have one entry per test query"):
@@ -90,7 +95,7 @@ def test_check_and_paired_counts():
 def test_regenerated_for_a_committed_run_from_its_score_files(tmp_path, monkeypatch):
     """A run committed before sample logs: `sc-jax report DIR --log-samples` writes
     them from DIR/scores and the params in results.json (no model, no refit); they
-    reproduce every row, and add BC as the reference code computes it."""
+    reproduce every row, and add BC as the reference code computes it, LOOC and LinC."""
     from sc_jax import cli
     from sc_jax.experiment import methods
     from sc_jax.experiment.store import ADDED_METHODS
@@ -119,10 +124,11 @@ def test_regenerated_for_a_committed_run_from_its_score_files(tmp_path, monkeypa
     recs = read_samples(tmp_path)
     assert len(recs) == 2 * 3 * 128  # datasets x seeds x test queries
     assert check_samples(recs, load_results(tmp_path).rows) == []
-    assert "bc_reference" in recs[0]["pred"] and "sc_star_free" not in recs[0]["pred"]
+    assert {"bc_reference", "looc", "linc"} <= set(recs[0]["pred"])
+    assert "sc_star_free" not in recs[0]["pred"]
     table = (tmp_path / "table.md").read_text()
-    assert "match results.json" in table and "| BC (code) |" in table
-    assert "BC (code): computed from the per-sample records" in table
+    assert "match results.json" in table and "| BC (code) |" in table and "| LOOC |" in table
+    assert "BC (code), LinC, LOOC: computed from the per-sample records" in table
     # compare_paper.py gives SC's margin over both forms of BC, bc_reference from the records.
     compare = _compare_paper()
     tasks, blocks = compare.blocks([tmp_path], {"macro_f1_k4": json.loads(

@@ -79,7 +79,7 @@ def write_hf_dir(
       out_dir: the directory to create. Its parent is created if needed.
       overwrite: replace an existing `out_dir`; otherwise an existing one is an error.
       shard_bytes: largest shard; 1 GiB keeps SmolLM2 (540 MB) in one file and splits
-        Qwen2.5-0.5B (2.5 GB) in three.
+        Qwen2.5-Coder-0.5B-Instruct (2.5 GB) in three.
     Returns:
       `out_dir` as a Path.
     """

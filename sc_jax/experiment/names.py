@@ -1,0 +1,70 @@
+"""What the tables and plots call datasets and methods, and the colour of each method.
+
+A name that is not listed (a user's task, a method added later) stands as it is, and
+an unlisted method gets a colour of its own from :data:`SPARE_COLOURS`, so a report
+never fails on a new name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+
+from sc_jax.experiment.results import METHOD_NAMES
+
+__all__ = ["DATASET_NAMES", "METHOD_COLOURS", "dataset_name", "method_colour", "method_name",
+           "order_methods"]
+
+DATASET_NAMES = {"sst2": "SST-2", "rotten_tomatoes": "Rotten Tomatoes", "ag_news": "AG News",
+                 "trec": "TREC", "subj": "SUBJ", "sst5": "SST-5",
+                 "tweet_eval_emotion": "TweetEval emotion", "tweet_eval_hate": "TweetEval hate",
+                 "financial_phrasebank": "Financial PhraseBank"}
+
+# The newer baselines' display names, for runs that hold them; results.METHOD_NAMES
+# (the methods a results.json may hold) wins where it names one too.
+_NEWER = {"looc": "LOOC", "linc": "LinC", "surprise": "Surprise", "hidden": "Hidden Calibration"}
+_LABELS = {**_NEWER, **METHOD_NAMES}
+
+#: One colour per method (matplotlib's tab10 and tab20 hues, no two alike); SC is also
+#: drawn with a heavy edge (figures.SC_EDGE) so that it reads without colour.
+METHOD_COLOURS = {"base": "#7f7f7f", "cc": "#1f77b4", "dc": "#ff7f0e", "bc": "#2ca02c",
+                  "bc_reference": "#98df8a", "sc_star": "#9467bd", "sc_star_free": "#c5b0d5",
+                  "sc": "#d62728", "sc_paper": "#ff9896", "looc": "#8c564b", "linc": "#e377c2",
+                  "surprise": "#bcbd22", "hidden": "#17becf"}
+#: Colours for methods not in :data:`METHOD_COLOURS`, chosen by a hash of the name.
+SPARE_COLOURS = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d",
+                 "#31a354")
+
+# The tables' order: the methods as METHOD_NAMES lists them (the paper's, SC last),
+# then the newer baselines, then any other name alphabetically.
+_ORDER = (*METHOD_NAMES, *[m for m in _NEWER if m not in METHOD_NAMES])
+
+
+def dataset_name(dataset: str) -> str:
+    """The display name of a dataset id ("rotten_tomatoes" -> "Rotten Tomatoes"); an
+    unlisted id as it is."""
+    return DATASET_NAMES.get(dataset, dataset)
+
+
+def method_name(method: str) -> str:
+    """The display name of a method id ("sc_star" -> "SC*"); an unlisted id as it is."""
+    return _LABELS.get(method, method)
+
+
+def method_colour(method: str) -> str:
+    """The method's colour (hex): its own from :data:`METHOD_COLOURS`, else one of
+    :data:`SPARE_COLOURS` fixed by the name (the same in every plot and run)."""
+    if method in METHOD_COLOURS:
+        return METHOD_COLOURS[method]
+    digest = hashlib.sha256(method.encode()).digest()
+    return SPARE_COLOURS[digest[0] % len(SPARE_COLOURS)]
+
+
+def order_methods(methods: Iterable[str], *, sc_first: bool = False) -> list[str]:
+    """``methods`` (each once) in report order: the known methods in their fixed order
+    (SC first with ``sc_first``, as in the plots' legends), then unknown names
+    alphabetically."""
+    known = {m: i for i, m in enumerate(_ORDER)}
+    if sc_first:
+        known["sc"] = -1
+    return sorted(set(methods), key=lambda m: (known.get(m, len(known)), m))
