@@ -40,8 +40,10 @@ from sc_jax.scoring.memory import MemoryPolicy
 # surrogate scores SC already makes.
 # surprise: Surprise Calibration (Tan et al. 2025; sc_jax.calibration.surprise), its
 # network trained on SC's surrogate rows.
+# hidden: Hidden Calibration (sc_jax.calibration.hidden), nearest class centroid of the
+# last hidden states; the run asks the engine for the states of the jobs it needs.
 Method = Literal["base", "cc", "dc", "bc", "bc_reference", "sc_star", "sc_star_free", "sc",
-                 "sc_paper", "looc", "linc", "surprise"]
+                 "sc_paper", "looc", "linc", "surprise", "hidden"]
 METHODS: tuple[Method, ...] = get_args(Method)
 # Run only when named in --methods: Surprise Calibration trains a 5.5M-parameter GRU
 # per seed (40-50 s for one k = 4 seed on two shared CPU cores at the authors' sizes).

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from sc_jax.calibration.baselines import random_domain_strings
+from sc_jax.calibration.hidden import centroid_distances, class_centroids
 from sc_jax.experiment.config import RunConfig
 from sc_jax.experiment.splits import dc_pool, split_protocol
 from sc_jax.experiment.task_loading import load_task
@@ -46,6 +47,9 @@ class SeedScores:
     the other k - 1 in the k-shot prompt's order: LOOC's leave-one-out prompts, scored
     on their own where the run's sub-context sizes stop below k - 1 (else None: the
     surrogate prompts of size k - 1 are they).
+    hidden[i]: ``[m_i, T, n]`` Hidden Calibration's Euclidean distances of test[i]'s
+    prompts' last hidden states to the class centroids of surrogate[i]'s
+    (:func:`hidden_distances`; empty where the run has no method ``hidden``).
     """
 
     base: np.ndarray
@@ -57,6 +61,7 @@ class SeedScores:
     demo_labels: np.ndarray | None = None
     surrogate_contexts: dict[int, np.ndarray] | None = None
     loo: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    hidden: dict[int, np.ndarray] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -147,6 +152,21 @@ def job_name(tag: str) -> str:
     return f"test-time prompt of size {tag[len('test'):]}"
 
 
+def hidden_tags(config: RunConfig, k: int) -> list[str]:
+    """The jobs whose last hidden states the run needs: Hidden Calibration's
+    calibration prompts (surrogate<i>) and test prompts (test<i>) of every size."""
+    if "hidden" not in config.methods:
+        return []
+    return [f"{kind}{i}" for i in config.sizes(k) for kind in ("surrogate", "test")]
+
+
+def hidden_distances(surrogate_states, surrogate_labels, test_states, n: int) -> np.ndarray:
+    """One size's ``[m, T, n]`` distances of the test prompts' states ``[m, T, D]`` to
+    the class centroids of the surrogate prompts' states ``[N, D]`` (labels ``[N]``:
+    the held-out demonstrations')."""
+    return centroid_distances(test_states, class_centroids(surrogate_states, surrogate_labels, n))
+
+
 def score_seed(model, engine, cache, dataset, work, config: RunConfig, *,
                label: str | None = None, planned=None) -> tuple[SeedScores, EngineStats]:
     """Every LLM score one (dataset, k, seed) needs (``work``: its
@@ -163,7 +183,11 @@ def score_seed(model, engine, cache, dataset, work, config: RunConfig, *,
     # file that disagrees is reported and rescored (ScoreCache.get).
     got = {tag: None if cache is None else cache.cached(key, rows=len(sj.jobs[tag][1]))
            for tag, key in keys.items()}
-    missing = {tag: sj.jobs[tag] for tag, arr in got.items() if arr is None}
+    hkeys = work.hidden_keys(model.identity, config.mode, hidden_tags(config, k))
+    states = {tag: None if cache is None else cache.cached(key, rows=len(sj.jobs[tag][1]))
+              for tag, key in hkeys.items()}
+    lacking = {tag for tag, h in states.items() if h is None}  # rescored for their states
+    missing = {tag: sj.jobs[tag] for tag, arr in got.items() if arr is None or tag in lacking}
     if label:
         for tag in got:
             if tag not in missing:
@@ -174,17 +198,23 @@ def score_seed(model, engine, cache, dataset, work, config: RunConfig, *,
         # keeps the jobs that finished.
         t = time.perf_counter()
 
-        def done(tag, arr):
-            if cache is not None:
-                cache.store(keys[tag], arr)
-            got[tag] = arr
+        def done(tag, arr, h=None):
+            if got[tag] is None:  # a job rescored for its states keeps its cached log-probs
+                got[tag] = arr
+                if cache is not None:
+                    cache.store(keys[tag], arr)
+            if tag in lacking:
+                states[tag] = h
+                if cache is not None:
+                    cache.store(hkeys[tag], h)
             if label:
                 log.info("%s %s: %d prompts, scored (%.1f s into the seed's scoring)", label,
                          job_name(tag), len(sj.jobs[tag][1]), time.perf_counter() - t)
 
         whole = len(missing) == len(sj.jobs)  # else the jobs left have a schedule of their own
         stats = engine.score_jobs(pieces, missing, config.mode, on_done=done,
-                                  planned=planned if whole else None).stats
+                                  planned=planned if whole else None,
+                                  hidden=bool(lacking)).stats
     else:
         stats = EngineStats()  # served from the cache: no engine call
 
@@ -203,16 +233,20 @@ def score_seed(model, engine, cache, dataset, work, config: RunConfig, *,
                          "(--dtype float32); the scores are not usable")
 
     base, cc, dc = scored("base"), scored("cc"), scored("dc")
-    surrogate, test, contexts = {}, {}, {}
+    surrogate, test, contexts, hidden = {}, {}, {}, {}
     labels = np.asarray(split.demo_labels)
+    n = base.shape[-1]
     for i in config.sizes(k):
         ctx, pairs = sj.jobs[f"surrogate{i}"]
         surrogate[i] = (scored(f"surrogate{i}"), labels[pairs[:, 1]], pairs[:, 1].copy())
         contexts[i] = ctx[pairs[:, 0]]
         test[i] = scored(f"test{i}").reshape(sj.m[i], sj.n_test, -1)
+        if states:
+            hidden[i] = hidden_distances(states[f"surrogate{i}"], surrogate[i][1],
+                                         states[f"test{i}"].reshape(sj.m[i], sj.n_test, -1), n)
     loo = None
     if "loo" in sj.jobs:
         pairs = sj.jobs["loo"][1]
         loo = (scored("loo"), labels[pairs[:, 1]], pairs[:, 1].copy())
     return SeedScores(base, cc, dc, surrogate, test, np.asarray(split.test_labels(dataset)),
-                      demo_labels=labels, surrogate_contexts=contexts, loo=loo), stats
+                      demo_labels=labels, surrogate_contexts=contexts, hidden=hidden, loo=loo), stats

@@ -12,6 +12,7 @@ import numpy as np
 
 from sc_jax.calibration import baselines, surprise
 from sc_jax.calibration.baselines import BC_BATCH_SIZE
+from sc_jax.calibration.hidden import hidden_calibration
 from sc_jax.calibration.linc import linc_fit, linc_predict
 from sc_jax.calibration.looc import leave_one_out_calibration
 from sc_jax.calibration.numpy_fit import fit_batch
@@ -43,6 +44,8 @@ def method_probs(method: str, s: SeedScores, fits: dict | None, sizes, *,
         return baselines.batch_calibration(p, bc_batch)
     if method == "bc_reference":
         return baselines.batch_calibration_reference(p, bc_batch)
+    if method == "hidden":
+        return hidden_probs(s, sizes)
     if method == "looc":
         return looc_probs(s, p)
     if method == "linc":
@@ -53,6 +56,17 @@ def method_probs(method: str, s: SeedScores, fits: dict | None, sizes, *,
         return predict_proba([fits[i] for i in sizes], [log_odds(s.test[i]) for i in sizes],
                              size_weights="uniform" if size_weighting == "uniform" else "reference",
                              shots=shots, sizes=sizes)
+
+
+def hidden_probs(s: SeedScores, sizes) -> np.ndarray:
+    """Hidden Calibration's ``[T, n]`` (:func:`sc_jax.calibration.hidden.hidden_calibration`)
+    from the seed's centroid distances of every size."""
+    missing = [i for i in sizes if i not in s.hidden]
+    if missing:
+        raise ValueError(f"method hidden: these scores hold no hidden-state distances of sizes "
+                         f"{missing} (scored without it); rerun `sc-jax run` with hidden in "
+                         "--methods")
+    return hidden_calibration([s.hidden[i] for i in sizes])
 
 
 def looc_probs(s: SeedScores, p: np.ndarray) -> np.ndarray:
@@ -80,6 +94,8 @@ def linc_probs(s: SeedScores, p: np.ndarray) -> np.ndarray:
     labels = np.concatenate([s.surrogate[i][1] for i in sizes])
     fit = linc_fit(np.exp(logp), labels, np.exp(s.cc.astype(np.float64)))
     return linc_predict(fit, p)
+
+
 def surprise_method_probs(s: SeedScores) -> np.ndarray:
     """Surprise Calibration's ``[T, n]`` test probabilities: its network trained on the
     seed's surrogate rows (each held-out demonstration under a sub-context of the

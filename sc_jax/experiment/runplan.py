@@ -61,6 +61,12 @@ class SeedWork:
         return {tag: score_key(identity, mode, self.jobs.pieces, ctx, pairs, extra=tag)
                 for tag, (ctx, pairs) in self.jobs.jobs.items()}
 
+    def hidden_keys(self, identity: str, mode: str, tags) -> dict[str, str]:
+        """Job tag -> the score-cache key of its pairs' last hidden states ``[N, D]``
+        (keys of their own: the label log-probs' entries stay valid)."""
+        return {tag: score_key(identity, mode, self.jobs.pieces, *self.jobs.jobs[tag],
+                               extra=f"{tag}:hidden") for tag in tags}
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class RunPlan:

@@ -318,8 +318,8 @@ def regenerate_samples(run_dir, *, with_texts: bool = True) -> tuple[Path, list[
     results.json holds: no model, no forward pass, no refit. Returns the file and notes.
 
     Baselines: every baseline of :data:`sc_jax.experiment.config.METHODS`, ``bc_reference``
-    included for a run that predates it (its ``bc_batch``). SC methods: those with
-    params in results.json. The records of the run's own methods reproduce its
+    included for a run that predates it (its ``bc_batch``); Hidden Calibration where the
+    score files hold its distances. SC methods: those with params in results.json. The records of the run's own methods reproduce its
     results.json rows (:func:`sc_jax.experiment.samples.check_samples`). Dataset rows and text
     hashes are filled in when ``with_texts`` and the run's data load here and draw the
     test sets the run recorded; otherwise they are null, and a note says why.
@@ -344,7 +344,9 @@ def regenerate_samples(run_dir, *, with_texts: bool = True) -> tuple[Path, list[
                 if method == "surprise" and (s.surrogate_contexts is None
                                              or method not in results.config.get("methods", ())):
                     continue  # a score file written before it, or a run without it (it trains)
-                sizes = sorted(per) if per else []
+                if method == "hidden" and not s.hidden:
+                    continue  # the run scored no hidden states
+                sizes = sorted(per) if per else sorted(s.hidden) if method == "hidden" else []
                 probs[method] = method_probs(method, s, per, sizes, bc_batch=bc_batch,
                                              size_weighting=weighting, shots=k)
                 if per:

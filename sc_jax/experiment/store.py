@@ -71,6 +71,8 @@ def save_scores(path: Path, s: SeedScores, tag: str | None = None,
         arrays[f"surrogate{i}_contexts"] = c
     if s.loo is not None:
         arrays.update(zip(("loo_logp", "loo_labels", "loo_queries"), s.loo))
+    for i, d in s.hidden.items():
+        arrays[f"hidden{i}"] = d
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".tmp-{path.name}")
     with open(tmp, "wb") as f:
@@ -117,7 +119,8 @@ def load_scores(path: Path, tag: str | None = None, expect: dict | None = None) 
             demo_labels=a.get("demo_labels"),
             surrogate_contexts={i: a[f"surrogate{i}_contexts"] for i in sizes}
             if all(f"surrogate{i}_contexts" in a for i in sizes) and "demo_labels" in a else None,
-            loo=(a["loo_logp"], a["loo_labels"], a["loo_queries"]) if "loo_logp" in a else None)
+            loo=(a["loo_logp"], a["loo_labels"], a["loo_queries"]) if "loo_logp" in a else None,
+            hidden={i: a[f"hidden{i}"] for i in sizes if f"hidden{i}" in a})
     except (KeyError, ValueError) as e:  # a foreign archive: a key missing or misnamed
         raise _unreadable(path, e) from e
     if expect is not None:
@@ -324,7 +327,8 @@ RUN_CONFIG_FILE = "run_config.json"
 
 # Methods that runs made before them lack in their run_config.json and
 # results.json: resuming such a run with the default --methods only adds them.
-ADDED_METHODS = ("bc_reference", "sc_star_free", "sc_paper", "looc", "linc", "surprise")
+ADDED_METHODS = ("bc_reference", "sc_star_free", "sc_paper", "looc", "linc", "surprise",
+                 "hidden")
 
 
 def _config_differences(old: dict, new: dict) -> list[str]:

@@ -383,18 +383,19 @@ class EngineAttention:
         return self._decided[shape.program]
 
     def settle(self, shape: PackShape, sequence: bool, build: Callable[[str, bool], None], *,
-               like: PackShape | None = None) -> str:
+               like: PackShape | None = None, hidden: bool = False) -> str:
         """The attention the model program of calls of ``shape`` runs, built once:
         ``build(name, run)`` compiles the program with ``name`` (and, where ``run``,
         runs it once: a kernel can compile and still fail when it runs) or raises. The
         decision for ``like`` where given (a schedule's smaller calls run what its
         largest call settled on, which must be settled first), else :meth:`decide`'s;
-        then its :func:`fallbacks`, each failure a warning; the last failure raises."""
-        key = (shape.program, sequence)
+        then its :func:`fallbacks`, each failure a warning; the last failure raises.
+        ``hidden``: the program that also returns hidden states, built and kept apart."""
+        key = (shape.program, sequence) + ((True,) if hidden else ())
         if key in self._settled:
             return self._settled[key]
         if like is not None:
-            name, trials = self._settled[like.program, sequence], []
+            name, trials = self._settled[(like.program, sequence) + key[2:]], []
         else:
             name, trials, _ = self.decide(shape)
         order = [name] + fallbacks(name, trials)

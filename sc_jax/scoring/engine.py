@@ -282,7 +282,7 @@ class ScoringEngine:
         return self._attention.decide(shape)
 
     def compile(self, shape: PackShape, pool: KVCache, mode: str = "first_token", *,
-                choose: PackShape | None = None) -> str:
+                choose: PackShape | None = None, hidden: bool = False) -> str:
         """Compile the model program of calls of ``shape`` now, ahead of time (once per
         engine and shape), so that the first call of a depth times the forward pass only;
         returns the attention it uses, as the engine's attention choice settles it
@@ -291,10 +291,11 @@ class ScoringEngine:
         choice, and the next one where a candidate does not compile or run). The
         arguments are those of a call of padding, its cache gathered from ``pool``
         (which compiles the gather too), so the program is the one the calls then find
-        in JAX's cache."""
+        in JAX's cache. ``hidden``: the program that also returns the readouts' hidden
+        states (:func:`sc_jax.scoring.programs.packed_call`), a program of its own."""
         seq = mode == "sequence"
         if choose is not None:
-            self.compile(choose, pool, mode)
+            self.compile(choose, pool, mode, hidden=hidden)
         m = self.model
 
         @functools.cache
@@ -303,24 +304,33 @@ class ScoringEngine:
             return self._args(pool, shape, _padding_call(shape), np.zeros((shape.B, shape.cache), np.int32),
                               np.full(shape.cache, -1, np.int32), rows_arg)
 
-        def build(name: str, run: bool) -> None:
-            packed_call.lower(*args(), sequence=seq, attention=name).compile()
-            if run:
-                jax.block_until_ready(packed_call(*args(), sequence=seq, attention=name))
+        # Without hidden states the call is exactly the one every run makes (no
+        # `hidden` argument), so its program and its cache entries are unchanged.
+        extra = {"hidden": True} if hidden else {}
 
-        return self._attention.settle(shape, seq, build, like=choose)
+        def build(name: str, run: bool) -> None:
+            packed_call.lower(*args(), sequence=seq, attention=name, **extra).compile()
+            if run:
+                jax.block_until_ready(packed_call(*args(), sequence=seq, attention=name, **extra))
+
+        return self._attention.settle(shape, seq, build, like=choose, hidden=hidden)
 
     # -------------------------------------------------------------- main entry
-    def score(self, pieces: PromptPieces, contexts, pairs, mode: str = "first_token") -> np.ndarray:
+    def score(self, pieces: PromptPieces, contexts, pairs, mode: str = "first_token", *,
+              hidden: bool = False):
         """Label log-probs ``[N, n_classes]`` of every (context, query) pair.
 
         pieces: tokenized demos and queries; contexts: ``[M, i]`` demo indices
         (ordered); pairs: ``[N, 2]`` (context index, query index). Equal, to float
-        rounding, to :func:`sc_jax.scoring.reference.score_plain` on the same inputs."""
-        return self.score_jobs(pieces, {"job": (contexts, pairs)}, mode).scores["job"]
+        rounding, to :func:`sc_jax.scoring.reference.score_plain` on the same inputs.
+        With ``hidden``: ``(log-probs, states)``, ``states [N, D]`` float32 from the same
+        forward pass (:meth:`score_jobs`)."""
+        res = self.score_jobs(pieces, {"job": (contexts, pairs)}, mode, hidden=hidden)
+        return (res.scores["job"], res.hidden["job"]) if hidden else res.scores["job"]
 
     def score_jobs(self, pieces: PromptPieces, jobs: dict, mode: str = "first_token",
-                   on_done=None, planned: Planned | None = None) -> ScoreResult:
+                   on_done=None, planned: Planned | None = None, *,
+                   hidden: bool = False) -> ScoreResult:
         """Label log-probs of several jobs scored together: ``jobs`` maps a tag to
         ``(contexts [M, i], pairs [N, 2])`` (sizes may differ); returns a
         :class:`ScoreResult`: tag -> ``[N, n_classes]``, where the time went
@@ -329,6 +339,13 @@ class ScoringEngine:
         first), so a caller can keep each job's result before the others end.
         ``planned``: the schedule of exactly these jobs, made ahead under this engine's
         policy (as a run's plan holds it); None: planned here.
+
+        ``hidden``: also return each pair's last hidden state, ``[N, D]`` float32 per job
+        (:attr:`ScoreResult.hidden`): the final-norm state at the query's last token,
+        which its label logits are projected from (in sequence mode, the first label
+        row's first readout), read out of the same packed calls (same trie, same
+        prefix sharing, log-probs unchanged) by model programs of their own; then
+        ``on_done(tag, scores, states)``.
 
         Host work is table lookups, and each call's result is fetched after the next
         call has been dispatched, so the host never waits on the call it has just
@@ -341,8 +358,11 @@ class ScoringEngine:
         nr = n if seq else 1
         tags = [t for t, (_, p) in checked.items() if len(p)]
         results = {t: np.zeros((0, n), np.float32) for t, (_, p) in checked.items() if not len(p)}
+        D = self.model.config.hidden_size
+        states = {t: np.zeros((0, D), np.float32) for t in results} if hidden else None
         if not tags:
-            return ScoreResult({t: results[t] for t in jobs}, EngineStats(), None)
+            return ScoreResult({t: results[t] for t in jobs}, EngineStats(), None,
+                               None if states is None else {t: states[t] for t in jobs})
         if planned is None:
             planned = self.plan(pieces, [checked[t] for t in tags], mode)
         sched = planned.schedule
@@ -355,7 +375,7 @@ class ScoringEngine:
             rows_arg = self.model.replicate(np.asarray(first + first[:1] * (sched.shape.labels - n),
                                                        np.int32))
         sizes = np.asarray([len(checked[t][1]) * nr for t in tags])
-        run = _Run(sched, tok, seq, n, np.r_[0, np.cumsum(sizes)], on_done, tags, results)
+        run = _Run(sched, tok, seq, n, np.r_[0, np.cumsum(sizes)], on_done, tags, results, states, D)
         plan_s = time.perf_counter() - t0
         bar = None
         if self.progress:
@@ -366,8 +386,9 @@ class ScoringEngine:
                 pool = self._pool_of(sched.pool)
                 # Every call size, so that another dataset (whose depths end in other
                 # sizes) finds its model programs compiled.
-                attention = self.compile(sched.shape, pool, mode)
-                sizes_used = {sh.program: self.compile(sh, pool, mode, choose=sched.shape)
+                attention = self.compile(sched.shape, pool, mode, hidden=hidden)
+                sizes_used = {sh.program: self.compile(sh, pool, mode, choose=sched.shape,
+                                                       hidden=hidden)
                               for sh in sched.shapes}
                 # Choosing the attention runs candidates and the program once: wall time
                 # beyond the meter's compiles, all of it before the first call.
@@ -378,7 +399,8 @@ class ScoringEngine:
                 bar.close()
         stats = self._stats(sched, counts, meter, attention, t0=t0, plan_s=plan_s, warm=warm,
                             warm_compiles=warm_compiles, loop=loop)
-        return ScoreResult({t: results[t] for t in jobs}, stats, planned)
+        return ScoreResult({t: results[t] for t in jobs}, stats, planned,
+                           None if states is None else {t: states[t] for t in jobs})
 
     def _stats(self, sched: Schedule, counts: CallCounts, meter: CompileMeter, attention: str, *,
                t0: float, plan_s: float, warm: float, warm_compiles: float, loop: float) -> EngineStats:
@@ -406,6 +428,7 @@ class ScoringEngine:
         t_loop = time.perf_counter()
         counts = CallCounts()
         pending, at, index = None, None, None
+        extra = {"hidden": True} if run.states is not None else {}
         for ci, packed, r0, shape in sched.calls():
             t = time.perf_counter()
             ch, d = sched.trie[ci], packed.depth
@@ -418,7 +441,7 @@ class ScoringEngine:
             src, key_slot, dst = pool_arrays(shape, packed, r0, index, ch, sched.pool)
             host = time.perf_counter() - t
             res, kv = packed_call(*self._args(pool, shape, a, src, key_slot, rows_arg),
-                                  sequence=run.seq, attention=attention[shape.program])
+                                  sequence=run.seq, attention=attention[shape.program], **extra)
             if dst is not None:
                 pool = write_tokens(pool, kv, m.replicate(dst))
             del kv
@@ -447,9 +470,12 @@ class ScoringEngine:
     def _collect(run: _Run, res, dest, bar) -> float:
         """File one call's results (fetching them waits on the device: forward time);
         returns the host's seconds filing them."""
+        res, states = res if isinstance(res, tuple) else (res, None)
         res = to_host(res)[:len(dest)]  # blocks only on an earlier call
+        if states is not None:
+            states = to_host(states)[:len(dest)]
         t = time.perf_counter()
-        run.file(res, dest)
+        run.file(res, dest, states)
         if bar is not None:
             bar.update(len(np.unique(dest)))
         return time.perf_counter() - t
@@ -458,20 +484,26 @@ class ScoringEngine:
 class _Run:
     """One :meth:`ScoringEngine.score_jobs` call's results as they come: the output
     rows of every job (``offsets``), the readouts each job still waits for, the
-    hand-over of a finished job (``on_done``)."""
+    hand-over of a finished job (``on_done``); with ``states`` (a dict to fill, else
+    None) every pair's hidden state ``[D]`` too."""
 
     def __init__(self, sched: Schedule, tok: _Tokens, seq: bool, n: int, offsets, on_done, tags,
-                 results):
+                 results, states=None, D: int = 0):
         self.sched, self.tok, self.seq, self.n = sched, tok, seq, n
         self.offsets, self.on_done, self.tags, self.results = offsets, on_done, tags, results
         self.out = np.zeros((sched.n_out, n) if not seq else (sched.n_out,), np.float32)
+        self.states, self.nr = states, n if seq else 1  # nr: output rows per pair
+        if states is not None:
+            self.hid = np.zeros((sched.n_out // self.nr, D), np.float32)
         self.left = np.zeros(len(tags), np.int64)  # readouts still to come, per job
         for ch in sched.trie:
             for _, qrow, dest in ch.queries.values():
                 job = np.searchsorted(offsets, dest, side="right") - 1
                 np.add.at(self.left, job, tok.readouts[qrow])
 
-    def file(self, res: np.ndarray, dest: np.ndarray) -> None:
+    def file(self, res: np.ndarray, dest: np.ndarray, states: np.ndarray | None = None) -> None:
+        if states is not None:
+            self._file_states(states, dest)
         if self.seq:
             np.add.at(self.out, dest, res)
         else:
@@ -482,12 +514,25 @@ class _Run:
             if self.left[j] == 0:
                 self._finished(int(j))
 
+    def _file_states(self, states: np.ndarray, dest: np.ndarray) -> None:
+        """A pair's state is its first output row's first readout, the query's last
+        token: a row's readouts are consecutive within one call, first one first; in
+        sequence mode every label row of a pair holds the same query, its first is kept."""
+        rows, first = np.unique(dest, return_index=True)
+        keep = rows % self.nr == 0
+        self.hid[rows[keep] // self.nr] = states[first[keep]]
+
     def _finished(self, job: int) -> None:
         t, n = self.tags[job], self.n
         res = self.out[self.offsets[job]:self.offsets[job + 1]]
         self.results[t] = label_logprobs(res.reshape(-1, n) if not self.seq else res, self.mode, n)
+        done = (t, self.results[t])
+        if self.states is not None:
+            a, b = self.offsets[job] // self.nr, self.offsets[job + 1] // self.nr
+            self.states[t] = self.hid[a:b].copy()
+            done += (self.states[t],)
         if self.on_done is not None:
-            self.on_done(t, self.results[t])
+            self.on_done(*done)
 
     @property
     def mode(self) -> str:

@@ -63,6 +63,17 @@ def flat_call(graphdef, state, tokens, valid, gather, targets, tmask, rows, sequ
     return _label_scores(model, hidden, gather, targets, tmask, rows, sequence)
 
 
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def last_states(graphdef, state, tokens, valid, last):
+    """Full prompts ``tokens [B, T]`` (``valid``): the final-norm hidden state at
+    position ``last [B]`` of each, float32 ``[B, D]`` (the plain path of the engine's
+    ``hidden`` readouts)."""
+    COMPILES["states"] += 1
+    model = nnx.merge(graphdef, state)
+    hidden, _ = model(tokens, positions_from_valid(valid), valid)
+    return jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0].astype(jnp.float32)
+
+
 # ------------------------------------------------------------------ the engine's programs
 # The model program (`packed_call`) has one shape per call size (its rows, width,
 # cached keys, readouts and label rows: PackShape.program). The model-free programs
@@ -81,9 +92,9 @@ def gather_slots(pool: KVCache, src, key_slot):
     return cache, jnp.broadcast_to(key_slot, src.shape)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "sequence", "attention"))
+@functools.partial(jax.jit, static_argnames=("graphdef", "sequence", "attention", "hidden"))
 def packed_call(graphdef, state, cache: KVCache, cache_slot, inputs: PackedInputs, rows, sequence,
-                attention="dense"):
+                attention="dense", hidden=False):
     """One packed call: ``B`` rows of ``W`` tokens (:class:`PackedInputs`), several
     items per row, each after its own slot of ``cache`` (``[L, B, keys, K, Dh]``, the
     slot of each key ``cache_slot [B, keys]``: :class:`sc_jax.models.model.Packing`),
@@ -91,18 +102,22 @@ def packed_call(graphdef, state, cache: KVCache, cache_slot, inputs: PackedInput
     ``attention`` (:mod:`sc_jax.models.attention`). Returns the label
     scores at the ``R`` flat positions ``readout`` (``[R, labels]`` label-row logits, or
     ``[R]`` log-probabilities of ``targets`` in sequence mode) and the new tokens'
-    keys and values ``[L, B, W, K, Dh]``."""
+    keys and values ``[L, B, W, K, Dh]``. With ``hidden`` (a program of its own) the
+    scores come as ``(scores, states)``: ``states [R, D]`` float32, the final-norm
+    hidden state each readout's logits are projected from."""
     COMPILES["packed"] += 1
     x = inputs
     model = nnx.merge(graphdef, state)
-    hidden, kv = model(x.tokens, x.positions, x.valid, cache, Packing(x.segment, x.slot, cache_slot),
-                       attention)
-    B, W, D = hidden.shape
-    sel = hidden.reshape(B * W, D)[x.readout]  # [R, D]
+    h, kv = model(x.tokens, x.positions, x.valid, cache, Packing(x.segment, x.slot, cache_slot),
+                  attention)
+    B, W, D = h.shape
+    sel = h.reshape(B * W, D)[x.readout]  # [R, D]
     if not sequence:
-        return model.project(sel, rows), kv
-    lp = jax.nn.log_softmax(model.project(sel), axis=-1)  # full vocabulary at R positions only
-    return jnp.take_along_axis(lp, x.targets[:, None], axis=-1)[:, 0], kv
+        scores = model.project(sel, rows)
+    else:
+        lp = jax.nn.log_softmax(model.project(sel), axis=-1)  # full vocabulary at R positions only
+        scores = jnp.take_along_axis(lp, x.targets[:, None], axis=-1)[:, 0]
+    return ((scores, sel.astype(jnp.float32)) if hidden else scores), kv
 
 
 @functools.partial(jax.jit, donate_argnames=("pool",))

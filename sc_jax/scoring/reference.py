@@ -30,7 +30,7 @@ from sc_jax.runtime.multihost import to_host
 from sc_jax.scoring.enumeration import index_array
 from sc_jax.scoring.memory import query_rows
 from sc_jax.scoring.packing import round_up
-from sc_jax.scoring.programs import flat_call
+from sc_jax.scoring.programs import flat_call, last_states
 from sc_jax.scoring.prompts import PromptPieces
 
 MODES = ("first_token", "sequence")
@@ -131,6 +131,20 @@ def score_plain(model: LoadedModel, pieces: PromptPieces, contexts, pairs, mode:
                 total += logits[tok] - (logits.max() + np.log(np.exp(logits - logits.max()).sum()))
             out[r, cls] = total
     return _renorm(out)
+
+
+def states_plain(model: LoadedModel, pieces: PromptPieces, contexts, pairs,
+                 mode: str = "first_token") -> np.ndarray:
+    """The plain path of the engine's hidden states: one whole prompt per forward pass
+    (batch 1, no cache), the final-norm hidden state at its last token (the query's),
+    float32 ``[N, D]`` (the same in both modes: the label tokens come after it)."""
+    contexts, pairs = check_inputs(model, pieces, contexts, pairs, mode)
+    out = np.zeros((len(pairs), model.config.hidden_size), np.float32)
+    for r, (c, q) in enumerate(pairs):
+        tokens, valid, last = model.pad([pieces.prompt(contexts[c], q)])
+        out[r] = to_host(last_states(model.graphdef, model.state, model.put(tokens),
+                                     model.put(valid), model.put(last)))[0]
+    return out
 
 
 def _pack(rows, T: int, side: str):

@@ -74,9 +74,11 @@ class EngineStats:
 class ScoreResult:
     """One :meth:`sc_jax.scoring.engine.ScoringEngine.score_jobs` call: ``scores``
     (tag -> ``[N, n_classes]`` label log-probs, in the jobs' order), ``stats`` (what
-    the call did) and ``plan`` (the schedule and the budgets it ran under; None
-    where no job had a pair)."""
+    the call did), ``plan`` (the schedule and the budgets it ran under; None
+    where no job had a pair) and ``hidden`` (tag -> ``[N, D]`` float32 last hidden
+    states, where the call asked for them; else None)."""
 
     scores: dict[str, np.ndarray]
     stats: EngineStats
     plan: Planned | None
+    hidden: dict[str, np.ndarray] | None = None

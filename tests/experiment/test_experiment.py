@@ -11,6 +11,12 @@ from sc_jax.experiment.config import RunConfig
 from sc_jax.experiment.jobs import score_seed
 from sc_jax.experiment.runplan import build_plan
 from sc_jax.scoring.engine import ScoringEngine
+from scipy.spatial.distance import cdist
+
+from sc_jax import cli
+from sc_jax.calibration.hidden import class_centroids, hidden_calibration
+from sc_jax.experiment.results import load_results
+from sc_jax.experiment.store import load_scores
 
 
 @pytest.fixture(scope="module")
@@ -35,12 +41,16 @@ def test_score_seed_shapes_and_cache(dataset, tmp_path):
     np.testing.assert_array_equal(y, np.asarray(split.demo_labels)[q])
     # |T_1| = 12 rows -> m_1 = min(6, 3, 4) = 3 sub-contexts x 6 test queries.
     assert s.test[1].shape == (3, 6, 2)
-    assert cache.misses == 3 + 2 * 3 and cache.hits == 0
+    # Nine jobs' log-probs, and the last hidden states of the six Hidden Calibration
+    # needs (the default methods include it).
+    assert cache.misses == 3 + 2 * 3 + 2 * 3 and cache.hits == 0
+    assert sorted(s.hidden) == [1, 2, 3] and s.hidden[1].shape == (3, 6, 2)
     # A second run (a resumed one) recomputes nothing and gives identical arrays.
     cache2 = ScoreCache(tmp_path / "cache")
     s2, stats2 = score_seed(model, engine, cache2, dataset, work, config, planned=work.planned)
     assert stats2.calls == 0  # served from the cache: no engine call
-    assert cache2.hits == 9 and cache2.misses == 0
+    assert cache2.hits == 15 and cache2.misses == 0
+    np.testing.assert_array_equal(s.hidden[2], s2.hidden[2])
     np.testing.assert_array_equal(s.base, s2.base)
     np.testing.assert_array_equal(s.test[3], s2.test[3])
     # The plan's schedule against the engine's own: the same calls, the same scores.
@@ -63,3 +73,41 @@ def test_run_config_rejects_bad_input():
         RunConfig(shots=(1,))
     with pytest.raises(ValueError, match="not among the datasets"):
         RunConfig(datasets=("sst2",), data_files=(("trec", "x.csv"),))
+
+
+def test_hidden_calibration_end_to_end(rt_csv, tmp_path):
+    """`sc-jax run --methods base,hidden`: results rows for both; the seed's saved
+    distances are those of the cached hidden states' class centroids, and a cache of
+    log-probs alone (a run without hidden) is rescored for its states only, its
+    log-probs kept."""
+    out = tmp_path / "run"
+    tiny = ["--model", "random:tiny-llama", "--shots", "4", "--seeds", "1", "--test-size", "6",
+            "--m-cap", "2", "--budget", "30", "--max-size", "2", "--quiet",
+            "--data-file", str(rt_csv)]
+    config = RunConfig(model="random:tiny-llama", shots=(4,), seeds=(0,), test_size=6, m_cap=2,
+                       budget=30, max_size=2, methods=("base", "hidden"),
+                       data_files=(("rotten_tomatoes", str(rt_csv)),))
+    work = build_plan(config).work[0]
+    identity = sc_jax.load_model("random:tiny-llama").identity
+    cache = ScoreCache(out / "cache")
+    logp = work.cache_keys(identity, config.mode)["surrogate2"]
+    assert cli.main(["run", "--out", str(out), "--methods", "base"] + tiny) == 0
+    kept = cache.get(logp)
+    assert kept is not None
+    # The same run resumed with hidden (a method added since): states only are scored.
+    assert cli.main(["run", "--out", str(out), "--methods", "base,hidden"] + tiny) == 0
+    assert np.array_equal(cache.get(logp), kept)
+    res = load_results(out)
+    rows = {r.method: r for r in res.rows}
+    assert set(rows) == {"base", "hidden"} and 0 <= rows["hidden"].accuracy <= 1
+    s = load_scores(next((out / "scores").rglob("*.npz")))
+    assert sorted(s.hidden) == [1, 2] and s.hidden[2].shape == (2, 6, 2)
+    # The states behind them, from the score cache: surrogate2's centroids, test2's
+    # prompts (the seed's jobs as the run planned them).
+    keys = work.hidden_keys(identity, config.mode, ["surrogate2", "test2"])
+    sur, test = cache.get(keys["surrogate2"]), cache.get(keys["test2"])
+    labels = np.asarray(work.split.demo_labels)[work.jobs.jobs["surrogate2"][1][:, 1]]
+    want = cdist(test, class_centroids(sur, labels, 2)).reshape(2, 6, 2)
+    np.testing.assert_allclose(s.hidden[2], want, rtol=1e-10)
+    assert rows["hidden"].accuracy == np.mean(hidden_calibration([s.hidden[1], s.hidden[2]]).argmax(-1)
+                                              == s.y_test)
