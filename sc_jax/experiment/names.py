@@ -20,10 +20,6 @@ DATASET_NAMES = {"sst2": "SST-2", "rotten_tomatoes": "Rotten Tomatoes", "ag_news
                  "tweet_eval_emotion": "TweetEval emotion", "tweet_eval_hate": "TweetEval hate",
                  "financial_phrasebank": "Financial PhraseBank"}
 
-# The newer baselines' display names, for runs that hold them; results.METHOD_NAMES
-# (the methods a results.json may hold) wins where it names one too.
-_NEWER = {"looc": "LOOC", "linc": "LinC", "surprise": "Surprise", "hidden": "Hidden Calibration"}
-_LABELS = {**_NEWER, **METHOD_NAMES}
 
 #: One colour per method (matplotlib's tab10 and tab20 hues, no two alike); SC is also
 #: drawn with a heavy edge (figures.SC_EDGE) so that it reads without colour.
@@ -35,9 +31,9 @@ METHOD_COLOURS = {"base": "#7f7f7f", "cc": "#1f77b4", "dc": "#ff7f0e", "bc": "#2
 SPARE_COLOURS = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d",
                  "#31a354")
 
-# The tables' order: the methods as METHOD_NAMES lists them (the paper's, SC last),
-# then the newer baselines, then any other name alphabetically.
-_ORDER = (*METHOD_NAMES, *[m for m in _NEWER if m not in METHOD_NAMES])
+# The tables' order: the methods as METHOD_NAMES lists them (the paper's, SC, then the
+# newer baselines), then any other name alphabetically.
+_ORDER = tuple(METHOD_NAMES)
 
 
 def dataset_name(dataset: str) -> str:
@@ -48,7 +44,7 @@ def dataset_name(dataset: str) -> str:
 
 def method_name(method: str) -> str:
     """The display name of a method id ("sc_star" -> "SC*"); an unlisted id as it is."""
-    return _LABELS.get(method, method)
+    return METHOD_NAMES.get(method, method)
 
 
 def method_colour(method: str) -> str:

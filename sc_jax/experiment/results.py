@@ -31,7 +31,7 @@ from sc_jax.models.named_models import display_name, named_model
 METHOD_NAMES = {"base": "Base", "cc": "CC", "dc": "DC", "bc": "BC", "bc_reference": "BC (code)",
                 "sc_star": "SC*", "sc_star_free": "SC* (no trust region)", "sc": "SC",
                 "sc_paper": "SC (paper, no guard)", "looc": "LOOC", "linc": "LinC",
-                "surprise": "Surprise", "hidden": "Hidden"}
+                "surprise": "Surprise", "hidden": "Hidden Calibration"}
 
 
 def load_results(path: str | Path) -> RunResults:
