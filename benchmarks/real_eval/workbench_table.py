@@ -1,7 +1,8 @@
 """SC against the 2024-25 calibration methods on the same scores: one table per metric
 over the real-model runs, with intervals over seeds.
 
-Each run directory is one (model, k) block of ``sc-jax run`` (its results.json). For
+The rows of the run directories (``sc-jax run``'s results.json) form one block per
+(model, k), a block's tasks from one run or several. For
 every method the per-seed average over the block's tasks is formed first (tasks every
 listed method covers), then its mean and a 95% interval over seeds
 (:func:`sc_jax.experiment.stats.seed_interval`: Student t below ten seeds, BCa
@@ -9,8 +10,8 @@ bootstrap from ten). "SC - X" is the same interval of the per-seed differences, 
 by seed; per task, SC "wins" against X where that task's interval lies above 0 and
 "loses" where it lies below (win / tie / loss). Methods a run lacks are left blank.
 
-  python benchmarks/real_eval/workbench_table.py benchmarks/real_eval/*/k4 \\
-      benchmarks/real_eval/*/k8 --out benchmarks/real_eval/workbench.md
+  python benchmarks/real_eval/workbench_table.py benchmarks/real_eval/workbench/*/k4/* \\
+      --out benchmarks/real_eval/workbench/table.md
 
 Writes the Markdown (``--out``) and the numbers beside it as JSON (``.json``).
 """
@@ -33,20 +34,28 @@ METHODS = ("base", "bc", "sc_star", "sc", "looc", "linc", "surprise", "hidden")
 AGAINST = ("bc", "looc", "linc", "surprise", "hidden")
 
 
-def block(run: Path, metric: str) -> dict:
-    """One run's block: its label, shots, the tasks used, and per method the per-seed
-    averages over those tasks (``{method: [value per seed]}``)."""
-    res = load_results(run)
-    rows = [r for r in res.rows if r.method in METHODS]
+def blocks(runs: list[Path], metric: str) -> list[dict]:
+    """The runs' rows grouped into blocks, one per (model, k) (a block's tasks may come
+    from several run directories): its label, shots, the tasks used, and per method the
+    per-seed averages over those tasks (``{method: [value per seed]}``)."""
+    grouped: dict[tuple, list] = {}
+    for run in runs:
+        res = load_results(run)
+        for r in res.rows:
+            if r.method in METHODS:
+                grouped.setdefault((model_label(res), r.shots), []).append(r)
+    return [_block(model, k, rows, metric) for (model, k), rows in grouped.items()]
+
+
+def _block(model: str, k: int, rows: list, metric: str) -> dict:
     have = sorted({r.method for r in rows}, key=METHODS.index)
     tasks = sorted(set.intersection(*({r.dataset for r in rows if r.method == m} for m in have)))
     seeds = sorted({r.seed for r in rows})
     cell = {(r.method, r.dataset, r.seed): r.metric(metric) for r in rows}
     per_task = {m: {t: [cell[m, t, s] for s in seeds] for t in tasks} for m in have}
     per_seed = {m: [float(np.mean([cell[m, t, s] for t in tasks])) for s in seeds] for m in have}
-    shots = sorted({r.shots for r in rows})
-    return {"run": str(run), "model": model_label(res), "shots": shots, "tasks": tasks,
-            "seeds": seeds, "per_seed": per_seed, "per_task": per_task}
+    return {"model": model, "shots": [k], "tasks": tasks, "seeds": seeds,
+            "per_seed": per_seed, "per_task": per_task}
 
 
 def _interval(values) -> dict | None:
@@ -84,14 +93,14 @@ def _fmt_diff(d: dict | None) -> str:
     return f"{100 * d['mean']:+.1f}{tail}"
 
 
-def table(blocks: list[dict], metric: str) -> list[str]:
+def table(found: list[dict], metric: str) -> list[str]:
     lower = metric == "ece"
-    cols = [m for m in METHODS if any(m in b["per_seed"] for b in blocks)]
+    cols = [m for m in METHODS if any(m in b["per_seed"] for b in found)]
     against = [m for m in AGAINST if m in cols]
     head = (["block"] + [method_name(m) for m in cols]
             + [f"SC - {method_name(m)}" for m in against])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for b in blocks:
+    for b in found:
         s = b["summary"]
         best = (min if lower else max)(s["mean"].values())
         means = [("" if m not in s["mean"] else
@@ -100,7 +109,7 @@ def table(blocks: list[dict], metric: str) -> list[str]:
         name = f"{b['model']}, k = {', '.join(map(str, b['shots']))} ({len(b['tasks'])} tasks)"
         lines.append("| " + " | ".join([name] + means + [_fmt_diff(s["diff"].get(m)) for m in against]) + " |")
     lines.append("")
-    for b in blocks:
+    for b in found:
         rec = b["summary"]["record"]
         parts = [f"{method_name(m)} {w} / {t} / {lo}" for m, (w, t, lo) in rec.items()]
         if parts:
@@ -121,16 +130,16 @@ def main(argv=None) -> int:
         ap.error(f"no results.json in {', '.join(missing)}")
     text, numbers = [], {}
     for metric in args.metrics:
-        blocks = [block(r, metric) for r in args.runs]
-        for b in blocks:
+        found = blocks(args.runs, metric)
+        for b in found:
             b["summary"] = summarise(b, metric == "ece")
-        numbers[metric] = blocks
-        how = sorted({d["interval"]["method"] for b in blocks for d in b["summary"]["diff"].values()
+        numbers[metric] = found
+        how = sorted({d["interval"]["method"] for b in found for d in b["summary"]["diff"].values()
                       if d["interval"]})
         text += [f"{metric.replace('_', '-')} (%): mean over seeds of the average over each "
                  f"block's tasks; SC's paired margins with 95% intervals over seeds "
                  f"({', '.join(how) or 'none'})", ""]
-        text += table(blocks, metric) + [""]
+        text += table(found, metric) + [""]
     print("\n".join(text))
     if args.out:
         args.out.write_text("\n".join(text))

@@ -1,5 +1,6 @@
 """The benchmark scripts' own logic, without a model: the shared timer
-(benchmarks/_timing.py) and the paper comparison of benchmarks/real_eval/compare_paper.py.
+(benchmarks/_timing.py), the paper comparison of benchmarks/real_eval/compare_paper.py and
+the workbench table of benchmarks/real_eval/workbench_table.py.
 The scripts that need a model are run by their own tests (test_accelerator_suite,
 test_gpu_check) and by tests/legs.sh (``--smoke``)."""
 
@@ -62,3 +63,27 @@ def test_compare_paper_margin_intervals():
     same = {"sc": {"a": {0: 61.0, 1: 61.0}}, "bc": {"a": {0: 60.0, 1: 60.0}}}
     avg = compare.margin_intervals(same, "bc", ["a"])["avg"]
     assert (avg.low, avg.high) == (pytest.approx(1.0),) * 2
+
+
+def test_workbench_table_blocks_and_margins():
+    """The workbench table on a committed run: one block per (model, k); each method's
+    per-seed average over the tasks every method covers; SC's margin against BC is
+    SciPy's t interval of the per-seed differences (three seeds); win / tie / loss
+    counts the tasks."""
+    from scipy import stats
+
+    table = _script(ROOT / "benchmarks" / "real_eval" / "workbench_table.py")
+    run = ROOT / "benchmarks" / "real_eval" / "smollm2-135m" / "k4"
+    (b,) = table.blocks([run], "macro_f1")
+    rows = table.load_results(run).rows
+    f1 = {(r.method, r.dataset, r.seed): r.macro_f1 for r in rows}
+    assert b["shots"] == [4] and len(b["tasks"]) == 7 and b["seeds"] == [0, 1, 2]
+    for m in ("sc", "bc"):
+        assert b["per_seed"][m] == pytest.approx(
+            [np.mean([f1[m, t, s] for t in b["tasks"]]) for s in b["seeds"]], rel=1e-12)
+    s = table.summarise(b, lower_is_better=False)
+    d = np.subtract(b["per_seed"]["sc"], b["per_seed"]["bc"])
+    iv = s["diff"]["bc"]["interval"]
+    assert (iv["low"], iv["high"]) == pytest.approx(
+        stats.t.interval(0.95, 2, loc=d.mean(), scale=stats.sem(d)), rel=1e-12)
+    assert sum(s["record"]["bc"]) == 7
