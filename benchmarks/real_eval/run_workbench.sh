@@ -15,8 +15,9 @@ TASKS=${TASKS:-"sst2 subj tweet_eval_emotion"}
 SHOTS=${SHOTS:-4}
 METHODS=${METHODS:-"base cc dc bc bc_reference sc_star sc_star_free sc sc_paper looc linc hidden surprise"}
 for k in $SHOTS; do
-    for model in default gemma3-270m qwen2.5-0.5b; do
-        for task in $TASKS; do
+    # Task by task, each with the three models: a grid cut short still compares the models.
+    for task in $TASKS; do
+        for model in default gemma3-270m qwen2.5-0.5b; do
             dir=benchmarks/real_eval/workbench/$model/k$k/$task
             [ -f "$dir/results.json" ] && { echo "== $dir: done"; continue; }
             echo "== $(date -u +%FT%TZ) $model k=$k $task -> $dir"
