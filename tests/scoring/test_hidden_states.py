@@ -10,16 +10,15 @@ import sc_jax
 from sc_jax.scoring.engine import ScoringEngine
 from sc_jax.scoring.enumeration import all_contexts, sample_contexts, surrogate_pairs
 from sc_jax.scoring.programs import COMPILES
-from sc_jax.scoring.prompts import Template, build_pieces
+from sc_jax.scoring.prompts import build_pieces
 from sc_jax.scoring.reference import states_plain
+from test_scoring import TEMPLATE, _texts  # the engine tests' words and labels
 
 # Final-norm states are O(1) per element (RMS 1 before the norm's scale); the engine
 # and the plain path differ only in float32 summation order (packed rows, cached keys,
 # block-sparse attention): measured 3e-7 of the largest element on this model; bound
 # at 1e-5.
 REL = 1e-5
-WORDS = "good bad movie plot actor great terrible fine boring fun dull superb the a of".split()
-TEMPLATE = Template("review:", "sentiment:", ("negative", "positive", "mixed"))
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +30,7 @@ def model():
 def setup(model):
     rng = np.random.default_rng(0)
     k = 4
-    texts = [" ".join(rng.choice(WORDS, int(rng.integers(1, 7)))) for _ in range(k + 3)]
+    texts = _texts(rng, k + 3)
     demos = list(zip(texts[:k], rng.integers(0, 3, k).tolist()))
     pieces = build_pieces(model.tokenizer, TEMPLATE, demos, texts)
     tests = np.arange(k, k + 3)
