@@ -374,7 +374,9 @@ def _run_locked(config: RunConfig, out: Path, progress: bool, log_samples: bool,
             params += fit_params
             fit_times.append(fit_time)
             with parts("metrics"):
-                drawn = {w.seed: w.split for w in plan.seeds_of(name, k)} if log_samples else None
+                # The per-query records feed the tables' per-query tests and the
+                # reliability diagram in every run; samples.jsonl only with log_samples.
+                drawn = {w.seed: w.split for w in plan.seeds_of(name, k)}
                 seed_rows, seed_records = _metric_rows(scores, fits, name, k, ds.n_classes, config,
                                                        drawn, ds)
             rows += seed_rows
@@ -388,8 +390,7 @@ def _run_locked(config: RunConfig, out: Path, progress: bool, log_samples: bool,
 
     if not is_writer():
         return Results(out, data.replace(timing=timing()), {})  # process 0 writes them
-    data, written = _write_outputs(out, data, records if log_samples else None, parts, timing,
-                                   progress)
+    data, written = _write_outputs(out, data, records, log_samples, parts, timing, progress)
     return Results(out, data, written)
 
 
@@ -431,12 +432,13 @@ def _timed_fit(scores: dict, name: str, k: int, config: RunConfig, lam: float, p
     return fits, fit_params, record
 
 
-def _write_outputs(out: Path, data: RunResults, records: list | None, parts: Parts, timing,
+def _write_outputs(out: Path, data: RunResults, records: list, log_samples: bool, parts: Parts, timing,
                    progress: bool) -> tuple[RunResults, dict[str, Path]]:
     """Process 0's files, put in place together at the end or not at all
     (:class:`Staging`; an interrupt leaves the folder's earlier files as they were, and
     the score cache resumes the run): results.json, the per-sample records
-    (``records``, where logged), the tables and plots, with results.json's timing
+    (``records``, written where ``log_samples``; the tables and the reliability diagram
+    read them either way), the tables and plots, with results.json's timing
     including the report's own time (``timing()``: the run's so far, a
     :class:`RunTiming`). Returns ``data`` with that timing, and the files."""
     t = time.perf_counter()
@@ -444,18 +446,19 @@ def _write_outputs(out: Path, data: RunResults, records: list | None, parts: Par
         log.info("writing the tables and plots into %s", out)
     plain, packed = samples.sample_paths(out)
     with Staging(out) as stage:
-        if records is not None:
+        if log_samples:
             sample_file = samples.write_samples(stage.dir, records)
             stage.remove.append((packed if sample_file.name == plain.name else plain).name)
-        # The records the tables check: this run's where logged, else any beside it.
-        logged = samples.read_samples(stage.dir if records is not None else out)
+        # The records the tables check: this run's where logged, else any beside it,
+        # else this run's unwritten ones (the per-query tests, the reliability diagram).
+        logged = samples.read_samples(stage.dir if log_samples else out) or records or None
         staged = report_files(data, stage.dir, logged)
         parts.add("report", time.perf_counter() - t)
         data = data.replace(timing=timing())
         write_json(stage.dir / "results.json", data.to_json())
     written = {name: stage.final(path) for name, path in staged.items()}
     written["json"] = out / "results.json"
-    if records is not None:
+    if log_samples:
         written["samples"] = stage.final(sample_file)
     if progress:
         log.info("%s", timing_line(data.timing))

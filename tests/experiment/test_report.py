@@ -414,8 +414,8 @@ def test_a_run_writes_the_same_files_and_tables(tmp_path, monkeypatch):
     out = tmp_path / "run"
     out.mkdir()
     (out / "samples.jsonl.gz").write_bytes(b"an earlier run's records")  # replaced
-    written, files = _write_outputs(out, data, records, Parts(), lambda: RunTiming(total_s=1.0),
-                                    False)
+    written, files = _write_outputs(out, data, records, True, Parts(),
+                                    lambda: RunTiming(total_s=1.0), False)
     names = sorted([*_REPORT_FILES, *_RELIABILITY_FILES, "results.json", "samples.jsonl"])
     assert sorted(p.name for p in out.iterdir()) == names
     assert sorted(p.name for p in files.values()) == names
@@ -442,7 +442,7 @@ def test_a_run_writes_the_same_files_and_tables(tmp_path, monkeypatch):
     monkeypatch.setattr(report, "plot_f1_bars", interrupted)
     data = data.replace(rows=(data.rows[0].replace(macro_f1=0.123), *data.rows[1:]))
     with pytest.raises(KeyboardInterrupt):
-        _write_outputs(out, data, None, Parts(), RunTiming, False)
+        _write_outputs(out, data, [], False, Parts(), RunTiming, False)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 

@@ -55,8 +55,11 @@ def _same_numbers(got, want):
 def test_killed_run_resumes_identically(config, tmp_path, monkeypatch, capsys):
     reference = run_experiment(RunConfig(**config), tmp_path / "ref", progress=False)
     assert reference.data.cache.misses > 0 and reference.data.cache.hits == 0
-    for name in ("table", "csv", "f1_bars", "sc_params", "json"):
+    # Without --log-samples: no samples.jsonl, but the per-query records still reach the
+    # reliability diagram (and the tables' per-query tests).
+    for name in ("table", "csv", "f1_bars", "sc_params", "reliability", "json"):
         assert reference.files[name].exists()
+    assert "samples" not in reference.files
 
     out = tmp_path / "killed"
     env = dict(os.environ)
