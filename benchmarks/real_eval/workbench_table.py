@@ -106,7 +106,8 @@ def table(found: list[dict], metric: str) -> list[str]:
         means = [("" if m not in s["mean"] else
                   (f"**{100 * s['mean'][m]:.1f}**" if s["mean"][m] == best else f"{100 * s['mean'][m]:.1f}"))
                  for m in cols]
-        name = f"{b['model']}, k = {', '.join(map(str, b['shots']))} ({len(b['tasks'])} tasks)"
+        n = len(b["tasks"])
+        name = f"{b['model']}, k = {', '.join(map(str, b['shots']))} ({n} task{'s' * (n != 1)})"
         lines.append("| " + " | ".join([name] + means + [_fmt_diff(s["diff"].get(m)) for m in against]) + " |")
     lines.append("")
     for b in found:
