@@ -130,6 +130,40 @@ def _kkt(z, features, labels1h, groups, lambda_inv, tau, sc_star):
 
 
 def _solve_single(features, labels1h, groups, lambda_inv, tau, *, sc_star, options):
+    """The forward solve of one problem: ``(x, Solution)``. Under a caller's ``vmap``
+    on a CPU the instances are solved one after another (:func:`_mapped_solve`)."""
+    return _mapped_solve(sc_star, options)(features, labels1h, groups, lambda_inv, tau)
+
+
+@functools.lru_cache(maxsize=None)
+def _mapped_solve(sc_star: bool, options: SolverOptions):
+    """:func:`_solve_one` with a batching rule of its own (``custom_vmap``). A caller's
+    ``vmap`` would otherwise batch the solver's while loops into lockstep loops, whose
+    ``lax.cond`` branches all run as selects: on a CPU, which solves the instances one
+    after another either way, that is a larger program (its trace and compile took
+    1.5 s more in a fresh process, n = 2) that runs each instance to the batch's
+    slowest. The rule maps over the instances there (``lax.map``), as
+    :func:`_calibrate_arrays` does for leading axes, and vmaps (lockstep) on an
+    accelerator. The solve's inputs are ``stop_gradient``-ed (derivatives come from
+    ``custom_root``), so the rule is never differentiated."""
+    one = functools.partial(_solve_one, sc_star=sc_star, options=options)
+    solve = jax.custom_batching.custom_vmap(one)
+
+    @solve.def_vmap
+    def _rule(axis_size, in_batched, *args):
+        if _lockstep():
+            axes = [0 if b else None for b in in_batched]
+            out = jax.vmap(one, in_axes=axes)(*args)
+        else:
+            args = [a if b else jnp.broadcast_to(a, (axis_size,) + jnp.shape(a))
+                    for a, b in zip(args, in_batched)]
+            out = jax.lax.map(lambda a: solve(*a), tuple(args))
+        return out, jax.tree.map(lambda _: True, out)
+
+    return solve
+
+
+def _solve_one(features, labels1h, groups, lambda_inv, tau, *, sc_star, options):
     problem = Problem(features, jnp.argmax(labels1h, axis=0).astype(jnp.int32),
                       jnp.argmax(groups, axis=1).astype(jnp.int32),
                       jnp.sum(groups, axis=1), groups.shape[1])

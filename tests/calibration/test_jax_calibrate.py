@@ -41,9 +41,12 @@ def test_jit_vmap_equals_one_by_one(x64, monkeypatch):
     labels = jnp.stack([jnp.asarray(p[1]) for p in probs])
     qids = jnp.stack([jnp.asarray(p[2]) for p in probs])
     taus = jnp.asarray([-1.0, 0.999, 0.95])
-    batched = jax.jit(jax.vmap(lambda f, y, g, t: sc_jax.calibrate(f, y, g, tau=t,
-                                                                   num_queries=6)))(
-        feats, labels, qids, taus)
+    def vmapped():  # the caller's vmap: calibrate's batching rule (lax.map on a CPU)
+        return jax.jit(jax.vmap(lambda f, y, g, t: sc_jax.calibrate(f, y, g, tau=t,
+                                                                    num_queries=6)))(
+            feats, labels, qids, taus)
+
+    batched = vmapped()
     leading = sc_jax.calibrate(feats, labels, qids, tau=taus)  # leading axes: lax.map on CPU
     # The accelerators' path for leading axes (vmapped, in lockstep), forced here; its
     # compiled program is dropped after, so that later calls trace the CPU's again.
@@ -51,6 +54,7 @@ def test_jit_vmap_equals_one_by_one(x64, monkeypatch):
     jax_calibrate._program.cache_clear()
     try:
         lockstep = sc_jax.calibrate(feats, labels, qids, tau=taus)
+        lockstep_vmap = vmapped()  # the rule's accelerator branch: jax.vmap of the solve
     finally:
         jax_calibrate._program.cache_clear()
     # One compiled single-problem solve (tau traced), called per problem.
@@ -59,7 +63,7 @@ def test_jit_vmap_equals_one_by_one(x64, monkeypatch):
         one = single(x, y, g, taus[k])
         ref = numpy_fit.fit(x, y, g, tau=float(taus[k]), dtype="float64")
         assert int(one.status) == Status.CONVERGED == ref.status
-        for other in (batched, leading, lockstep):
+        for other in (batched, leading, lockstep, lockstep_vmap):
             assert int(other.status[k]) == Status.CONVERGED
             np.testing.assert_allclose(other.b[k], one.b, atol=1e-6)
             np.testing.assert_allclose(other.w[k], one.w, atol=1e-6)

@@ -96,7 +96,7 @@ def carry(z: Array, chart: Chart, n1: int, g: Array, h: Array, gm: Array, hm: Ar
     branch = jnp.where(chart.cls >= 0, 1, jnp.where(jnp.any(chart.apex), 2, 0))
     return jax.lax.switch(branch, [
         lambda: (g, h, gm, hm),
-        lambda: (*polar_chain(z, chart.cls, n1, g, h), *polar_chain(z, chart.cls, n1, gm, hm)),
+        lambda: (*(polar := _polar_carry(z, chart.cls, n1))(g, h), *polar(gm, hm)),
         lambda: (*cosine_chain(z, chart.apex, n1, g, h),
                  *cosine_constraint_chain(gm, hm, chart.apex, n1)),
     ])
@@ -106,41 +106,67 @@ def carry(z: Array, chart: Chart, n1: int, g: Array, h: Array, gm: Array, hm: Ar
 # Polar form for one class.
 
 
+def _polar_mask(cls: Array, n1: int) -> Array:
+    """``[n1]`` bool, True at class ``cls`` (all False for cls < 0). The polar chart
+    is written with this mask and elementwise selects, not with scatters at a traced
+    index: the same numbers in a much smaller program (each ``.at[c].set`` was a
+    scatter of its own in the solver's loop)."""
+    return jnp.arange(n1) == cls
+
+
 def from_polar(z: Array, cls: Array, n1: int) -> Array:
     """Solver coordinates z -> x = (b, w) (``[2 (n - 1)]``); x = z where cls < 0."""
-    c = jnp.maximum(cls, 0)
-    r = jnp.exp(z[n1 + c])
-    x = z.at[c].set(r * jnp.sin(z[c])).at[n1 + c].set(r * jnp.cos(z[c]))
-    return jnp.where(cls >= 0, x, z)
+    on = _polar_mask(cls, n1)
+    phi, s = z[:n1], z[n1:]
+    r = jnp.exp(jnp.where(on, s, 0.0))
+    return jnp.concatenate([jnp.where(on, r * jnp.sin(phi), phi),
+                            jnp.where(on, r * jnp.cos(phi), s)])
 
 
 def to_polar(x: Array, cls: Array, n1: int) -> Array:
     """x = (b, w) -> solver coordinates with class ``cls`` in polar form (z = x where
     cls < 0). theta_c = 0 has no polar form; the follow-up phase starts only from a
     run-off, where ||theta_c|| is large."""
-    c = jnp.maximum(cls, 0)
-    b, w = x[c], x[n1 + c]
-    z = x.at[c].set(jnp.arctan2(b, w)).at[n1 + c].set(jnp.log(jnp.hypot(b, w)))
-    return jnp.where(cls >= 0, z, x)
+    on = _polar_mask(cls, n1)
+    b, w = x[:n1], x[n1:]
+    radius = jnp.where(on, jnp.hypot(b, w), 1.0)
+    return jnp.concatenate([jnp.where(on, jnp.arctan2(b, w), b),
+                            jnp.where(on, jnp.log(radius), w)])
+
+
+def _diag_blocks(a, b, c, d) -> Array:
+    """The ``[2 n1, 2 n1]`` matrix [[diag a, diag b], [diag c, diag d]]."""
+    return jnp.block([[jnp.diag(a), jnp.diag(b)], [jnp.diag(c), jnp.diag(d)]])
 
 
 def polar_chain(z: Array, cls: Array, n1: int, g: Array, H: Array):
     """Gradient and Hessian in z from those in x (chain rule through
     :func:`from_polar`): J^T g and J^T H J + sum_i g_i hess(x_i), where J differs
     from the identity in class c's 2 x 2 block. For cls < 0, (g, H) unchanged."""
-    c = jnp.maximum(cls, 0)
+    return _polar_carry(z, cls, n1)(g, H)
+
+
+def _polar_carry(z: Array, cls: Array, n1: int):
+    """``(g, H) -> (J^T g, J^T H J + sum_i g_i hess(x_i))`` at z (:func:`polar_chain`),
+    J formed once for every gradient and Hessian carried at z."""
+    on = _polar_mask(cls, n1)
     x = from_polar(z, cls, n1)
-    b, w = x[c], x[n1 + c]
-    i, j = c, n1 + c
-    eye = jnp.eye(z.shape[0], dtype=z.dtype)
-    J = eye.at[i, i].set(w).at[i, j].set(b).at[j, i].set(-b).at[j, j].set(w)
-    gb, gw = g[i], g[j]
-    # hess(b) = [[-b, w], [w, b]], hess(w) = [[-w, -b], [-b, w]] in (phi, s).
-    extra = (jnp.zeros_like(H).at[i, i].set(-gb * b - gw * w)
-             .at[i, j].set(gb * w - gw * b).at[j, i].set(gb * w - gw * b)
-             .at[j, j].set(gb * b + gw * w))
-    on = cls >= 0
-    return jnp.where(on, J.T @ g, g), jnp.where(on, J.T @ H @ J + extra, H)
+    b, w = x[:n1], x[n1:]
+    zero = jnp.zeros_like(b)
+    # Class c's block: d(b, w)/d(phi, s) = [[w, b], [-b, w]].
+    J = _diag_blocks(jnp.where(on, w, 1.0), jnp.where(on, b, zero),
+                     jnp.where(on, -b, zero), jnp.where(on, w, 1.0))
+    active = cls >= 0
+
+    def carry_one(g, H):
+        gb, gw = g[:n1], g[n1:]
+        # hess(b) = [[-b, w], [w, b]], hess(w) = [[-w, -b], [-b, w]] in (phi, s).
+        off = jnp.where(on, gb * w - gw * b, zero)
+        extra = _diag_blocks(jnp.where(on, -gb * b - gw * w, zero), off, off,
+                             jnp.where(on, gb * b + gw * w, zero))
+        return jnp.where(active, J.T @ g, g), jnp.where(active, J.T @ H @ J + extra, H)
+
+    return carry_one
 
 
 # ---------------------------------------------------------------------------------
@@ -184,10 +210,8 @@ def cosine_chain(z: Array, apex: Array, n1: int, g: Array, H: Array):
     hbb = jnp.where(apex, gw * k * e2 / (R * R * R), zero)
     hbt = jnp.where(apex, gw * b * r3 / R, zero)
     htt = jnp.where(apex, gw * 3.0 * t * R * r3 * r1 * r1, zero)
-    i = jnp.arange(n1)
-    J = jnp.eye(2 * n1, dtype=z.dtype).at[n1 + i, i].set(dwdb).at[n1 + i, n1 + i].set(dwdt)
-    extra = (jnp.zeros_like(H).at[i, i].set(hbb).at[i, n1 + i].set(hbt)
-             .at[n1 + i, i].set(hbt).at[n1 + i, n1 + i].set(htt))
+    J = _diag_blocks(jnp.ones_like(b), zero, dwdb, dwdt)
+    extra = _diag_blocks(hbb, hbt, hbt, htt)
     return J.T @ g, J.T @ H @ J + extra
 
 
