@@ -69,7 +69,7 @@ gpu_image() {
     "$py" -m venv .venv-gpu-image
     # What the image holds, then the two wheels carried there; never this package.
     .venv-gpu-image/bin/pip install -q -c constraints-gpu-image.txt jax jaxlib flax optax numpy \
-        scipy transformers tokenizers safetensors huggingface_hub matplotlib tqdm
+        scipy transformers tokenizers safetensors huggingface_hub matplotlib tqdm flatbuffers
     .venv-gpu-image/bin/pip install -q --no-deps -c constraints-gpu-image.txt jaxopt gguf
     out=$(mktemp -d)
     PYTHONPATH=. JAX_PLATFORMS=cpu .venv-gpu-image/bin/python benchmarks/accelerator_suite.py \

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import jax
 
-from sc_jax.calibration.solvers.batching import threads_from_env
+from sc_jax.calibration.solvers.batching import set_export_dir, threads_from_env
 from sc_jax.cli.parser import build_parser
 from sc_jax.experiment import staging
 from sc_jax.experiment.task_loading import DataUnavailableError
@@ -60,7 +60,9 @@ def compilation_cache_dir() -> str | None:
 def enable_compilation_cache() -> str | None:
     """Turn on JAX's persistent compilation cache, so that a second ``sc-jax`` process
     reuses the first one's compiled solvers and forward passes (each solver and row
-    bucket costs seconds to compile on a 2-core CPU)."""
+    bucket costs seconds to compile on a 2-core CPU), and keep the solver programs
+    exported beside it (:func:`sc_jax.calibration.solvers.set_export_dir`), so that
+    it does not trace and lower them again either."""
     path = compilation_cache_dir()
     if path:
         jax.config.update("jax_compilation_cache_dir", path)
@@ -69,6 +71,8 @@ def enable_compilation_cache() -> str | None:
         # back, they cost a second process next to nothing.
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+        # The solver programs, exported: a later process neither traces nor lowers them.
+        set_export_dir(os.path.join(path, "sc_jax_exports"))
     return path
 
 

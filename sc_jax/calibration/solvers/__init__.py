@@ -49,6 +49,7 @@ from sc_jax.calibration.solvers.batching import (
     resolve_batch_size,
     resolve_threads,
     run_parts,
+    set_export_dir,
     solve_batch,
     solve_slots,
     split_parts,
@@ -80,6 +81,6 @@ __all__ = [
     "ScipyOptions", "Solution", "Solver", "SolverOptions", "Status", "augmented_lagrangian",
     "batched", "coarse_subsample", "compiler_options", "is_converged", "project_bias_sc_star",
     "project_cone", "projected", "resolve_batch_size", "resolve_threads", "run_parts",
-    "scipy", "scipy_best", "scipy_starts", "solve_batch", "solve_slots", "split_parts",
+    "scipy", "scipy_best", "scipy_starts", "set_export_dir", "solve_batch", "solve_slots", "split_parts",
     "sqp_step", "start_points", "trace_counts", "trust_region_step",
 ]
