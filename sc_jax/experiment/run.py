@@ -486,9 +486,20 @@ def run_timing(parts: Parts, seeds: list[SeedTiming], fits: list[FitTiming],
         seeds=tuple(seeds), fits=tuple(fits))
 
 
+def compile_share(t: RunTiming) -> float | None:
+    """The share of a run's wall time spent compiling: the scoring's compiles and the
+    fits' (tracing, lowering, XLA and persistent-cache reads), over ``total_s``."""
+    if not t.total_s or t.compile_s is None or t.fit_compile_s is None:
+        return None
+    return (t.compile_s + t.fit_compile_s) / t.total_s
+
+
 def timing_line(t: RunTiming) -> str:
-    """One line of where a run's time went (:func:`run_timing`)."""
-    return (f"time: {t.total_s:.1f} s = load {t.load_s:.1f} + scoring {t.scoring_s:.1f} "
+    """One line of where a run's time went (:func:`run_timing`), the share spent
+    compiling first."""
+    share = compile_share(t)
+    head = "" if share is None else f" ({100 * share:.0f}% of it compiling)"
+    return (f"time: {t.total_s:.1f} s{head} = load {t.load_s:.1f} + scoring {t.scoring_s:.1f} "
             f"(compile {t.compile_s:.1f}, {t.model_programs} model programs compiled, "
             f"{t.cache_hits} from the persistent cache; forward {t.forward_s:.1f}; host "
             f"{t.host_s:.1f}) + fitting {t.fitting_s:.1f} (compile {t.fit_compile_s:.1f}, "

@@ -138,3 +138,13 @@ def test_a_malformed_record_is_one_line_naming_it(tmp_path, change, problem):
 def test_records_are_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         _run().rows[0].seed = 3
+
+
+def test_timing_line_gives_the_share_spent_compiling():
+    from sc_jax.experiment.run import compile_share, timing_line
+
+    timing = _run().timing  # 10 s in all: scoring compiled 2 s, the fits 1 s
+    assert compile_share(timing) == pytest.approx(0.3)
+    assert timing_line(timing).startswith("time: 10.0 s (30% of it compiling) = load 2.0 + ")
+    # A file from before the parts were timed has no share to give.
+    assert compile_share(RunTiming()) is None
