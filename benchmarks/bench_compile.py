@@ -16,6 +16,9 @@ The entry points:
 * ``calibrate-{eager,jit,vmap,grad,jacfwd}-n{2,4,6}``: ``sc_jax.calibrate`` on one
   k = 8, size-1 problem (56 rows; 8 problems of it under ``vmap``), float32 (the
   derivatives in float64, as a user checking gradients would), default settings;
+* ``calibrate-vmap-25`` and ``scipy-loop-25``: ``jit(vmap(calibrate))`` on
+  bench_cold_call's 25 problems (n = 4, 336 rows each), and the SciPy trust-constr loop
+  on them (``numpy_fit.fit(solver="scipy")``, float64), each cold;
 * ``fit_batch``: ``numpy_fit.fit_batch`` on the experiment's default batch (two
   classes, k = 8, sizes 1..5 x 5 seeds);
 * ``run``: ``sc-jax run`` on ``random:tiny-llama`` (k = 4, 1 seed, 16 test queries,
@@ -49,7 +52,8 @@ import _results
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("eager", "jit", "vmap", "grad", "jacfwd")
 CLASSES = (2, 4, 6)
-ENTRIES = tuple(f"calibrate-{m}-n{n}" for n in CLASSES for m in MODES) + ("fit_batch", "run")
+ENTRIES = tuple(f"calibrate-{m}-n{n}" for n in CLASSES for m in MODES) + (
+    "calibrate-vmap-25", "scipy-loop-25", "fit_batch", "run")
 
 
 # ----------------------------------------------------------------- the child process
@@ -96,6 +100,28 @@ def _calibrate_call(mode: str, n: int):
         return jax.jit(fn or cal).lower(*args).as_text()
 
     return call, lower
+
+
+def _batch25_call(scipy: bool):
+    """bench_cold_call's calibrate case: 25 problems of n = 4 classes, 336 rows each
+    (k = 8, size 2, 25 seeds), float32, under ``jit(vmap(calibrate))``; or the SciPy
+    trust-constr loop on them (``scipy``), its JAX derivatives compiled in the process."""
+    import jax  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+
+    import sc_jax  # noqa: PLC0415
+    from sc_jax.calibration import numpy_fit  # noqa: PLC0415
+    from sc_jax.calibration.synthetic import World  # noqa: PLC0415
+
+    probs = [World(4, (1.0, 0.8, 1.2), beta=(0.3, -0.2, 0.1), seed=seed).surrogate(8, (2,))[2]
+             for seed in range(25)]
+    if scipy:
+        return lambda: [int(numpy_fit.fit(*p, solver="scipy").status) for p in probs], None
+    x, y, g = (np.stack([p[j] for p in probs]) for j in range(3))
+    fn = jax.vmap(lambda a, b, c: sc_jax.calibrate(a, b, c, num_queries=8))
+    args = (x.astype(np.float32), y, g)
+    return (lambda: jax.block_until_ready(jax.jit(fn)(*args)),
+            lambda: jax.jit(fn).lower(*args).as_text())
 
 
 def _fit_batch_call():
@@ -149,7 +175,9 @@ def child(entry: str) -> None:
     from sc_jax.cli.process import enable_compilation_cache  # noqa: PLC0415
 
     enable_compilation_cache()  # SC_JAX_XLA_CACHE: "" off, else the cache to use
-    if entry.startswith("calibrate-"):
+    if entry.endswith("-25"):
+        call, lower = _batch25_call(entry.startswith("scipy"))
+    elif entry.startswith("calibrate-"):
         _, mode, n = entry.split("-")
         call, lower = _calibrate_call(mode, int(n[1:]))
     else:

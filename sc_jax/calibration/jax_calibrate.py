@@ -167,8 +167,10 @@ def _solve_one(features, labels1h, groups, lambda_inv, tau, *, sc_star, options)
     problem = Problem(features, jnp.argmax(labels1h, axis=0).astype(jnp.int32),
                       jnp.argmax(groups, axis=1).astype(jnp.int32),
                       jnp.sum(groups, axis=1), groups.shape[1])
+    # A CPU solves one instance at a time (alone, or mapped): the ray test's points one
+    # by one there, with one copy of f's code in the program instead of two.
     sol = solvers.augmented_lagrangian(problem, lambda_inv, tau, sc_star=sc_star,
-                                       options=options)
+                                       options=options, one_site=not _lockstep())
     return flat_from_params(sol.params, sc_star), sol
 
 

@@ -230,7 +230,8 @@ def solve(rows: Rows, n1: int, dtype, lambda_inv, tau, *, sc_star: bool,
 
 
 def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = False,
-                         options: SolverOptions = SolverOptions()) -> Solution:
+                         options: SolverOptions = SolverOptions(),
+                         one_site: bool = False) -> Solution:
     """Solve Eq. final_opt_problem (the mean-cosine constraint) for one problem.
 
     The PHR augmented Lagrangian of :mod:`.lagrangian` (trust-region Newton steps
@@ -243,7 +244,9 @@ def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = F
     class's part of it) is doubled and doubled again, which no minimiser allows.
 
     problem: one unbatched :class:`Problem` (``[N, n-1]`` features); lambda_inv, tau:
-    scalars (may be traced). Pure: composes with jit and vmap.
+    scalars (may be traced). Pure: composes with jit and vmap. ``one_site``: the ray
+    test's points evaluated one by one (:func:`.runoff.not_attained`; the same result
+    in a smaller program, for instances solved one after another).
     """
     dtype = problem.features.dtype
     lambda_inv = jnp.asarray(lambda_inv, dtype)
@@ -253,4 +256,4 @@ def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = F
                            value=lambda x: value(x, designs[-1], lambda_inv),
                            levels=len(sizes), has_rows=jnp.any(problem.mask > 0))
     return solve(rows, problem.num_classes - 1, dtype, lambda_inv, tau, sc_star=sc_star,
-                 options=options)
+                 options=options, one_site=one_site)
