@@ -25,6 +25,18 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 import pytest  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _no_exported_programs_after():
+    """No test leaves solver programs served from ``jax.export`` files to the tests after
+    it: ``cli.main`` turns them on with the compilation cache
+    (``sc_jax.cli.process.enable_compilation_cache``), process-wide, and a later test
+    that counts traces (``solvers.trace_counts``) would find files of earlier runs."""
+    yield
+    from sc_jax.calibration.solvers import exported  # noqa: PLC0415 - after JAX's set-up
+
+    exported.set_export_dir(None)
+
+
 @pytest.fixture(scope="module")
 def no_persistent_cache_writes():
     """No persistent-cache writes on jaxlib 0.11 and later while a module runs.

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import jax
 
-from sc_jax.calibration.solvers.batching import set_export_dir, threads_from_env
+from sc_jax.calibration.solvers.batching import threads_from_env
+from sc_jax.calibration.solvers.exported import set_export_dir
 from sc_jax.cli.parser import build_parser
 from sc_jax.experiment import staging
 from sc_jax.experiment.task_loading import DataUnavailableError

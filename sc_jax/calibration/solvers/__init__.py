@@ -38,6 +38,8 @@ The pieces, one job each:
   :func:`augmented_lagrangian`;
 * :mod:`.projected`: the projected solver;
 * :mod:`.batching`: batches, buckets, host threads, compiler options;
+* :mod:`.exported`: the batched programs kept as ``jax.export`` files for later
+  processes;
 * :mod:`.reference`: the SciPy reference.
 """
 
@@ -49,12 +51,12 @@ from sc_jax.calibration.solvers.batching import (
     resolve_batch_size,
     resolve_threads,
     run_parts,
-    set_export_dir,
     solve_batch,
     solve_slots,
     split_parts,
     trace_counts,
 )
+from sc_jax.calibration.solvers.exported import set_export_dir
 from sc_jax.calibration.solvers.geometry import project_cone
 from sc_jax.calibration.solvers.levels import coarse_subsample
 from sc_jax.calibration.solvers.multistart import (

@@ -1,0 +1,119 @@
+"""Solver programs kept as ``jax.export`` serialisations (:func:`set_export_dir`), so
+that a later process deserialises a :func:`.batching.batched` program instead of
+tracing and lowering it again; :class:`Batched` is that program, jitted, served from
+its file where one is kept.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import logging
+import os
+import threading
+from pathlib import Path
+
+import jax
+import jaxlib
+
+from sc_jax.calibration.objective import Params
+from sc_jax.calibration.solvers.types import Solution
+
+# Mutable module state, on purpose: the folder of exported solver programs (None: off),
+# set once by the caller that owns the machine's caches (sc-jax, at startup).
+_EXPORT_DIR: list = [None]
+
+
+def set_export_dir(path: str | os.PathLike | None) -> None:
+    """Serve :func:`.batching.solve_batch`'s programs from ``jax.export``
+    serialisations kept in ``path`` (None: off, the default).
+
+    A process that meets a solver program (solver, options, bucket shape, dtype,
+    backend) for the first time traces and lowers it once, serialises it there
+    (``jax.export``), and compiles it; a later process deserialises it instead of
+    tracing and lowering it again (about 1 s per program on a 2-core CPU), and with
+    JAX's persistent compilation cache on it then reads the compiled program too. A
+    file is keyed by everything the program depends on: the program's settings and
+    shapes, the jax and jaxlib versions, 64-bit mode, and a hash of sc_jax's
+    calibration sources, so an edited solver or an upgrade never serves a stale one.
+    ``sc-jax`` puts it beside its compilation cache
+    (:func:`sc_jax.cli.process.enable_compilation_cache`)."""
+    _EXPORT_DIR[0] = None if path is None else os.fspath(path)
+
+
+@functools.lru_cache(maxsize=1)
+def _sources_hash() -> str:
+    """A hash of the solver's sources (sc_jax/calibration), part of every export key."""
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_once(message: str) -> None:
+    logging.getLogger(__name__).warning(message)
+
+
+class Batched:
+    """A :func:`.batching.batched` solver: ``(problems, lambda_invs, taus) -> tuple of
+    Solution``, as ``jit`` (``.jit``), or through an exported program where
+    :func:`set_export_dir` gave a folder and the arguments are concrete."""
+
+    def __init__(self, fn, jitted, spec: tuple):
+        self.fn = fn
+        self.jit = jitted
+        self.spec = spec
+        self._served: dict = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, problems, lambda_invs, taus):
+        folder = _EXPORT_DIR[0]
+        args = (problems, lambda_invs, taus)
+        leaves, tree = jax.tree.flatten(args)
+        if folder is None or any(isinstance(a, jax.core.Tracer) for a in leaves):
+            return self.jit(*args)
+        shapes = tuple((tuple(a.shape), str(a.dtype)) for a in leaves)
+        key = (folder, shapes, str(tree), bool(jax.config.jax_enable_x64))
+        with self._lock:
+            call = self._served.get(key)
+            if call is None:
+                call = self._served[key] = self._load_or_export(folder, key, leaves, tree)
+        out = call(*leaves)
+        # Every bucket's Solution, rebuilt from the program's flat outputs.
+        return jax.tree.unflatten(jax.tree.structure(tuple(
+            Solution(Params(0, 0), *([0] * (len(Solution._fields) - 1))) for _ in problems)),
+            out)
+
+    def _load_or_export(self, folder: str, key: tuple, leaves: list, tree):
+        name = hashlib.sha256(repr((self.spec, key[1:], jax.__version__, jaxlib.__version__,
+                                    _sources_hash())).encode()).hexdigest()[:32]
+        path = Path(folder) / f"{self.spec[0]}-{name}.jaxexport"
+        def plain(*xs):
+            return jax.tree.leaves(self.jit(*jax.tree.unflatten(tree, xs)))
+
+        if importlib.util.find_spec("flatbuffers") is None:  # jax.export serialises with it
+            _warn_once("solver programs are not exported (pip install flatbuffers "
+                       "to serve them to later processes without tracing)")
+            return plain
+        exported = None
+        if path.exists():
+            try:
+                exported = jax.export.deserialize(bytearray(path.read_bytes()))
+            except Exception:  # noqa: BLE001 - a torn or foreign file: export afresh
+                exported = None
+        if exported is None:
+            def flat(*xs):
+                return jax.tree.leaves(self.fn(*jax.tree.unflatten(tree, xs)))
+
+            specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in leaves]
+            exported = jax.export.export(jax.jit(flat), platforms=[self.spec[4]])(*specs)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+            tmp.write_bytes(exported.serialize())
+            os.replace(tmp, path)  # atomic: a concurrent reader sees all or nothing
+        options_xla = dict(self.spec[5])
+        return jax.jit(exported.call, compiler_options=options_xla or None)
