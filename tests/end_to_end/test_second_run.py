@@ -11,7 +11,8 @@ import sys
 def _run(tmp_path, data, seed, cache):
     out = tmp_path / f"seed{seed}"
     subprocess.run([sys.executable, "-m", "sc_jax.cli", "run", "--model", "random:tiny-llama",
-                    "--shots", "4", "--seed-list", str(seed), "--test-size", "8",
+                    "--shots", "4", "--seed-list", str(seed), "--test-size", "4",
+                    "--max-size", "2", "--m-cap", "1",
                     "--data-file", str(data), "--out", str(out), "--quiet"],
                    env={**os.environ, "SC_JAX_XLA_CACHE": str(cache)}, check=True,
                    capture_output=True, text=True, timeout=600)

@@ -77,6 +77,7 @@ def test_run_timing_adds_up_and_later_runs_compile_no_model_program(rt_csv, long
     second = run_experiment(RunConfig(**dict(cfg, seeds=(3, 4))), tmp_path / "b",
                             progress=False).data.timing
     assert COMPILES["packed"] == packed and second.model_programs == 0
+    assert second.programs == 0  # nor any other of the engine's (pool, gathers, writes)
     assert [f.programs for f in second.fits] == [0]  # fit programs: row buckets seen
     assert [s.shape for s in second.seeds] == [first.seeds[0].shape] * 2
     other = run_experiment(RunConfig(**dict(cfg, datasets=("ag_news",),
