@@ -26,7 +26,7 @@ _EXPORT_DIR: list = [None]
 
 
 def set_export_dir(path: str | os.PathLike | None) -> None:
-    """Serve :func:`.batching.solve_batch`'s programs from ``jax.export``
+    """Serve :func:`.batching.solve_batch`'s CPU programs from ``jax.export``
     serialisations kept in ``path`` (None: off, the default).
 
     A process that meets a solver program (solver, options, bucket shape, dtype,
@@ -74,7 +74,11 @@ class Batched:
         folder = _EXPORT_DIR[0]
         args = (problems, lambda_invs, taus)
         leaves, tree = jax.tree.flatten(args)
-        if folder is None or any(isinstance(a, jax.core.Tracer) for a in leaves):
+        # CPU programs only: those a run's fits compile, on a GPU machine too, where the
+        # small batches are solved on the host (.batching.fit_device); an accelerator's
+        # export is not tested on this project's machines.
+        if folder is None or self.spec[4] != "cpu" or any(
+                isinstance(a, jax.core.Tracer) for a in leaves):
             return self.jit(*args)
         shapes = tuple((tuple(a.shape), str(a.dtype)) for a in leaves)
         key = (folder, shapes, str(tree), bool(jax.config.jax_enable_x64))
