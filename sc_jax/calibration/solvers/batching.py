@@ -24,6 +24,7 @@ from typing import Callable, Literal, Sequence, get_args
 
 import jax
 import jax.numpy as jnp
+import jaxlib
 import numpy as np
 
 from sc_jax.calibration.objective import Params, Problem, value
@@ -351,17 +352,30 @@ def run_parts(fn, problems: tuple, lambda_invs: tuple, taus: tuple, threads: int
 # its vmapped program with the classic emitters and --xla_backend_optimization_level=0
 # (the test suite's setting) ran for minutes where either alone took 3-5 s.
 COMPILER_OPTIONS = {"cpu": {"xla_cpu_use_fusion_emitters": False}}
+# The jaxlib versions known to accept an option, so that no probe compiles: a refused
+# probe is never cached, and every process compiled it again (one program in each
+# second run on jaxlib 0.12).
+_KNOWN_OPTIONS = {"xla_cpu_use_fusion_emitters": lambda version: version < (0, 11)}
 
 
 @functools.lru_cache(maxsize=None)
 def compiler_options(backend: str) -> dict:
     """The options of :data:`COMPILER_OPTIONS` for ``backend`` that this jaxlib's XLA
-    accepts, found once per process by compiling a one-op program with each."""
-    accepted = {}
+    accepts: by jaxlib version where it is known (``_KNOWN_OPTIONS``), otherwise found
+    once per process by compiling a one-op program with the option."""
+    accepted, probed = {}, {}
+    version = tuple(int(p) for p in jaxlib.__version__.split(".")[:2])
+    for name, setting in COMPILER_OPTIONS.get(backend, {}).items():
+        if name not in _KNOWN_OPTIONS:
+            probed[name] = setting
+        elif _KNOWN_OPTIONS[name](version):
+            accepted[name] = setting
+    if not probed:
+        return accepted
     arg = jax.ShapeDtypeStruct((), jnp.float32, sharding=jax.sharding.SingleDeviceSharding(
         jax.local_devices(backend=backend)[0]))
     lowered = jax.jit(lambda x: x + 1).lower(arg)
-    for name, setting in COMPILER_OPTIONS.get(backend, {}).items():
+    for name, setting in probed.items():
         try:
             lowered.compile(compiler_options={name: setting})
         except jax.errors.JaxRuntimeError as e:
