@@ -47,6 +47,17 @@ def test_exported_programs_serve_a_later_process_without_tracing(tmp_path):
         solvers.set_export_dir(None)
         served._served.clear()
     assert plain_status == first_status == again_status and set(plain_status) == {0}
+    # A folder that cannot be written: the fit goes on (exported in memory), nothing kept.
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    solvers.set_export_dir(blocked / "exports")
+    try:
+        served._served.clear()
+        unkept, _ = _fits(problems)
+    finally:
+        solvers.set_export_dir(None)
+        served._served.clear()
+    np.testing.assert_allclose(unkept, plain, rtol=1e-6, atol=1e-7)
     # One program, exported or jitted: the same arithmetic (float32; a margin of a few
     # ulps for XLA's choices between two compiles of one module).
     for other in (first, again, torn):

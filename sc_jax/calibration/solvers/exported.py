@@ -6,6 +6,7 @@ its file where one is kept.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.util
@@ -82,11 +83,13 @@ class Batched:
             return self.jit(*args)
         shapes = tuple((tuple(a.shape), str(a.dtype)) for a in leaves)
         key = (folder, shapes, str(tree), bool(jax.config.jax_enable_x64))
+        # One lock per program: threads solving other buckets export theirs meanwhile.
         with self._lock:
-            call = self._served.get(key)
-            if call is None:
-                call = self._served[key] = self._load_or_export(folder, key, leaves, tree)
-        out = call(*leaves)
+            entry = self._served.setdefault(key, [threading.Lock(), None])
+        with entry[0]:
+            if entry[1] is None:
+                entry[1] = self._load_or_export(folder, key, leaves, tree)
+        out = entry[1](*leaves)
         # Every bucket's Solution, rebuilt from the program's flat outputs.
         return jax.tree.unflatten(jax.tree.structure(tuple(
             Solution(Params(0, 0), *([0] * (len(Solution._fields) - 1))) for _ in problems)),
@@ -96,6 +99,7 @@ class Batched:
         name = hashlib.sha256(repr((self.spec, key[1:], jax.__version__, jaxlib.__version__,
                                     _sources_hash())).encode()).hexdigest()[:32]
         path = Path(folder) / f"{self.spec[0]}-{name}.jaxexport"
+
         def plain(*xs):
             return jax.tree.leaves(self.jit(*jax.tree.unflatten(tree, xs)))
 
@@ -115,9 +119,14 @@ class Batched:
 
             specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in leaves]
             exported = jax.export.export(jax.jit(flat), platforms=[self.spec[4]])(*specs)
-            path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-            tmp.write_bytes(exported.serialize())
-            os.replace(tmp, path)  # atomic: a concurrent reader sees all or nothing
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp.write_bytes(exported.serialize())
+                os.replace(tmp, path)  # atomic: a concurrent reader sees all or nothing
+            except OSError as e:  # a full or read-only disk costs the next process a trace
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
+                _warn_once(f"solver programs are not kept for later processes ({e})")
         options_xla = dict(self.spec[5])
         return jax.jit(exported.call, compiler_options=options_xla or None)
