@@ -2,6 +2,7 @@
 a later process deserialises them instead of tracing and lowering them, and gets the
 plain path's fits."""
 
+import jax
 import numpy as np
 import pytest
 
@@ -38,11 +39,15 @@ def test_exported_programs_serve_a_later_process_without_tracing(tmp_path):
         before = dict(solvers.trace_counts)
         again, again_status = _fits(problems)
         assert solvers.trace_counts == before  # deserialised, not traced
-        # A torn file is exported afresh (traced once), never an error.
-        files[0].write_bytes(b"torn")
-        served._served.clear()
-        torn, _ = _fits(problems)
-        assert solvers.trace_counts["augmented_lagrangian"] == before["augmented_lagrangian"] + 1
+        # Another program's file under this one's name (checked against the inputs it
+        # was exported for) and a torn file are each exported afresh (traced once),
+        # never an error.
+        foreign = jax.export.export(jax.jit(lambda a: a + 1))(jax.ShapeDtypeStruct((3,), "float32"))
+        for k, content in enumerate((foreign.serialize(), b"torn"), 1):
+            files[0].write_bytes(content)
+            served._served.clear()
+            torn, _ = _fits(problems)
+            assert solvers.trace_counts["augmented_lagrangian"] == before["augmented_lagrangian"] + k
     finally:
         solvers.set_export_dir(None)
         served._served.clear()

@@ -29,7 +29,7 @@ import numpy as np
 
 from sc_jax.calibration.objective import Params, Problem, value
 from sc_jax.calibration.solvers import multistart
-from sc_jax.calibration.solvers.exported import Batched
+from sc_jax.calibration.solvers.exported import Batched, Spec
 from sc_jax.calibration.solvers.levels import Rows, level_designs, level_evaluator
 from sc_jax.calibration.solvers.projected import projected
 from sc_jax.calibration.solvers.types import Solution, SolverOptions
@@ -396,10 +396,8 @@ def batched(method: str, sc_star: bool, options: SolverOptions | None,
     batch = batch_function(method, sc_star, options, batch_size)
     options_xla = compiler_options(backend) if method == "augmented_lagrangian" else {}
     return Batched(batch, jax.jit(batch, compiler_options=dict(options_xla) or None),
-                   (method, sc_star, options, batch_size, backend,
-                    tuple(sorted(options_xla.items()))))
-
-
+                   Spec(method, sc_star, options, batch_size, backend,
+                        tuple(sorted(options_xla.items()))))
 
 
 @functools.lru_cache(maxsize=None)

@@ -14,6 +14,7 @@ import logging
 import os
 import threading
 from pathlib import Path
+from typing import NamedTuple
 
 import jax
 import jaxlib
@@ -59,12 +60,23 @@ def _warn_once(message: str) -> None:
     logging.getLogger(__name__).warning(message)
 
 
+class Spec(NamedTuple):
+    """What a :func:`.batching.batched` program is built from (part of its export key)."""
+
+    method: str
+    sc_star: bool
+    options: object  # SolverOptions or None
+    batch_size: int | None
+    backend: str
+    compiler_options: tuple  # sorted (name, setting) pairs
+
+
 class Batched:
     """A :func:`.batching.batched` solver: ``(problems, lambda_invs, taus) -> tuple of
     Solution``, as ``jit`` (``.jit``), or through an exported program where
     :func:`set_export_dir` gave a folder and the arguments are concrete."""
 
-    def __init__(self, fn, jitted, spec: tuple):
+    def __init__(self, fn, jitted, spec: Spec):
         self.fn = fn
         self.jit = jitted
         self.spec = spec
@@ -78,27 +90,29 @@ class Batched:
         # CPU programs only: those a run's fits compile, on a GPU machine too, where the
         # small batches are solved on the host (.batching.fit_device); an accelerator's
         # export is not tested on this project's machines.
-        if folder is None or self.spec[4] != "cpu" or any(
+        if folder is None or self.spec.backend != "cpu" or any(
                 isinstance(a, jax.core.Tracer) for a in leaves):
             return self.jit(*args)
-        shapes = tuple((tuple(a.shape), str(a.dtype)) for a in leaves)
-        key = (folder, shapes, str(tree), bool(jax.config.jax_enable_x64))
+        specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in leaves]
+        key = (folder, tuple((s.shape, str(s.dtype)) for s in specs), str(tree),
+               bool(jax.config.jax_enable_x64))
         # One lock per program: threads solving other buckets export theirs meanwhile.
         with self._lock:
             entry = self._served.setdefault(key, [threading.Lock(), None])
         with entry[0]:
             if entry[1] is None:
-                entry[1] = self._load_or_export(folder, key, leaves, tree)
-        out = entry[1](*leaves)
-        # Every bucket's Solution, rebuilt from the program's flat outputs.
-        return jax.tree.unflatten(jax.tree.structure(tuple(
-            Solution(Params(0, 0), *([0] * (len(Solution._fields) - 1))) for _ in problems)),
-            out)
+                # Every bucket's Solution, rebuilt from the program's flat outputs.
+                out_tree = jax.tree.structure(tuple(
+                    Solution(Params(0, 0), *([0] * (len(Solution._fields) - 1)))
+                    for _ in problems))
+                entry[1] = (self._load_or_export(folder, key, specs, tree), out_tree)
+        call, out_tree = entry[1]
+        return jax.tree.unflatten(out_tree, call(*leaves))
 
-    def _load_or_export(self, folder: str, key: tuple, leaves: list, tree):
-        name = hashlib.sha256(repr((self.spec, key[1:], jax.__version__, jaxlib.__version__,
-                                    _sources_hash())).encode()).hexdigest()[:32]
-        path = Path(folder) / f"{self.spec[0]}-{name}.jaxexport"
+    def _load_or_export(self, folder: str, key: tuple, specs: list, tree):
+        name = hashlib.sha256(repr((tuple(self.spec), key[1:], jax.__version__,
+                                    jaxlib.__version__, _sources_hash())).encode()).hexdigest()[:32]
+        path = Path(folder) / f"{self.spec.method}-{name}.jaxexport"
 
         def plain(*xs):
             return jax.tree.leaves(self.jit(*jax.tree.unflatten(tree, xs)))
@@ -113,12 +127,18 @@ class Batched:
                 exported = jax.export.deserialize(bytearray(path.read_bytes()))
             except Exception:  # noqa: BLE001 - a torn or foreign file: export afresh
                 exported = None
+            # Checked against what it must be: the inputs it was exported for, this
+            # platform (a file from elsewhere under this name is exported afresh).
+            if exported is not None and (
+                    [(a.shape, a.dtype) for a in exported.in_avals]
+                    != [(s.shape, s.dtype) for s in specs]
+                    or tuple(exported.platforms) != (self.spec.backend,)):
+                exported = None
         if exported is None:
             def flat(*xs):
                 return jax.tree.leaves(self.fn(*jax.tree.unflatten(tree, xs)))
 
-            specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in leaves]
-            exported = jax.export.export(jax.jit(flat), platforms=[self.spec[4]])(*specs)
+            exported = jax.export.export(jax.jit(flat), platforms=[self.spec.backend])(*specs)
             tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -128,5 +148,4 @@ class Batched:
                 with contextlib.suppress(OSError):
                     tmp.unlink()
                 _warn_once(f"solver programs are not kept for later processes ({e})")
-        options_xla = dict(self.spec[5])
-        return jax.jit(exported.call, compiler_options=options_xla or None)
+        return jax.jit(exported.call, compiler_options=dict(self.spec.compiler_options) or None)
