@@ -63,7 +63,7 @@ def margin_intervals(seeds: dict, baseline: str, tasks, *, seed: int = 0) -> dic
     {task: Interval} and "avg": the interval of the per-seed difference averaged over
     ``tasks`` (the seeds every task has); each a
     :class:`sc_jax.experiment.stats.Interval` naming its method. None unless every
-    task has both methods on at least two common seeds. ``seeds``: method -> task ->
+    task has both methods on at least three common seeds (stats.MIN_INTERVAL_SEEDS). ``seeds``: method -> task ->
     {seed: value in %}."""
     diffs = {}
     for t in tasks:

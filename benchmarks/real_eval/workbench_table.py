@@ -1,19 +1,25 @@
 """SC against the 2024-25 calibration methods on the same scores: one table per metric
-over the real-model runs, with intervals over seeds.
+over the real-model runs, with intervals over seeds, and where SC wins and loses.
 
 The rows of the run directories (``sc-jax run``'s results.json) form one block per
-(model, k), a block's tasks from one run or several. For
-every method the per-seed average over the block's tasks is formed first (tasks every
-listed method covers), then its mean and a 95% interval over seeds
-(:func:`sc_jax.experiment.stats.seed_interval`: Student t below ten seeds, BCa
-bootstrap from ten). "SC - X" is the same interval of the per-seed differences, paired
-by seed; per task, SC "wins" against X where that task's interval lies above 0 and
-"loses" where it lies below (win / tie / loss). Methods a run lacks are left blank.
+(model, k), a block's tasks from one run or several. For every method the per-seed
+average over the block's tasks is formed first (the tasks every method the block
+holds covers), then its mean; "SC (guard) - X" is the mean of the per-seed differences
+with a 95% interval over seeds (:func:`sc_jax.experiment.stats.seed_interval`:
+Student t from 3 seeds, BCa bootstrap from ten; none below 3), paired by seed. Per
+task, SC (guard) wins against X where that task's interval lies above 0 and loses
+where it lies below. A method a block's runs did not score (Hidden Calibration needs
+hidden states that the committed caches of the first runs do not hold) is "not
+scored". SC (guard) is the package's default fit: a size whose surrogate accuracy is
+below chance is fitted as SC*; SC (paper) is the paper's fit, beside it.
 
-  python benchmarks/real_eval/workbench_table.py benchmarks/real_eval/workbench/*/k4/* \\
-      --out benchmarks/real_eval/workbench/table.md
+  python benchmarks/real_eval/workbench_table.py benchmarks/real_eval/workbench/*_k* \\
+      --out benchmarks/real_eval/workbench/table.md --readme README.md
 
-Writes the Markdown (``--out``) and the numbers beside it as JSON (``.json``).
+Writes the Markdown (``--out``), the numbers beside it as JSON (``.json``), and with
+``--readme`` the macro-F1 table into README.md between its ``workbench-table`` markers
+(``tests/benchmarks/test_workbench_table.py`` checks that the README's copy is this
+script's output on the committed runs).
 """
 
 from __future__ import annotations
@@ -26,12 +32,24 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from sc_jax.experiment.names import method_name  # noqa: E402
+from sc_jax.experiment.names import dataset_name, method_name  # noqa: E402
 from sc_jax.experiment.results import load_results, model_label  # noqa: E402
 from sc_jax.experiment.stats import seed_interval  # noqa: E402
 
-METHODS = ("base", "bc", "sc_star", "sc", "looc", "linc", "surprise", "hidden")
-AGAINST = ("bc", "looc", "linc", "surprise", "hidden")
+METHODS = ("base", "cc", "dc", "bc", "sc_star", "sc", "sc_paper", "looc", "linc", "surprise", "hidden")
+AGAINST = ("bc", "sc_paper", "looc", "linc", "surprise", "hidden")
+# The guarded fit is named for what it is in every table (sc_jax's display name is "SC").
+LABELS = {"sc": "SC (guard)", "sc_paper": "SC (paper)"}
+README_START, README_END = "<!-- workbench-table:start -->", "<!-- workbench-table:end -->"
+SURPRISE_CAVEAT = ("Surprise Calibration's network (the authors' 5.5M-parameter defaults) is trained "
+                   "here on the k demonstrations' surrogate rows alone (about 60 rows at k = 4, "
+                   "contexts of 1 to k - 1 demonstrations) and applied to the k-shot context: far "
+                   "less data than its paper trains on, and it often predicts a single class; read "
+                   "its column, and SC's margin over it, with that in mind.")
+
+
+def label(method: str) -> str:
+    return LABELS.get(method, method_name(method))
 
 
 def blocks(runs: list[Path], metric: str) -> list[dict]:
@@ -44,13 +62,13 @@ def blocks(runs: list[Path], metric: str) -> list[dict]:
         for r in res.rows:
             if r.method in METHODS:
                 grouped.setdefault((model_label(res), r.shots), []).append(r)
-    return [_block(model, k, rows, metric) for (model, k), rows in grouped.items()]
+    return [_block(model, k, rows, metric) for (model, k), rows in sorted(grouped.items(), key=lambda kv: kv[0][1])]
 
 
 def _block(model: str, k: int, rows: list, metric: str) -> dict:
     have = sorted({r.method for r in rows}, key=METHODS.index)
     tasks = sorted(set.intersection(*({r.dataset for r in rows if r.method == m} for m in have)))
-    seeds = sorted({r.seed for r in rows})
+    seeds = sorted(set.intersection(*({r.seed for r in rows if r.method == m} for m in have)))
     cell = {(r.method, r.dataset, r.seed): r.metric(metric) for r in rows}
     per_task = {m: {t: [cell[m, t, s] for s in seeds] for t in tasks} for m in have}
     per_seed = {m: [float(np.mean([cell[m, t, s] for t in tasks])) for s in seeds] for m in have}
@@ -64,32 +82,35 @@ def _interval(values) -> dict | None:
 
 
 def summarise(b: dict, lower_is_better: bool) -> dict:
-    """Means, paired SC differences with intervals, and per-task win / tie / loss."""
-    out = {"mean": {m: float(np.mean(v)) for m, v in b["per_seed"].items()}, "diff": {},
-           "record": {}}
+    """Means, paired SC (guard) differences with intervals, and per task where SC wins,
+    ties and loses against each method (``outcomes[m] = {"win": [...], "tie": [...],
+    "loss": [...]}``)."""
+    out = {"mean": {m: float(np.mean(v)) for m, v in b["per_seed"].items()}, "diff": {}, "outcomes": {}}
     if "sc" not in b["per_seed"]:
         return out
+    sign = -1 if lower_is_better else 1
     for m in AGAINST:
         if m not in b["per_seed"]:
             continue
         d = np.subtract(b["per_seed"]["sc"], b["per_seed"][m])
         out["diff"][m] = {"mean": float(d.mean()), "interval": _interval(d)}
-        sign = -1 if lower_is_better else 1
-        record = [0, 0, 0]
+        seen = {"win": [], "tie": [], "loss": []}
         for t in b["tasks"]:
             iv = seed_interval(np.subtract(b["per_task"]["sc"][t], b["per_task"][m][t]))
-            better = iv is not None and sign * (iv.low if sign > 0 else iv.high) > 0
-            worse = iv is not None and sign * (iv.high if sign > 0 else iv.low) < 0
-            record[0 if better else 2 if worse else 1] += 1
-        out["record"][m] = record
+            if iv is None:
+                seen["tie"].append(t)
+                continue
+            low, high = sign * iv.low, sign * iv.high
+            seen["win" if min(low, high) > 0 else "loss" if max(low, high) < 0 else "tie"].append(t)
+        out["outcomes"][m] = seen
     return out
 
 
 def _fmt_diff(d: dict | None) -> str:
     if d is None:
-        return ""
+        return "not scored"
     iv = d["interval"]
-    tail = "" if iv is None else f" [{100 * iv['low']:+.1f}, {100 * iv['high']:+.1f}]"
+    tail = " (n/a)" if iv is None else f" [{100 * iv['low']:+.1f}, {100 * iv['high']:+.1f}]"
     return f"{100 * d['mean']:+.1f}{tail}"
 
 
@@ -97,26 +118,63 @@ def table(found: list[dict], metric: str) -> list[str]:
     lower = metric == "ece"
     cols = [m for m in METHODS if any(m in b["per_seed"] for b in found)]
     against = [m for m in AGAINST if m in cols]
-    head = (["block"] + [method_name(m) for m in cols]
-            + [f"SC - {method_name(m)}" for m in against])
+    head = ["block"] + [label(m) for m in cols] + [f"SC (guard) - {label(m)}" for m in against]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for b in found:
         s = b["summary"]
         best = (min if lower else max)(s["mean"].values())
-        means = [("" if m not in s["mean"] else
+        means = [("not scored" if m not in s["mean"] else
                   (f"**{100 * s['mean'][m]:.1f}**" if s["mean"][m] == best else f"{100 * s['mean'][m]:.1f}"))
                  for m in cols]
         n = len(b["tasks"])
-        name = f"{b['model']}, k = {', '.join(map(str, b['shots']))} ({n} task{'s' * (n != 1)})"
+        name = (f"{b['model']}, k = {', '.join(map(str, b['shots']))} ({n} task{'s' * (n != 1)}, "
+                f"{len(b['seeds'])} seeds)")
         lines.append("| " + " | ".join([name] + means + [_fmt_diff(s["diff"].get(m)) for m in against]) + " |")
-    lines.append("")
+    return lines + [""]
+
+
+def plainly(found: list[dict], metric: str) -> list[str]:
+    """Per block, where SC (guard) wins and loses against each method, by task."""
+    lines = []
     for b in found:
-        rec = b["summary"]["record"]
-        parts = [f"{method_name(m)} {w} / {t} / {lo}" for m, (w, t, lo) in rec.items()]
+        parts = []
+        for m, seen in b["summary"]["outcomes"].items():
+            won = ", ".join(map(dataset_name, seen["win"])) or "none"
+            lost = ", ".join(map(dataset_name, seen["loss"])) or "none"
+            parts.append(f"{label(m)}: wins on {won}; loses on {lost}; ties on {len(seen['tie'])}")
         if parts:
-            lines.append(f"* {b['model']}, k = {', '.join(map(str, b['shots']))}: SC against each, "
-                         f"win / tie / loss over tasks: {'; '.join(parts)}.")
-    return lines
+            lines.append(f"* {b['model']}, k = {', '.join(map(str, b['shots']))}, {metric.replace('_', '-')}, "
+                         f"SC (guard) against {'; '.join(parts)}.")
+    return lines + [""]
+
+
+def render(runs: list[Path], metrics) -> tuple[list[str], dict, list[str]]:
+    """(the Markdown lines, the numbers, the README's macro-F1 block)."""
+    text, numbers, readme = [], {}, []
+    for metric in metrics:
+        found = blocks(runs, metric)
+        for b in found:
+            b["summary"] = summarise(b, metric == "ece")
+        numbers[metric] = found
+        how = sorted({d["interval"]["method"] for b in found for d in b["summary"]["diff"].values()
+                      if d["interval"]})
+        head = [f"{metric.replace('_', '-')} (%{', lower is better' if metric == 'ece' else ''}): mean over "
+                f"seeds of the average over each block's tasks; SC (guard)'s paired margins with 95% "
+                f"intervals over seeds ({', '.join(how) or 'none'})", ""]
+        body = table(found, metric) + plainly(found, metric)
+        text += head + body
+        if metric == "macro_f1":
+            readme = head + body
+    if any("surprise" in b["per_seed"] for found in numbers.values() for b in found):
+        text += [f"Surprise: {SURPRISE_CAVEAT}", ""]
+        readme += [f"Surprise: {SURPRISE_CAVEAT}", ""]
+    return text, numbers, readme
+
+
+def replace_block(readme: str, block: list[str]) -> str:
+    """``readme`` with the text between its workbench-table markers replaced."""
+    start, end = readme.index(README_START), readme.index(README_END)
+    return readme[:start + len(README_START)] + "\n" + "\n".join(block) + readme[end:]
 
 
 def main(argv=None) -> int:
@@ -125,26 +183,18 @@ def main(argv=None) -> int:
     ap.add_argument("--metrics", nargs="+", default=["macro_f1", "ece"],
                     choices=["macro_f1", "accuracy", "ece"])
     ap.add_argument("--out", type=Path, help="Markdown file (JSON beside it)")
+    ap.add_argument("--readme", type=Path, help="README.md whose workbench-table block to rewrite")
     args = ap.parse_args(argv)
     missing = [str(r) for r in args.runs if not (r / "results.json").is_file()]
     if missing:
         ap.error(f"no results.json in {', '.join(missing)}")
-    text, numbers = [], {}
-    for metric in args.metrics:
-        found = blocks(args.runs, metric)
-        for b in found:
-            b["summary"] = summarise(b, metric == "ece")
-        numbers[metric] = found
-        how = sorted({d["interval"]["method"] for b in found for d in b["summary"]["diff"].values()
-                      if d["interval"]})
-        text += [f"{metric.replace('_', '-')} (%): mean over seeds of the average over each "
-                 f"block's tasks; SC's paired margins with 95% intervals over seeds "
-                 f"({', '.join(how) or 'none'})", ""]
-        text += table(found, metric) + [""]
+    text, numbers, readme = render(args.runs, args.metrics)
     print("\n".join(text))
     if args.out:
         args.out.write_text("\n".join(text))
         args.out.with_suffix(".json").write_text(json.dumps(numbers, indent=1) + "\n")
+    if args.readme:
+        args.readme.write_text(replace_block(args.readme.read_text(), readme))
     return 0
 
 

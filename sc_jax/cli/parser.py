@@ -168,10 +168,12 @@ def _add_run_parser(sub) -> None:
                    help="replace the results of another configuration in --out (without it such "
                         "a directory is refused; the score cache is kept and reused)")
     r.add_argument("--quiet", action="store_true", help="no progress bars")
-    r.add_argument("--log-samples", action="store_true",
-                   help="also write OUT/samples.jsonl (gzipped when large): per test query its "
-                        "gold label, each method's probabilities and prediction, SC's per-size "
-                        "probabilities; `sc-jax report` checks and summarises it")
+    r.add_argument("--log-samples", action=argparse.BooleanOptionalAction, default=True,
+                   help="write OUT/samples.jsonl (gzipped when large; on by default): per test query "
+                        "its gold label, each method's probabilities and prediction, SC's per-size "
+                        "probabilities; the per-query tests in table.md and reliability.png are "
+                        "drawn from it, and `sc-jax report` redraws them from it. --no-log-samples: "
+                        "neither the file nor what is drawn from it")
     r.set_defaults(fn=commands.run_command)
 
 

@@ -81,11 +81,64 @@ def can_plot() -> bool:
 FIGURE_FORMATS = ("png", "pdf", "svg")
 
 
+def drawn_texts(fig) -> list:
+    """Every text the figure draws, as ``(text, window extent)`` in display pixels after
+    a draw: the suptitle and other figure texts, figure legends, and per visible axes
+    its title, axis labels, legend, and the tick labels inside its view limits (the
+    locator's ticks beyond them are built but not drawn)."""
+    if not hasattr(fig.canvas, "get_renderer"):  # a bare Figure: measured as the PNG draws it
+        from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415  (plotting only)
+
+        FigureCanvasAgg(fig)
+    renderer = fig.canvas.get_renderer()
+    fig.draw_without_rendering()
+    texts = list(fig.texts)
+    for leg in fig.legends:
+        texts += [leg.get_title(), *leg.get_texts()]
+    for ax in fig.axes:
+        if not ax.get_visible():
+            continue
+        texts += [ax.title, ax.xaxis.label, ax.yaxis.label]
+        if ax.get_legend() is not None:
+            texts += [ax.get_legend().get_title(), *ax.get_legend().get_texts()]
+        for axis, lim, i in ((ax.xaxis, ax.get_xlim(), 0), (ax.yaxis, ax.get_ylim(), 1)):
+            lo, hi = sorted(lim)
+            span = (hi - lo) * 1e-9
+            texts += [t for t in axis.get_ticklabels() if lo - span <= t.get_position()[i] <= hi + span]
+    return [(t, t.get_window_extent(renderer)) for t in texts if t.get_visible() and t.get_text().strip()]
+
+
+def fit_canvas(fig, pad: float = 0.06) -> None:
+    """Grow ``fig`` until every text it draws lies on its canvas, ``pad`` inches from
+    the edge: a long model name in the title, or a legend of twelve methods under one
+    panel, widens the figure instead of being cut at both sides. A figure without a
+    layout engine is laid out again (``tight_layout``) at its new size."""
+    for _ in range(4):
+        boxes = [b for _, b in drawn_texts(fig)]
+        if not boxes:
+            return
+        x0, y0 = min(b.x0 for b in boxes), min(b.y0 for b in boxes)
+        x1, y1 = max(b.x1 for b in boxes), max(b.y1 for b in boxes)
+        margin = pad * fig.dpi
+        W, H = fig.bbox.width, fig.bbox.height
+        grow_x = max(0.0, margin - x0) + max(0.0, x1 - (W - margin))
+        grow_y = max(0.0, margin - y0) + max(0.0, y1 - (H - margin))
+        if grow_x < 0.5 and grow_y < 0.5:
+            return
+        w, h = fig.get_size_inches()
+        # Centred texts (the suptitle, an outside legend) grow on both sides: twice.
+        fig.set_size_inches(w + 2 * grow_x / fig.dpi, h + 2 * grow_y / fig.dpi)
+        if fig.get_layout_engine() is None:
+            fig.tight_layout()
+
+
 def save_figure(fig, path: Path) -> dict[str, Path]:
-    """Write ``fig`` as ``path`` (a .png) and beside it as .pdf and .svg; returns
-    ``{format: path}``. A figure with a layout engine (constrained layout) is laid out
-    once, for the PNG, and the PDF and SVG keep that layout: each layout pass measures
-    every label again, about a fifth of a figure's time."""
+    """Write ``fig`` as ``path`` (a .png) and beside it as .pdf and .svg, grown first
+    so that no text is cut (:func:`fit_canvas`); returns ``{format: path}``. A figure
+    with a layout engine (constrained layout) is laid out once, for the PNG, and the
+    PDF and SVG keep that layout: each layout pass measures every label again, about a
+    fifth of a figure's time."""
+    fit_canvas(fig)
     out = {}
     for ext in FIGURE_FORMATS:
         out[ext] = Path(path).with_suffix(f".{ext}")
@@ -162,11 +215,14 @@ def f1_bars_figure(results: RunResults):
     for ax in axes[len(panels):]:
         ax.set_visible(False)
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncols=min(len(methods), 7),
-               fontsize=7)
+    # About 1.5 in per legend column ("SC* (no trust region)" at 7 pt): as many as the
+    # figure's width holds, so that a one-panel figure's legend wraps into rows.
+    fig.legend(handles, labels, loc="outside lower center", fontsize=7,
+               ncols=max(2, min(len(methods), 7, int(panel_w * cols // 1.5))))
     n_seeds = len({r.seed for r in rows})
-    fig.suptitle(f"{model_label(results)}: macro-F1, mean ± s.d. (ddof=1) over "
-                 f"{n_seeds} seeds", fontsize=10)
+    # The model on a line of its own: a long name does not push the figure wider.
+    fig.suptitle(f"{model_label(results)}\nmacro-F1, mean ± s.d. (ddof=1) over "
+                 f"{n_seeds} seed{'s' * (n_seeds != 1)}", fontsize=10)
     return fig
 
 
@@ -197,10 +253,14 @@ def params_figure(results: RunResults):
     import matplotlib  # noqa: PLC0415  (plotting only)
     from matplotlib.figure import Figure  # noqa: PLC0415  (plotting only)
 
-    fig = Figure(figsize=(3.6 * len(panels), 3.8))
-    fig.suptitle(f"SC parameters, {model_label(results)}", fontsize=10)
-    axes = fig.subplots(1, len(panels), squeeze=False)
-    for ax, (d, k) in zip(axes[0], panels):
+    cols = min(len(panels), 4)  # nine tasks in three rows, not one 32-inch row
+    nrows = -(-len(panels) // cols)
+    fig = Figure(figsize=(3.6 * cols, 3.4 * nrows + 0.4))
+    fig.suptitle(f"SC parameters\n{model_label(results)}", fontsize=10)
+    axes = fig.subplots(nrows, cols, squeeze=False).ravel()
+    for ax in axes[len(panels):]:
+        ax.set_visible(False)
+    for ax, (d, k) in zip(axes, panels):
         panel = [p for p in params if p.dataset == d and p.shots == k]
         ps = [p for p in panel if is_converged(p.status)
               and np.all(np.isfinite(p.w)) and np.all(np.isfinite(p.b))]

@@ -26,6 +26,8 @@ Datasets and methods appear under their display names (:mod:`sc_jax.experiment.n
 from __future__ import annotations
 
 import csv
+import logging
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -37,8 +39,10 @@ from sc_jax.experiment.names import dataset_name, method_name, order_methods
 from sc_jax.experiment.results import METHOD_NAMES, METRICS, ResultRow, RunResults, load_results, model_label
 from sc_jax.experiment.samples import read_samples, rows_from_samples, samples_markdown
 from sc_jax.experiment.staging import Staging
-from sc_jax.experiment.stats import CONFIDENCE, mean_sd, seed_interval
+from sc_jax.experiment.stats import CONFIDENCE, MIN_INTERVAL_SEEDS, mean_sd, seed_interval
 from sc_jax.models.named_models import display_name
+
+log = logging.getLogger(__name__)
 
 CSV_FIELDS = ("dataset", "model", "shots", "method", "seed", "accuracy", "macro_f1", "ece",
               "model_source")
@@ -260,8 +264,9 @@ def interval_table(rows, metric: str, shots: int, methods, datasets) -> tuple[li
     """Markdown lines and the interval methods used: per method (rows) and dataset plus
     the per-seed average over datasets (columns), the mean over seeds in % and its 95%
     interval (:func:`stats.seed_interval`), each cell naming its interval's method
-    unless every cell's is the same (the caller names it then); fewer than two seeds:
-    the mean alone."""
+    unless every cell's is the same (the caller names it then); fewer than
+    :data:`stats.MIN_INTERVAL_SEEDS` seeds: the mean ± s.d. (ddof = 1) and "interval
+    n/a (2 seeds)", or one seed's value alone."""
     per_seed = _per_seed(rows, metric)
     cols = list(datasets) + [None]
     cells = {(m, d): list(per_seed.get((d, shots, m), {}).values()) for m in methods for d in cols}
@@ -275,10 +280,16 @@ def interval_table(rows, metric: str, shots: int, methods, datasets) -> tuple[li
             if not cells[m, d]:
                 shown.append("–")
                 continue
-            mean, ci = 100 * float(np.mean(cells[m, d])), cis[m, d]
+            vals = cells[m, d]
+            mean, ci = 100 * float(np.mean(vals)), cis[m, d]
             tag = f" ({ci.method})" if ci is not None and len(used) > 1 else ""
-            shown.append(f"{mean:.1f}" if ci is None else
-                         f"{mean:.1f} [{100 * ci.low:.1f}, {100 * ci.high:.1f}]{tag}")
+            if ci is not None:
+                shown.append(f"{mean:.1f} [{100 * ci.low:.1f}, {100 * ci.high:.1f}]{tag}")
+            elif len(vals) > 1:  # too few seeds for an interval: their spread instead
+                shown.append(f"{mean:.1f} ± {100 * float(np.std(vals, ddof=1)):.1f} s.d., "
+                             f"interval n/a ({len(vals)} seeds)")
+            else:
+                shown.append(f"{mean:.1f}")
         out.append(f"| {method_name(m)} | " + " | ".join(shown) + " |")
     return out, used
 
@@ -315,6 +326,11 @@ def markdown_tables(results: RunResults, records: list[dict] | None = None) -> s
     for metric in ("macro_f1", "accuracy"):
         for k in shots:
             lines, used = interval_table(rows, metric, k, methods, datasets)
+            if not used:  # too few seeds in every cell: the s.d. table above says it all
+                out += [f"## {_METRIC_TITLES[metric]}, {k}-shot: {CONFIDENCE:.0%} interval over seeds", "",
+                        f"n/a ({n_seeds} seed{'s' * (n_seeds != 1)}): an interval over seeds needs at "
+                        f"least {MIN_INTERVAL_SEEDS}; the table above gives the mean ± s.d.", ""]
+                continue
             name = f"{next(iter(used))} " if len(used) == 1 else ""
             out += [f"## {_METRIC_TITLES[metric]}, {k}-shot: mean and {CONFIDENCE:.0%} {name}"
                     f"interval over {n_seeds} seeds", "",
@@ -434,9 +450,11 @@ def write_report(results: RunResults | str | Path,
     return {name: stage.final(path) for name, path in staged.items()}
 
 
-def report_files(results: RunResults, out: Path, records: list[dict] | None) -> dict[str, Path]:
+def report_files(results: RunResults, out: Path, records: list[dict] | None,
+                 progress: bool = False) -> dict[str, Path]:
     """:func:`write_report`'s files written straight into the folder ``out``, with the
-    per-sample ``records`` (or None); returns ``{name: path}``."""
+    per-sample ``records`` (or None); returns ``{name: path}``. ``progress``: a line per
+    figure drawn, with its time (a nine-task figure takes seconds on a busy CPU)."""
     paths = {"table": out / "table.md", "csv": out / "results.csv"}
     paths["table"].write_text(markdown_tables(results, records))
     write_csv(results, paths["csv"])
@@ -444,14 +462,19 @@ def report_files(results: RunResults, out: Path, records: list[dict] | None) -> 
         paths[name] = out / file
         paths[name].write_text(latex_table(results, metric))
     plots = can_plot()
+    figures = []
     if results.rows and plots:  # every (dataset, k) skipped: nothing to plot
-        for ext, path in plot_f1_bars(results, out / "f1_bars.png").items():
-            paths["f1_bars" if ext == "png" else f"f1_bars_{ext}"] = path
+        figures.append(("f1_bars", lambda path: plot_f1_bars(results, path)))
     if plots:
-        for ext, path in plot_params(results, out / "sc_params.png").items():
-            paths["sc_params" if ext == "png" else f"sc_params_{ext}"] = path
+        figures.append(("sc_params", lambda path: plot_params(results, path)))
     if plots and records:
-        drawn = plot_reliability(records, out / "reliability.png", model_label(results))
+        figures.append(("reliability", lambda path: plot_reliability(records, path, model_label(results))))
+    for name, draw in figures:
+        t = time.perf_counter()
+        drawn = draw(out / f"{name}.png")
         for ext, path in drawn.items():
-            paths["reliability" if ext == "png" else f"reliability_{ext}"] = path
+            paths[name if ext == "png" else f"{name}_{ext}"] = path
+        if progress and drawn:
+            log.info("drew %s (%s) in %.1f s", name, ", ".join(ext.upper() for ext in drawn),
+                     time.perf_counter() - t)
     return paths

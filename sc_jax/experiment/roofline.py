@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -81,9 +82,13 @@ def forward_estimate(plan: RunPlan, *, mfu: float = 0.4) -> tuple[float, str]:
     policy, config, dtype = plan.policy, plan.model.parts.config, plan.dtype
     devices = policy.n_devices * policy.model_shards
     cpu = jax.default_backend() == "cpu"
+    # On a CPU the fastest of five timings: other processes slow some of them, never
+    # speed one up, so the fastest is the machine's own rate (a median read a busy
+    # 2-core machine's as 4x slower than the run then went).
+    load = _load_per_core() if cpu else None
     peak, peak_source = device_peak_flops(None, dtype) if not cpu else \
-        (measured_matmul_flops(dtype, n=512, repeats=3), "a matmul timed here")
-    bw, bw_source = device_bandwidth(None) if not cpu else (measured_bandwidth(mib=32, repeats=3),
+        (measured_matmul_flops(dtype, n=512, repeats=5, fastest=True), "a matmul timed here")
+    bw, bw_source = device_bandwidth(None) if not cpu else (measured_bandwidth(mib=32, repeats=5, fastest=True),
                                                              "a copy timed here")
     rates = Rates(peak, peak_source, bw, bw_source, mfu, attn.choose(jax.default_backend()), False)
     roof, seconds = rates.roofline(devices), 0.0
@@ -97,10 +102,21 @@ def forward_estimate(plan: RunPlan, *, mfu: float = 0.4) -> tuple[float, str]:
             f"of {mfu:.0%} of {peak / 1e12:.3g} TFLOP/s ({peak_source}) and {bw / 1e9:,.0f} GB/s "
             f"({bw_source}) per device x {devices}, {rates.attention} attention (`sc-jax plan` "
             "details it)")
+    if load is not None and load > 0.75:
+        line += (f"; timed while the machine was busy (load average {load * os.cpu_count():.1f} on "
+                 f"{os.cpu_count()} cores), so it may run slower or faster than this")
     if cpu and seconds > 3600:
         line += ("; that is hours on a CPU: fewer --seeds, --shots or --test-size, a smaller "
                  "--m-cap or --budget, or a GPU")
     return seconds, line
+
+
+def _load_per_core() -> float | None:
+    """The 1-minute load average per core, or None where the system gives none."""
+    try:
+        return os.getloadavg()[0] / (os.cpu_count() or 1)
+    except (AttributeError, OSError):  # Windows
+        return None
 
 
 def _duration(seconds: float) -> str:

@@ -41,11 +41,12 @@ import jax
 from sc_jax.calibration.defaults import DEFAULT_LAMBDA_INV
 from sc_jax.calibration.solvers import is_converged
 from sc_jax.experiment import figures, metrics, samples
-from sc_jax.experiment.config import RunConfig
+from sc_jax.experiment.config import SC_FITS, RunConfig
 from sc_jax.experiment.jobs import SeedScores, score_seed
 from sc_jax.experiment.roofline import forward_estimate
 from sc_jax.experiment.runplan import RunPlan, build_plan, run_mesh
 from sc_jax.experiment.methods import fit_sc, method_probs, sc_size_probs
+from sc_jax.experiment.names import method_name
 from sc_jax.experiment.report import report_files
 from sc_jax.experiment.results import (
     CacheCounts,
@@ -75,7 +76,7 @@ from sc_jax.runtime.multihost import is_writer, on_writer
 from sc_jax.runtime.progress import RunProgress
 from sc_jax.runtime.runlock import run_lock
 from sc_jax.runtime.timing import CompileMeter, Parts
-from sc_jax.scoring.cache import ScoreCache
+from sc_jax.scoring.cache import KEY_FORMAT, ScoreCache
 from sc_jax.scoring.engine import ScoringEngine
 from sc_jax.scoring.results import EngineStats
 
@@ -217,21 +218,35 @@ def _attention_note(t: SeedTiming) -> str:
 
 
 
+#: A method whose predictions for one seed take longer than this logs its time.
+SLOW_METHOD_S = 2.0
+
+
 def _metric_rows(scores: dict[int, SeedScores], fits: dict, name: str, k: int, n: int,
                  config: RunConfig, drawn: dict | None = None,
-                 dataset=None) -> tuple[list[ResultRow], list[dict]]:
+                 dataset=None, progress: bool = False) -> tuple[list[ResultRow], list[dict]]:
     """One results row per (seed, method) of one (dataset, k): accuracy, macro-F1, ECE;
     and with ``drawn`` (seed -> Split) and ``dataset``, the per-sample records
-    (:func:`sc_jax.experiment.samples.seed_records`), else none."""
+    (:func:`sc_jax.experiment.samples.seed_records`), else none. With ``progress``, a
+    start line where a method trains (Surprise), and a line per seed for each method
+    slower than :data:`SLOW_METHOD_S`."""
     sizes = config.sizes(k)
     rows, records = [], []
+    if progress and "surprise" in config.methods:
+        log.info("[%s k=%d] predicting %d methods for %d seed(s); Surprise Calibration trains its "
+                 "network on each seed's surrogate rows first", name, k, len(config.methods),
+                 len(config.seeds))
     for seed in config.seeds:
         s = scores[seed]
         probs, per_size = {}, {}
         for method in config.methods:
             per = {i: fits[method][(seed, i)] for i in sizes} if method in fits else None
+            t = time.perf_counter()
             p = probs[method] = method_probs(method, s, per, sizes, bc_batch=config.bc_batch,
                                              size_weighting=config.size_weighting, shots=k)
+            took = time.perf_counter() - t
+            if progress and took > SLOW_METHOD_S:
+                log.info("[%s k=%d seed=%d] %s: predicted in %.1f s", name, k, seed, method_name(method), took)
             if per is not None:
                 per_size[method] = sc_size_probs(s, per, sizes)
             pred = p.argmax(-1)
@@ -278,7 +293,7 @@ def _fit_notes(params: list[FitRecord]) -> list[str]:
 
 
 def run_experiment(config: RunConfig, out_dir, *, progress: bool = True,
-                   overwrite: bool = False, log_samples: bool = False,
+                   overwrite: bool = False, log_samples: bool = True,
                    datasets: dict | None = None) -> Results:
     """Run the experiment and write results.json, results.csv, table.md and plots
     into ``out_dir``. LLM scores are cached in ``out_dir/cache``: a re-run after an
@@ -290,9 +305,12 @@ def run_experiment(config: RunConfig, out_dir, *, progress: bool = True,
     refused), and a directory holding a run of another configuration is refused
     unless ``overwrite`` (the same configuration resumes or repeats).
 
-    ``log_samples``: also write the per-sample records (every test query's gold label,
+    ``log_samples``: write the per-sample records (every test query's gold label,
     each method's probabilities and prediction, SC's per-size probabilities;
-    :mod:`sc_jax.experiment.samples`) as ``samples.jsonl`` (or ``.jsonl.gz``) beside results.json.
+    :mod:`sc_jax.experiment.samples`) as ``samples.jsonl`` (or ``.jsonl.gz``) beside
+    results.json; table.md's per-query tests and reliability.png are drawn from that
+    file, so ``sc-jax report`` on the folder writes the same files. False: none of the
+    three (records an earlier run of the same configuration left are read and checked).
     Not part of the configuration: a rerun with or without it is the same run.
 
     ``datasets``: name -> :class:`sc_jax.experiment.tasks.Dataset` for every name of
@@ -356,6 +374,8 @@ def _run_locked(config: RunConfig, out: Path, progress: bool, log_samples: bool,
             write_json(out / RUN_CONFIG_FILE, config.to_json())
         engine = ScoringEngine(model, policy=plan.policy, progress=progress)
         cache = ScoreCache(out / "cache")
+        if cache.describe_format():
+            log.info("%s", cache.describe_format())
     if is_writer():
         figures.warm_up()  # the plots' imports beside the scoring, not after it
     lam = DEFAULT_LAMBDA_INV if config.lambda_inv is None else config.lambda_inv
@@ -375,12 +395,15 @@ def _run_locked(config: RunConfig, out: Path, progress: bool, log_samples: bool,
             fit_times.append(fit_time)
             with parts("metrics"):
                 # The per-query records feed the tables' per-query tests and the
-                # reliability diagram in every run; samples.jsonl only with log_samples.
+                # reliability diagram, through samples.jsonl (log_samples).
                 drawn = {w.seed: w.split for w in plan.seeds_of(name, k)}
                 seed_rows, seed_records = _metric_rows(scores, fits, name, k, ds.n_classes, config,
-                                                       drawn, ds)
+                                                       drawn, ds, progress)
             rows += seed_rows
             records += seed_records
+    if cache.migrated:
+        log.info("score cache: %d entries of key format 1 served and rewritten under format %d",
+                 cache.migrated, KEY_FORMAT)
     with parts("report"):
         notes += _fit_notes(params)
         data = _results_data(plan, model, lam, rows, params, splits, notes, cache)
@@ -414,6 +437,9 @@ def _results_data(plan: RunPlan, model, lam: float, rows, params, splits, notes,
 def _timed_fit(scores: dict, name: str, k: int, config: RunConfig, lam: float, progress: bool):
     """:func:`fit_sc` for one (dataset, k): ``(fits, params, time record)``, compile
     time apart, with its progress line."""
+    if progress and any(m in SC_FITS for m in config.methods):
+        log.info("[%s k=%d] fitting SC / SC* (%d seeds x %d sizes; a new problem shape compiles "
+                 "first)", name, k, len(config.seeds), len(config.sizes(k)))
     with CompileMeter() as meter:
         t = time.perf_counter()
         fits, fit_params = fit_sc(scores, name, k, config, lam)
@@ -438,7 +464,7 @@ def _write_outputs(out: Path, data: RunResults, records: list, log_samples: bool
     (:class:`Staging`; an interrupt leaves the folder's earlier files as they were, and
     the score cache resumes the run): results.json, the per-sample records
     (``records``, written where ``log_samples``; the tables and the reliability diagram
-    read them either way), the tables and plots, with results.json's timing
+    read the file), the tables and plots, with results.json's timing
     including the report's own time (``timing()``: the run's so far, a
     :class:`RunTiming`). Returns ``data`` with that timing, and the files."""
     t = time.perf_counter()
@@ -449,10 +475,11 @@ def _write_outputs(out: Path, data: RunResults, records: list, log_samples: bool
         if log_samples:
             sample_file = samples.write_samples(stage.dir, records)
             stage.remove.append((packed if sample_file.name == plain.name else plain).name)
-        # The records the tables check: this run's where logged, else any beside it,
-        # else this run's unwritten ones (the per-query tests, the reliability diagram).
-        logged = samples.read_samples(stage.dir if log_samples else out) or records or None
-        staged = report_files(data, stage.dir, logged)
+        # The records the tables check and the reliability diagram draws: this run's
+        # where logged, else any beside it; never records that no file holds, so that
+        # table.md cites only what was written and `report` redraws what `run` drew.
+        logged = samples.read_samples(stage.dir if log_samples else out) or None
+        staged = report_files(data, stage.dir, logged, progress)
         parts.add("report", time.perf_counter() - t)
         data = data.replace(timing=timing())
         write_json(stage.dir / "results.json", data.to_json())

@@ -27,7 +27,7 @@ from sc_jax.models.loading import DTYPES
 from sc_jax.models.sources import LocatedModel, locate_model
 from sc_jax.runtime.multihost import is_multiprocess
 from sc_jax.runtime.sharding import MODEL, axis_size, make_mesh, mesh_size
-from sc_jax.scoring.cache import score_key
+from sc_jax.scoring.cache import legacy_score_key, score_key
 from sc_jax.scoring.memory import MemoryPolicy, PlanError, Planned, size_text, weights_fit
 
 log = logging.getLogger(__name__)
@@ -56,16 +56,25 @@ class SeedWork:
         return f"[{self.dataset} k={self.k} seed={self.seed}]"
 
     def cache_keys(self, identity: str, mode: str) -> dict[str, str]:
-        """Job tag -> its score-cache key under the model ``identity`` (which hashes
-        the weights' files, so it is known once they are read)."""
-        return {tag: score_key(identity, mode, self.jobs.pieces, ctx, pairs, extra=tag)
+        """Job tag -> its score-cache key (format 2, :func:`sc_jax.scoring.cache.score_key`)
+        under the model ``identity`` (which hashes the weights' files, so it is known
+        once they are read)."""
+        return {tag: score_key(identity, mode, self.jobs.pieces, ctx, pairs)
                 for tag, (ctx, pairs) in self.jobs.jobs.items()}
 
     def hidden_keys(self, identity: str, mode: str, tags) -> dict[str, str]:
         """Job tag -> the score-cache key of its pairs' last hidden states ``[N, D]``
         (keys of their own: the label log-probs' entries stay valid)."""
-        return {tag: score_key(identity, mode, self.jobs.pieces, *self.jobs.jobs[tag],
-                               extra=f"{tag}:hidden") for tag in tags}
+        return {tag: score_key(identity, mode, self.jobs.pieces, *self.jobs.jobs[tag], quantity="last_hidden")
+                for tag in tags}
+
+    def legacy_keys(self, identities, mode: str, tags, hidden: bool = False) -> dict[str, tuple[str, ...]]:
+        """Job tag -> the format-1 keys of the same entries under each of the model's
+        former ``identities`` (:attr:`sc_jax.models.loading.LoadedModel.legacy_identities`),
+        tried where a format-2 key misses."""
+        suffix = ":hidden" if hidden else ""
+        return {tag: tuple(legacy_score_key(ident, mode, self.jobs.pieces, *self.jobs.jobs[tag], tag + suffix)
+                           for ident in identities) for tag in tags}
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -2,7 +2,8 @@
 
 * Spread over seeds: the sample standard deviation (ddof = 1; :func:`mean_sd`).
 * An interval over seeds (of a metric, or of a paired difference such as SC minus a
-  baseline on the same seeds): :func:`seed_interval`. With at least
+  baseline on the same seeds): :func:`seed_interval`, from :data:`MIN_INTERVAL_SEEDS`
+  (3) seeds; below that none (the reports say "n/a (2 seeds)"). With at least
   :data:`BOOTSTRAP_MIN_SEEDS` seeds it is ``scipy.stats.bootstrap``'s BCa interval of
   the mean; with fewer (a bootstrap of 3 seeds has 10 distinct means), or where BCa is
   undefined, it is the Student t interval ``scipy.stats.t.interval`` with the standard
@@ -26,7 +27,7 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import stats
 
-__all__ = ["BOOTSTRAP_MIN_SEEDS", "CONFIDENCE", "Interval", "mcnemar_exact_p", "mean_sd",
+__all__ = ["BOOTSTRAP_MIN_SEEDS", "CONFIDENCE", "MIN_INTERVAL_SEEDS", "Interval", "mcnemar_exact_p", "mean_sd",
            "query_signed_rank_p", "seed_interval"]
 
 #: The confidence level of every interval in the reports.
@@ -36,6 +37,10 @@ CONFIDENCE = 0.95
 #: quantiles are those of a handful of values, and BCa's acceleration (a jackknife over
 #: the seeds) is as coarse.
 BOOTSTRAP_MIN_SEEDS = 10
+#: The fewest seeds for any interval over seeds: with two, a t interval has one degree
+#: of freedom (t = 12.7) and spans the whole scale; the reports give the s.d. and
+#: "n/a (2 seeds)" instead.
+MIN_INTERVAL_SEEDS = 3
 #: Bootstrap resamples (SciPy's default).
 N_RESAMPLES = 9999
 
@@ -86,10 +91,13 @@ def seed_interval(values: Sequence[float], confidence: float = CONFIDENCE, *, se
     comparison the per-seed differences): BCa bootstrap (``scipy.stats.bootstrap``,
     ``n_resamples`` resamples drawn from ``numpy.random.default_rng(seed)``) with at
     least :data:`BOOTSTRAP_MIN_SEEDS` values, else, or where BCa is undefined (equal
-    values; a NaN bound), the t interval (:func:`t_interval`). None for fewer than two
-    values."""
+    values; a NaN bound), the t interval (:func:`t_interval`). None for fewer than
+    :data:`MIN_INTERVAL_SEEDS` values. NaN or infinite values are refused (ValueError):
+    an interval of them would read as a tie."""
     x = np.asarray(values, np.float64)
-    if x.size < 2:
+    if not np.all(np.isfinite(x)):
+        raise ValueError(f"seed_interval: the values must be finite, got {x.tolist()}")
+    if x.size < MIN_INTERVAL_SEEDS:
         return None
     if x.size >= BOOTSTRAP_MIN_SEEDS and np.ptp(x) > 0:
         with warnings.catch_warnings():  # a degenerate BCa warns and gives NaN: caught below

@@ -73,6 +73,24 @@ def files_identity(files, dtype) -> str:
     return h.hexdigest()[:16]
 
 
+def sampled_identity(files, dtype) -> str:
+    """The identity score caches were keyed by before 2026-11-27 (key format 1): the
+    dtype and each file's name, size and first and last MiB. Read only, so that a
+    format-1 cache is served (:func:`sc_jax.scoring.cache.legacy_score_key`); it reads
+    at most 2 MiB per file."""
+    h = hashlib.sha256(dtype.encode())
+    for f in files:
+        f = Path(f)
+        size = f.stat().st_size
+        h.update(f"{f.name}:{size}".encode())
+        with open(f, "rb") as fh:
+            h.update(fh.read(1 << 20))
+            if size > 1 << 20:
+                fh.seek(size - (1 << 20))
+                h.update(fh.read())
+    return h.hexdigest()[:16]
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelDescription:
     """What a loaded model is: results.json's ``model_description``, and the model the

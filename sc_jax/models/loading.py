@@ -30,7 +30,7 @@ from flax import nnx
 from sc_jax.runtime import ranges
 from sc_jax.models.checkpoint import convert, decoder_from_arrays, read_safetensors, safetensors_files
 from sc_jax.models.config import ModelConfig
-from sc_jax.models.identity import ModelDescription, describe, files_identity, text_hash
+from sc_jax.models.identity import ModelDescription, describe, files_identity, sampled_identity, text_hash
 from sc_jax.models.model import Decoder, KVCache, positions_from_valid
 from sc_jax.models.sources import LocatedModel, hub_weights, locate_model
 from sc_jax.runtime.multihost import put_global, to_host
@@ -107,7 +107,7 @@ class LoadedModel:
     """
 
     def __init__(self, module: Decoder, tokenizer, *, mesh=None, source: str = "", identity: str = "",
-                 description: ModelDescription | None = None):
+                 description: ModelDescription | None = None, legacy_identities: tuple[str, ...] | None = None):
         self.module = module
         self.config: ModelConfig = module.config
         self.tokenizer = tokenizer
@@ -115,6 +115,9 @@ class LoadedModel:
         self.dtype = module.dtype
         self.source = source
         self.identity = identity
+        # The identities format-1 score-cache keys used for these weights (this one,
+        # and before 2026-11-27 a sampled hash of the files): sc_jax.scoring.cache.
+        self.legacy_identities = (identity,) if legacy_identities is None else tuple(legacy_identities)
         self.description = description
         # The module's static structure and its weights, placed as loaded (flax.nnx.split).
         self.graphdef, self.state = nnx.split(module)
@@ -327,14 +330,15 @@ def load_model(source: str, *, dtype: str = "float32", mesh=None, seed: int = 0,
                            identity=ident, description=described)
     if src.kind == "gguf":
         arrays = convert(config, parts.checkpoint.tensors)  # dequantises as it reads
-        ident = files_identity([src.path], dtype)
+        hashed = [src.path]
     else:
         files = safetensors_files(src.path)
         config, arrays = read_safetensors(config, files)  # untied if the file's head differs
-        ident = files_identity([src.path / "config.json"] + files, dtype)
+        hashed = [src.path / "config.json"] + files
+    ident = files_identity(hashed, dtype)
     module = decoder_from_arrays(config, arrays, dtype=jdtype, sharding=sharding, consume=True)
     return LoadedModel(module, tok, mesh=mesh, source=str(src.path), identity=ident,
-                       description=described)
+                       description=described, legacy_identities=(ident, sampled_identity(hashed, dtype)))
 
 
 def _random_decoder(config: ModelConfig, dtype, seed: int, mesh):

@@ -60,9 +60,12 @@ def test_compare_paper_margin_intervals():
         assert (ci[key].low, ci[key].high) == pytest.approx(t_ci(d), rel=1e-12), key
         assert ci[key].method == "t"
     assert compare.margin_intervals(seeds, "bc_reference", ["a"]) is None
-    same = {"sc": {"a": {0: 61.0, 1: 61.0}}, "bc": {"a": {0: 60.0, 1: 60.0}}}
+    same = {"sc": {"a": {0: 61.0, 1: 61.0, 2: 61.0}}, "bc": {"a": {0: 60.0, 1: 60.0, 2: 60.0}}}
     avg = compare.margin_intervals(same, "bc", ["a"])["avg"]
     assert (avg.low, avg.high) == (pytest.approx(1.0),) * 2
+    # Two seeds: no interval (a t interval with one degree of freedom spans the scale).
+    two = {"sc": {"a": {0: 61.0, 1: 62.0}}, "bc": {"a": {0: 60.0, 1: 60.0}}}
+    assert compare.margin_intervals(two, "bc", ["a"]) is None
 
 
 def test_workbench_table_blocks_and_margins():
@@ -86,4 +89,5 @@ def test_workbench_table_blocks_and_margins():
     iv = s["diff"]["bc"]["interval"]
     assert (iv["low"], iv["high"]) == pytest.approx(
         stats.t.interval(0.95, 2, loc=d.mean(), scale=stats.sem(d)), rel=1e-12)
-    assert sum(s["record"]["bc"]) == 7
+    assert sum(len(v) for v in s["outcomes"]["bc"].values()) == 7
+    assert set().union(*s["outcomes"]["bc"].values()) == set(b["tasks"])

@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 
 import sc_jax
-from sc_jax.scoring.cache import ScoreCache
+from sc_jax.scoring.cache import FORMAT_FILE, ScoreCache
 from sc_jax.experiment.task_loading import load_task
 from sc_jax.calibration.baselines import CONTENT_FREE_INPUTS
 from sc_jax.experiment.config import RunConfig
-from sc_jax.experiment.jobs import score_seed
+from sc_jax.experiment.jobs import hidden_tags, score_seed
 from sc_jax.experiment.runplan import build_plan
 from sc_jax.scoring.engine import ScoringEngine
 from scipy.spatial.distance import cdist
@@ -53,6 +53,22 @@ def test_score_seed_shapes_and_cache(dataset, tmp_path):
     np.testing.assert_array_equal(s.hidden[2], s2.hidden[2])
     np.testing.assert_array_equal(s.base, s2.base)
     np.testing.assert_array_equal(s.test[3], s2.test[3])
+    # The same entries under their format-1 keys, as sc_jax before key format 2 left
+    # them: served with no engine call, each rewritten under its format-2 key.
+    legacy = ScoreCache(tmp_path / "format1")
+    tags = hidden_tags(config, 4)
+    for new, old in ((work.cache_keys(model.identity, config.mode),
+                      work.legacy_keys(model.legacy_identities, config.mode, work.jobs.jobs)),
+                     (work.hidden_keys(model.identity, config.mode, tags),
+                      work.legacy_keys(model.legacy_identities, config.mode, tags, hidden=True))):
+        for tag, key in new.items():
+            legacy.put(old[tag][0], cache2.get(key))
+    (tmp_path / "format1" / FORMAT_FILE).unlink()
+    cache4 = ScoreCache(tmp_path / "format1")
+    s4, stats4 = score_seed(model, engine, cache4, dataset, work, config, planned=work.planned)
+    assert stats4.calls == 0 and (cache4.hits, cache4.migrated, cache4.misses) == (15, 15, 0)
+    np.testing.assert_array_equal(s4.test[3], s.test[3])
+    np.testing.assert_array_equal(s4.hidden[2], s.hidden[2])
     # The plan's schedule against the engine's own: the same calls, the same scores.
     s3, stats3 = score_seed(model, ScoringEngine(model, progress=False), None, dataset, work, config)
     assert stats3.shape == stats.shape and stats3.calls == stats.calls

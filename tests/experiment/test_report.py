@@ -1,6 +1,7 @@
 """Tables, CSV and plots rebuilt from a results dict (no model)."""
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -115,7 +116,7 @@ def test_tables_and_plots_name_the_model_results_json_describes():
     tex, escaped = latex_table(typed), label.replace("_", "\\_")
     assert f"\\caption{{{escaped}, 4-shot: macro-F1" in tex
     assert tex.startswith(f"% sc-jax report: {escaped},")
-    assert f1_bars_figure(typed)._suptitle.get_text().startswith(f"{label}: macro-F1")
+    assert f1_bars_figure(typed)._suptitle.get_text().startswith(f"{label}\nmacro-F1")
 
 
 def test_write_report_from_dir(tmp_path):
@@ -253,7 +254,7 @@ def test_fits_that_did_not_converge_are_left_out_of_the_parameter_plot():
     assert max(abs(x) for x in ax.get_xlim() + ax.get_ylim()) < 10
     assert ax.get_title() == "SST-2, 4-shot (2 fits not converged, not shown)"
     # The model, as it is: name, quantisation as stored, the dtype it ran in.
-    assert fig._suptitle.get_text() == ("SC parameters, SmolLM2-135M-Instruct Q4_1 GGUF, "
+    assert fig._suptitle.get_text() == ("SC parameters\nSmolLM2-135M-Instruct Q4_1 GGUF, "
                                         "dequantised to float32")
 
 
@@ -465,3 +466,44 @@ def test_an_interrupted_ablation_report_leaves_the_earlier_files(tmp_path, monke
     with pytest.raises(KeyboardInterrupt):
         ablation_report.write_ablation(rows, tmp_path)
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == old
+
+
+def test_an_unlogged_run_cites_no_records_and_report_writes_the_same(tmp_path):
+    """Without the records file (--no-log-samples), table.md names no records and no
+    reliability diagram is drawn from records no file holds; `sc-jax report` on the
+    folder then writes the same tables. With it, report redraws the diagram."""
+    from sc_jax.experiment import report
+    from sc_jax.experiment.run import _write_outputs
+    from sc_jax.experiment.samples import seed_records
+    from sc_jax.runtime.timing import Parts
+
+    data = _typed(_results())
+    records = seed_records("sst2", 4, 0, [0, 1], {"base": np.array([[0.6, 0.4], [0.3, 0.7]])})
+    out = tmp_path / "run"
+    out.mkdir()
+    _write_outputs(out, data, records, False, Parts(), lambda: RunTiming(total_s=1.0), False)
+    table = (out / "table.md").read_text()
+    assert "samples.jsonl" not in table and "Per-sample records" not in table
+    assert not list(out.glob("reliability.*")) and not list(out.glob("samples.jsonl*"))
+    report.write_report(out)
+    assert (out / "table.md").read_text() == table
+    # Logged: the table cites the file that is there, and report redraws the diagram.
+    _write_outputs(out, data, records, True, Parts(), lambda: RunTiming(total_s=1.0), False)
+    assert "records (samples.jsonl)" in (out / "table.md").read_text() and (out / "samples.jsonl").exists()
+    (out / "reliability.png").write_bytes(b"stale")
+    report.write_report(out)
+    assert (out / "reliability.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_two_seeds_give_the_spread_not_a_t_interval():
+    from sc_jax.experiment.stats import seed_interval
+
+    res = _results()
+    res["rows"] = [r for r in res["rows"] if r["seed"] < 2]
+    res["config"]["seeds"] = [0, 1]
+    table = markdown_tables(_typed(res))
+    assert "Macro-F1, 4-shot: 95% interval over seeds\n\nn/a (2 seeds): an interval over seeds needs at least 3" in table
+    assert re.search(r"\[[-+]?\d+\.\d, [-+]?\d+\.\d\]", table) is None  # no interval anywhere
+    assert seed_interval([0.5, 0.7]) is None and seed_interval([0.5, 0.7, 0.6]) is not None
+    with pytest.raises(ValueError, match=r"^seed_interval: the values must be finite, got \[1.0, nan, 2.0\]$"):
+        seed_interval([1, float("nan"), 2])

@@ -55,11 +55,10 @@ def _same_numbers(got, want):
 def test_killed_run_resumes_identically(config, tmp_path, monkeypatch, capsys):
     reference = run_experiment(RunConfig(**config), tmp_path / "ref", progress=False)
     assert reference.data.cache.misses > 0 and reference.data.cache.hits == 0
-    # Without --log-samples: no samples.jsonl, but the per-query records still reach the
-    # reliability diagram (and the tables' per-query tests).
-    for name in ("table", "csv", "f1_bars", "sc_params", "reliability", "json"):
+    # The records are written by default, and the reliability diagram and the tables'
+    # per-query tests are drawn from that file.
+    for name in ("table", "csv", "f1_bars", "sc_params", "reliability", "json", "samples"):
         assert reference.files[name].exists()
-    assert "samples" not in reference.files
 
     out = tmp_path / "killed"
     env = dict(os.environ)
@@ -183,9 +182,11 @@ def test_skips_when_classes_exceed_shots(config, tmp_path, caplog):
     assert lines[2].startswith(f"{seed0} surrogate prompt of size 1")
     # Where the seed's time went, then the fits: SC, SC*, SC* without trust region and
     # the paper's SC, four fits of the one size; then the report and the run's time.
-    assert lines[-4].startswith(f"{seed0} ") and "compile" in lines[-4] and "forward" in lines[-4]
+    assert lines[-5].startswith(f"{seed0} ") and "compile" in lines[-5] and "forward" in lines[-5]
     # Off a terminal (pytest's stderr), with the count of the run's seeds and the time left.
-    assert re.search(r"; 1 of 1 seeds in \d\d:\d\d, about 00:00 left$", lines[-4]), lines[-4]
+    assert re.search(r"; 1 of 1 seeds in \d\d:\d\d, about 00:00 left$", lines[-5]), lines[-5]
+    assert lines[-4] == ("[rotten_tomatoes k=2] fitting SC / SC* (1 seeds x 1 sizes; a new problem "
+                         "shape compiles first)")
     assert lines[-3].startswith("[rotten_tomatoes k=2] fitted 4 SC / SC* problems (1 seeds x 1 sizes)")
     assert lines[-2] == f"writing the tables and plots into {tmp_path / 'run'}"
     assert lines[-1].startswith("time: ") and "+ fitting " in lines[-1]
@@ -355,6 +356,6 @@ def test_an_empty_sample_log_is_refused_by_name(logged_run, tmp_path, capsys, mo
         f"error: {run / SAMPLES_FILE} is empty (a sample log holds one record per test query): "
         "rewrite it with `sc-jax report DIR --log-samples`, or delete it"]
     with pytest.raises(ValueError, match="is empty"):  # before any model or score
-        run_experiment(logged_run[0], run, progress=False)
+        run_experiment(logged_run[0], run, progress=False, log_samples=False)
     assert cli.main(["report", str(run), "--log-samples"]) == 0  # rewritten from the scores
     assert (run / SAMPLES_FILE).stat().st_size > 0

@@ -89,9 +89,14 @@ def test_the_plan_describes_itself_and_estimates_its_forward_passes(data_file, m
     assert [(w.dataset, w.k, w.seed) for w in rp.work] == [("rotten_tomatoes", 4, s) for s in SEEDS]
     text = str(rp)
     assert text.startswith(f"run plan: model {MODEL}") and "the longest prompt has" in text
+    monkeypatch.setattr(roofline.os, "getloadavg", lambda: (0.1, 0.1, 0.1))
     seconds, line = roofline.forward_estimate(rp)
     assert 0 < seconds < 3600 and line.startswith("forward passes: about ")
-    assert "hours on a CPU" not in line
+    assert "hours on a CPU" not in line and "busy" not in line
+    # Timed on a busy machine: the line says so, with the load it measured.
+    cores = roofline.os.cpu_count()
+    monkeypatch.setattr(roofline.os, "getloadavg", lambda: (3.0 * cores, 1.0, 1.0))
+    assert f"busy (load average {3.0 * cores:.1f} on {cores} cores)" in roofline.forward_estimate(rp)[1]
     # A CPU a million times slower: the same line warns.
     slow = roofline.measured_matmul_flops(n=64, repeats=1) * 1e-6
     monkeypatch.setattr(roofline, "measured_matmul_flops", lambda *a, **k: slow)

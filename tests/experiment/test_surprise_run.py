@@ -67,3 +67,23 @@ def test_score_files_written_before_it_load_and_refuse_it_in_one_line(run_dir, t
 def test_surprise_runs_only_when_named():
     assert "surprise" not in RunConfig().methods
     assert RunConfig(methods=("base", "surprise")).methods == ("base", "surprise")
+
+
+def test_metrics_say_that_surprise_trains_and_how_long(run_dir, monkeypatch, caplog):
+    import logging
+
+    from sc_jax.experiment import run
+
+    (path,) = sorted((run_dir / "scores").glob("*.npz"))
+    config = RunConfig.from_json(run_dir / "run_config.json")
+    monkeypatch.setattr(methods, "SURPRISE_SETTINGS", SMALL)
+    monkeypatch.setattr(run, "SLOW_METHOD_S", -1.0)  # every method counts as slow here
+    with caplog.at_level(logging.INFO, logger="sc_jax.experiment.run"):
+        rows, _ = run._metric_rows({config.seeds[0]: load_scores(path)}, {}, "rotten_tomatoes", 4, 2, config,
+                                   progress=True)
+    msgs = [r.getMessage() for r in caplog.records]
+    assert msgs[0] == ("[rotten_tomatoes k=4] predicting 2 methods for 1 seed(s); Surprise Calibration "
+                       "trains its network on each seed's surrogate rows first")
+    assert [m.split(": predicted in ")[0] for m in msgs[1:]] == [
+        f"[rotten_tomatoes k=4 seed={config.seeds[0]}] Base", f"[rotten_tomatoes k=4 seed={config.seeds[0]}] Surprise"]
+    assert len(rows) == 2
