@@ -48,7 +48,7 @@ from sc_jax.experiment.samples import read_samples, rows_from_samples
 HERE = Path(__file__).resolve().parent
 OURS = ("base", "cc", "dc", "bc", "bc_reference", "sc_star", "sc_star_free", "sc", "sc_paper")
 LABELS = {"base": "Base", "cc": "CC", "dc": "DC", "bc": "BC", "bc_reference": "BC (code)",
-          "sc_star": "SC*", "sc_star_free": "SC* (no TR)", "sc": "SC", "sc_paper": "SC (paper)"}
+          "sc_star": "SC*", "sc_star_free": "SC* (no TR)", "sc": "SC (guard)", "sc_paper": "SC (paper)"}
 MARGINS = ("bc", "bc_reference")  # SC minus each, per task
 
 

@@ -77,10 +77,26 @@ def looc_probs(s: SeedScores, p: np.ndarray) -> np.ndarray:
     if s.loo is not None:
         logp, labels, queries = s.loo
     elif s.surrogate:
+        if not looc_scored(s):
+            k = len(s.demo_labels)
+            raise ValueError(f"method looc needs each demonstration under the other k - 1 = {k - 1}; these "
+                             f"scores stop at size {max(s.surrogate)} (--max-size) and hold no leave-one-out "
+                             "prompts: rerun `sc-jax run` with looc in --methods (it scores them)")
         logp, labels, queries = s.surrogate[max(s.surrogate)]
     else:
         raise ValueError("looc needs surrogate scores (k >= 2); drop it from --methods")
     return leave_one_out_calibration(p, np.exp(logp.astype(np.float64)), labels, queries)
+
+
+def looc_scored(s: SeedScores) -> bool:
+    """Whether ``s`` holds LOOC's prompts: its own leave-one-out job, or surrogate
+    prompts of size k - 1 (a score file that predates the demonstrations' labels is
+    taken at its word: such runs scored every size)."""
+    if s.loo is not None:
+        return True
+    if not s.surrogate:
+        return False
+    return s.demo_labels is None or max(s.surrogate) == len(s.demo_labels) - 1
 
 
 def linc_probs(s: SeedScores, p: np.ndarray) -> np.ndarray:

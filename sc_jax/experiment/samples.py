@@ -40,7 +40,7 @@ from sc_jax.calibration.solvers import Status
 from sc_jax.experiment import metrics
 from sc_jax.experiment.config import METHODS, SC_FITS, RunConfig
 from sc_jax.experiment.jobs import draw_split, load_datasets
-from sc_jax.experiment.methods import method_probs, sc_size_probs
+from sc_jax.experiment.methods import looc_scored, method_probs, sc_size_probs
 from sc_jax.experiment.names import dataset_name, method_name
 from sc_jax.experiment.results import METRICS, FitRecord, ResultRow, RunResults
 from sc_jax.experiment.stats import mcnemar_exact_p, query_signed_rank_p
@@ -346,6 +346,8 @@ def regenerate_samples(run_dir, *, with_texts: bool = True) -> tuple[Path, list[
                     continue  # a score file written before it, or a run without it (it trains)
                 if method == "hidden" and not s.hidden:
                     continue  # the run scored no hidden states
+                if method == "looc" and not looc_scored(s):
+                    continue  # no size k - 1 and no leave-one-out prompts: not written
                 sizes = sorted(per) if per else sorted(s.hidden) if method == "hidden" else []
                 probs[method] = method_probs(method, s, per, sizes, bc_batch=bc_batch,
                                              size_weighting=weighting, shots=k)

@@ -867,8 +867,8 @@ def test_demo_fits_sc_and_the_baselines_and_prints_them(capsys):
     with its accuracy and macro-F1."""
     assert cli.main(["demo", "--model", "random:tiny-llama", "--quiet"]) == 0
     out = capsys.readouterr().out
-    for method in ("Base", "CC", "DC", "BC", "SC"):
-        assert re.search(rf"^{method} +[01]\.\d{{3}} +[01]\.\d{{3}}$", out, re.M), out
+    for method in ("Base", "CC", "DC", "BC", "SC (guard)"):
+        assert re.search(rf"^{re.escape(method)} +[01]\.\d{{3}} +[01]\.\d{{3}}$", out, re.M), out
     assert len(re.findall(r"^  SC, size \d: fitted on \d+ surrogate pairs", out, re.M)) == 3  # k = 4
     assert len(re.findall(r"^  Base [01]\.\d{3}  SC [01]\.\d{3}  true=", out, re.M)) == 10  # the fixed test set
     with pytest.raises(SystemExit) as stop:  # refused by the parser (sc_jax.runtime.ranges)

@@ -64,3 +64,18 @@ def test_a_run_scores_it_as_the_plain_path_does_and_looc_reads_it(data, tmp_path
     (row,) = [r for r in load_results(out).rows if r.method == "looc"]
     p = methods.method_probs("looc", s, None, [])
     assert row.accuracy == metrics.accuracy(s.y_test, p.argmax(-1))
+    # The same scores without their leave-one-out prompts (a run without looc, sizes
+    # 1 and 2 at k = 4): LOOC refuses, naming what it lacks, and the samples written
+    # again from the score files leave it out instead of building it from size 2.
+    import dataclasses
+
+    from sc_jax.experiment.samples import read_samples, regenerate_samples
+
+    short = dataclasses.replace(s, loo=None)
+    assert not methods.looc_scored(short) and methods.looc_scored(s)
+    with pytest.raises(ValueError, match=r"^method looc needs each demonstration under the other k - 1 = 3; "
+                                         r"these scores stop at size 2 \(--max-size\)"):
+        methods.method_probs("looc", short, None, [])
+    np.savez(path, **{k: v for k, v in np.load(path).items() if not k.startswith("loo")})
+    regenerate_samples(out)
+    assert all("looc" not in r["probs"] for r in read_samples(out))

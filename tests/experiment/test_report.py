@@ -46,7 +46,7 @@ def test_summary_and_table():
     table = markdown_tables(res)
     assert "## Macro-F1, 4-shot: mean ± s.d. (ddof=1) over 3 seeds" in table
     assert "## Accuracy, 8-shot" in table and "## ECE (top-label, 10 bins" in table
-    assert "| SC | 10.0 ± 0.0 | 10.0 ± 0.0 | 10.0 |" in table  # the ECE table
+    assert "| SC (guard) | 10.0 ± 0.0 | 10.0 ± 0.0 | 10.0 |" in table  # the ECE table
     assert f"{100 * mean:.1f} ± {100 * std:.1f}" in table
     assert "- a note" in table
     # A run resumed from its checkpoint holds the seeds as a tuple: the header reads
@@ -160,18 +160,18 @@ def test_figures_and_tables_a_paper_can_use(tmp_path):
     FigureCanvasAgg(fig).draw()
     (legend,) = fig.legends
     labels = [t.get_text() for t in legend.get_texts()]
-    assert labels[0] == "SC" and sorted(labels) == sorted(METHOD_NAMES.values())
+    assert labels[0] == "SC (guard)" and sorted(labels) == sorted(METHOD_NAMES.values())
     bars = {c.get_label(): {(p.get_facecolor(), p.get_hatch()) for p in c.patches}
             for c in fig.axes[0].containers if hasattr(c, "patches")}  # method -> (colour, hatch) of its bars
     assert all(len(v) == 1 for v in bars.values())
     faces = {next(iter(v))[0] for v in bars.values()}
     assert len(faces) == len(METHOD_NAMES) == len(bars)  # one colour per method
-    assert {h for _, h in bars["SC"]} == {"//"} and all(
-        h is None for k, v in bars.items() if k != "SC" for _, h in v)
+    assert {h for _, h in bars["SC (guard)"]} == {"//"} and all(
+        h is None for k, v in bars.items() if k != "SC (guard)" for _, h in v)
     tex = paths["latex"].read_text()
     assert "\\toprule" in tex and "\\midrule" in tex and "\\bottomrule" in tex
     assert "Method & Rotten Tomatoes & SST-2 & Average \\\\" in tex
-    assert "SC (paper, no guard) & " in tex and "$\\pm$" in tex and "\\textbf{" in tex
+    assert "SC (paper) & " in tex and "$\\pm$" in tex and "\\textbf{" in tex
     assert tex.count("\\begin{tabular}") == 2  # k = 4 and 8
     line = paths["csv"].read_text().splitlines()[1].split(",")
     assert line[1] == "smollm2-135m" and line[-1] == "/hub/smollm2-135m"
@@ -370,7 +370,7 @@ def test_two_seeds_give_the_per_seed_differences_and_no_verdict():
     one = markdown_tables(RunResults(config={"model": "m", "seeds": [0], "test_size": 4,
                                              "mode": "first_token", "solver": "s"},
                                      rows=tuple(r for r in rows if r.seed == 0)))
-    assert "| SC | 70.0 | 70.0 |" in one and "± 0.0" not in one
+    assert "| SC (guard) | 70.0 | 70.0 |" in one and "± 0.0" not in one
 
 
 _REPORT_FILES = ("table.md", "results.csv", "results.tex", "results_accuracy.tex",

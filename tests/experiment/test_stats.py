@@ -150,9 +150,9 @@ def test_tables_name_their_statistics_and_take_unknown_methods():
     vals = [r.macro_f1 for r in res.rows if r.method == "sc" and r.dataset == "sst2"]
     ci = stats.seed_interval(vals)
     assert used == {"t"} and lines[2].startswith(
-        f"| SC | {100 * np.mean(vals):.1f} [{100 * ci.low:.1f}, {100 * ci.high:.1f}] |")
+        f"| SC (guard) | {100 * np.mean(vals):.1f} [{100 * ci.low:.1f}, {100 * ci.high:.1f}] |")
     fig = f1_bars_figure(res)
-    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["SC", "Base", "BC", "LOOC"]
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["SC (guard)", "Base", "BC", "LOOC"]
 
 
 def test_reliability_diagram_writes_its_files(tmp_path):
@@ -172,5 +172,5 @@ def test_reliability_diagram_writes_its_files(tmp_path):
     title = fig.axes[0].get_title()
     probs = np.array([r["probs"]["sc"] for r in recs if r["dataset"] == "sst2"])
     gold = [r["gold"] for r in recs if r["dataset"] == "sst2"]
-    assert title == f"SC: ECE {100 * expected_calibration_error(probs, gold):.1f}%"
+    assert title == f"SC (guard): ECE {100 * expected_calibration_error(probs, gold):.1f}%"
     assert reliability_figure([]) is None

@@ -157,7 +157,7 @@ def test_killed_process_stops_the_other_and_the_rerun_resumes(reference, rt_csv,
     assert np.allclose([r[2:] for r in got], [r[2:] for r in want], rtol=0, atol=1e-6)
     assert res["runtime"] == {"processes": 2, "devices": 8, "mesh": {"data": 8, "model": 1}}
     assert _entries(out) == _entries(reference)
-    assert text.count("| SC |") >= 1 and "[p1] | SC |" not in text  # process 0 alone prints
+    assert text.count("| SC (guard) |") >= 1 and "[p1] | SC (guard) |" not in text  # process 0 alone prints
 
 
 def test_launch_settings_are_checked_before_jax_starts(monkeypatch):
