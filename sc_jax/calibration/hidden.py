@@ -39,6 +39,9 @@ def class_centroids(states, labels, n: int) -> np.ndarray:
     :func:`centroid_distances` puts it at infinite distance)."""
     states = np.asarray(states, np.float64)
     labels = np.asarray(labels)
+    if not np.all(np.isfinite(states)):  # a NaN state would make its class's centroid NaN: never predicted
+        raise ValueError("Hidden Calibration: the calibration prompts' hidden states hold NaN or inf; "
+                         "check the model's checkpoint and dtype")
     if states.ndim != 2 or labels.shape != states.shape[:1]:
         raise ValueError(f"states must be [N, D] with labels [N], got {states.shape} and "
                          f"{labels.shape}")
@@ -85,4 +88,7 @@ def hidden_calibration(distances: Sequence[np.ndarray]) -> np.ndarray:
     place of the fitted calibrator's."""
     if not len(distances):
         raise ValueError("hidden_calibration needs the distances of at least one size")
+    if any(np.isnan(np.asarray(d, np.float64)).any() for d in distances):
+        raise ValueError("Hidden Calibration: the test prompts' centroid distances hold NaN (a NaN "
+                         "hidden state); check the model's checkpoint and dtype")
     return np.mean([distance_probs(d).mean(axis=0) for d in distances], axis=0)

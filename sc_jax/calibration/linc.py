@@ -55,6 +55,9 @@ def linc_init(content_free_probs) -> LinC:
     if cf.ndim != 2:
         raise ValueError(f"content_free_probs must be [S, n], got shape {cf.shape}")
     p_cf = cf.mean(axis=0)
+    if not p_cf.sum() > 0:  # W = diag(1 / p_cf) of 0 / 0: NaN predictions
+        raise ValueError("LinC: the content-free inputs' label probabilities are all 0, so there is no "
+                         "prior to start from; check the model's scores of the content-free inputs")
     p_cf = p_cf / p_cf.sum()
     return LinC(np.diag(1.0 / np.maximum(p_cf, np.finfo(np.float64).tiny)), np.zeros(len(p_cf)))
 

@@ -159,6 +159,30 @@ def fit(groups: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], n: int,
                   jnp.float32(settings.weight_decay), settings.epochs)
 
 
+def _check_inputs(test_logp, test_labels, train, n: int) -> None:
+    """ValueError, naming the method, for what the paper's methods refuse too: scores
+    that are NaN or infinite (log-probs may be -inf only where a label has probability
+    0, never +inf or NaN) and labels outside 0..n-1."""
+    def scores(x, what):
+        x = np.asarray(x, np.float64)
+        if x.ndim < 1 or x.shape[-1] != n or np.isnan(x).any() or np.isposinf(x).any():
+            raise ValueError(f"Surprise Calibration: {what} must be [..., {n}] label log-probs without "
+                             f"NaN or +inf, got shape {x.shape}")
+
+    def labels(y, what):
+        y = np.asarray(y)
+        if y.size and (not np.issubdtype(y.dtype, np.integer) or y.min() < 0 or y.max() >= n):
+            raise ValueError(f"Surprise Calibration: {what} must be class ids in 0..{n - 1}, got "
+                             f"{np.unique(y).tolist()[:8]}")
+
+    scores(test_logp, "the test scores")
+    labels(test_labels, "the demonstrations' labels")
+    for c, lp, y in train:
+        scores(lp, "the surrogate scores")
+        labels(c, "the surrogate contexts' labels")
+        labels(y, "the surrogate rows' labels")
+
+
 def surprise_probs(test_logp: np.ndarray, test_labels: np.ndarray,
                    train: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], n: int,
                    settings: SurpriseSettings = SurpriseSettings()) -> np.ndarray:
@@ -168,6 +192,7 @@ def surprise_probs(test_logp: np.ndarray, test_labels: np.ndarray,
     context, whose demonstrations have gold labels ``test_labels`` ``[k]`` in prompt
     order; ``train``: the labelled rows ``(context labels [N_i, i], logp [N_i, n],
     query labels [N_i])`` the network learns from, one group per context size i."""
+    _check_inputs(test_logp, test_labels, train, n)
     groups = [(sign_surprise(c, n), lp, y) for c, lp, y in train]
     params = fit(groups, n, settings)
     # Every test query shares the one k-shot context, hence one prior.

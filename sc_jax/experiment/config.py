@@ -14,10 +14,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import numbers
+import os
 import typing
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, get_args
+
+import numpy as np
 
 from sc_jax.runtime import ranges
 from sc_jax.runtime.ranges import DType
@@ -118,7 +122,13 @@ def _task_files(files, fields) -> dict:
     files = tuple(files or ())
     if not files:
         return {"task_files": files}
-    names = tuple(read_task_file(f).name for f in files)
+    seen = set()
+    for f in files:
+        if Path(f).resolve() in seen:
+            raise ValueError(f"task file {f} is given twice (--task-file): give each file once")
+        seen.add(Path(f).resolve())
+    # Two files defining one name: _check_task_files names both files.
+    names = tuple(dict.fromkeys(read_task_file(f).name for f in files))
     given = _expand_datasets(fields["datasets"]) if "datasets" in fields else ()
     return {"task_files": files, "datasets": given + tuple(n for n in names if n not in given)}
 
@@ -256,6 +266,7 @@ class RunConfig:
 
     def __post_init__(self):
         self._as_tuples()
+        self._check_types()
         self._check_choices()
         if not self.datasets:
             raise ValueError(f"datasets ({_option_names('datasets')}) is empty: give at least one")
@@ -305,10 +316,49 @@ class RunConfig:
                 continue
             elif isinstance(value, (str, int, float)):
                 value = (value,)
+            elif isinstance(value, np.ndarray):  # seeds=np.arange(5)
+                value = value.tolist()
             elif not isinstance(value, (list, tuple)):
                 raise ValueError(f"{f.name} must be a list or tuple, got {value!r}")
             object.__setattr__(self, f.name, tuple(value))
         object.__setattr__(self, "datasets", _expand_datasets(self.datasets))
+
+    def _check_types(self):
+        """Every value of its field's type, in one line naming the field: a bool is a
+        bool (the string "false" is refused, never read as true), a number not a bool
+        or a string, a path a string or path-like (kept as its string); None only
+        where the field takes it (an unset value)."""
+        hints = typing.get_type_hints(RunConfig)
+        for f in dataclasses.fields(self):
+            if f.name == "data_files":
+                continue  # (dataset, file) pairs: _as_tuples checked their shape
+            item, choices, many = field_type(f.name)
+            if choices:
+                continue  # _check_choices names the choices
+            value = getattr(self, f.name)
+            optional = type(None) in get_args(hints[f.name])
+            values = value if many else (value,)
+            fixed = []
+            for v in values:
+                if item is str and isinstance(v, os.PathLike):
+                    v = os.fspath(v)
+                elif item is int and isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)):
+                    v = int(v)  # a NumPy integer is an integer
+                ok = (v is None and optional and not many) or (
+                    isinstance(v, bool) if item is bool else
+                    isinstance(v, int) and not isinstance(v, bool) if item is int else
+                    isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_)) if item is float else
+                    isinstance(v, str))
+                if not ok and f.metadata.get("ranged") and item in (int, float):
+                    ok = True  # sc_jax.runtime.ranges checks these, in its own words
+                if not ok:
+                    kind = {bool: "true or false", int: "an integer", float: "a number",
+                            str: "a string"}.get(item, item.__name__)
+                    raise ValueError(f"{f.name} ({_option_names(f.name)}) must be {kind}"
+                                     f"{' (a list of them)' if many else ''}{' or None' if optional else ''}, "
+                                     f"got {type(v).__name__} {v!r}")
+                fixed.append(v)
+            object.__setattr__(self, f.name, tuple(fixed) if many else fixed[0])
 
     def _check_choices(self):
         """Every field typed by a ``Literal`` holds its values only."""

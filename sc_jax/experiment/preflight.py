@@ -85,6 +85,13 @@ def check_first_seed(name: str, ds, split, sj: SeedJobs, mode: str) -> None:
     """What the first seed of a (dataset, k) shows for all: labels the scoring
     ``mode`` can separate (:func:`check_mode`), and a test set missing a class (a
     warning)."""
+    if mode == "first_token":
+        first = [ids[0] for ids in sj.pieces.labels]
+        shared = [w for w, t in zip(ds.task.labels, first) if first.count(t) > 1]
+        if shared:  # the words and the command-line fix, not token ids and Python syntax
+            raise ValueError(f"task {name!r}: the label words {', '.join(map(repr, shared))} begin with the "
+                             "same token, so first-token scoring cannot tell them apart: use --mode sequence "
+                             "(mode='sequence' in Python), or label words that begin differently")
     check_mode(mode, sj.pieces)
     warn_missing_test_classes(name, ds, split, split.seed)
 

@@ -444,6 +444,10 @@ class RunResults(_Record):
     cache: CacheCounts | None = dataclasses.field(default=None, **_records(CacheCounts))
     runtime: dict[str, Any] | None = None
     memory_policy: dict[str, Any] | None = None
+    #: Per dataset, the task and data the run read (:meth:`sc_jax.experiment.tasks.Dataset.record`):
+    #: template, label words, columns, content-free inputs, chat template, source and the
+    #: rows' sha256, which `report --log-samples` checks the data against.
+    tasks: dict[str, Any] | None = None
 
     @property
     def model(self) -> str:

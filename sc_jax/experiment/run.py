@@ -431,7 +431,9 @@ def _results_data(plan: RunPlan, model, lam: float, rows, params, splits, notes,
         cache=CacheCounts(hits=cache.hits, misses=cache.misses, corrupt=cache.corrupt),
         runtime={"processes": jax.process_count(), "devices": jax.device_count(),
                  "mesh": {"data": model.n_devices, "model": model.model_shards}},
-        memory_policy=dataclasses.asdict(plan.policy))
+        memory_policy=dataclasses.asdict(plan.policy),
+        tasks={name: dict(ds.record(), chat_template=plan.config.chat_template)
+               for name, ds in plan.datasets.items()})
 
 
 def _timed_fit(scores: dict, name: str, k: int, config: RunConfig, lam: float, progress: bool):

@@ -301,6 +301,13 @@ def _drawn_splits(results: RunResults) -> tuple[dict, str | None]:
         datasets = load_datasets(cfg)
     except (DataUnavailableError, OSError, ValueError, TypeError) as e:
         return {}, f"the run's data could not be loaded here ({type(e).__name__}: {e})"
+    for name, recorded in (results.tasks or {}).items():
+        sha = recorded.get("data_sha256")
+        if name in datasets and sha and datasets[name].content_sha256 != sha:
+            raise ValueError(f"{name}: the data here ({datasets[name].source or name}) are not the rows the "
+                             f"run read (sha256 {datasets[name].content_sha256[:12]}..., the run's "
+                             f"{sha[:12]}...): a text or label was edited since; restore the data, or run "
+                             "the experiment again")
     out = {}
     for rec in results.splits:
         name, k, seed = rec.dataset, rec.shots, rec.seed

@@ -207,8 +207,8 @@ def _load_task(name, *, data, data_file, data_dir, split: str, text_column, labe
     name = spec.name
     if data is not None:
         columns = columns_of(data, f"the data given for task {name!r}")
-        text_col = text_column or _default_column(columns, spec.text_column, "text")
-        label_col = label_column or _default_column(columns, spec.label_column, "label")
+        text_col = text_column or _default_column(columns, spec.text_column, "text", spec)
+        label_col = label_column or _default_column(columns, spec.label_column, "label", spec)
         where = f"the {type(data).__name__} given for task {name!r}"
         return _to_dataset(columns, spec, text_col, label_col, where, where)
     if data_file is None and data_dir is not None:
@@ -221,8 +221,8 @@ def _load_task(name, *, data, data_file, data_dir, split: str, text_column, labe
     if data_file is not None:
         path = Path(data_file).expanduser()
         columns = _read_file(path, spec)
-        text_col = text_column or _default_column(columns, spec.text_column, "text")
-        label_col = label_column or _default_column(columns, spec.label_column, "label")
+        text_col = text_column or _default_column(columns, spec.text_column, "text", spec)
+        label_col = label_column or _default_column(columns, spec.label_column, "label", spec)
         return _to_dataset(columns, spec, text_col, label_col, str(path), str(path))
 
     text_col = text_column or spec.text_column
@@ -274,6 +274,9 @@ def columns_of(data, where: str, wanted=None) -> dict[str, list]:
     ``tolist()`` or ``list()``. ``wanted``: the columns to read (the others are kept as
     names only, for an error that lists them); None reads every column. Raises
     ValueError naming ``where`` for anything else."""
+    if isinstance(data, Mapping) and data and all(hasattr(v, "column_names") for v in data.values()):
+        raise ValueError(f"{where}: a {type(data).__name__} of splits ({', '.join(map(str, data))}), not "
+                         f"one table: pick a split, e.g. data=data[{next(iter(data))!r}]")
     if isinstance(data, Mapping):
         names = list(data)
     elif hasattr(data, "column_names"):
@@ -283,6 +286,10 @@ def columns_of(data, where: str, wanted=None) -> dict[str, list]:
     else:
         raise ValueError(f"{where}: a {type(data).__name__} has no columns; give a datasets.Dataset, "
                          "a dict of lists, a pyarrow Table, a pandas DataFrame, or a data file")
+    twice = sorted({str(n) for n in names if names.count(n) > 1})
+    if twice:  # data[name] would give both columns, or the first: either way not the column
+        raise ValueError(f"{where}: column{'s' * (len(twice) > 1)} {', '.join(map(repr, twice))} appear"
+                         f"{'s' * (len(twice) == 1)} more than once; rename or drop the copies")
     out = {}
     for name in names:
         if wanted is not None and name not in wanted:
@@ -297,8 +304,14 @@ def columns_of(data, where: str, wanted=None) -> dict[str, list]:
     return out
 
 
-def _default_column(columns: Mapping[str, list], preferred: str, fallback: str) -> str:
-    if preferred not in columns and fallback in columns:
+def _default_column(columns: Mapping[str, list], preferred: str, fallback: str,
+                    spec: TaskSpec | None = None) -> str:
+    """The task's column ``preferred``, or ``fallback`` ("text", "label") where the data
+    lack it: for the built-in tasks only, whose hub column names local files need not
+    use. A task file's own column name is what it says (a missing one is refused when
+    the columns are read, naming it)."""
+    builtin = spec is None or TASKS.get(spec.name) == spec
+    if builtin and preferred not in columns and fallback in columns:
         return fallback
     return preferred
 
@@ -412,7 +425,10 @@ def _to_dataset(columns: Mapping[str, Sequence], spec: TaskSpec, text_column: st
     missing = [c for c in (text_column, label_column) if c not in columns]
     if missing:
         roles = {text_column: "text", label_column: "label"}
-        named = " and ".join(f"{roles[c]} column {c!r}" for c in missing)
+        named = " and ".join(f"{roles[c]} column {c!r}" + (
+            f" (the field '{roles[c]}_column' of {spec.origin})"
+            if spec.origin and TASKS.get(spec.name) != spec and c == getattr(spec, f"{roles[c]}_column") else "")
+            for c in missing)
         raise ValueError(f"{where} has no {named}; its columns are {sorted(columns)}. "
                          "Name the right ones with --text-column / --label-column (text_column=... / "
                          "label_column=... in Python).")

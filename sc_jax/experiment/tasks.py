@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import os
 import re
@@ -126,6 +127,7 @@ class TaskSpec:
         if len(labels) < 2 or len(set(labels)) != len(labels) or not all(w.strip() for w in labels):
             raise ValueError(f"{where}: field 'labels' must hold at least two distinct, non-blank "
                              f"label words, got {list(labels)}")
+        _check_label_words(labels, where)
         try:
             template = Template.from_string(got["template"], labels)
         except ValueError as e:
@@ -208,6 +210,10 @@ def _field_value(value, kind: str, key: str, where: str):
         values = [value] if isinstance(value, str) else value
         if isinstance(values, (list, tuple)) and all(isinstance(v, str) for v in values):
             return tuple(values)
+        if isinstance(values, (list, tuple)) and any(isinstance(v, bool) for v in values):
+            raise ValueError(f"{where}: field {key!r} must be {_KIND_TEXT[kind]}, got {list(values)}: YAML "
+                             "reads unquoted no, yes, off, on, false and true as booleans; quote them "
+                             "(['no', 'yes'])")
     if kind == "map":
         pairs = list(value.items()) if isinstance(value, Mapping) else value
         if (isinstance(pairs, (list, tuple))
@@ -230,6 +236,45 @@ def _class_of(target, labels: tuple[str, ...], raw, where: str) -> int:
                      f"class id 0..{len(labels) - 1} nor a label word ({', '.join(labels)})")
 
 
+def _check_label_words(labels: tuple[str, ...], where: str) -> None:
+    """Label words a data file's labels can be matched to one way only (the rule of
+    :func:`sc_jax.experiment.task_loading.load_task`: a value is its class id, or a
+    label word compared without case and surrounding spaces): no control character (a
+    newline would break the prompt's lines), no two words that differ only in case or
+    spaces, and no word that reads as another class's id ("1" at class 0)."""
+    for word in labels:
+        bad = [ch for ch in word if unicodedata.category(ch) == "Cc"]
+        if bad:
+            raise ValueError(f"{where}: field 'labels': the label word {word!r} holds a control "
+                             f"character ({', '.join(map(repr, dict.fromkeys(bad)))}); a newline or tab "
+                             "would break the prompt's lines: use a word without one")
+    seen: dict[str, str] = {}
+    for word in labels:
+        key = word.strip().lower()
+        if key in seen:
+            raise ValueError(f"{where}: field 'labels': the label words {seen[key]!r} and {word!r} differ "
+                             "only in case or surrounding spaces, so a data label could be either: make "
+                             "them distinct words")
+        seen[key] = word
+    for c, word in enumerate(labels):
+        if _INTEGER.fullmatch(word.strip()) and int(word) != c:
+            raise ValueError(f"{where}: field 'labels': the label word {word!r} is class {c}, but a data "
+                             f"label {word.strip()!r} (a CSV's) or {int(word)} (a JSON file's) reads as class "
+                             f"id {int(word)}: order the words so that a number is its own class id, or "
+                             "use other words with 'label_map'")
+
+
+def _unique_keys(pairs, where: str) -> dict:
+    """A mapping from ``(key, value)`` pairs; ValueError naming a key given twice (a
+    second ``labels:`` line would otherwise swap the classes silently)."""
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"{where}: field {key!r} is given twice; keep one")
+        out[key] = value
+    return out
+
+
 def read_task_file(path: str | os.PathLike) -> TaskSpec:
     """The task a YAML (.yaml, .yml; needs pyyaml) or JSON (.json) file describes: one
     mapping of :data:`TASK_FILE_FIELDS`; a relative ``data_file`` is read from the file's
@@ -243,9 +288,10 @@ def read_task_file(path: str | os.PathLike) -> TaskSpec:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"task file {path} cannot be read ({getattr(e, 'strerror', None) or e})") from None
+    where = f"task file {path}"
     if suffix == ".json":
         try:
-            fields = json.loads(text)
+            fields = json.loads(text, object_pairs_hook=lambda pairs: _unique_keys(pairs, where))
         except json.JSONDecodeError as e:
             raise ValueError(f"task file {path}: not valid JSON ({e})") from None
     else:
@@ -254,8 +300,15 @@ def read_task_file(path: str | os.PathLike) -> TaskSpec:
         except ImportError:
             raise ImportError(f"task file {path}: reading YAML needs pyyaml: pip install pyyaml "
                               "(or write the task as a .json file)") from None
+        class _Loader(yaml.SafeLoader):  # a key given twice is refused, not "the last wins"
+            def construct_mapping(self, node, deep=False):
+                pairs = [(self.construct_object(k, deep=deep), self.construct_object(v, deep=deep))
+                         for k, v in node.value]
+                return _unique_keys(pairs, where)
+
+        _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _Loader.construct_mapping)
         try:
-            fields = yaml.safe_load(text)
+            fields = yaml.load(text, Loader=_Loader)  # noqa: S506  (a SafeLoader subclass)
         except yaml.YAMLError as e:
             raise ValueError(f"task file {path}: not valid YAML ({' '.join(str(e).split())})") from None
     return TaskSpec.from_dict(fields, where=f"task file {path}", base=path.parent, origin=str(path))
@@ -307,6 +360,25 @@ class Dataset:
 
     def __len__(self) -> int:
         return len(self.texts)
+
+    @functools.cached_property
+    def content_sha256(self) -> str:
+        """The sha256 of the rows as the run reads them: each text (UTF-8) and class id
+        in order, length-prefixed. An edited text or label, or a reordered file, changes
+        it; the file's name or format does not."""
+        h = hashlib.sha256()
+        for text, label in zip(self.texts, self.labels.tolist()):
+            raw = text.encode("utf-8")
+            h.update(f"{len(raw)}:".encode() + raw + f"|{label};".encode())
+        return h.hexdigest()
+
+    def record(self) -> dict:
+        """What results.json keeps of the task and its data (``tasks``): template,
+        label words, columns, content-free inputs, source and :attr:`content_sha256`."""
+        t = self.task
+        return {"template": t.template.format, "labels": list(t.labels), "text_column": t.text_column,
+                "label_column": t.label_column, "content_free": list(t.content_free),
+                "source": self.source, "rows": len(self), "data_sha256": self.content_sha256}
 
     @property
     def template(self) -> Template:

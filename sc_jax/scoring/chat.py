@@ -20,7 +20,11 @@ import datetime
 
 __all__ = ["chat_frame", "render_chat"]
 
-_SENTINEL = "SCJAXUSERTURNSENTINEL"
+# Mixed case, inner spaces, punctuation and a newline: a template that transforms the
+# message (| upper, | lower, | replace) changes it and is refused, instead of rendering
+# other prompts than the ones scored. No outer space: templates that `| trim` the
+# message (Llama 3's) trim nothing of a prompt, whose text starts and ends with words.
+_SENTINEL = "ScJax user-turn Sentinel,\n  kept AS given."
 
 
 def render_chat(template: str, messages, special_tokens: dict, *, add_generation_prompt: bool = True) -> str:
@@ -55,10 +59,20 @@ def chat_frame(tokenizer, model: str = "the model") -> tuple[str, str]:
     if not template:
         raise ValueError(f"--chat-template: {model}'s tokenizer has no chat template (none in its "
                          "tokenizer_config.json or .gguf file); leave out --chat-template")
-    text = render_chat(template, [{"role": "user", "content": _SENTINEL}],
-                       getattr(tokenizer, "special_tokens", {}))
+    try:
+        text = render_chat(template, [{"role": "user", "content": _SENTINEL}],
+                           getattr(tokenizer, "special_tokens", {}))
+    except ImportError:
+        raise
+    except ValueError as e:  # raise_exception() inside the template
+        raise ValueError(f"--chat-template: {e} ({model}); leave out --chat-template") from None
+    except Exception as e:  # noqa: BLE001  (jinja2's TemplateSyntaxError, UndefinedError, ...)
+        where = f", line {e.lineno}" if getattr(e, "lineno", None) else ""
+        detail = " ".join(str(e).split())
+        raise ValueError(f"--chat-template: {model}'s chat template cannot be rendered "
+                         f"({type(e).__name__}{where}: {detail}); leave out --chat-template") from None
     if text.count(_SENTINEL) != 1:
         raise ValueError(f"--chat-template: {model}'s chat template does not write the user's "
-                         "message once, as given; leave out --chat-template")
+                         "message once, as given (it changes or repeats it); leave out --chat-template")
     header, footer = text.split(_SENTINEL)
     return header, footer

@@ -225,7 +225,9 @@ def test_labels_sharing_a_first_token_are_refused_in_first_token_mode(tmp_path, 
                     + "label_map: {bad: 0, good: 1}\n")
     assert cli.main(["run", "--task-file", str(path), *TINY, "--out", str(tmp_path / "run")]) != 0
     err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("sc_jax:")]
-    assert len(err) == 1 and "share their first token" in err[0] and "mode='sequence'" in err[0], err
+    assert err == ["error: task 'films': the label words 'very bad', 'very good' begin with the same token, so "
+                   "first-token scoring cannot tell them apart: use --mode sequence (mode='sequence' in "
+                   "Python), or label words that begin differently"], err
 
 
 def test_a_yaml_task_runs_end_to_end(tmp_path):

@@ -88,3 +88,38 @@ def test_chat_settings_from_a_model_directory(tmp_path):
     (tmp_path / "chat_template.jinja").write_text(GEMMA)  # transformers' newer place wins
     assert read_chat_settings(tmp_path)["chat_template"] == GEMMA
     assert read_chat_settings(tmp_path / "absent") == {"chat_template": None, "special_tokens": {}}
+
+
+class _Templated:
+    special_tokens = {"bos_token": "<bos>"}
+
+    def __init__(self, template):
+        self.chat_template = template
+
+
+@pytest.mark.parametrize("template, message", [
+    ("{% for m in messages %}{{ m.content ", "TemplateSyntaxError, line 1: unexpected end of template"),
+    ("{{ messages[1].content }}", "UndefinedError: list object has no element 1"),
+    ("{{ nothing.at_all }}", "UndefinedError: 'nothing' is undefined"),
+    ("{{ raise_exception('only system turns') }}", None),
+])
+def test_a_broken_chat_template_is_one_line_naming_it(template, message):
+    with pytest.raises(ValueError) as err:
+        chat_frame(_Templated(template), "m")
+    text = str(err.value)
+    assert "\n" not in text and text.endswith("; leave out --chat-template"), text
+    if message is None:
+        assert text.startswith("--chat-template: the model's chat template refused the prompt: only system turns")
+    else:
+        assert text.startswith(f"--chat-template: m's chat template cannot be rendered ({message}"), text
+
+
+@pytest.mark.parametrize("template", ["{{ messages[0].content | upper }}", "{{ messages[0].content | lower }}",
+                                      "{{ messages[0].content | replace('\\n', ' ') }}",
+                                      "{{ messages[0].content }}{{ messages[0].content }}"])
+def test_a_template_that_changes_the_message_is_refused(template):
+    with pytest.raises(ValueError, match=r"^--chat-template: m's chat template does not write the user's message "
+                                         r"once, as given \(it changes or repeats it\)"):
+        chat_frame(_Templated(template), "m")
+    # Trimming the message's outer spaces changes no prompt: Gemma's and Llama 3's form.
+    assert chat_frame(_Templated("<u>{{ messages[0].content | trim }}</u>"), "m") == ("<u>", "</u>")
