@@ -26,38 +26,31 @@ import numpy as np
 from sc_jax.runtime import ranges
 from sc_jax.runtime.ranges import DType
 from sc_jax.runtime.sharding import parse_mesh
+from sc_jax.calibration import methods as calibration_methods
 from sc_jax.calibration.numpy_fit import Guard
 from sc_jax.calibration.solvers.types import Solver
 from sc_jax.experiment.splits import DEFAULT_TEST_SEED
 from sc_jax.experiment.tasks import TASKS, read_task_file
 from sc_jax.scoring.memory import MemoryPolicy
 
-# bc_reference: BC as the reference code computes it (sc_jax.calibration.baselines
-# .batch_calibration_reference), reported beside the paper's BC ("bc"), which stays the
-# baseline that SC is compared with.
-# sc_star: SC* as fit_batch(sc_star=True) fits it, with the run's trust region (at
-# tau = 0.997 and w = 1 it bounds |b| near 0.08); sc_star_free: the bias-only fit of the
-# paper's description and the reference code, with no trust region (tau = -1).
-# sc_paper: SC as the paper fits it (guard "none"), reported beside the run's SC so that
-# a table shows what the guard changed; with --guard none the two are the same fits.
-# looc, linc: leave-one-out and linear probe calibration (docs/methods.md), from the
-# surrogate scores SC already makes.
-# surprise: Surprise Calibration (Tan et al. 2025; sc_jax.calibration.surprise), its
-# network trained on SC's surrogate rows.
-# hidden: Hidden Calibration (sc_jax.calibration.hidden), nearest class centroid of the
-# last hidden states; the run asks the engine for the states of the jobs it needs.
-Method = Literal["base", "cc", "dc", "bc", "bc_reference", "sc_star", "sc_star_free", "sc",
-                 "sc_paper", "looc", "linc", "surprise", "hidden"]
-METHODS: tuple[Method, ...] = get_args(Method)
-# Run only when named in --methods: Surprise Calibration trains a 5.5M-parameter GRU
-# per seed (40-50 s for one k = 4 seed on two shared CPU cores at the authors' sizes).
-OPT_IN_METHODS: tuple[Method, ...] = ("surprise",)
-DEFAULT_METHODS: tuple[Method, ...] = tuple(m for m in METHODS if m not in OPT_IN_METHODS)
+# The methods are those of the registry (sc_jax.calibration.methods: one module each,
+# with its display name, colour, the scores it needs and its fit); these names are
+# derived from it when this module loads. A method registered later (a module of your
+# own) is a choice of --methods too: RunConfig checks the registry when it is built.
+METHODS: tuple[str, ...] = calibration_methods.names()
+# Run only when named in --methods (Surprise Calibration trains a network per seed).
+OPT_IN_METHODS: tuple[str, ...] = tuple(m.name for m in calibration_methods.registered() if m.opt_in)
+DEFAULT_METHODS: tuple[str, ...] = tuple(m for m in METHODS if m not in OPT_IN_METHODS)
 
 
-# Per SC method of METHODS: fit SC* (w = 1) or not, its tau and its guard (None: the run's).
-SC_FITS = {"sc": (False, None, None), "sc_star": (True, None, None),
-           "sc_star_free": (True, -1.0, None), "sc_paper": (False, None, "none")}
+def sc_fits(methods=None) -> dict:
+    """Per SC-family method (of ``methods``, else every registered one): (SC* or not,
+    its tau, its guard), None for the run's tau and guard."""
+    return {m.name: (m.sc_fit.sc_star, m.sc_fit.tau, m.sc_fit.guard) for m in calibration_methods.registered()
+            if m.sc_fit is not None and (methods is None or m.name in methods)}
+
+
+SC_FITS = sc_fits()
 
 
 # The run's guard (sc_jax.calibration.numpy_fit.fit_batch): SC* for a size whose surrogate data
@@ -196,7 +189,7 @@ class RunConfig:
              to_fields=lambda n, _: {"seeds": tuple(range(n))}),
         Flag("--seed-list", "explicit seeds (overrides --seeds)", default=lambda _: None),
         ranged=True)
-    methods: tuple[Method, ...] = _option(DEFAULT_METHODS, Flag(
+    methods: tuple[str, ...] = _option(DEFAULT_METHODS, Flag(
         "--methods", "the methods to run and report (spaces or commas between them)"))
     test_size: int = _option(256, Flag("--test-size", "held-out test queries per seed"),
                              ranged=True)
@@ -454,9 +447,16 @@ class FieldType(NamedTuple):
     many: bool
 
 
-@functools.cache
 def field_type(name: str) -> FieldType:
-    """The value type of RunConfig field ``name`` (:class:`FieldType`)."""
+    """The value type of RunConfig field ``name`` (:class:`FieldType`); ``methods``'
+    choices are the registry's as it is now (a method registered after import is one)."""
+    if name == "methods":
+        return FieldType(str, calibration_methods.names(), True)
+    return _annotated_type(name)
+
+
+@functools.cache
+def _annotated_type(name: str) -> FieldType:
     hint = typing.get_type_hints(RunConfig)[name]
     many = typing.get_origin(hint) is tuple
     if many:

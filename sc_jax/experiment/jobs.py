@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from sc_jax.calibration import methods as calibration_methods
 from sc_jax.calibration.baselines import random_domain_strings
 from sc_jax.calibration.hidden import centroid_distances, class_centroids
 from sc_jax.experiment.config import RunConfig
@@ -99,14 +100,17 @@ def seed_jobs(tokenizer, dataset, split, config: RunConfig, k: int) -> SeedJobs:
     jobs = {"base": (full, with_full(q_test)), "cc": (full, with_full(q_cc)),
             "dc": (full, with_full(q_dc))}
     ms = {}
-    for i in config.sizes(k):
+    # SC's surrogate and test-time prompts, only where a method of the run reads them
+    # (`--methods base,bc` scores the k-shot prompts alone).
+    sized = any(needed(config, need) for need in ("surrogate", "test", "hidden"))
+    for i in config.sizes(k) if sized else ():
         ctx = surrogate_contexts(k, i, config.budget, seed=split.seed * 1000 + i)
         pairs = surrogate_pairs(ctx, k)
         jobs[f"surrogate{i}"] = (ctx, pairs)
         m = ms[i] = default_m(len(pairs), k, i, cap=config.m_cap)
         tctx = sample_contexts(k, i, m, seed=split.seed * 1000 + 500 + i)
         jobs[f"test{i}"] = (tctx, np.stack([np.repeat(np.arange(m), T), np.tile(q_test, m)], axis=1))
-    if "looc" in config.methods and k >= 2 and k - 1 not in config.sizes(k):
+    if needed(config, "loo") and k >= 2 and k - 1 not in config.sizes(k):
         jobs["loo"] = leave_one_out_job(k)
     return SeedJobs(pieces, jobs, ms, T)
 
@@ -152,10 +156,15 @@ def job_name(tag: str) -> str:
     return f"test-time prompt of size {tag[len('test'):]}"
 
 
+def needed(config: RunConfig, need: str) -> bool:
+    """Whether a method of the run needs ``need`` (:data:`sc_jax.calibration.methods.NEEDS`)."""
+    return any(need in calibration_methods.get(m).needs for m in config.methods)
+
+
 def hidden_tags(config: RunConfig, k: int) -> list[str]:
     """The jobs whose last hidden states the run needs: Hidden Calibration's
     calibration prompts (surrogate<i>) and test prompts (test<i>) of every size."""
-    if "hidden" not in config.methods:
+    if not needed(config, "hidden"):
         return []
     return [f"{kind}{i}" for i in config.sizes(k) for kind in ("surrogate", "test")]
 
@@ -239,7 +248,7 @@ def score_seed(model, engine, cache, dataset, work, config: RunConfig, *,
     surrogate, test, contexts, hidden = {}, {}, {}, {}
     labels = np.asarray(split.demo_labels)
     n = base.shape[-1]
-    for i in config.sizes(k):
+    for i in sorted(sj.m):  # the sizes the run scored (none without a method that reads them)
         ctx, pairs = sj.jobs[f"surrogate{i}"]
         surrogate[i] = (scored(f"surrogate{i}"), labels[pairs[:, 1]], pairs[:, 1].copy())
         contexts[i] = ctx[pairs[:, 0]]

@@ -8,8 +8,9 @@ never fails on a new name.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
+from sc_jax.calibration import methods as calibration_methods
 from sc_jax.experiment.results import METHOD_NAMES
 
 __all__ = ["DATASET_NAMES", "METHOD_COLOURS", "dataset_name", "method_colour", "method_name",
@@ -21,19 +22,14 @@ DATASET_NAMES = {"sst2": "SST-2", "rotten_tomatoes": "Rotten Tomatoes", "ag_news
                  "financial_phrasebank": "Financial PhraseBank"}
 
 
-#: One colour per method (matplotlib's tab10 and tab20 hues, no two alike); SC is also
-#: drawn with a heavy edge (figures.SC_EDGE) so that it reads without colour.
-METHOD_COLOURS = {"base": "#7f7f7f", "cc": "#1f77b4", "dc": "#ff7f0e", "bc": "#2ca02c",
-                  "bc_reference": "#98df8a", "sc_star": "#9467bd", "sc_star_free": "#c5b0d5",
-                  "sc": "#d62728", "sc_paper": "#ff9896", "looc": "#8c564b", "linc": "#e377c2",
-                  "surprise": "#bcbd22", "hidden": "#17becf"}
+#: One colour per method, each method's own (matplotlib's tab10 and tab20 hues, no two
+#: alike), live from the registry; SC is also drawn with a heavy edge (figures.SC_STYLE)
+#: so that it reads without colour.
+METHOD_COLOURS: Mapping[str, str] = calibration_methods.View("colour")
 #: Colours for methods not in :data:`METHOD_COLOURS`, chosen by a hash of the name.
 SPARE_COLOURS = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d",
                  "#31a354")
 
-# The tables' order: the methods as METHOD_NAMES lists them (the paper's, SC, then the
-# newer baselines), then any other name alphabetically.
-_ORDER = tuple(METHOD_NAMES)
 
 
 def dataset_name(dataset: str) -> str:
@@ -60,7 +56,7 @@ def order_methods(methods: Iterable[str], *, sc_first: bool = False) -> list[str
     """``methods`` (each once) in report order: the known methods in their fixed order
     (SC first with ``sc_first``, as in the plots' legends), then unknown names
     alphabetically."""
-    known = {m: i for i, m in enumerate(_ORDER)}
+    known = {m: i for i, m in enumerate(METHOD_NAMES)}  # the registry's order
     if sc_first:
         known["sc"] = -1
     return sorted(set(methods), key=lambda m: (known.get(m, len(known)), m))

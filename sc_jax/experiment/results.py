@@ -19,22 +19,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Self
 
+from sc_jax.calibration import methods as calibration_methods
 from sc_jax.calibration.baselines import BC_BATCH_SIZE
 from sc_jax.calibration.defaults import DEFAULT_LAMBDA_INV
 from sc_jax.models.identity import ModelDescription, describe_named
 from sc_jax.models.named_models import display_name, named_model
 
-# "BC (code)": BC as the reference code computes it, softmax(p - mean p)
-# (sc_jax.calibration.baselines.batch_calibration_reference), beside the paper's p / mean p.
-# "SC* (no trust region)": the bias-only fit without the trust region (tau = -1), as
-# the paper describes SC* and the reference code fits it; "SC*" keeps it.
-# "SC (guard)": the run's SC, whose --guard (default bias_only) fits SC* at a size whose
-# surrogate accuracy is below chance, a deviation from the paper, named in every table
-# and plot; "SC (paper)": the paper's fit (guard none) beside it.
-METHOD_NAMES = {"base": "Base", "cc": "CC", "dc": "DC", "bc": "BC", "bc_reference": "BC (code)",
-                "sc_star": "SC*", "sc_star_free": "SC* (no trust region)", "sc": "SC (guard)",
-                "sc_paper": "SC (paper)", "looc": "LOOC", "linc": "LinC",
-                "surprise": "Surprise", "hidden": "Hidden Calibration"}
+#: Each method's display name ("sc" -> "SC (guard)": the run's --guard fit; "sc_paper" ->
+#: "SC (paper)"; "bc_reference" -> "BC (code)"), in the registry's order.
+METHOD_NAMES: Mapping[str, str] = calibration_methods.View("display")  # live: a method registered later is in it
 
 
 def load_results(path: str | Path) -> RunResults:

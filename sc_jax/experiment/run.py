@@ -40,8 +40,9 @@ import jax
 
 from sc_jax.calibration.defaults import DEFAULT_LAMBDA_INV
 from sc_jax.calibration.solvers import is_converged
+from sc_jax.calibration import methods as calibration_methods
 from sc_jax.experiment import figures, metrics, samples
-from sc_jax.experiment.config import SC_FITS, RunConfig
+from sc_jax.experiment.config import RunConfig, sc_fits
 from sc_jax.experiment.jobs import SeedScores, score_seed
 from sc_jax.experiment.roofline import forward_estimate
 from sc_jax.experiment.runplan import RunPlan, build_plan, run_mesh
@@ -232,10 +233,11 @@ def _metric_rows(scores: dict[int, SeedScores], fits: dict, name: str, k: int, n
     slower than :data:`SLOW_METHOD_S`."""
     sizes = config.sizes(k)
     rows, records = [], []
-    if progress and "surprise" in config.methods:
-        log.info("[%s k=%d] predicting %d methods for %d seed(s); Surprise Calibration trains its "
-                 "network on each seed's surrogate rows first", name, k, len(config.methods),
-                 len(config.seeds))
+    heavy = [calibration_methods.get(m) for m in config.methods if calibration_methods.get(m).opt_in]
+    if progress and heavy:  # opt-in methods are the slow ones (Surprise trains a network per seed)
+        log.info("[%s k=%d] predicting %d methods for %d seed(s); %s train%s on each seed's scores "
+                 "first", name, k, len(config.methods), len(config.seeds),
+                 ", ".join(m.display for m in heavy), "s" * (len(heavy) == 1))
     for seed in config.seeds:
         s = scores[seed]
         probs, per_size = {}, {}
@@ -439,7 +441,7 @@ def _results_data(plan: RunPlan, model, lam: float, rows, params, splits, notes,
 def _timed_fit(scores: dict, name: str, k: int, config: RunConfig, lam: float, progress: bool):
     """:func:`fit_sc` for one (dataset, k): ``(fits, params, time record)``, compile
     time apart, with its progress line."""
-    if progress and any(m in SC_FITS for m in config.methods):
+    if progress and sc_fits(config.methods):
         log.info("[%s k=%d] fitting SC / SC* (%d seeds x %d sizes; a new problem shape compiles "
                  "first)", name, k, len(config.seeds), len(config.sizes(k)))
     with CompileMeter() as meter:

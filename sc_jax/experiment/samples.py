@@ -35,12 +35,13 @@ from pathlib import Path
 
 import numpy as np
 
+from sc_jax.calibration import methods as registry
 from sc_jax.calibration.numpy_predict import FitResult
 from sc_jax.calibration.solvers import Status
 from sc_jax.experiment import metrics
-from sc_jax.experiment.config import METHODS, SC_FITS, RunConfig
+from sc_jax.experiment.config import RunConfig
 from sc_jax.experiment.jobs import draw_split, load_datasets
-from sc_jax.experiment.methods import looc_scored, method_probs, sc_size_probs
+from sc_jax.experiment.methods import method_probs, sc_size_probs
 from sc_jax.experiment.names import dataset_name, method_name
 from sc_jax.experiment.results import METRICS, FitRecord, ResultRow, RunResults
 from sc_jax.experiment.stats import mcnemar_exact_p, query_signed_rank_p
@@ -319,12 +320,19 @@ def _drawn_splits(results: RunResults) -> tuple[dict, str | None]:
     return out, None
 
 
+def _holds(s, needs) -> bool:
+    """Whether a seed's score file holds what ``needs`` names (a run of Base and BC
+    alone scored no surrogate or test-time prompt)."""
+    have = {"surrogate": bool(s.surrogate), "test": bool(s.test), "hidden": bool(s.hidden)}
+    return all(have.get(need, True) for need in needs)
+
+
 def regenerate_samples(run_dir, *, with_texts: bool = True) -> tuple[Path, list[str]]:
     """Write the per-sample records (:mod:`sc_jax.experiment.samples`) of a finished run beside
     its results.json, from its score files (``DIR/scores/``) and the SC parameters its
     results.json holds: no model, no forward pass, no refit. Returns the file and notes.
 
-    Baselines: every baseline of :data:`sc_jax.experiment.config.METHODS`, ``bc_reference``
+    Baselines: every registered method (:mod:`sc_jax.calibration.methods`) its ``available`` allows, ``bc_reference``
     included for a run that predates it (its ``bc_batch``); Hidden Calibration where the
     score files hold its distances. SC methods: those with params in results.json. The records of the run's own methods reproduce its
     results.json rows (:func:`sc_jax.experiment.samples.check_samples`). Dataset rows and text
@@ -344,18 +352,15 @@ def regenerate_samples(run_dir, *, with_texts: bool = True) -> tuple[Path, list[
         for seed in sorted(per_seed):
             s = per_seed[seed]
             probs, per_size = {}, {}
-            for method in METHODS:
-                per = fits.get((method, name, k, seed)) if method in SC_FITS else None
-                if method in SC_FITS and not per:
+            for m in registry.registered():
+                method = m.name
+                per = fits.get((method, name, k, seed)) if m.sc_fit is not None else None
+                if m.sc_fit is not None and not per:
                     continue  # the run did not fit it
-                if method == "surprise" and (s.surrogate_contexts is None
-                                             or method not in results.config.get("methods", ())):
-                    continue  # a score file written before it, or a run without it (it trains)
-                if method == "hidden" and not s.hidden:
-                    continue  # the run scored no hidden states
-                if method == "looc" and not looc_scored(s):
-                    continue  # no size k - 1 and no leave-one-out prompts: not written
-                sizes = sorted(per) if per else sorted(s.hidden) if method == "hidden" else []
+                if not _holds(s, m.needs) or (
+                        m.available is not None and not m.available(s, tuple(results.config.get("methods", ())))):
+                    continue  # its scores are not in the files (e.g. no hidden states), or it trains
+                sizes = sorted(per) if per else []
                 probs[method] = method_probs(method, s, per, sizes, bc_batch=bc_batch,
                                              size_weighting=weighting, shots=k)
                 if per:

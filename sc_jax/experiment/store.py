@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sc_jax.calibration import methods as calibration_methods
 from sc_jax.experiment import metrics
 from sc_jax.experiment.config import RunConfig
 from sc_jax.experiment.jobs import SeedScores
@@ -327,14 +328,18 @@ RUN_CONFIG_FILE = "run_config.json"
 
 # Methods that runs made before them lack in their run_config.json and
 # results.json: resuming such a run with the default --methods only adds them.
-ADDED_METHODS = ("bc_reference", "sc_star_free", "sc_paper", "looc", "linc", "surprise",
-                 "hidden")
+def added_methods() -> tuple[str, ...]:
+    """The registered methods marked ``added`` (:class:`sc_jax.calibration.methods.Method`)."""
+    return tuple(m.name for m in calibration_methods.registered() if m.added)
+
+
+ADDED_METHODS = added_methods()
 
 
 def _config_differences(old: dict, new: dict) -> list[str]:
     """``key: old there, new here`` for every key of two RunConfig JSONs that differs;
     a key one of them lacks (written by another version) counts as its default. A run
-    whose methods lack only :data:`ADDED_METHODS` of the new ones is no other run:
+    whose methods lack only :func:`added_methods` of the new ones is no other run:
     methods do not change any score, every old row is recomputed as it was, and the
     added methods' rows join them (so a run started before them resumes)."""
     default = json.loads(json.dumps(RunConfig().to_json()))
@@ -342,8 +347,9 @@ def _config_differences(old: dict, new: dict) -> list[str]:
     for key in sorted(set(old) | set(new)):
         a, b = old.get(key, default.get(key)), new.get(key, default.get(key))
         if key == "methods" and isinstance(a, list) and isinstance(b, list):
-            a = [m for m in a if m not in ADDED_METHODS]
-            b = [m for m in b if m not in ADDED_METHODS]
+            added = added_methods()
+            a = [m for m in a if m not in added]
+            b = [m for m in b if m not in added]
         if a != b:
             out.append(f"{key}: {a} there, {b} here")
     return out

@@ -107,15 +107,16 @@ def test_hidden_calibration_end_to_end(rt_csv, tmp_path):
     identity = sc_jax.load_model("random:tiny-llama").identity
     cache = ScoreCache(out / "cache")
     logp = work.cache_keys(identity, config.mode)["surrogate2"]
-    assert cli.main(["run", "--out", str(out), "--methods", "base"] + tiny) == 0
+    # SC reads the surrogate prompts' log-probs (a run of Base alone scores none).
+    assert cli.main(["run", "--out", str(out), "--methods", "base,sc"] + tiny) == 0
     kept = cache.get(logp)
     assert kept is not None
     # The same run resumed with hidden (a method added since): states only are scored.
-    assert cli.main(["run", "--out", str(out), "--methods", "base,hidden"] + tiny) == 0
+    assert cli.main(["run", "--out", str(out), "--methods", "base,sc,hidden"] + tiny) == 0
     assert np.array_equal(cache.get(logp), kept)
     res = load_results(out)
     rows = {r.method: r for r in res.rows}
-    assert set(rows) == {"base", "hidden"} and 0 <= rows["hidden"].accuracy <= 1
+    assert set(rows) == {"base", "sc", "hidden"} and 0 <= rows["hidden"].accuracy <= 1
     s = load_scores(next((out / "scores").rglob("*.npz")))
     assert sorted(s.hidden) == [1, 2] and s.hidden[2].shape == (2, 6, 2)
     # The states behind them, from the score cache: surrogate2's centroids, test2's

@@ -70,7 +70,7 @@ def _run() -> RunResults:
 _RUN_KEYS = ["config", "lambda_inv", "model_identity", "model_source", "model_description",
              "versions", "rows",
              "params", "splits", "skipped", "notes", "timing", "left_out_rows", "cache",
-             "runtime", "memory_policy"]
+             "runtime", "memory_policy", "tasks"]
 _ROW_KEYS = ["dataset", "model", "shots", "method", "seed", "accuracy", "macro_f1", "ece"]
 _TIMING_KEYS = ["total_s", "load_s", "scoring_s", "compile_s", "forward_s", "host_s",
                 "fitting_s", "fit_compile_s", "fit_solve_s", "metrics_s", "report_s",

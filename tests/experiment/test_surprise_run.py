@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 
+from sc_jax.calibration.methods import surprise as surprise_method
 from sc_jax.calibration.surprise import SurpriseSettings
 from sc_jax import cli
 from sc_jax.experiment import methods, metrics
@@ -25,7 +26,7 @@ def run_dir(tmp_path_factory):
                             for j in range(40)))
     out = tmp / "run"
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(methods, "SURPRISE_SETTINGS", SMALL)
+        mp.setattr(surprise_method, "SETTINGS", SMALL)
         mp.setenv("SC_JAX_XLA_CACHE", "")  # keep the session's JAX configuration (cli.main)
         assert cli.main(["run", "--out", str(out), "--data-file", str(data), "--model",
                               "random:tiny-llama", "--shots", "4", "--seeds", "1", "--test-size",
@@ -46,7 +47,7 @@ def test_run_reports_surprise_from_its_score_files(run_dir, monkeypatch):
         ctx = s.surrogate_contexts[i]
         assert ctx.shape == (len(q), i) and not (ctx == q[:, None]).any()
         np.testing.assert_array_equal(y, s.demo_labels[q])
-    monkeypatch.setattr(methods, "SURPRISE_SETTINGS", SMALL)
+    monkeypatch.setattr(surprise_method, "SETTINGS", SMALL)
     p = methods.method_probs("surprise", s, None, [])
     assert p.shape == s.base.shape
     assert row.accuracy == metrics.accuracy(s.y_test, p.argmax(-1))
@@ -76,14 +77,14 @@ def test_metrics_say_that_surprise_trains_and_how_long(run_dir, monkeypatch, cap
 
     (path,) = sorted((run_dir / "scores").glob("*.npz"))
     config = RunConfig.from_json(run_dir / "run_config.json")
-    monkeypatch.setattr(methods, "SURPRISE_SETTINGS", SMALL)
+    monkeypatch.setattr(surprise_method, "SETTINGS", SMALL)
     monkeypatch.setattr(run, "SLOW_METHOD_S", -1.0)  # every method counts as slow here
     with caplog.at_level(logging.INFO, logger="sc_jax.experiment.run"):
         rows, _ = run._metric_rows({config.seeds[0]: load_scores(path)}, {}, "rotten_tomatoes", 4, 2, config,
                                    progress=True)
     msgs = [r.getMessage() for r in caplog.records]
-    assert msgs[0] == ("[rotten_tomatoes k=4] predicting 2 methods for 1 seed(s); Surprise Calibration "
-                       "trains its network on each seed's surrogate rows first")
+    assert msgs[0] == ("[rotten_tomatoes k=4] predicting 2 methods for 1 seed(s); Surprise "
+                       "trains on each seed's scores first")
     assert [m.split(": predicted in ")[0] for m in msgs[1:]] == [
         f"[rotten_tomatoes k=4 seed={config.seeds[0]}] Base", f"[rotten_tomatoes k=4 seed={config.seeds[0]}] Surprise"]
     assert len(rows) == 2

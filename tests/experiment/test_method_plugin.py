@@ -1,0 +1,108 @@
+"""A calibration method is one file: a toy method registered from this test file alone
+(the demonstrations' label prior, known to be right here by construction) runs through
+`sc-jax run`, `report` and `ablate` with no other file changed."""
+
+import json
+
+import numpy as np
+import pytest
+
+from sc_jax import cli
+from sc_jax.calibration import methods as registry
+from sc_jax.experiment.config import RunConfig
+from sc_jax.experiment.results import load_results
+from sc_jax.experiment.samples import read_samples
+
+
+def prior_predict(s, fits, sizes, options):
+    """The demonstrations' label frequencies (add-one smoothed), the same for every
+    test query: a method that reads nothing but the k-shot prompt's labels."""
+    n = s.base.shape[-1]
+    counts = np.bincount(np.asarray(s.demo_labels), minlength=n) + 1.0
+    return np.tile(counts / counts.sum(), (len(s.base), 1))
+
+
+@pytest.fixture
+def label_prior():
+    method = registry.register(registry.Method("label_prior", "Label prior", "#123456", prior_predict,
+                                               needs={"k_shot"}, added=True))
+    yield method
+    registry.unregister("label_prior")
+
+
+def test_a_method_registered_from_a_test_file_runs_end_to_end(label_prior, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SC_JAX_XLA_CACHE", "")  # keep the session's JAX configuration (cli.main)
+    data = tmp_path / "rt.jsonl"
+    data.write_text("".join(json.dumps({"text": f"a fine film number {j}", "label": j % 2}) + "\n"
+                            for j in range(30)))
+    out = tmp_path / "run"
+    argv = ["run", "--out", str(out), "--data-file", str(data), "--model", "random:tiny-llama", "--shots", "4",
+            "--seeds", "2", "--test-size", "6", "--max-size", "2", "--m-cap", "2", "--quiet",
+            "--methods", "base,sc,label_prior"]
+    assert cli.main(argv) == 0
+    res = load_results(out)
+    rows = [r for r in res.rows if r.method == "label_prior"]
+    assert len(rows) == 2 and all(0 <= r.accuracy <= 1 for r in rows)
+    # Its records, from the registry's predict, and its name in the tables.
+    recs = read_samples(out)
+    assert all(len(r["probs"]["label_prior"]) == 2 for r in recs)
+    table = (out / "table.md").read_text()
+    assert "| Label prior |" in table
+    capsys.readouterr()
+    assert cli.main(["report", str(out), "--log-samples"]) == 0
+    assert "| Label prior |" in (out / "table.md").read_text()
+    assert cli.main(["ablate", str(out), "--lambda-inv", "run", "--m-values", "1", "--quiet"]) == 0
+    assert (out / "ablation" / "ablation.md").exists()
+    # Unregistered, the name is unknown again: one line naming the registered methods.
+    registry.unregister("label_prior")
+    with pytest.raises(ValueError, match=r"^methods \(--methods\) must be one of base, .*got 'label_prior'$"):
+        RunConfig(methods=("label_prior",))
+    with pytest.raises(ValueError, match=r"results.json is not an sc_jax results file: rows\[2\] has an unknown "
+                                         r"method 'label_prior'"):
+        load_results(out)
+    registry.register(label_prior)
+
+
+def test_a_method_declares_what_it_is():
+    with pytest.raises(ValueError, match="unknown needs \\['weights'\\]"):
+        registry.Method("x", "X", "#000000", prior_predict, needs={"weights"})
+    with pytest.raises(ValueError, match="sc_fit and the need 'sc_fit' go together"):
+        registry.Method("x", "X", "#000000", prior_predict, needs={"k_shot", "sc_fit"})
+    with pytest.raises(ValueError, match="method 'base' is registered already"):
+        registry.register(registry.get("base"))
+    # Each built-in method is a module of its own, registered in the tables' order.
+    assert registry.names() == ("base", "cc", "dc", "bc", "bc_reference", "sc_star", "sc_star_free", "sc",
+                                "sc_paper", "looc", "linc", "surprise", "hidden")
+
+
+def test_the_docs_show_the_registry():
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "methods.md").read_text()
+    assert registry.markdown_table() in page
+
+
+
+def test_a_run_scores_only_what_its_methods_need(tmp_path, monkeypatch):
+    """`--methods base,bc` scores the k-shot prompts alone: no surrogate or test-time
+    job (at this size 87 prompts instead of 1,939), and the run reports both."""
+    from sc_jax.experiment.runplan import build_plan
+
+    monkeypatch.setenv("SC_JAX_XLA_CACHE", "")
+    data = tmp_path / "rt.jsonl"
+    data.write_text("".join(json.dumps({"text": f"a fine film number {j}", "label": j % 2}) + "\n"
+                            for j in range(200)))
+
+    def jobs(methods):
+        config = RunConfig(model="random:tiny-llama", shots=(4,), seeds=(0,), test_size=64, methods=methods,
+                           data_files=(("rotten_tomatoes", str(data)),))
+        return build_plan(config).work[0].jobs.jobs
+
+    assert sorted(jobs(("base", "bc"))) == ["base", "cc", "dc"]
+    assert sum(len(p) for _, p in jobs(("base", "bc")).values()) == 64 + 3 + 20
+    assert {"surrogate1", "test3"} <= set(jobs(("base", "sc")))
+    assert {"surrogate1", "test1"} <= set(jobs(("base", "hidden")))
+    out = tmp_path / "run"
+    assert cli.main(["run", "--out", str(out), "--data-file", str(data), "--model", "random:tiny-llama",
+                     "--shots", "4", "--seeds", "1", "--test-size", "8", "--quiet", "--methods", "base,bc"]) == 0
+    assert sorted({r.method for r in load_results(out).rows}) == ["base", "bc"]
