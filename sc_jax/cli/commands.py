@@ -18,6 +18,7 @@ from sc_jax.experiment.metrics import accuracy, macro_f1
 from sc_jax.experiment.plan import plan_run, plan_table, written_by_plan
 from sc_jax.experiment.report import write_report
 from sc_jax.experiment.results import METHOD_NAMES, load_results
+from sc_jax.runtime.devices import ACCELERATOR_MEMORY
 from sc_jax.experiment.run import run_experiment
 from sc_jax.experiment.samples import regenerate_samples
 from sc_jax.experiment.store import check_output_file
@@ -65,6 +66,14 @@ def run_config(args) -> RunConfig:
 
 
 def plan_command(args) -> int:
+    # A plan for a named accelerator is that GPU's run: its memory (the datasheet's) and
+    # the dtype a GPU run takes, unless given. `sc-jax plan --model random:qwen2-7b
+    # --accelerator h100` then works on a CPU machine in one command.
+    given = getattr(args, "given", set())
+    if args.accelerator and "--dtype" not in given:
+        args.dtype = "bfloat16"
+    if args.accelerator and args.device_memory is None:
+        args.device_memory = ACCELERATOR_MEMORY[args.accelerator]
     config = run_config(args)  # its device memory and mesh are the plan's memory policy
     if args.json:  # checked now, not after the whole plan is computed
         check_output_file(args.json, "--json", ours=None if args.overwrite else written_by_plan,

@@ -155,6 +155,9 @@ def main(argv=None) -> int:
     """``sc-jax ARGS``: parse, run the command, return its exit status (0; 2 for one
     ``error:`` line; 130 for Ctrl-C, 143 for SIGTERM)."""
     args = build_parser().parse_args(argv)
+    # The options given on the command line (a default cannot tell "--dtype float32"
+    # from nothing): `plan --accelerator` fills in the others (commands.plan_command).
+    args.given = {a.split("=", 1)[0] for a in (sys.argv[1:] if argv is None else argv) if a.startswith("--")}
     staging.COMMITTED.clear()  # what this command puts in place (:func:`_kept`)
     show_log_messages()
     enable_compilation_cache()

@@ -20,6 +20,7 @@ The tasks and their column names are :data:`sc_jax.experiment.tasks.TASKS`.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import csv
 import io
 import json
@@ -246,23 +247,81 @@ def _local_file_help(spec: TaskSpec, text_column: str, label_column: str) -> str
     )
 
 
+def _either(column: str, fallback: str) -> str:
+    return repr(column) if column == fallback else f"{column!r} or {fallback!r}"
+
+
+def _no_data(spec: TaskSpec, why: str, text_column: str, label_column: str) -> str:
+    """The one line a task without local data gets: for a built-in task, --data-dir and
+    `sc-jax export-tasks` (its JSONL files); for a task file's, the file to give."""
+    if TASKS.get(spec.name) == spec:
+        return (f"task {spec.name!r} has no local data and {why}: give --data-dir DIR holding "
+                f"{spec.name}.jsonl (`sc-jax export-tasks DIR` writes the nine tasks' files on a machine "
+                f"that reaches the hub; data_dir=... in Python), or --data-file {spec.name}=FILE (CSV, JSONL "
+                f"or Parquet with a column {_either(text_column, 'text')} and a column "
+                f"{_either(label_column, 'label')}: "
+                f"0..{spec.n_classes - 1} or {', '.join(spec.labels)})")
+    return f"task {spec.name!r}: {why}. " + _local_file_help(spec, text_column, label_column)
+
+
+@contextlib.contextmanager
+def _env(name: str, value: str | None):
+    """``os.environ[name]`` set to ``value`` (None: unset) inside the block."""
+    old = os.environ.get(name)
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
+def _hub_reachable(timeout: float = 2.0) -> bool:
+    """Whether huggingface.co answers on 443 within ``timeout`` s (HF_ENDPOINT's host where
+    set). Offline, datasets retries for about 30 s before it fails; asked first, the
+    load goes straight to the local hub cache."""
+    import socket  # noqa: PLC0415  (only where a task is loaded from the hub)
+    from urllib.parse import urlparse  # noqa: PLC0415  (the same)
+
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
 def _load_hub(spec: TaskSpec, split: str, text_column: str, label_column: str) -> Dataset:
     what = f"{spec.hf_id}" + (f" (config {spec.hf_config})" if spec.hf_config else "") + f", split {split!r}"
     try:
         import datasets  # the optional [data] extra
     except ImportError as exc:
-        raise DataUnavailableError(
-            f"Loading task {spec.name!r} from the Hugging Face hub ({what}) needs the optional "
-            "package `datasets`, which is not installed: pip install 'sc-jax[data]'.\n"
-            + _local_file_help(spec, text_column, label_column)
-        ) from exc
+        raise DataUnavailableError(_no_data(
+            spec, f"its hub copy ({what}) needs the optional package `datasets` (pip install 'sc-jax[data]')",
+            text_column, label_column)) from exc
+    offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") or not _hub_reachable()
     try:
-        hf = datasets.load_dataset(spec.hf_id, spec.hf_config, split=split)
+        # datasets reads HF_HUB_OFFLINE when it is imported: its config is set as well.
+        config = getattr(datasets, "config", None)
+        before = getattr(config, "HF_HUB_OFFLINE", None)
+        with _env("HF_HUB_OFFLINE", "1" if offline else os.environ.get("HF_HUB_OFFLINE")):
+            if offline and config is not None:
+                config.HF_HUB_OFFLINE = True
+            try:
+                hf = datasets.load_dataset(spec.hf_id, spec.hf_config, split=split)
+            finally:
+                if offline and config is not None:
+                    config.HF_HUB_OFFLINE = before
     except Exception as exc:  # offline, not cached, script datasets, auth: datasets raises many kinds
-        raise DataUnavailableError(
-            f"Could not load task {spec.name!r} from the Hugging Face hub or its cache ({what}): "
-            f"{type(exc).__name__}: {exc}\n" + _local_file_help(spec, text_column, label_column)
-        ) from exc
+        where = "the hub is not reachable and its cache lacks" if offline else "the hub or its cache failed for"
+        raise DataUnavailableError(_no_data(
+            spec, f"{where} {what} ({type(exc).__name__}: {' '.join(str(exc).split())[:160]})",
+            text_column, label_column)) from exc
     columns = columns_of(hf, what, wanted=(text_column, label_column))
     return _to_dataset(columns, spec, text_column, label_column, f"hf:{what}", f"hf:{what}")
 

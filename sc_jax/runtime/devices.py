@@ -54,6 +54,10 @@ def measured_matmul_flops(dtype=jnp.float32, n: int | None = None, repeats: int 
 #: :data:`ACCELERATOR_PEAK_FLOPS`, for the memory-bound parts of `plan`'s time estimate.
 ACCELERATOR_BANDWIDTH = {"h100": 3.35e12, "h200": 4.8e12, "a100": 2.0e12, "l4": 0.3e12,
                          "v100": 0.9e12}
+#: Device memory (datasheets, bytes; the larger variant where there are two) of the
+#: accelerators of :data:`ACCELERATOR_PEAK_FLOPS`: ``sc-jax plan --accelerator``'s budget.
+ACCELERATOR_MEMORY = {"h100": 80 * 2**30, "h200": 141 * 10**9, "a100": 80 * 2**30, "l4": 24 * 10**9,
+                      "v100": 32 * 2**30}
 
 
 def measured_bandwidth(mib: int = 256, repeats: int = 5, fastest: bool = False) -> float:

@@ -68,7 +68,8 @@ def test_missing_data_extra_names_the_install_before_the_model_loads(tmp_path, m
     monkeypatch.setattr("sc_jax.models.loading.load_model", lambda *a, **k: loaded.append(a) or pytest.fail("loaded"))
     assert cli.main(["run", "--dataset", "sst2", "--out", str(tmp_path / "run"), "--quiet"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: Loading task 'sst2'") and "pip install 'sc-jax[data]'" in err.splitlines()[0]
+    assert err.startswith("error: task 'sst2' has no local data") and "pip install 'sc-jax[data]'" in err
+    assert "--data-dir" in err and "sc-jax export-tasks" in err and err.count("\n") == 1
     assert "Traceback" not in err and not loaded
 
 

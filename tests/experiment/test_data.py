@@ -289,8 +289,8 @@ def test_hub_failure_says_how_to_pass_a_local_file(monkeypatch):
         load_task("tweet_eval_emotion")
     message = str(info.value)
     assert "ConnectionError: Couldn't reach 'tweet_eval'" in message and "config emotion" in message
-    assert "data_file='path/to/tweet_eval_emotion.csv'" in message
-    assert "--data-file path/to/tweet_eval_emotion.csv" in message
+    assert "--data-file tweet_eval_emotion=FILE" in message and "--data-dir DIR" in message
+    assert "sc-jax export-tasks DIR" in message and "\n" not in message
     assert "column 'text'" in message and "column 'label'" in message
     assert "anger, joy, optimism, sadness" in message and "0..3" in message
 

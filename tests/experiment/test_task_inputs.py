@@ -179,3 +179,57 @@ def test_results_record_the_task_and_report_refuses_edited_data(tmp_path, monkey
     assert cli.main(["report", str(out), "--log-samples"]) == 2
     (err,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
     assert err.startswith(f"error: rotten_tomatoes: the data here ({data}) are not the rows the run read")
+
+
+def test_a_missing_builtin_task_is_one_line_and_offline_means_no_hub_retries(monkeypatch):
+    import sys
+    import types
+
+    from sc_jax.experiment import task_loading
+
+    monkeypatch.setitem(sys.modules, "datasets", None)  # not installed
+    with pytest.raises(task_loading.DataUnavailableError) as err:
+        load_task("sst2")
+    assert str(err.value) == (
+        "task 'sst2' has no local data and its hub copy (glue (config sst2), split 'train') needs the optional "
+        "package `datasets` (pip install 'sc-jax[data]'): give --data-dir DIR holding sst2.jsonl (`sc-jax "
+        "export-tasks DIR` writes the nine tasks' files on a machine that reaches the hub; data_dir=... in "
+        "Python), or --data-file sst2=FILE (CSV, JSONL or Parquet with a column 'sentence' or 'text' and a "
+        "column 'label': 0..1 or negative, positive)")
+    # Installed but offline: the load is told so (no ~30 s of retries), and fails in one line.
+    seen = {}
+
+    def load_dataset(*args, **kwargs):
+        seen.update(env=os.environ.get("HF_HUB_OFFLINE"), config=fake.config.HF_HUB_OFFLINE)
+        raise ConnectionError("Couldn't reach 'glue' on the Hub (LocalEntryNotFoundError)")
+
+    import os
+
+    fake = types.SimpleNamespace(load_dataset=load_dataset, config=types.SimpleNamespace(HF_HUB_OFFLINE=False))
+    monkeypatch.setitem(sys.modules, "datasets", fake)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(task_loading, "_hub_reachable", lambda timeout=2.0: False)
+    with pytest.raises(task_loading.DataUnavailableError) as err:
+        load_task("sst2")
+    assert seen == {"env": "1", "config": True} and "HF_HUB_OFFLINE" not in os.environ
+    assert fake.config.HF_HUB_OFFLINE is False and "\n" not in str(err.value)
+    assert str(err.value).startswith("task 'sst2' has no local data and the hub is not reachable and its cache "
+                                     "lacks glue (config sst2), split 'train' (ConnectionError: ")
+
+
+def test_a_7b_plan_for_an_accelerator_works_in_one_command_on_a_cpu(tmp_path, capsys):
+    """`sc-jax plan --model random:qwen2-7b --accelerator h100`: the H100's memory and
+    the dtype a GPU run takes (bfloat16), where float32 weights (28 GiB) would not fit
+    this machine's budget; --dtype and --device-memory still win where given."""
+    from sc_jax import cli
+
+    data = tmp_path / "rt.jsonl"
+    data.write_text("".join(json.dumps({"text": f"a fine film number {j}", "label": j % 2}) + "\n"
+                            for j in range(80)))
+    base = ["plan", "--data-file", str(data), "--shots", "4", "--seeds", "1", "--test-size", "16",
+            "--model", "random:qwen2-7b", "--no-xla", "--no-compile-time", "--quiet"]
+    assert cli.main(base + ["--accelerator", "h100"]) == 0
+    out = capsys.readouterr().out
+    assert "model random:qwen2-7b (bfloat16)" in out and "budget 80.0 GiB per device" in out
+    assert cli.main(base + ["--accelerator", "h100", "--dtype", "float32", "--device-memory", "20GiB"]) == 2
+    assert "the weights need 28.37 GiB per device" in capsys.readouterr().err
