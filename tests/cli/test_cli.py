@@ -933,3 +933,28 @@ def test_a_run_config_that_is_not_an_object_is_refused(tmp_path, capsys, monkeyp
     assert cli.main(argv) == 2
     assert _one_error(capsys) == (f"error: --out {out} holds an unreadable run_config.json; rerun "
                                   "with --overwrite to replace it, or choose another --out")
+
+
+def test_ctrl_c_during_the_first_compile_exits_130_without_a_crash(tmp_path):
+    """Issue 81: Ctrl-C during the first compile printed "interrupted", then the
+    interpreter's teardown crashed beside XLA's compiler threads (exit -11, 3 of 3
+    tries). The console script leaves at once after the line. The signal is sent once
+    the seed's scoring has begun, with an empty XLA cache: the engine is compiling."""
+    import subprocess
+    import time
+
+    data = _data(tmp_path)
+    env = dict(os.environ, SC_JAX_XLA_CACHE=str(tmp_path / "xla"), PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "sc_jax.cli", "run", "--out", str(tmp_path / "run"),
+                             "--data-file", str(data), *TINY[:-1]], env=env, stderr=subprocess.PIPE, text=True)
+    lines = []
+    deadline = time.time() + 240
+    for line in proc.stderr:
+        lines.append(line)
+        if "scoring (seed 1 of 1)" in line or time.time() > deadline:
+            break
+    time.sleep(1.0)  # inside the engine's first compile
+    proc.send_signal(signal.SIGINT)
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=120) == 130, (lines, rest)
+    assert rest.strip().splitlines()[-1].startswith("error: interrupted"), rest
