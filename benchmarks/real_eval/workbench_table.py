@@ -13,8 +13,11 @@ hidden states that the committed caches of the first runs do not hold) is "not
 scored". SC (guard) is the package's default fit: a size whose surrogate accuracy is
 below chance is fitted as SC*; SC (paper) is the paper's fit, beside it.
 
-  python benchmarks/real_eval/workbench_table.py benchmarks/real_eval/workbench/*_k* \\
+  python benchmarks/real_eval/workbench_table.py --committed \\
       --out benchmarks/real_eval/workbench/table.md --readme README.md
+
+(``--committed``: every run under ``benchmarks/real_eval/workbench/`` with a
+results.json, :func:`committed_runs`; or name run directories.)
 
 Writes the Markdown (``--out``), the numbers beside it as JSON (``.json``), and with
 ``--readme`` the macro-F1 table into README.md between its ``workbench-table`` markers
@@ -48,6 +51,14 @@ SURPRISE_CAVEAT = ("Surprise Calibration's network (the authors' 5.5M-parameter 
                    "its column, and SC's margin over it, with that in mind.")
 
 
+WORKBENCH = Path(__file__).resolve().parent / "workbench"
+
+
+def committed_runs() -> list[Path]:
+    """Every finished run under workbench/ (a directory holding results.json), sorted."""
+    return sorted(p.parent for p in WORKBENCH.rglob("results.json"))
+
+
 def label(method: str) -> str:
     return LABELS.get(method, method_name(method))
 
@@ -60,19 +71,20 @@ def blocks(runs: list[Path], metric: str) -> list[dict]:
     for run in runs:
         res = load_results(run)
         for r in res.rows:
-            if r.method in METHODS:
-                grouped.setdefault((model_label(res), r.shots), []).append(r)
-    return [_block(model, k, rows, metric) for (model, k), rows in sorted(grouped.items(), key=lambda kv: kv[0][1])]
+            if r.method in METHODS:  # runs of other test sets are other blocks, never mixed
+                grouped.setdefault((model_label(res), r.shots, res.test_size), []).append(r)
+    return [_block(model, k, rows, metric, queries)
+            for (model, k, queries), rows in sorted(grouped.items(), key=lambda kv: (kv[0][1], kv[0][0]))]
 
 
-def _block(model: str, k: int, rows: list, metric: str) -> dict:
+def _block(model: str, k: int, rows: list, metric: str, queries: int | None = None) -> dict:
     have = sorted({r.method for r in rows}, key=METHODS.index)
     tasks = sorted(set.intersection(*({r.dataset for r in rows if r.method == m} for m in have)))
     seeds = sorted(set.intersection(*({r.seed for r in rows if r.method == m} for m in have)))
     cell = {(r.method, r.dataset, r.seed): r.metric(metric) for r in rows}
     per_task = {m: {t: [cell[m, t, s] for s in seeds] for t in tasks} for m in have}
     per_seed = {m: [float(np.mean([cell[m, t, s] for t in tasks])) for s in seeds] for m in have}
-    return {"model": model, "shots": [k], "tasks": tasks, "seeds": seeds,
+    return {"model": model, "shots": [k], "tasks": tasks, "seeds": seeds, "queries": queries,
             "per_seed": per_seed, "per_task": per_task}
 
 
@@ -128,7 +140,7 @@ def table(found: list[dict], metric: str) -> list[str]:
                  for m in cols]
         n = len(b["tasks"])
         name = (f"{b['model']}, k = {', '.join(map(str, b['shots']))} ({n} task{'s' * (n != 1)}, "
-                f"{len(b['seeds'])} seeds)")
+                f"{len(b['seeds'])} seeds" + (f", {b['queries']} queries" if b.get("queries") else "") + ")")
         lines.append("| " + " | ".join([name] + means + [_fmt_diff(s["diff"].get(m)) for m in against]) + " |")
     return lines + [""]
 
@@ -179,12 +191,17 @@ def replace_block(readme: str, block: list[str]) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("runs", nargs="+", type=Path, help="run directories (results.json)")
+    ap.add_argument("runs", nargs="*", type=Path, help="run directories (results.json)")
+    ap.add_argument("--committed", action="store_true", help="every finished run under workbench/")
     ap.add_argument("--metrics", nargs="+", default=["macro_f1", "ece"],
                     choices=["macro_f1", "accuracy", "ece"])
     ap.add_argument("--out", type=Path, help="Markdown file (JSON beside it)")
     ap.add_argument("--readme", type=Path, help="README.md whose workbench-table block to rewrite")
     args = ap.parse_args(argv)
+    if args.committed:
+        args.runs = args.runs + committed_runs()
+    if not args.runs:
+        ap.error("name run directories, or --committed")
     missing = [str(r) for r in args.runs if not (r / "results.json").is_file()]
     if missing:
         ap.error(f"no results.json in {', '.join(missing)}")

@@ -91,3 +91,15 @@ def test_workbench_table_blocks_and_margins():
         stats.t.interval(0.95, 2, loc=d.mean(), scale=stats.sem(d)), rel=1e-12)
     assert sum(len(v) for v in s["outcomes"]["bc"].values()) == 7
     assert set().union(*s["outcomes"]["bc"].values()) == set(b["tasks"])
+
+
+def test_the_readme_workbench_table_is_the_committed_runs():
+    """The README's workbench block is workbench_table.py's output on the committed
+    runs (every run under benchmarks/real_eval/workbench/ with a results.json): a run
+    added or a number changed without regenerating it fails here."""
+    table = _script(ROOT / "benchmarks" / "real_eval" / "workbench_table.py")
+    _, _, block = table.render(table.committed_runs(), ["macro_f1", "ece"])
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert table.replace_block(readme, block) == readme, (
+        "README.md's workbench table is stale: python benchmarks/real_eval/workbench_table.py --committed "
+        "--out benchmarks/real_eval/workbench/table.md --readme README.md")
