@@ -148,6 +148,19 @@ def table(found: list[dict], metric: str) -> list[str]:
 def plainly(found: list[dict], metric: str) -> list[str]:
     """Per block, where SC (guard) wins and loses against each method, by task."""
     lines = []
+    lower = metric == "ece"
+    for b in found:
+        above, below, tied = [], [], []
+        for m, d in b["summary"]["diff"].items():
+            iv = d["interval"]
+            better = iv is not None and (iv["high"] < 0 if lower else iv["low"] > 0)
+            worse = iv is not None and (iv["low"] > 0 if lower else iv["high"] < 0)
+            (above if better else below if worse else tied).append(label(m))
+        if b["summary"]["diff"]:
+            lines.append(f"* {b['model']}, k = {', '.join(map(str, b['shots']))}, averaged over its "
+                         f"{len(b['tasks'])} task(s): SC (guard) is better than {', '.join(above) or 'none'}; worse "
+                         f"than {', '.join(below) or 'none'}; not told apart (the interval holds 0) from "
+                         f"{', '.join(tied) or 'none'}.")
     for b in found:
         parts = []
         for m, seen in b["summary"]["outcomes"].items():
