@@ -29,8 +29,10 @@ import math
 import numbers
 import os
 import re
+import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from urllib.parse import urlparse
 
 import numpy as np
 
@@ -285,9 +287,6 @@ def _hub_reachable(timeout: float = 2.0) -> bool:
     """Whether huggingface.co answers on 443 within ``timeout`` s (HF_ENDPOINT's host where
     set). Offline, datasets retries for about 30 s before it fails; asked first, the
     load goes straight to the local hub cache."""
-    import socket  # noqa: PLC0415  (only where a task is loaded from the hub)
-    from urllib.parse import urlparse  # noqa: PLC0415  (the same)
-
     host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
     try:
         socket.create_connection((host, 443), timeout=timeout).close()
