@@ -128,6 +128,11 @@ def test_python_blocks(page, tmp_path, monkeypatch):
     """A page's Python blocks, in order, in one namespace (the README's: import-only,
     tests/end_to_end/test_examples.py runs them)."""
     monkeypatch.chdir(tmp_path)  # what a block writes stays in the test's directory
+    # A block may register a calibration method (docs/methods.md does): in a copy of the
+    # registry, so that the worker's later tests see the built-in methods alone.
+    from sc_jax.calibration.methods import protocol
+
+    monkeypatch.setattr(protocol, "_REGISTRY", dict(protocol._REGISTRY))
     namespace: dict = {"__name__": "__main__"}
     defined: set[str] = set()
     for lang, code, line, import_only in blocks(page):
