@@ -13,6 +13,9 @@ def _run(tmp_path, data, seed, cache):
     subprocess.run([sys.executable, "-m", "sc_jax.cli", "run", "--model", "random:tiny-llama",
                     "--shots", "4", "--seed-list", str(seed), "--test-size", "4",
                     "--max-size", "2", "--m-cap", "1",
+                    # One fit program kind (SC's) and the model's programs with and
+                    # without hidden states: each kind the cache must serve, once.
+                    "--methods", "base,sc,hidden",
                     "--data-file", str(data), "--out", str(out), "--quiet"],
                    env={**os.environ, "SC_JAX_XLA_CACHE": str(cache)}, check=True,
                    capture_output=True, text=True, timeout=600)
