@@ -255,8 +255,12 @@ def grid(args) -> dict:
     i = run_args.index("--shots")
     plan_args = run_args[:i + 1] + [str(k) for k in g["shots"]] + run_args[i + 2:]
     # The plan for this device (its datasheet, its attention measured); the smoke's for an
-    # H100, as measuring a CPU's attention and bandwidth takes longer than its whole run.
-    plan_args += ["--accelerator", "h100"] if args.smoke else []
+    # H100's rates, as measuring a CPU's attention and bandwidth takes longer than its
+    # whole run, with the run's own memory budget (--accelerator alone would plan the
+    # H100's 80 GiB, other calls than the run's).
+    if args.smoke:
+        budget = load_results(work / "run").memory_policy["budget_bytes"]
+        plan_args += ["--accelerator", "h100", "--device-memory", f"{int(budget)}B"]
     say(f"grid: sc-jax plan of {g['shots']} x {g['seeds']} seeds")
     if sc_jax_main(["plan", *plan_args, "--seeds", str(g["seeds"]), "--no-xla", "--no-compile-time",
                     "--quiet", "--json", str(work / "plan.json")]):
