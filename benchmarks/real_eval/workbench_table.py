@@ -41,7 +41,7 @@ from sc_jax.experiment.stats import seed_interval  # noqa: E402
 
 METHODS = ("base", "cc", "dc", "bc", "sc_star", "sc", "sc_paper", "looc", "linc", "surprise", "hidden")
 AGAINST = ("bc", "sc_paper", "looc", "linc", "surprise", "hidden")
-# The guarded fit is named for what it is in every table (as sc_jax names it since 2026-12-02).
+# The guarded fit is named for what it is in every table, as sc_jax's display names do.
 LABELS = {"sc": "SC (guard)", "sc_paper": "SC (paper)"}
 README_START, README_END = "<!-- workbench-table:start -->", "<!-- workbench-table:end -->"
 SURPRISE_CAVEAT = ("Surprise Calibration's network (the authors' 5.5M-parameter defaults) is trained "

@@ -74,8 +74,8 @@ def files_identity(files, dtype) -> str:
 
 
 def sampled_identity(files, dtype) -> str:
-    """The identity score caches were keyed by before 2026-11-27 (key format 1): the
-    dtype and each file's name, size and first and last MiB. Read only, so that a
+    """The identity the older caches of key format 1 were keyed by: the dtype and each
+    file's name, size and first and last MiB. Read only, so that a
     format-1 cache is served (:func:`sc_jax.scoring.cache.legacy_score_key`); it reads
     at most 2 MiB per file."""
     h = hashlib.sha256(dtype.encode())

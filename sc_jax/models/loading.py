@@ -116,7 +116,7 @@ class LoadedModel:
         self.source = source
         self.identity = identity
         # The identities format-1 score-cache keys used for these weights (this one,
-        # and before 2026-11-27 a sampled hash of the files): sc_jax.scoring.cache.
+        # and, in older caches, a sampled hash of the files): sc_jax.scoring.cache.
         self.legacy_identities = (identity,) if legacy_identities is None else tuple(legacy_identities)
         self.description = description
         # The module's static structure and its weights, placed as loaded (flax.nnx.split).

@@ -17,8 +17,8 @@ order jobs are built in do not enter it: two jobs asking for the same scores sha
 entry, and a refactoring moves no key (``tests/scoring/test_cache_keys.py`` pins them).
 
 Format 1 (sc_jax before this format) hashed ``repr`` of the pieces and the job's tag,
-under a model identity that, before 2026-11-27, sampled each weight file (its size and
-first and last MiB) rather than hashing it whole. A format-1 directory is served: an
+under a model identity that hashed each weight file whole, as now, or, in its older
+caches, sampled it (its size and first and last MiB). A format-1 directory is served: an
 entry missing under its format-2 key is looked up under the format-1 keys of the same
 job (:func:`legacy_score_key`), with both identities, checked as any entry, and
 rewritten under its format-2 key; the run names how many entries it took over
