@@ -50,8 +50,6 @@ def sc_fits(methods=None) -> dict:
             if m.sc_fit is not None and (methods is None or m.name in methods)}
 
 
-SC_FITS = sc_fits()
-
 
 # The run's guard (sc_jax.calibration.numpy_fit.fit_batch): SC* for a size whose surrogate data
 # the LLM scores below chance. A deviation from the paper, chosen on the development

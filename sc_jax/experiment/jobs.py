@@ -190,13 +190,16 @@ def score_seed(model, engine, cache, dataset, work, config: RunConfig, *,
     keys = work.cache_keys(model.identity, config.mode)
     hkeys = work.hidden_keys(model.identity, config.mode, hidden_tags(config, k))
     former = getattr(model, "legacy_identities", (model.identity,))
-    old = work.legacy_keys(former, config.mode, keys)
-    hold = work.legacy_keys(former, config.mode, hkeys, hidden=True)
+
+    def old(tag, hidden=False):  # a job's format-1 keys, hashed only where its key misses
+        return lambda: work.legacy_keys(former, config.mode, [tag], hidden=hidden)[tag]
+
     # An entry must hold one row per pair of its job: the key names the pairs, and a
     # file that disagrees is reported and rescored (ScoreCache.get).
-    got = {tag: None if cache is None else cache.cached(key, rows=len(sj.jobs[tag][1]), legacy=old[tag])
+    got = {tag: None if cache is None else cache.cached(key, rows=len(sj.jobs[tag][1]), legacy=old(tag))
            for tag, key in keys.items()}
-    states = {tag: None if cache is None else cache.cached(key, rows=len(sj.jobs[tag][1]), legacy=hold[tag])
+    states = {tag: None if cache is None else cache.cached(key, rows=len(sj.jobs[tag][1]),
+                                                          legacy=old(tag, hidden=True))
               for tag, key in hkeys.items()}
     lacking = {tag for tag, h in states.items() if h is None}  # rescored for their states
     missing = {tag: sj.jobs[tag] for tag, arr in got.items() if arr is None or tag in lacking}

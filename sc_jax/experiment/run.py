@@ -233,7 +233,7 @@ def _metric_rows(scores: dict[int, SeedScores], fits: dict, name: str, k: int, n
     slower than :data:`SLOW_METHOD_S`."""
     sizes = config.sizes(k)
     rows, records = [], []
-    heavy = [calibration_methods.get(m) for m in config.methods if calibration_methods.get(m).opt_in]
+    heavy = [m for m in map(calibration_methods.get, config.methods) if m.opt_in]
     if progress and heavy:  # opt-in methods are the slow ones (Surprise trains a network per seed)
         log.info("[%s k=%d] predicting %d methods for %d seed(s); %s train%s on each seed's scores "
                  "first", name, k, len(config.methods), len(config.seeds),
@@ -376,8 +376,8 @@ def _run_locked(config: RunConfig, out: Path, progress: bool, log_samples: bool,
             write_json(out / RUN_CONFIG_FILE, config.to_json())
         engine = ScoringEngine(model, policy=plan.policy, progress=progress)
         cache = ScoreCache(out / "cache")
-        if cache.describe_format():
-            log.info("%s", cache.describe_format())
+        if (line := cache.describe_format()):
+            log.info("%s", line)
     if is_writer():
         figures.warm_up()  # the plots' imports beside the scoring, not after it
     lam = DEFAULT_LAMBDA_INV if config.lambda_inv is None else config.lambda_inv

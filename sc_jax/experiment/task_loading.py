@@ -32,6 +32,7 @@ import re
 import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from unittest import mock
 from urllib.parse import urlparse
 
 import numpy as np
@@ -266,23 +267,6 @@ def _no_data(spec: TaskSpec, why: str, text_column: str, label_column: str) -> s
     return f"task {spec.name!r}: {why}. " + _local_file_help(spec, text_column, label_column)
 
 
-@contextlib.contextmanager
-def _env(name: str, value: str | None):
-    """``os.environ[name]`` set to ``value`` (None: unset) inside the block."""
-    old = os.environ.get(name)
-    if value is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
-
-
 def _hub_reachable(timeout: float = 2.0) -> bool:
     """Whether huggingface.co answers on 443 within ``timeout`` s (HF_ENDPOINT's host where
     set). Offline, datasets retries for about 30 s before it fails; asked first, the
@@ -305,17 +289,13 @@ def _load_hub(spec: TaskSpec, split: str, text_column: str, label_column: str) -
             text_column, label_column)) from exc
     offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") or not _hub_reachable()
     try:
-        # datasets reads HF_HUB_OFFLINE when it is imported: its config is set as well.
-        config = getattr(datasets, "config", None)
-        before = getattr(config, "HF_HUB_OFFLINE", None)
-        with _env("HF_HUB_OFFLINE", "1" if offline else os.environ.get("HF_HUB_OFFLINE")):
-            if offline and config is not None:
-                config.HF_HUB_OFFLINE = True
-            try:
-                hf = datasets.load_dataset(spec.hf_id, spec.hf_config, split=split)
-            finally:
-                if offline and config is not None:
-                    config.HF_HUB_OFFLINE = before
+        with contextlib.ExitStack() as offline_mode:
+            if offline:
+                offline_mode.enter_context(mock.patch.dict(os.environ, {"HF_HUB_OFFLINE": "1"}))
+                # datasets reads HF_HUB_OFFLINE when it is imported: its config too.
+                if hasattr(datasets, "config"):
+                    offline_mode.enter_context(mock.patch.object(datasets.config, "HF_HUB_OFFLINE", True))
+            hf = datasets.load_dataset(spec.hf_id, spec.hf_config, split=split)
     except Exception as exc:  # offline, not cached, script datasets, auth: datasets raises many kinds
         where = "the hub is not reachable and its cache lacks" if offline else "the hub or its cache failed for"
         raise DataUnavailableError(_no_data(

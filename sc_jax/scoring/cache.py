@@ -211,10 +211,11 @@ class ScoreCache:
     def _lookup(self, key: str, rows: int | None, legacy) -> np.ndarray | None:
         arr = self.get(key, rows)
         # A half-migrated directory (interrupted) is marked with this format already:
-        # the old keys are tried wherever the new one misses, at one stat each.
-        if arr is not None or (self.format or 0) > KEY_FORMAT:
+        # the old keys are tried wherever the new one misses. One empty when opened
+        # (format None) holds nothing older: no old key is hashed or looked up.
+        if arr is not None or self.format is None or self.format > KEY_FORMAT:
             return arr
-        for old in legacy:
+        for old in legacy() if callable(legacy) else legacy:
             arr = self.get(old, rows)
             if arr is not None:
                 self.put(key, arr)
@@ -224,8 +225,8 @@ class ScoreCache:
 
     def cached(self, key: str, rows: int | None = None, legacy=()) -> np.ndarray | None:
         """The entry ``key`` (of ``rows`` rows where given) or None, counted as a hit or
-        a miss; ``legacy``: the same scores' format-1 keys, tried where ``key`` misses
-        and the directory holds older entries (a hit is rewritten under ``key``). In a
+        a miss; ``legacy``: the same scores' format-1 keys (or a function giving them,
+        called only then), tried where ``key`` misses (a hit is rewritten under ``key``). In a
         multi-process run process 0 reads it and every process gets what it read."""
         arr = from_writer(self._lookup(key, rows, legacy) if is_writer() else None)
         if arr is None:
