@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 import itertools
 import time
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -243,6 +243,9 @@ class ScoringEngine:
         self._attention = EngineAttention(attention, model.config, model.dtype,
                                           n_devices=model.n_devices, model_shards=model.model_shards)
         self._scored: dict[PackShape, None] = {}
+        # The pool's write of each call shape and pool size, compiled ahead of time beside
+        # the model program (:meth:`_compile_write`).
+        self._writes: dict[tuple, Any] = {}
 
     def plan(self, pieces: PromptPieces, jobs, mode: str) -> Planned:
         """The packed schedule of ``jobs`` (checked inputs) under this engine's policy,
@@ -264,7 +267,10 @@ class ScoringEngine:
             c = m.config
             kv = kv_sharding(m.mesh, (c.num_layers, 1, tokens, c.num_kv_heads, c.head_dim))
             sharding = KVCache(kv, kv, replicated(m.mesh), replicated(m.mesh))
-        return empty_pool(m.config, tokens, m.dtype, sharding)
+        # Committed to its devices, as the compiled write's outputs are (:meth:`_write`):
+        # the gathers then see one kind of pool, before the first write and after it.
+        return jax.tree.map(lambda a: jax.device_put(a, a.sharding),
+                            empty_pool(m.config, tokens, m.dtype, sharding))
 
     def _args(self, pool: KVCache, shape: PackShape, a: CallArrays, src, key_slot, rows_arg):
         """The model program's arguments for one call (the cache gathered on the device)."""
@@ -309,11 +315,30 @@ class ScoringEngine:
         extra = {"hidden": True} if hidden else {}
 
         def build(name: str, run: bool) -> None:
-            packed_call.lower(*args(), sequence=seq, attention=name, **extra).compile()
+            compiled = packed_call.lower(*args(), sequence=seq, attention=name, **extra).compile()
+            self._compile_write(shape, pool, compiled.out_info[1])
             if run:
                 jax.block_until_ready(packed_call(*args(), sequence=seq, attention=name, **extra))
 
         return self._attention.settle(shape, seq, build, like=choose, hidden=hidden)
+
+    def _compile_write(self, shape: PackShape, pool: KVCache, kv) -> None:
+        """Compile the pool's write of calls of ``shape`` (``kv``: the model program's
+        new keys, as its compiled ``out_info`` gives them) now, as the model program is.
+        Which call sizes a seed's depths end in depends on its data, so a write compiled
+        at its first call would leave another seed's run compiling the sizes this one
+        did not use; the call uses this executable (:meth:`_write`)."""
+        key = (shape.program, pool.k.shape)
+        if key not in self._writes:
+            dst = self.model.replicate(np.zeros(shape.B * shape.W, np.int32))
+            self._writes[key] = write_tokens.lower(pool, kv, dst).compile()
+
+    def _write(self, pool: KVCache, shape: PackShape, kv: KVCache, dst) -> KVCache:
+        """``write_tokens`` of one call, by the executable :meth:`compile` made (the jitted
+        function where it made none: a pool of another size than the shape was first
+        compiled with)."""
+        write = self._writes.get((shape.program, pool.k.shape), write_tokens)
+        return write(pool, kv, self.model.replicate(dst))
 
     # -------------------------------------------------------------- main entry
     def score(self, pieces: PromptPieces, contexts, pairs, mode: str = "first_token", *,
@@ -424,7 +449,7 @@ class ScoringEngine:
         """Every call of the schedule (:meth:`Schedule.calls`: chunk by chunk, depth by
         depth), each with the attention ``attention`` maps its program to; returns the
         loop's seconds and what its calls did."""
-        m, sched = self.model, run.sched
+        sched = run.sched
         t_loop = time.perf_counter()
         counts = CallCounts()
         pending, at, index = None, None, None
@@ -443,7 +468,7 @@ class ScoringEngine:
             res, kv = packed_call(*self._args(pool, shape, a, src, key_slot, rows_arg),
                                   sequence=run.seq, attention=attention[shape.program], **extra)
             if dst is not None:
-                pool = write_tokens(pool, kv, m.replicate(dst))
+                pool = self._write(pool, shape, kv, dst)
             del kv
             counts = counts.plus(calls=1, tokens=a.tokens_real, padded_tokens=a.inputs.tokens.size,
                                  nodes=nodes, query_rows=a.query_rows, host_s=host)
