@@ -78,7 +78,7 @@ def test_a_method_declares_what_it_is():
         registry.register(registry.get("base"))
     # Each built-in method is a module of its own, registered in the tables' order.
     assert registry.names() == ("base", "cc", "dc", "bc", "bc_reference", "sc_star", "sc_star_free", "sc",
-                                "sc_paper", "looc", "linc", "surprise", "hidden")
+                                "sc_paper", "looc", "linc", "surprise", "hidden", "moicl")
 
 
 def test_the_docs_show_the_registry():
