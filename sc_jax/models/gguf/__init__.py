@@ -97,9 +97,10 @@ def _check_extra() -> None:
 
 _check_extra()
 
-from sc_jax.models.gguf.checkpoint import GGUFCheckpoint, read_gguf  # noqa: E402
+from sc_jax.models.gguf.checkpoint import GGUFCheckpoint, metadata_tokenizer, read_gguf  # noqa: E402
 from sc_jax.models.gguf.config import SUPPORTED_ARCHITECTURES  # noqa: E402
-from sc_jax.models.gguf.reader import GGUFError  # noqa: E402
+from sc_jax.models.gguf.reader import GGUFError, read_metadata  # noqa: E402
 from sc_jax.models.gguf.writer import write_hf_dir  # noqa: E402
 
-__all__ = ["GGUFCheckpoint", "GGUFError", "SUPPORTED_ARCHITECTURES", "read_gguf", "write_hf_dir"]
+__all__ = ["GGUFCheckpoint", "GGUFError", "SUPPORTED_ARCHITECTURES", "metadata_tokenizer", "read_gguf",
+           "read_metadata", "write_hf_dir"]

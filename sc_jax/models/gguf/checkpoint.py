@@ -45,6 +45,24 @@ class GGUFCheckpoint:
     tokenizer_config: dict = dataclasses.field(default_factory=dict)
 
 
+def _architecture(meta: Metadata) -> str:
+    arch = meta.get("general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise GGUFError(
+            f"{meta.path} holds a {arch!r} model (general.architecture); sc_jax reads GGUF files of "
+            f"architecture {', '.join(map(repr, SUPPORTED_ARCHITECTURES))} only. For other models "
+            "pass their Hugging Face directory (config.json + safetensors)."
+        )
+    return arch
+
+
+def metadata_tokenizer(fields: dict, source) -> tokenizers.Tokenizer:
+    """The tokenizer of a GGUF file from its metadata alone (:func:`.reader.read_metadata`),
+    the same as :func:`read_gguf`'s; ``source`` names the file in errors."""
+    meta = Metadata(fields, source)
+    return build_tokenizer(meta, _architecture(meta))[0]
+
+
 def read_gguf(path: str | os.PathLike) -> GGUFCheckpoint:
     """Reads a llama, qwen2 or gemma3 .gguf file into HF config, float32 weights and tokenizer.
 
@@ -66,14 +84,7 @@ def read_gguf(path: str | os.PathLike) -> GGUFCheckpoint:
     path = Path(path)
     fields, infos = scan_layout(path)
     meta = Metadata(fields, path)
-
-    arch = meta.get("general.architecture")
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise GGUFError(
-            f"{path} holds a {arch!r} model (general.architecture); sc_jax reads GGUF files of "
-            f"architecture {', '.join(map(repr, SUPPORTED_ARCHITECTURES))} only. For other models "
-            "pass their Hugging Face directory (config.json + safetensors)."
-        )
+    arch = _architecture(meta)
     config = hf_config(meta, arch, infos)
     if arch == "llama":
         # HF has no such tensor: what it holds is now the config's rope_scaling.

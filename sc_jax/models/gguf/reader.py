@@ -22,7 +22,7 @@ import importlib.metadata
 import math
 import mmap
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import gguf
@@ -57,11 +57,14 @@ class TensorInfo:
 class _Cursor:
     """Little-endian reads from a buffer that turn running off its end into a clear error."""
 
-    def __init__(self, buf, path: Path):
-        self.buf, self.path, self.pos = buf, path, 0
+    def __init__(self, buf, path: Path, more=None):
+        # more(buf, n): buf with at least n bytes, or as many as the file has (a stream).
+        self.buf, self.path, self.pos, self.more = buf, path, 0, more
 
     def take(self, n: int) -> int:
         start = self.pos
+        if self.more is not None and n >= 0 and start + n > len(self.buf):
+            self.buf = self.more(self.buf, start + n)
         if n < 0 or start + n > len(self.buf):
             raise GGUFError(
                 f"{self.path} is truncated: its header runs past the end of the file "
@@ -71,11 +74,14 @@ class _Cursor:
         self.pos += n
         return start
 
+    # take() first, then self.buf: a stream's take() replaces the buffer.
     def u32(self) -> int:
-        return struct.unpack_from("<I", self.buf, self.take(4))[0]
+        start = self.take(4)
+        return struct.unpack_from("<I", self.buf, start)[0]
 
     def u64(self) -> int:
-        return struct.unpack_from("<Q", self.buf, self.take(8))[0]
+        start = self.take(8)
+        return struct.unpack_from("<Q", self.buf, start)[0]
 
     def string(self) -> bytes:
         n = self.u64()
@@ -87,14 +93,16 @@ class _Cursor:
         read in one NumPy call: the tokenizer's 150k token types take microseconds)."""
         if vtype in _SCALARS:
             dtype = np.dtype(_SCALARS[vtype])
-            return np.frombuffer(self.buf, dtype, 1, self.take(dtype.itemsize))[0].item()
+            start = self.take(dtype.itemsize)
+            return np.frombuffer(self.buf, dtype, 1, start)[0].item()
         if vtype == _STRING:
             return self.string().decode("utf-8", errors="replace")
         if vtype == _ARRAY:
             sub, count = self.u32(), self.u64()
             if sub in _SCALARS:
                 dtype = np.dtype(_SCALARS[sub])
-                return np.frombuffer(self.buf, dtype, count, self.take(count * dtype.itemsize)).tolist()
+                start = self.take(count * dtype.itemsize)
+                return np.frombuffer(self.buf, dtype, count, start).tolist()
             return [self.value(sub) for _ in range(count)]
         raise GGUFError(
             f"{self.path} is corrupt: metadata value type {vtype} at byte {self.pos} "
@@ -109,6 +117,14 @@ def _check_start(path: Path) -> int:
     size = path.stat().st_size
     with path.open("rb") as f:
         head = f.read(64)
+    _check_magic(head, path)
+    if size < _HEADER_BYTES:
+        raise GGUFError(f"{path} is truncated: {size} bytes is shorter than a GGUF header. Fetch it again.")
+    return size
+
+
+def _check_magic(head: bytes, path) -> None:
+    """Checks that a file starting with ``head`` (8 bytes or more) is GGUF v2/v3."""
     if head[:4] != b"GGUF":
         hint = ""
         if head.startswith(b"version https://git-lfs"):
@@ -119,15 +135,47 @@ def _check_start(path: Path) -> int:
             f"{path} is not a GGUF file: it starts with {head[:4]!r}, not b'GGUF'.{hint} "
             "Pass a llama.cpp .gguf checkpoint."
         )
-    if size < _HEADER_BYTES:
-        raise GGUFError(f"{path} is truncated: {size} bytes is shorter than a GGUF header. Fetch it again.")
-    version = struct.unpack_from("<I", head, 4)[0]
+    version = struct.unpack_from("<I", head, 4)[0] if len(head) >= 8 else None
     if version not in (2, 3):
         raise GGUFError(
             f"{path} is GGUF version {version}; only versions 2 and 3 (little-endian) "
             "are supported. Re-convert it with a current llama.cpp."
         )
-    return size
+
+
+def _key_values(cur: _Cursor, n_kv: int) -> dict:
+    metadata = {}
+    for _ in range(n_kv):
+        key = cur.string().decode("utf-8", errors="replace")
+        metadata[key] = cur.value(cur.u32())
+    return metadata
+
+
+def read_metadata(read: Callable[[int], bytes], label) -> tuple[dict, bytes]:
+    """The metadata of a GGUF file read front to back, and the bytes it was read from.
+
+    ``read(n)`` gives the file's next ``n`` bytes (fewer only at its end), e.g. a
+    member of a wheel read by range requests; it is asked for 1 MiB at a time and
+    never past the chunk that holds the last key/value, so the tensor table and data
+    are not read. ``label`` names the file in errors. Returns the metadata (as
+    :func:`scan_layout` gives it) and the file's first bytes up to the end of its last
+    key/value (header included): what a digest of the metadata is taken over.
+    """
+    def more(buf: bytes, need: int) -> bytes:
+        chunks = [buf]
+        while need > sum(map(len, chunks)):
+            chunk = read(max(1 << 20, need - sum(map(len, chunks))))
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    cur = _Cursor(b"", label, more)
+    cur.take(_HEADER_BYTES)
+    _check_magic(bytes(cur.buf[:8]), label)
+    cur.pos = 16  # after magic, version and the tensor count
+    metadata = _key_values(cur, cur.u64())
+    return metadata, bytes(cur.buf[: cur.pos])
 
 
 def _read_header(path: Path) -> tuple[dict, list[tuple], int]:
@@ -137,10 +185,7 @@ def _read_header(path: Path) -> tuple[dict, list[tuple], int]:
         cur = _Cursor(buf, path)
         cur.take(8)
         n_tensors, n_kv = cur.u64(), cur.u64()
-        metadata = {}
-        for _ in range(n_kv):
-            key = cur.string().decode("utf-8", errors="replace")
-            metadata[key] = cur.value(cur.u32())
+        metadata = _key_values(cur, n_kv)
         alignment = metadata.get("general.alignment", gguf.GGUF_DEFAULT_ALIGNMENT)
         if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
             raise GGUFError(f"{path} is corrupt: general.alignment = {alignment} is not a power of two.")
