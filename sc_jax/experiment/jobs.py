@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -124,17 +125,31 @@ def leave_one_out_job(k: int) -> tuple[np.ndarray, np.ndarray]:
     return contexts, np.stack([np.arange(k), np.arange(k)], axis=1)
 
 
-def load_datasets(config: RunConfig) -> dict:
-    """name -> :class:`sc_jax.experiment.tasks.Dataset` of every dataset of ``config``, from its
-    ``--data-file``, ``--data-dir`` or default source; a ``--task-file`` task from its
-    ``--data-file``, else its file's data_file or hf_id."""
+def load_datasets(config: RunConfig, names=None) -> dict:
+    """name -> :class:`sc_jax.experiment.tasks.Dataset` of every dataset of ``config`` (of
+    ``names`` alone, where given), from its ``--data-file``, ``--data-dir`` or default
+    source; a ``--task-file`` task from its ``--data-file``, else its file's data_file or
+    hf_id."""
     files = dict(config.data_files)
     defined = {spec.name: spec for spec in map(read_task_file, config.task_files)}
     return {name: load_task(defined.get(name, name), data_file=files.get(name),
                             data_dir=None if name in defined else config.data_dir,
                             text_column=config.text_column, label_column=config.label_column,
                             strict=config.strict_data)
-            for name in config.datasets}
+            for name in (config.datasets if names is None else names)}
+
+
+def task_file_records(config: RunConfig, datasets: dict | None = None) -> dict:
+    """name -> ``{"file": the path given, "resolved": it made absolute,
+    **Dataset.content_record()}`` of each
+    ``--task-file`` task of ``config``: what a run keeps of them (``run_tasks.json``) to
+    know them again by content. ``datasets``: those loaded already (else loaded here)."""
+    files = {read_task_file(f).name: str(f) for f in config.task_files}
+    if datasets is None:
+        datasets = load_datasets(config, tuple(files))
+    # "resolved": where a later `sc-jax report` from another directory finds the file.
+    return {name: {"file": file, "resolved": str(Path(file).expanduser().resolve()),
+                   **datasets[name].content_record()} for name, file in files.items()}
 
 
 def draw_split(dataset, config: RunConfig, k: int, seed: int):

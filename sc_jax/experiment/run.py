@@ -43,7 +43,7 @@ from sc_jax.calibration.solvers import is_converged
 from sc_jax.calibration import methods as calibration_methods
 from sc_jax.experiment import figures, metrics, samples
 from sc_jax.experiment.config import RunConfig, sc_fits
-from sc_jax.experiment.jobs import SeedScores, score_seed
+from sc_jax.experiment.jobs import SeedScores, score_seed, task_file_records
 from sc_jax.experiment.roofline import forward_estimate
 from sc_jax.experiment.runplan import RunPlan, build_plan, run_mesh
 from sc_jax.experiment.methods import fit_sc, method_probs, sc_size_probs
@@ -63,6 +63,7 @@ from sc_jax.experiment.results import (
 from sc_jax.experiment.staging import Staging
 from sc_jax.experiment.store import (
     RUN_CONFIG_FILE,
+    RUN_TASKS_FILE,
     config_tag,
     make_out_dir,
     package_versions,
@@ -328,7 +329,7 @@ def run_experiment(config: RunConfig, out_dir, *, progress: bool = True,
             made = make_out_dir(out_dir)  # as given: Path("") would read as "."
             held.enter_context(run_lock(made))
             if not overwrite:
-                refuse_other_config(made, config)
+                refuse_other_config(made, config, lambda: task_file_records(config))
                 if not log_samples:
                     # Kept records are checked against the new rows at the end: an
                     # empty or unreadable log is refused now, not after the scoring.
@@ -374,6 +375,7 @@ def _run_locked(config: RunConfig, out: Path, progress: bool, log_samples: bool,
         # What this directory now holds: a later run with another configuration is refused.
         if is_writer():
             write_json(out / RUN_CONFIG_FILE, config.to_json())
+            write_json(out / RUN_TASKS_FILE, task_file_records(config, plan.datasets))
         engine = ScoringEngine(model, policy=plan.policy, progress=progress)
         cache = ScoreCache(out / "cache")
         if (line := cache.describe_format()):

@@ -40,12 +40,12 @@ from sc_jax.calibration.numpy_predict import FitResult
 from sc_jax.calibration.solvers import Status
 from sc_jax.experiment import metrics
 from sc_jax.experiment.config import RunConfig
-from sc_jax.experiment.jobs import draw_split, load_datasets
+from sc_jax.experiment.jobs import draw_split, load_datasets, task_file_records
 from sc_jax.experiment.methods import method_probs, sc_size_probs
 from sc_jax.experiment.names import dataset_name, method_name
 from sc_jax.experiment.results import METRICS, FitRecord, ResultRow, RunResults
 from sc_jax.experiment.stats import mcnemar_exact_p, query_signed_rank_p
-from sc_jax.experiment.store import load_run_scores
+from sc_jax.experiment.store import load_run_scores, recorded_tasks, task_difference
 from sc_jax.experiment.task_loading import DataUnavailableError
 from sc_jax.models.identity import text_hash  # a query named without copying its text
 
@@ -288,10 +288,23 @@ def _fit_from_param(p: FitRecord, solver: str) -> FitResult:
                      num_rows=int(p.rows), base_accuracy=p.base_accuracy, guarded=bool(p.guarded))
 
 
-def _drawn_splits(results: RunResults) -> tuple[dict, str | None]:
+def _found(file: str, recorded: dict) -> str:
+    """A task file as the run gave it where that path is found from here, else where the
+    run resolved it (run_tasks.json: a relative path given in another directory)."""
+    if Path(file).expanduser().is_file():
+        return file
+    resolved = [r.get("resolved") for r in recorded.values() if isinstance(r, dict) and r.get("file") == file]
+    return next((r for r in resolved if isinstance(r, str) and Path(r).is_file()), file)
+
+
+def _drawn_splits(results: RunResults, run_dir: Path) -> tuple[dict, str | None]:
     """(dataset, k, seed) -> (dataset, Split) as the run drew them, checked against the
-    test-set hashes in results.json; ``({}, why)`` when the data cannot be had here."""
-    config = results.config
+    test-set hashes in results.json; ``({}, why)`` when the data cannot be had here.
+    Task files are found as the run's resume finds them: by the path given, else where
+    the run resolved it, and must be the run's tasks by content."""
+    recorded = recorded_tasks(Path(run_dir)) or {}
+    config = dict(results.config)
+    config["task_files"] = [_found(f, recorded) for f in config.get("task_files") or ()]
     known = {f.name for f in dataclasses.fields(RunConfig)}
 
     def frozen(v):  # JSON lists back to the tuples RunConfig holds
@@ -302,6 +315,11 @@ def _drawn_splits(results: RunResults) -> tuple[dict, str | None]:
         datasets = load_datasets(cfg)
     except (DataUnavailableError, OSError, ValueError, TypeError) as e:
         return {}, f"the run's data could not be loaded here ({type(e).__name__}: {e})"
+    differs = task_difference(recorded, task_file_records(cfg, datasets))
+    if differs:
+        file, task, what = differs
+        raise ValueError(f"task file {file} is not the task {task!r} the run read: {what}; restore "
+                         "it, or run the experiment again")
     for name, recorded in (results.tasks or {}).items():
         sha = recorded.get("data_sha256")
         if name in datasets and sha and datasets[name].content_sha256 != sha:
@@ -345,7 +363,7 @@ def regenerate_samples(run_dir, *, with_texts: bool = True) -> tuple[Path, list[
     fits = defaultdict(dict)  # (method, dataset, shots, seed) -> size -> FitResult
     for p in results.params:
         fits[(p.method, p.dataset, p.shots, p.seed)][p.size] = _fit_from_param(p, solver)
-    drawn, why = _drawn_splits(results) if with_texts else ({}, "texts not asked for")
+    drawn, why = _drawn_splits(results, Path(run_dir)) if with_texts else ({}, "texts not asked for")
     notes = [] if why is None else [f"no dataset rows or text hashes: {why}"]
     records = []
     for (name, k), per_seed in runs.items():

@@ -324,6 +324,8 @@ RUN_OUTPUTS = ("results.csv", "results.tex", "results_accuracy.tex", "results_ec
 
 
 RUN_CONFIG_FILE = "run_config.json"
+#: Beside it: the run's task files' tasks by content (:func:`sc_jax.experiment.jobs.task_file_records`).
+RUN_TASKS_FILE = "run_tasks.json"
 
 
 # Methods that runs made before them lack in their run_config.json and
@@ -355,9 +357,49 @@ def _config_differences(old: dict, new: dict) -> list[str]:
     return out
 
 
-def refuse_other_config(out: Path, config: RunConfig) -> None:
+def recorded_tasks(out: Path) -> dict | None:
+    """name -> what the run in ``out`` recorded of its tasks' content: run_tasks.json,
+    else (a run that predates it) results.json's ``tasks`` (fewer fields); None where
+    neither is there."""
+    for name, key in ((RUN_TASKS_FILE, None), ("results.json", "tasks")):
+        try:
+            data = json.loads((out / name).read_text())
+            data = data if key is None else data.get(key)
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(data, dict) and data:
+            return data
+    return None
+
+
+def task_difference(recorded: dict, records: dict) -> tuple[str, str, str] | None:
+    """``(task file, task name, what differs)`` for the first task of ``records`` (by
+    name, :func:`sc_jax.experiment.jobs.task_file_records`) whose content is not what
+    ``recorded`` (:func:`recorded_tasks`) holds of it, compared on the fields both
+    have; None where every one is the same."""
+    for name, record in records.items():
+        was = recorded.get(name)
+        if not isinstance(was, dict):
+            continue  # a task new to the run: its name is among the config's differences
+        changed = [k for k in record if k in was and k not in ("file", "resolved") and record[k] != was[k]]
+        if changed:
+            key = changed[0]
+            what = (f"its rows differ (data sha256 {str(was[key])[:12]}... there, {record[key][:12]}... here)"
+                    if key == "data_sha256" else f"field {key!r} differs ({was[key]!r} there, {record[key]!r} here)")
+            more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+            return record["file"], name, what + more
+    return None
+
+
+def refuse_other_config(out: Path, config: RunConfig, task_records=None) -> None:
     """A ValueError when ``out`` holds (or was last started with) another run
-    configuration: the tables, plots and scores/ would be replaced without a word."""
+    configuration: the tables, plots and scores/ would be replaced without a word.
+
+    Task files are compared by content, not by path: ``task_records()`` gives the
+    new run's (:func:`sc_jax.experiment.jobs.task_file_records`, called only where
+    the run in ``out`` recorded its own), so the same task read from another working
+    directory or a copy of its file resumes, and other content at the same path is
+    refused. A run that recorded none (made before run_tasks.json) compares paths."""
     new = json.loads(json.dumps(config.to_json()))  # tuples as JSON lists
     if not any((out / name).exists() for name in (RUN_CONFIG_FILE, "results.json")):
         # No run of ours was here: files by the names a run writes are someone else's.
@@ -376,9 +418,17 @@ def refuse_other_config(out: Path, config: RunConfig) -> None:
             raise ValueError(f"--out {out} holds an unreadable {name}; rerun with --overwrite "
                              "to replace it, or choose another --out") from None
         diff = _config_differences(old, new)
+        recorded = recorded_tasks(out) if task_records and old.get("task_files") and new["task_files"] else None
+        if recorded is not None:
+            diff = [d for d in diff if not d.startswith("task_files:")]
         if diff:
             raise ValueError(f"--out {out} holds a run with another configuration "
                              f"({'; '.join(diff[:3])}{'; ...' if len(diff) > 3 else ''}): rerun "
                              "with --overwrite to replace its results (the score cache is kept "
                              "and reused), or choose another --out")
+        differs = None if recorded is None else task_difference(recorded, task_records())
+        if differs:
+            file, task, what = differs
+            raise ValueError(f"task file {file} is not the task {task!r} the run in --out {out} read: {what}; "
+                             "rerun with --overwrite to replace its results, or choose another --out")
         return

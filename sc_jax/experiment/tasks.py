@@ -380,6 +380,16 @@ class Dataset:
                 "label_column": t.label_column, "content_free": list(t.content_free),
                 "source": self.source, "rows": len(self), "data_sha256": self.content_sha256}
 
+    def content_record(self) -> dict:
+        """The task by its content, not by where it was read: every field of its task file
+        (defaults filled in) but ``data_file`` (where the rows lie), and the rows'
+        :attr:`content_sha256`, as JSON holds them. A run keeps it for its task files'
+        tasks, so that the same task resumes from another path or a copy of the file, and
+        other content at the same path is refused (:func:`sc_jax.experiment.store.refuse_other_config`)."""
+        fields = {key: default for key, (_, default) in TASK_FILE_FIELDS.items()} | self.task.to_dict()
+        del fields["data_file"]
+        return json.loads(json.dumps({**fields, "data_sha256": self.content_sha256}))
+
     @property
     def template(self) -> Template:
         return self.task.template
