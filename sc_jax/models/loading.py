@@ -136,7 +136,9 @@ class LoadedModel:
     def put(self, x):
         """Host array with a leading batch axis -> device (split over the ``data`` axis)."""
         if self.mesh is None:
-            return jnp.asarray(x)
+            # device_put, not jnp.asarray: on jax 0.10 asarray lifts the array through a
+            # small program compiled per shape ("stage"), a dozen per call shape.
+            return jax.device_put(x)
         return put_global(x, batch_sharded(self.mesh))
 
     def replicate(self, x):
@@ -145,7 +147,7 @@ class LoadedModel:
         if x is None:
             return None
         x = np.asarray(x, np.int32)
-        return jnp.asarray(x) if self.mesh is None else put_global(x, replicated(self.mesh))
+        return jax.device_put(x) if self.mesh is None else put_global(x, replicated(self.mesh))
 
     def _put_cache(self, cache: KVCache) -> KVCache:
         if self.mesh is None or cache.batch == 1:
