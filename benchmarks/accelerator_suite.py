@@ -164,7 +164,8 @@ def section_end_to_end(args, keep) -> dict:
         rec = bench_seed.phase("cold", 0, run_args, tmp / "run", tmp / "xla", args.e2e_timeout)
         rec.pop("machine", None)
         if rec["status"] == "ok":
-            from sc_jax.experiment.results import load_results  # noqa: PLC0415  (beside jax)
+            # Imported here, beside jax.
+            from sc_jax.experiment.evaluation.results import load_results  # noqa: PLC0415
 
             res = load_results(tmp / "run")
             rec.update(sc_macro_f1=[r.macro_f1 for r in res.rows if r.method == "sc"],

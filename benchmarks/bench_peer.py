@@ -2,8 +2,8 @@
 prompts, the same model configuration and the same weights.
 
 Workload: Algorithm 1's surrogate prompts of one seed as ``sc-jax run`` builds them
-(:func:`sc_jax.experiment.jobs.seed_jobs`, the ``surrogate<i>`` jobs): k = 8 demonstrations of
-Rotten Tomatoes (``--data-dir``), every ordered sub-context of sizes 1..4 of the others,
+(:func:`sc_jax.experiment.protocol.jobs.seed_jobs`, the ``surrogate<i>`` jobs): k = 8
+demonstrations of Rotten Tomatoes (``--data-dir``), every ordered sub-context of sizes 1..4 of the others,
 the held-out demonstration as the query (seed 0: 8,792 prompts, 1.23 M prompt tokens
 with Qwen2's tokenizer; ``--budget`` samples as ``sc-jax run --budget`` does),
 first_token mode, on ``random:qwen2-7b`` in bfloat16 (random weights, Qwen2's real
@@ -96,8 +96,8 @@ def say(msg: str) -> None:
 
 def workload(tokenizer, args, data_file: Path | None):
     """(pieces, surrogate jobs, mode) of one seed, as ``sc-jax run`` builds them."""
-    from sc_jax.experiment.config import RunConfig
-    from sc_jax.experiment.jobs import draw_split, load_datasets, seed_jobs
+    from sc_jax.experiment.protocol.config import RunConfig
+    from sc_jax.experiment.protocol.jobs import draw_split, load_datasets, seed_jobs
 
     config = RunConfig(model=args.model, dtype=args.dtype, shots=(args.k,), seeds=(args.seed,),
                        data_dir=args.data_dir, test_size=args.test_size, max_size=args.max_size,

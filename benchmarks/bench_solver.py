@@ -61,7 +61,7 @@ import jax.numpy as jnp  # noqa: E402
 
 from sc_jax.calibration import buckets, defaults, numpy_fit, numpy_predict
 
-from sc_jax.experiment import metrics
+from sc_jax.experiment.evaluation import metrics
 
 from sc_jax.calibration import solvers  # noqa: E402
 from sc_jax.calibration.solvers import reference  # noqa: E402

@@ -25,7 +25,7 @@ device, one at a time):
              forward seconds, against the device's peak: :func:`device_peak_flops`). Then
              the paper's whole grid (:data:`GRID`: k = 4, 8, 16 x 5 seeds) projected twice
              from ``sc-jax plan``'s token counts: from the rates this run measured
-             (:class:`sc_jax.experiment.grid.MeasuredRates`) and the plan's own estimate
+             (:class:`sc_jax.experiment.execution.grid.MeasuredRates`) and the plan's own estimate
              (its roofline), side by side;
   peer       bench_peer (its own process) with one repeat and only the attention the
              cold seed's engine chose (``auto`` where it recorded none); ``skipped`` where
@@ -198,7 +198,7 @@ def grid_args(smoke: bool, data_dir: str, tmp: Path) -> list[str]:
 
 def grid_records(timing, nonembed: int, peak: float) -> list[dict]:
     """Per (dataset, k) of a run's results.json ``timing`` (a
-    :class:`sc_jax.experiment.results.RunTiming`, one seed each): ``seconds``
+    :class:`sc_jax.experiment.evaluation.results.RunTiming`, one seed each): ``seconds``
     (its seed's scoring and its fit; the metrics and report are the run's, not a
     dataset's), programs compiled (``programs`` by the scoring, ``model_programs`` of
     them the model's, ``fit_programs``), forward seconds, tokens and ``mfu`` (2 x
@@ -225,8 +225,8 @@ def grid(args) -> dict:
     import jax.numpy as jnp
 
     from sc_jax.cli import main as sc_jax_main
-    from sc_jax.experiment.grid import MeasuredRates, grid_table, project_grid
-    from sc_jax.experiment.results import load_results
+    from sc_jax.experiment.evaluation.results import load_results
+    from sc_jax.experiment.execution.grid import MeasuredRates, grid_table, project_grid
     from sc_jax.models.sources import load_model_parts
     from sc_jax.runtime.devices import device_peak_flops
     from sc_jax.scoring.costs import non_embedding_params
@@ -499,7 +499,8 @@ def copy_tasks(data_dir: str, dest: Path, tasks) -> None:
 def prepare(folder: Path, data_dir: str) -> None:
     """bench_seed's --prepare (wheels, tokenizer, data), the grid phase's nine tasks, the
     folder's size, and the device command."""
-    from sc_jax.experiment.tasks import TASKS  # the parent of --prepare starts no backend either
+    # The parent of --prepare starts no backend either.
+    from sc_jax.experiment.tasks.spec import TASKS
 
     missing = [t for t in TASKS if not (Path(data_dir) / f"{t}.jsonl").is_file()]
     if missing:  # before any download

@@ -36,8 +36,8 @@ import numpy as np  # noqa: E402
 from sc_jax.calibration import defaults, numpy_fit
 
 from sc_jax.calibration import solvers  # noqa: E402
-from sc_jax.experiment.ablation import surrogate_problems  # noqa: E402
-from sc_jax.experiment.store import load_run_scores  # noqa: E402
+from sc_jax.experiment.evaluation.store import load_run_scores  # noqa: E402
+from sc_jax.experiment.reporting.ablation import surrogate_problems  # noqa: E402
 from sweep_solver import GAP32, GAP64  # noqa: E402
 import _timing  # noqa: E402
 from bench_solver import _sp_problem  # noqa: E402

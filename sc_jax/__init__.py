@@ -41,8 +41,8 @@ _LAZY = {
     # Static solver settings: calibrate(options=...), fit(options=...).
     "SolverOptions": "sc_jax.calibration.solvers.types",
     "ScoringEngine": "sc_jax.scoring.engine",
-    "RunConfig": "sc_jax.experiment.config",
-    "run_experiment": "sc_jax.experiment.run",
+    "RunConfig": "sc_jax.experiment.protocol.config",
+    "run_experiment": "sc_jax.experiment.execution.run",
 }
 
 __all__ = [
@@ -78,8 +78,8 @@ if TYPE_CHECKING:
     from sc_jax.calibration.numpy_predict import FitResult, predict_proba
     from sc_jax.calibration.objective import log_odds
     from sc_jax.calibration.solvers.types import SolverOptions, Status
-    from sc_jax.experiment.config import RunConfig
-    from sc_jax.experiment.run import run_experiment
+    from sc_jax.experiment.execution.run import run_experiment
+    from sc_jax.experiment.protocol.config import RunConfig
     from sc_jax.models.config import ModelConfig
     from sc_jax.models.loading import LoadedModel, load_model
     from sc_jax.models.model import Decoder

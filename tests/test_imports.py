@@ -1,6 +1,7 @@
-"""The package's import graph, read from the source (style guide rule 12): no circle
-between modules, and imports at the top of their module; a function-local import is
-for an optional extra and says why.
+"""The package's import graph, read from the source (style guide rules 12 and 15): no
+circle between modules; the stages, and the experiment's sub-packages, import only
+earlier ones; imports at the top of their module, a function-local import being for an
+optional extra and saying why.
 
 The graph is built with ``ast`` from every ``sc_jax/**/*.py``, subpackages included,
 and counts imports inside functions too (a circle closed by a function-local import
@@ -203,6 +204,37 @@ def backward_imports(graph: dict[str, set[str]], package: str = PACKAGE) -> list
             if stage_of(b, package) > stage_of(a, package)]
 
 
+#: The experiment's sub-packages in the order their imports run: the tasks (what is
+#: scored), the protocol (the configuration and the plan, before any weight is read), the
+#: evaluation (each method's fits, the metrics, results.json's records, a run's files),
+#: the reporting (tables, figures and refits from a finished run, no model) and the
+#: execution (run, demo and the dry run, which take a plan; the run ends by writing the
+#: report, so it sits above reporting).
+EXPERIMENT_PARTS = ("tasks", "protocol", "evaluation", "reporting", "execution")
+
+
+def part_of(module: str, package: str = PACKAGE) -> int | None:
+    """Rank of ``module`` in :data:`EXPERIMENT_PARTS`; None outside ``package.experiment``,
+    and for the package ``package.experiment`` itself (its docstring only)."""
+    parts = module.split(".")
+    if parts[:2] != [package, "experiment"] or len(parts) < 3:
+        return None
+    return EXPERIMENT_PARTS.index(parts[2]) if parts[2] in EXPERIMENT_PARTS else len(EXPERIMENT_PARTS)
+
+
+def backward_experiment_imports(graph: dict[str, set[str]], package: str = PACKAGE) -> list[str]:
+    """Imports within the experiment from one of its sub-packages into an earlier one (or
+    from a module in none of them), as ``"a imports b (protocol <- reporting)"``."""
+    names = EXPERIMENT_PARTS + ("none",)
+    out = []
+    for a in sorted(graph):
+        for b in sorted(graph[a]):
+            pa, pb = part_of(a, package), part_of(b, package)
+            if pa is not None and pb is not None and (pb > pa or pb == len(EXPERIMENT_PARTS)):
+                out.append(f"{a} imports {b} ({names[pa]} <- {names[pb]})")
+    return out
+
+
 def refused_local_imports(local) -> list[str]:
     """Function-local imports that are not of an allowed optional extra, or carry no
     comment saying why."""
@@ -217,7 +249,7 @@ def refused_local_imports(local) -> list[str]:
 
 def test_no_import_cycle():
     graph, _ = import_graph()
-    assert len(graph) > 20 and "sc_jax.scoring.engine" in graph["sc_jax.experiment.run"]
+    assert len(graph) > 20 and "sc_jax.scoring.engine" in graph["sc_jax.experiment.execution.run"]
     cycles = find_cycles(graph)
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
 
@@ -236,6 +268,31 @@ def test_no_import_from_a_later_stage_into_an_earlier_one():
     fake = {"sc_jax.models.a": {"sc_jax.scoring.b", "sc_jax.runtime.c"}, "sc_jax.scoring.b": set(),
             "sc_jax.runtime.c": set(), "sc_jax.cli": {"sc_jax.models.a"}}
     assert backward_imports(fake) == ["sc_jax.models.a imports sc_jax.scoring.b (models <- scoring)"]
+
+
+def test_the_experiment_sub_packages_import_only_earlier_ones():
+    graph, _ = import_graph()
+    experiment = {m for m in graph if m.startswith(PACKAGE + ".experiment")}
+    # Every module of the experiment lies in one of its sub-packages, and each is used.
+    assert {m for m in experiment if part_of(m) is None} == {"sc_jax.experiment"}
+    assert {part_of(m) for m in experiment} - {None} == set(range(len(EXPERIMENT_PARTS)))
+    # The package and its sub-packages are docstrings: importing one loads no module.
+    for m in ["sc_jax.experiment", *(f"sc_jax.experiment.{p}" for p in EXPERIMENT_PARTS)]:
+        assert graph[m] == set(), (m, graph[m])
+    backward = backward_experiment_imports(graph)
+    assert not backward, "imports against the experiment's order:\n" + "\n".join(backward)
+    inside = {a: graph[a] & experiment for a in experiment}
+    assert not find_cycles(inside)
+    # The check finds an import into an earlier sub-package, and one from a module in none
+    # of them, and lets an import from an earlier one and one inside the same through.
+    fake = {"sc_jax.experiment.protocol.a": {"sc_jax.experiment.reporting.b",
+                                             "sc_jax.experiment.tasks.c",
+                                             "sc_jax.experiment.protocol.d"},
+            "sc_jax.experiment.execution.e": {"sc_jax.experiment.stray", "sc_jax.models.m"},
+            "sc_jax.cli": {"sc_jax.experiment.execution.e"}}
+    assert backward_experiment_imports(fake) == [
+        "sc_jax.experiment.execution.e imports sc_jax.experiment.stray (execution <- none)",
+        "sc_jax.experiment.protocol.a imports sc_jax.experiment.reporting.b (protocol <- reporting)"]
 
 
 def test_function_local_imports_are_optional_extras_only():

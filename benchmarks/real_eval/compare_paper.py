@@ -9,7 +9,7 @@ p / mean p; BC (code) is softmax(p - mean p), what the reference code computes
 (sc_jax.calibration.baselines.batch_calibration_reference). Each block ends with SC's margin over
 both, "SC - BC" and "SC - BC (code)": the difference of the means per task and Avg,
 and for our runs its 95% interval over seeds of the paired differences in brackets
-(sc_jax.experiment.stats.seed_interval, as `sc-jax report` uses: a Student t interval
+(sc_jax.experiment.reporting.stats.seed_interval, as `sc-jax report` uses: a Student t interval
 below 10 seeds, BCa bootstrap from 10; per task: the per-seed differences; Avg: the
 per-seed differences averaged over the tasks). Cells are mean ± s.d. (ddof = 1). The paper's blocks
 have only the first margin and no interval (the paper gives means and s.d. only). The
@@ -39,11 +39,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # paper_tables, beside
 
 from paper_tables import PAPER_MODELS  # noqa: E402
 from sc_jax.models.named_models import display_name  # noqa: E402
-from sc_jax.experiment.names import dataset_name  # noqa: E402
-from sc_jax.experiment.report import paired_diffs, summarize  # noqa: E402
-from sc_jax.experiment.stats import seed_interval  # noqa: E402
-from sc_jax.experiment.results import load_results, model_description  # noqa: E402
-from sc_jax.experiment.samples import read_samples, rows_from_samples
+from sc_jax.experiment.evaluation.results import load_results, model_description  # noqa: E402
+from sc_jax.experiment.reporting.names import dataset_name  # noqa: E402
+from sc_jax.experiment.reporting.report import paired_diffs, summarize  # noqa: E402
+from sc_jax.experiment.reporting.samples import read_samples, rows_from_samples
+from sc_jax.experiment.reporting.stats import seed_interval  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 OURS = ("base", "cc", "dc", "bc", "bc_reference", "sc_star", "sc_star_free", "sc", "sc_paper")
@@ -62,7 +62,7 @@ def margin_intervals(seeds: dict, baseline: str, tasks, *, seed: int = 0) -> dic
     """95% intervals over seeds of SC minus ``baseline`` (paired by seed), in %:
     {task: Interval} and "avg": the interval of the per-seed difference averaged over
     ``tasks`` (the seeds every task has); each a
-    :class:`sc_jax.experiment.stats.Interval` naming its method. None unless every
+    :class:`sc_jax.experiment.reporting.stats.Interval` naming its method. None unless every
     task has both methods on at least three common seeds (stats.MIN_INTERVAL_SEEDS). ``seeds``: method -> task ->
     {seed: value in %}."""
     diffs = {}

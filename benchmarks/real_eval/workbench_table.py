@@ -5,7 +5,7 @@ The rows of the run directories (``sc-jax run``'s results.json) form one block p
 (model, k), a block's tasks from one run or several. For every method the per-seed
 average over the block's tasks is formed first (the tasks every method the block
 holds covers), then its mean; "SC (guard) - X" is the mean of the per-seed differences
-with a 95% interval over seeds (:func:`sc_jax.experiment.stats.seed_interval`:
+with a 95% interval over seeds (:func:`sc_jax.experiment.reporting.stats.seed_interval`:
 Student t from 3 seeds, BCa bootstrap from ten; none below 3), paired by seed. Per
 task, SC (guard) wins against X where that task's interval lies above 0 and loses
 where it lies below. A method a block's runs did not score (Hidden Calibration needs
@@ -35,9 +35,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from sc_jax.experiment.names import dataset_name, method_name  # noqa: E402
-from sc_jax.experiment.results import load_results, model_label  # noqa: E402
-from sc_jax.experiment.stats import seed_interval  # noqa: E402
+from sc_jax.experiment.evaluation.results import load_results, model_label  # noqa: E402
+from sc_jax.experiment.reporting.names import dataset_name, method_name  # noqa: E402
+from sc_jax.experiment.reporting.stats import seed_interval  # noqa: E402
 
 METHODS = ("base", "cc", "dc", "bc", "sc_star", "sc", "sc_paper", "looc", "linc", "surprise", "hidden")
 AGAINST = ("bc", "sc_paper", "looc", "linc", "surprise", "hidden")

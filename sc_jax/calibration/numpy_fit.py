@@ -87,8 +87,8 @@ def below_chance(accuracy: float, num_classes: int) -> bool:
     demonstrations are under-represented in the other k - 1 (absent when k = n), so a
     model that copies the labels in its context scores below chance on them while it
     scores above chance at test time, where the sub-contexts come from all k
-    (``sc_jax.experiment.diagnostics.diagnose`` measures both). Fitted there, SC learns to reverse
-    the LLM (negative w)."""
+    (``sc_jax.experiment.reporting.diagnostics.diagnose`` measures both). Fitted there, SC
+    learns to reverse the LLM (negative w)."""
     return accuracy < 1.0 / num_classes
 
 

@@ -1,13 +1,13 @@
 """``sc-jax``: the command line, a thin layer over the Python API.
 
   sc-jax run --model default --dataset rotten_tomatoes --shots 4 8 --seeds 5 --out DIR
-      The paper's experiment (sc_jax.experiment.run.run_experiment): writes results.json,
+      The paper's experiment (sc_jax.experiment.execution.run.run_experiment): writes results.json,
       results.csv, table.md and plots into DIR; resumes from DIR/cache if interrupted.
   sc-jax plan --model random:llama-2-7b --dtype bfloat16 --shots 8 --device-memory 80GiB ...
       Dry run of `run` (same options): pairs, unique, executed and flat tokens, FLOPs,
       chunks, calls and their shape, distinct programs and their compile seconds on this
       machine, planned and XLA peak memory, a forward-time estimate. No weights are
-      read and nothing is scored (sc_jax.experiment.plan.plan_run).
+      read and nothing is scored (sc_jax.experiment.execution.plan.plan_run).
   sc-jax report DIR
       Rebuild the tables and plots from DIR/results.json without a model.
   sc-jax demo [--model default] [--k 4] [--seed 0]

@@ -8,34 +8,34 @@ import json
 import time
 from pathlib import Path
 
-from sc_jax.experiment import staging
-from sc_jax.experiment.ablation import ablate
-from sc_jax.experiment.ablation_report import check_ablation_out, write_ablation
-from sc_jax.experiment.diagnostics import diagnose
-from sc_jax.experiment.config import RunConfig, flag_fields
-from sc_jax.experiment.demo import DEMO_DATASET, demo_config, run_demo
-from sc_jax.experiment.metrics import accuracy, macro_f1
-from sc_jax.experiment.plan import plan_run, plan_table, written_by_plan
-from sc_jax.experiment.report import write_report
-from sc_jax.experiment.results import METHOD_NAMES, load_results
-from sc_jax.runtime.devices import ACCELERATOR_MEMORY
-from sc_jax.experiment.run import run_experiment
-from sc_jax.experiment.samples import regenerate_samples
-from sc_jax.experiment.store import check_output_file
-from sc_jax.experiment.task_export import export_tasks
+from sc_jax.experiment.evaluation import staging
+from sc_jax.experiment.evaluation.metrics import accuracy, macro_f1
+from sc_jax.experiment.evaluation.results import METHOD_NAMES, load_results
+from sc_jax.experiment.evaluation.store import check_output_file
+from sc_jax.experiment.execution.demo import DEMO_DATASET, demo_config, run_demo
+from sc_jax.experiment.execution.plan import plan_run, plan_table, written_by_plan
+from sc_jax.experiment.execution.run import run_experiment
+from sc_jax.experiment.protocol.config import RunConfig, flag_fields
+from sc_jax.experiment.reporting.ablation import ablate
+from sc_jax.experiment.reporting.ablation_report import check_ablation_out, write_ablation
+from sc_jax.experiment.reporting.diagnostics import diagnose
+from sc_jax.experiment.reporting.report import write_report
+from sc_jax.experiment.reporting.samples import regenerate_samples
+from sc_jax.experiment.tasks.export import export_tasks
 from sc_jax.models.config import PRESETS, preset
 from sc_jax.models.hub import cached_models_lines
 from sc_jax.models.identity import describe_named
 from sc_jax.models.loading import load_model
 from sc_jax.models.named_models import MODELS
 from sc_jax.models.vocabulary import PRESET_TOKENIZERS
+from sc_jax.runtime.devices import ACCELERATOR_MEMORY
 from sc_jax.runtime.multihost import is_writer
 from sc_jax.runtime.runlock import run_lock
 
 def demo_command(args) -> int:
     """`sc-jax demo`: the baselines (Base, CC, DC, BC) and SC, fitted on the scores
     of k built-in demonstrations, each evaluated on the held-out sentences: a preset
-    run over in-memory data (:mod:`sc_jax.experiment.demo`)."""
+    run over in-memory data (:mod:`sc_jax.experiment.execution.demo`)."""
     t0 = time.perf_counter()
     # k in 2..8: the parser checks it (sc_jax.runtime.ranges)
     config = demo_config(args.model, dtype=args.dtype, k=args.k, seed=args.seed)

@@ -1,7 +1,7 @@
 """The ``sc-jax`` argument parser: every subcommand, its options and their help.
 
 The options ``sc-jax run`` and ``sc-jax plan`` share are generated from
-:class:`sc_jax.experiment.config.RunConfig`'s fields (:func:`add_config_options`), where
+:class:`sc_jax.experiment.protocol.config.RunConfig`'s fields (:func:`add_config_options`), where
 each is declared once: help, default, choices and range. Each option has help text, and
 its default is printed once: by the formatter (:class:`HelpFormatter`), unless the help
 already says what the default is.
@@ -19,8 +19,8 @@ from sc_jax import __version__
 from sc_jax.runtime import ranges
 from sc_jax.runtime.ranges import arg_type
 from sc_jax.cli import commands
-from sc_jax.experiment import config as cfg
-from sc_jax.experiment.config import RunConfig
+from sc_jax.experiment.protocol import config as cfg
+from sc_jax.experiment.protocol.config import RunConfig
 from sc_jax.runtime.devices import ACCELERATOR_PEAK_FLOPS
 from sc_jax.models import attention as attn
 
@@ -120,7 +120,7 @@ def _flag_arguments(name: str, flag: cfg.Flag) -> dict:
 
 def add_config_options(p) -> None:
     """The options of ``sc-jax run`` and ``sc-jax plan`` that set a RunConfig field: one per
-    :class:`sc_jax.experiment.config.Flag` of its fields, in their order
+    :class:`sc_jax.experiment.protocol.config.Flag` of its fields, in their order
     (:func:`sc_jax.cli.commands.run_config` reads them back)."""
     for field in dataclasses.fields(RunConfig):
         for flag in cfg.flags(field.name):
@@ -257,7 +257,8 @@ def _add_export_tasks_parser(sub) -> None:
                        formatter_class=HelpFormatter)
     e.add_argument("dir", help="directory for the files (created if missing)")
     e.add_argument("--tasks", nargs="+", default=None,
-                   help="only these tasks (default: the nine; sc_jax.experiment.task_export.EXPORT_SPLITS)")
+                   help="only these tasks (default: the nine; "
+                        "sc_jax.experiment.tasks.export.EXPORT_SPLITS)")
     e.add_argument("--overwrite", action="store_true", help="replace files that exist in DIR")
     e.set_defaults(fn=commands.export_tasks_command)
 

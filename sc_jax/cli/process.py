@@ -18,9 +18,9 @@ import jax
 from sc_jax.calibration.solvers.batching import threads_from_env
 from sc_jax.calibration.solvers.exported import set_export_dir
 from sc_jax.cli.parser import build_parser
-from sc_jax.experiment import staging
-from sc_jax.experiment.task_loading import DataUnavailableError
-from sc_jax.experiment.store import probe_writable
+from sc_jax.experiment.evaluation import staging
+from sc_jax.experiment.evaluation.store import probe_writable
+from sc_jax.experiment.tasks.loading import DataUnavailableError
 from sc_jax.runtime.multihost import initialize_distributed, is_writer
 from sc_jax.runtime.wheel_files import WheelFileError
 

@@ -1,6 +1,6 @@
 """Each option's accepted range, defined once.
 
-:class:`sc_jax.experiment.config.RunConfig`, the API's constructors
+:class:`sc_jax.experiment.protocol.config.RunConfig`, the API's constructors
 (:class:`sc_jax.scoring.memory.MemoryPolicy` behind
 :class:`sc_jax.scoring.engine.ScoringEngine`, :func:`sc_jax.models.loading.load_model`)
 and the command line check their values here, so a value that a later step would refuse

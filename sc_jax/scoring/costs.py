@@ -4,7 +4,7 @@ its attention scores (:func:`attention_reads`, :func:`call_trips`), tokens and F
 of a schedule call by call (:func:`replay`), and one layer's attention measured on
 this backend (:func:`measured_attention`). XLA's own figures of the model program
 are in :mod:`sc_jax.scoring.xla_costs`, the device's peaks in
-:mod:`sc_jax.runtime.devices`; :mod:`sc_jax.experiment.plan` assembles them into a
+:mod:`sc_jax.runtime.devices`; :mod:`sc_jax.experiment.execution.plan` assembles them into a
 dry run of ``sc-jax run``.
 """
 

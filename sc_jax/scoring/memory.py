@@ -2,8 +2,8 @@
 nothing on a device): what :class:`sc_jax.scoring.engine.ScoringEngine` needs on a device
 for given inputs. The engine plans every call with :func:`plan_schedule` (the packed
 schedule of :mod:`sc_jax.scoring.schedule` within a memory budget) and checks the planned peak
-against the budget before anything compiles; :mod:`sc_jax.experiment.plan` replays the same
-schedule for a whole run.
+against the budget before anything compiles; :mod:`sc_jax.experiment.execution.plan` replays
+the same schedule for a whole run.
 
 What lives on a device while the engine runs:
 

@@ -1,7 +1,7 @@
 """The scoring engine's schedule, on the host with NumPy (no model, nothing on a
 device): which items each forward call of :class:`sc_jax.scoring.engine.ScoringEngine`
 runs, packed into calls of one shape (:mod:`sc_jax.scoring.packing`).
-:mod:`sc_jax.experiment.plan` replays the same schedule for a whole run.
+:mod:`sc_jax.experiment.execution.plan` replays the same schedule for a whole run.
 
 Several scoring jobs (one (contexts, pairs) each: the surrogate sizes, the test-time
 sizes and the baselines of one seed) are scored together: every context of every job

@@ -1,7 +1,7 @@
 """XLA's own figures of the engine's model program, lowered with abstract shapes
 (nothing allocated, no weight read): its memory (:func:`xla_call_bytes`,
 :func:`xla_peak_bytes`) and its compile time (:func:`compile_seconds`).
-:mod:`sc_jax.experiment.plan` sets them beside the counted costs of
+:mod:`sc_jax.experiment.execution.plan` sets them beside the counted costs of
 :mod:`sc_jax.scoring.costs`.
 """
 

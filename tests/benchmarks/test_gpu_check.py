@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from sc_jax.experiment.results import RunTiming
+from sc_jax.experiment.evaluation.results import RunTiming
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,5 +1,5 @@
 """LOOC and LinC (sc_jax.calibration.looc, .linc) on synthetic data with a known answer,
-and their dispatch from a run's scores (sc_jax.experiment.methods.method_probs).
+and their dispatch from a run's scores (sc_jax.experiment.evaluation.methods.method_probs).
 
 All in float64: the LOOC identities hold to rounding (1e-12); LinC's compiled SGD
 agrees with a plain NumPy loop of the same steps to 1e-10 (two epochs of 20 rows,
@@ -17,8 +17,8 @@ import scipy.special
 from sc_jax.calibration import baselines
 from sc_jax.calibration.linc import LinC, epoch_orders, linc_fit, linc_init, linc_predict
 from sc_jax.calibration.looc import leave_one_out_calibration, looc_prior
-from sc_jax.experiment.jobs import SeedScores
-from sc_jax.experiment.methods import method_probs
+from sc_jax.experiment.evaluation.methods import method_probs
+from sc_jax.experiment.protocol.jobs import SeedScores
 
 PRIOR = np.array([0.5, 0.3, 0.2])
 

@@ -11,7 +11,7 @@ import scipy.optimize
 
 from sc_jax import cli
 from sc_jax.calibration.methods import moicl as M
-from sc_jax.experiment.jobs import SeedScores
+from sc_jax.experiment.protocol.jobs import SeedScores
 
 
 def one_hot_logp(labels, n, p_gold):
@@ -164,8 +164,8 @@ def test_bad_inputs_are_refused_naming_the_method():
 def test_a_run_with_moicl(tmp_path, monkeypatch):
     """`sc-jax run --methods base,moicl` on random:tiny-llama: a MoICL row whose
     accuracy is the fit of the score file's size-1 rows, recomputed here."""
-    from sc_jax.experiment.results import load_results
-    from sc_jax.experiment.store import load_scores
+    from sc_jax.experiment.evaluation.results import load_results
+    from sc_jax.experiment.evaluation.store import load_scores
 
     monkeypatch.setenv("SC_JAX_XLA_CACHE", "")  # keep the session's JAX configuration (cli.main)
     data = tmp_path / "rt.jsonl"

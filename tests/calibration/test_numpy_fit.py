@@ -13,10 +13,10 @@ from sc_jax.calibration import baselines
 
 from sc_jax.calibration import buckets, defaults, numpy_fit, numpy_predict
 
-from sc_jax.experiment import metrics
-from sc_jax.experiment.config import RunConfig
-from sc_jax.experiment.jobs import SeedScores
-from sc_jax.experiment.methods import fit_sc
+from sc_jax.experiment.evaluation import metrics
+from sc_jax.experiment.evaluation.methods import fit_sc
+from sc_jax.experiment.protocol.config import RunConfig
+from sc_jax.experiment.protocol.jobs import SeedScores
 from sc_jax.runtime.timing import CompileMeter
 
 from sc_jax.calibration import solvers

@@ -91,7 +91,7 @@ def test_library_messages_go_to_the_sc_jax_logger_and_the_cli_shows_them(caplog,
                                                                          monkeypatch):
     import logging
 
-    from sc_jax.experiment import run as experiment
+    from sc_jax.experiment.execution import run as experiment
 
     # As in a fresh process: without what cli.main set up in earlier tests.
     logger = logging.getLogger("sc_jax")
@@ -101,7 +101,7 @@ def test_library_messages_go_to_the_sc_jax_logger_and_the_cli_shows_them(caplog,
     # The library: a record on a module logger under "sc_jax", nothing printed.
     with caplog.at_level(logging.INFO, logger="sc_jax"):
         experiment.log.info("a note")
-    assert [r.name for r in caplog.records] == ["sc_jax.experiment.run"]
+    assert [r.name for r in caplog.records] == ["sc_jax.experiment.execution.run"]
     assert capsys.readouterr().err == ""
     # The command line shows INFO records on stderr, whatever sys.stderr is then.
     process.show_log_messages()
@@ -176,7 +176,7 @@ def test_bad_options_are_one_line_before_any_work(tmp_path, capsys, monkeypatch,
     """Each of these ran, or wrote, or computed a whole plan before failing or giving a
     wrong answer (issue 55); now: exit 2, one line naming the option, no model loaded."""
     monkeypatch.setattr("sc_jax.models.loading.load_model", lambda *a, **k: pytest.fail("loaded"))
-    monkeypatch.setattr("sc_jax.experiment.runplan.locate_model", lambda *a, **k: pytest.fail("planned"))
+    monkeypatch.setattr("sc_jax.experiment.protocol.runplan.locate_model", lambda *a, **k: pytest.fail("planned"))
     argv = [a.format(tmp=tmp_path) for a in argv]
     if argv[0] in ("run", "plan") and "--out" not in argv:
         argv += ["--data-file", str(_data(tmp_path))] + TINY[:-1]
@@ -225,8 +225,8 @@ def test_scores_of_two_configurations_are_never_mixed(tmp_path, capsys):
     interrupted, `ablate` read seed 0's scores from the new run and seed 1's from the
     old one, under the old results.json. Each score file now carries its run's
     configuration, and `ablate` and `report --log-samples` refuse a mixture by name."""
-    from sc_jax.experiment.jobs import SeedScores
-    from sc_jax.experiment.store import config_tag, save_scores, scores_path
+    from sc_jax.experiment.evaluation.store import config_tag, save_scores, scores_path
+    from sc_jax.experiment.protocol.jobs import SeedScores
 
     run = _results(tmp_path)
     config = json.loads((run / "results.json").read_text())["config"]
@@ -290,7 +290,7 @@ def _csv(path, header, rows=40):
                       "rotten_tomatoes.csv)"),
 ])
 def test_data_that_is_not_what_it_seems_is_one_line(tmp_path, capsys, monkeypatch, case, message):
-    monkeypatch.setattr("sc_jax.experiment.runplan._all_work", lambda *a, **k: pytest.fail("planned"))
+    monkeypatch.setattr("sc_jax.experiment.protocol.runplan._all_work", lambda *a, **k: pytest.fail("planned"))
     d = tmp_path / "data"
     d.mkdir()
     file = _data(d, "rotten_tomatoes.jsonl")
@@ -693,7 +693,7 @@ def test_ctrl_c_in_report_keeps_the_earlier_files_and_says_so(tmp_path, capsys, 
     """Ctrl-C in `report` said "nothing was kept" after table.md and results.csv had been
     rewritten. Now nothing is rewritten before the end, and a Ctrl-C held during the
     final renames is reported after them, naming the files written."""
-    from sc_jax.experiment import figures, report
+    from sc_jax.experiment.reporting import figures, report
 
     monkeypatch.setattr(figures, "can_plot", lambda: False)  # the tables are enough here
     monkeypatch.setattr(report, "can_plot", lambda: False)
@@ -712,7 +712,7 @@ def test_ctrl_c_in_report_keeps_the_earlier_files_and_says_so(tmp_path, capsys, 
     assert {name: (run / name).read_bytes() for name in old} == old
     assert sorted(p.name for p in run.iterdir()) == sorted([*old, "results.json"])
 
-    from sc_jax.experiment import staging
+    from sc_jax.experiment.evaluation import staging
 
     replace = os.replace
 
@@ -735,8 +735,8 @@ def _run_with_scores(tmp_path):
     recording what it holds (its four test rows)."""
     from types import SimpleNamespace
 
-    from sc_jax.experiment.jobs import SeedScores
-    from sc_jax.experiment.store import config_tag, save_scores, score_meta, scores_path
+    from sc_jax.experiment.evaluation.store import config_tag, save_scores, score_meta, scores_path
+    from sc_jax.experiment.protocol.jobs import SeedScores
 
     (tmp_path / "run").mkdir()
     run = _results(tmp_path / "run")
@@ -776,7 +776,7 @@ def test_ablate_refuses_an_out_holding_a_users_files_before_any_refit(tmp_path, 
     assert cli.main(["ablate", str(run), "--out", str(out), "--overwrite", "--quiet"]) == 2
     assert _one_error(capsys) == "error: reached the refit"
     # A directory an earlier ablate wrote (its ablation.csv's header) is replaced freely.
-    from sc_jax.experiment.ablation import ROW_FIELDS
+    from sc_jax.experiment.reporting.ablation import ROW_FIELDS
 
     (out / "ablation.csv").write_text(",".join(ROW_FIELDS) + "\n")
     assert cli.main(["ablate", str(run), "--out", str(out), "--quiet"]) == 2
@@ -787,7 +787,7 @@ def test_ablate_out_a_file_and_m_values_beyond_the_run_are_refused_up_front(tmp_
                                                                             monkeypatch):
     """Issue 64, case 9: `ablate --out FILE` failed only after the whole refit, and
     `--m-values 100` on a run that scored fewer dropped the m_i section without a word."""
-    from sc_jax.experiment import ablation
+    from sc_jax.experiment.reporting import ablation
 
     run = _run_with_scores(tmp_path)
     file = tmp_path / "taken"
@@ -805,7 +805,7 @@ def test_ablate_out_a_file_and_m_values_beyond_the_run_are_refused_up_front(tmp_
 def test_plan_json_refuses_a_users_file(tmp_path, capsys, monkeypatch):
     """Issue 64, deliverable 3: `plan --json FILE` replaced any existing file; now only
     a plan's own JSON, or any file with --overwrite."""
-    monkeypatch.setattr("sc_jax.experiment.runplan.locate_model",
+    monkeypatch.setattr("sc_jax.experiment.protocol.runplan.locate_model",
                         lambda *a, **k: pytest.fail("planned"))
     mine = tmp_path / "notes.json"
     mine.write_text('{"my": "notes"}')
@@ -885,7 +885,7 @@ def test_an_interrupt_before_any_score_names_no_cache(tmp_path, capsys, monkeypa
     def terminated(*a, **k):
         raise process.Terminated()
 
-    monkeypatch.setattr("sc_jax.experiment.run.build_plan", terminated)
+    monkeypatch.setattr("sc_jax.experiment.execution.run.build_plan", terminated)
     out = tmp_path / "run"
     argv = ["run", "--out", str(out), "--data-file", str(_data(tmp_path))] + TINY
     assert cli.main(argv) == 143

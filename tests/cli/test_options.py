@@ -1,5 +1,5 @@
 """Each option of `sc-jax run` and `sc-jax plan` that sets the run's configuration is
-declared once, on its RunConfig field (sc_jax.experiment.config): the parser generates
+declared once, on its RunConfig field (sc_jax.experiment.protocol.config): the parser generates
 the option from it, its default is the field's, its choices the field's Literal, and
 `commands.run_config` reads it back without a line of its own."""
 
@@ -11,9 +11,9 @@ import dataclasses
 import pytest
 
 from sc_jax.cli import commands, parser
-from sc_jax.experiment import config as cfg
-from sc_jax.experiment.config import RunConfig
-from sc_jax.experiment.tasks import TASKS
+from sc_jax.experiment.protocol import config as cfg
+from sc_jax.experiment.protocol.config import RunConfig
+from sc_jax.experiment.tasks.spec import TASKS
 from sc_jax.runtime import ranges
 
 # The options of `run` and `plan` that are no part of the configuration: where the

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from sc_jax import cli
-from sc_jax.experiment.config import RunConfig
+from sc_jax.experiment.protocol.config import RunConfig
 from test_cli import TINY, _data, _one_error, _stop_at_the_model
 
 
@@ -154,9 +154,9 @@ def test_blank_texts_are_left_out_with_one_warning_and_recorded(tmp_path, capsys
     paper's tweet_eval_hate export has 7) was refused whole; a text of zero-width spaces
     alone was accepted as a text. They are left out of every draw now, with one warning
     naming the rows, and results.json lists them; --strict-data refuses them."""
-    from sc_jax.experiment.runplan import rows_passed_over
-    from sc_jax.experiment.splits import split_protocol
-    from sc_jax.experiment.task_loading import load_task
+    from sc_jax.experiment.protocol.runplan import rows_passed_over
+    from sc_jax.experiment.protocol.splits import split_protocol
+    from sc_jax.experiment.tasks.loading import load_task
 
     path = _data(tmp_path)
     rows = [json.loads(line) for line in path.read_text().splitlines()]
@@ -184,8 +184,8 @@ def test_blank_texts_are_left_out_with_one_warning_and_recorded(tmp_path, capsys
 def test_a_projection_from_a_run_that_scored_nothing_is_refused():
     """A resumed run (every seed from its score cache) has no forward time to rate: the
     projection divided by zero."""
-    from sc_jax.experiment.grid import MeasuredRates
-    from sc_jax.experiment.results import FitTiming, RunTiming, SeedTiming
+    from sc_jax.experiment.evaluation.results import FitTiming, RunTiming, SeedTiming
+    from sc_jax.experiment.execution.grid import MeasuredRates
 
     seed = SeedTiming(dataset="sst2", shots=4, seed=0, wall_s=0.1, compile_s=0.0,
                       executed_tokens=0, forward_s=0.0, host_s=0.1)

@@ -10,9 +10,9 @@ import pytest
 
 from sc_jax.calibration.numpy_fit import GUARDS
 from sc_jax.calibration.solvers.types import METHODS as SOLVERS
-from sc_jax.experiment import config as cfg
-from sc_jax.experiment.config import RunConfig
-from sc_jax.experiment.tasks import TASKS
+from sc_jax.experiment.protocol import config as cfg
+from sc_jax.experiment.protocol.config import RunConfig
+from sc_jax.experiment.tasks.spec import TASKS
 from sc_jax.models import loading
 from sc_jax.runtime import ranges
 

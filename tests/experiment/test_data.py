@@ -1,5 +1,5 @@
-"""Tasks, loading and the evaluation protocol (sc_jax.experiment.tasks, task_loading,
-splits).
+"""Tasks, loading and the evaluation protocol (sc_jax.experiment.tasks.spec, tasks.loading,
+protocol.splits).
 
 Local files are written by each test; the hub is replaced by a stand-in `datasets`
 module (no hub is reachable here, and `datasets` is optional); the offline Rotten
@@ -18,14 +18,15 @@ import types
 import numpy as np
 import pytest
 
-from sc_jax.experiment.splits import DEFAULT_TEST_SEED, dc_pool, fixed_test_indices, split_protocol
-from sc_jax.experiment.task_loading import (
+from sc_jax.experiment.protocol.splits import (DEFAULT_TEST_SEED, dc_pool, fixed_test_indices,
+                                              split_protocol)
+from sc_jax.experiment.tasks.loading import (
     MOVIE_REVIEWS,
     DataUnavailableError,
     load_task,
     rotten_tomatoes_csv,
 )
-from sc_jax.experiment.tasks import TASKS, Dataset, TaskSpec, normalise_text
+from sc_jax.experiment.tasks.spec import TASKS, Dataset, TaskSpec, normalise_text
 from sc_jax.scoring.prompts import TEMPLATES
 
 PAPER_TASKS = {"sst2", "sst5", "ag_news", "rotten_tomatoes", "subj", "trec", "tweet_eval_emotion",

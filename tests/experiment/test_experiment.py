@@ -5,18 +5,18 @@ import pytest
 
 import sc_jax
 from sc_jax.scoring.cache import FORMAT_FILE, ScoreCache
-from sc_jax.experiment.task_loading import load_task
+from sc_jax.experiment.tasks.loading import load_task
 from sc_jax.calibration.baselines import CONTENT_FREE_INPUTS
-from sc_jax.experiment.config import RunConfig
-from sc_jax.experiment.jobs import hidden_tags, score_seed
-from sc_jax.experiment.runplan import build_plan
+from sc_jax.experiment.protocol.config import RunConfig
+from sc_jax.experiment.protocol.jobs import hidden_tags, score_seed
+from sc_jax.experiment.protocol.runplan import build_plan
 from sc_jax.scoring.engine import ScoringEngine
 from scipy.spatial.distance import cdist
 
 from sc_jax import cli
 from sc_jax.calibration.hidden import class_centroids, hidden_calibration
-from sc_jax.experiment.results import load_results
-from sc_jax.experiment.store import load_scores
+from sc_jax.experiment.evaluation.results import load_results
+from sc_jax.experiment.evaluation.store import load_scores
 
 
 @pytest.fixture(scope="module")

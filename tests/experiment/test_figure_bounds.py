@@ -5,10 +5,10 @@ a long model name (the README main job's run is the 1-task case)."""
 import numpy as np
 import pytest
 
-from sc_jax.experiment.figures import (drawn_texts, f1_bars_figure, fit_canvas, params_figure,
-                                       reliability_figure)
-from sc_jax.experiment.results import METHOD_NAMES, RunResults
-from sc_jax.experiment.tasks import BUILTIN_TASKS
+from sc_jax.experiment.evaluation.results import METHOD_NAMES, RunResults
+from sc_jax.experiment.reporting.figures import (drawn_texts, f1_bars_figure, fit_canvas,
+                                                 params_figure, reliability_figure)
+from sc_jax.experiment.tasks.spec import BUILTIN_TASKS
 
 NINE = sorted(BUILTIN_TASKS)[:9]
 

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from sc_jax import cli
-from sc_jax.experiment import methods, metrics
-from sc_jax.experiment.config import RunConfig
-from sc_jax.experiment.jobs import leave_one_out_job
-from sc_jax.experiment.results import load_results
-from sc_jax.experiment.runplan import build_plan
-from sc_jax.experiment.store import load_scores
+from sc_jax.experiment.evaluation import methods, metrics
+from sc_jax.experiment.evaluation.results import load_results
+from sc_jax.experiment.evaluation.store import load_scores
+from sc_jax.experiment.protocol.config import RunConfig
+from sc_jax.experiment.protocol.jobs import leave_one_out_job
+from sc_jax.experiment.protocol.runplan import build_plan
 from sc_jax.models.loading import load_model
 from sc_jax.scoring.reference import score_plain
 
@@ -69,7 +69,7 @@ def test_a_run_scores_it_as_the_plain_path_does_and_looc_reads_it(data, tmp_path
     # again from the score files leave it out instead of building it from size 2.
     import dataclasses
 
-    from sc_jax.experiment.samples import read_samples, regenerate_samples
+    from sc_jax.experiment.reporting.samples import read_samples, regenerate_samples
 
     short = dataclasses.replace(s, loo=None)
     assert not methods.looc_scored(short) and methods.looc_scored(s)

@@ -9,9 +9,9 @@ import pytest
 
 from sc_jax import cli
 from sc_jax.calibration import methods as registry
-from sc_jax.experiment.config import RunConfig
-from sc_jax.experiment.results import load_results
-from sc_jax.experiment.samples import read_samples
+from sc_jax.experiment.evaluation.results import load_results
+from sc_jax.experiment.protocol.config import RunConfig
+from sc_jax.experiment.reporting.samples import read_samples
 
 
 def prior_predict(s, fits, sizes, options):
@@ -43,7 +43,7 @@ def test_a_method_registered_from_a_test_file_runs_end_to_end(label_prior, tmp_p
     res = load_results(out)
     (row,) = [r for r in res.rows if r.method == "label_prior"]
     # Every query gets the demonstrations' majority class (the first on a tie).
-    from sc_jax.experiment.store import load_scores
+    from sc_jax.experiment.evaluation.store import load_scores
 
     (path,) = (out / "scores").glob("*.npz")
     s = load_scores(path)
@@ -93,7 +93,7 @@ def test_a_run_scores_only_what_its_methods_need(tmp_path, monkeypatch):
     """`--methods base,bc` scores the k-shot prompts alone: no surrogate or test-time
     job (at this size 87 prompts instead of 1,939). (Such runs end to end: the test of
     results.json's task record runs one.)"""
-    from sc_jax.experiment.runplan import build_plan
+    from sc_jax.experiment.protocol.runplan import build_plan
 
     monkeypatch.setenv("SC_JAX_XLA_CACHE", "")
     data = tmp_path / "rt.jsonl"

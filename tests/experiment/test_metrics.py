@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from sc_jax.experiment.metrics import accuracy, expected_calibration_error, macro_f1
+from sc_jax.experiment.evaluation.metrics import accuracy, expected_calibration_error, macro_f1
 
 
 def test_accuracy():

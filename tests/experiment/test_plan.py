@@ -1,4 +1,4 @@
-"""The memory plan (sc_jax.experiment.plan) and `sc-jax plan`.
+"""The memory plan (sc_jax.experiment.execution.plan) and `sc-jax plan`.
 
 * The plan's schedule is the engine's: one seed's jobs planned together count the
   same forward calls, unique and executed tokens and programs as a real
@@ -31,11 +31,11 @@ from tokenizers import models, pre_tokenizers
 import sc_jax
 from sc_jax import cli
 from sc_jax.models import loading, sources, vocabulary
-from sc_jax.experiment import plan
+from sc_jax.experiment.execution import plan
 from sc_jax.scoring import costs, xla_costs
 from sc_jax.models.config import ModelConfig, preset, preset_hf_config
 from sc_jax.scoring.enumeration import all_contexts, surrogate_pairs
-from sc_jax.experiment.config import RunConfig
+from sc_jax.experiment.protocol.config import RunConfig
 from sc_jax.scoring.memory import MemoryPolicy, PlanError, weight_bytes
 from sc_jax.scoring.packing import row_ladder
 from sc_jax.models.sources import load_config_and_tokenizer
@@ -346,8 +346,8 @@ def test_grid_projection_adds_up_and_the_cli_prints_it(grid_dir, tmp_path, capsy
     the grand total are their sums (the plan's own total forward time), a skipped
     setting counts nothing; the table and the JSON hold it. From measured rates, every
     part follows from the plan's executed tokens and the rates."""
-    from sc_jax.experiment.grid import MeasuredRates, project_grid
-    from sc_jax.experiment.results import FitTiming, RunTiming, SeedTiming
+    from sc_jax.experiment.evaluation.results import FitTiming, RunTiming, SeedTiming
+    from sc_jax.experiment.execution.grid import MeasuredRates, project_grid
 
     out = tmp_path / "plan.json"
     assert cli.main(["plan", "--model", "random:tiny-llama", "--dataset", "rotten_tomatoes",

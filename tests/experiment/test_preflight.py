@@ -1,4 +1,4 @@
-"""The up-front check of a whole run (sc_jax.experiment.preflight.check_run), shared by
+"""The up-front check of a whole run (sc_jax.experiment.protocol.preflight.check_run), shared by
 `sc-jax plan` and `sc-jax run`: every (task, k, seed) drawn as the run draws it, every
 stage's longest prompt against the context window, class counts against k and option
 ranges, all refused in one `error:` line before any weight is read or score written."""
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from sc_jax import cli
-from sc_jax.experiment.task_loading import load_task
-from sc_jax.experiment.config import RunConfig
-from sc_jax.experiment.jobs import draw_split
+from sc_jax.experiment.protocol.config import RunConfig
+from sc_jax.experiment.protocol.jobs import draw_split
+from sc_jax.experiment.tasks.loading import load_task
 from sc_jax.models.config import preset
 
 MODEL = "random:tiny-llama"  # byte tokenizer: about a token per character

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sc_jax.experiment.report import markdown_tables, sc_against_best_baseline, summarize, write_report
-from sc_jax.experiment.results import ResultRow, RunResults, RunTiming, load_results
+from sc_jax.experiment.evaluation.results import ResultRow, RunResults, RunTiming, load_results
+from sc_jax.experiment.reporting.report import markdown_tables, sc_against_best_baseline, summarize, write_report
 
 
 def _results():
@@ -101,8 +101,8 @@ def test_named_models_are_reported_under_their_own_names():
 
 
 def test_tables_and_plots_name_the_model_results_json_describes():
-    from sc_jax.experiment.figures import f1_bars_figure
-    from sc_jax.experiment.report import latex_table
+    from sc_jax.experiment.reporting.figures import f1_bars_figure
+    from sc_jax.experiment.reporting.report import latex_table
 
     res = _results()
     res["config"]["model"] = "qwen2.5-0.5b"
@@ -135,8 +135,8 @@ def test_figures_and_tables_a_paper_can_use(tmp_path):
     LaTeX tables, and results.csv naming the model loaded rather than "default"."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    from sc_jax.experiment.figures import f1_bars_figure
-    from sc_jax.experiment.results import METHOD_NAMES
+    from sc_jax.experiment.evaluation.results import METHOD_NAMES
+    from sc_jax.experiment.reporting.figures import f1_bars_figure
 
     res = _results()
     res["config"]["model"] = "default"
@@ -181,7 +181,7 @@ def test_without_matplotlib_the_report_is_written_without_plots(tmp_path, monkey
     # A machine without matplotlib (a bare GPU image) loses the plots, not the run.
     import sys
 
-    from sc_jax.experiment.ablation_report import write_ablation
+    from sc_jax.experiment.reporting.ablation_report import write_ablation
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises
     (tmp_path / "results.json").write_text(json.dumps(_results()))
@@ -217,8 +217,8 @@ def test_plots_leave_the_callers_matplotlib_alone(tmp_path):
     code = f"""
 import sys, matplotlib
 matplotlib.use("svg")
-from sc_jax.experiment.report import write_report
-from sc_jax.experiment.ablation_report import write_ablation
+from sc_jax.experiment.reporting.report import write_report
+from sc_jax.experiment.reporting.ablation_report import write_ablation
 paths = write_report({str(tmp_path / "results.json")!r})
 rows = [dict(study="sc_n", dataset="d", shots=4, setting=f"SC-{{n}}", sizes=n, seed=s,
              macro_f1=0.5 + 0.01 * n + 0.001 * s, accuracy=0.6, ece=0.1)
@@ -239,7 +239,7 @@ def test_fits_that_did_not_converge_are_left_out_of_the_parameter_plot():
     # ray) and one stopped by its iteration budget far out (not a minimum either) are
     # both left out and counted; a record without a status (older results) is a fit.
     from sc_jax.calibration.solvers import Status, is_converged
-    from sc_jax.experiment.figures import params_figure
+    from sc_jax.experiment.reporting.figures import params_figure
 
     assert [is_converged(s) for s in Status] == [s == Status.CONVERGED for s in Status]
     assert [is_converged(s.name) for s in Status] == [s == Status.CONVERGED for s in Status]
@@ -259,7 +259,7 @@ def test_fits_that_did_not_converge_are_left_out_of_the_parameter_plot():
 
 
 def test_ablation_curves_have_integer_ticks_and_name_the_model():
-    from sc_jax.experiment.ablation_report import curve_figure
+    from sc_jax.experiment.reporting.ablation_report import curve_figure
 
     rows = [{"study": "sc_n", "dataset": "d", "shots": 4, "setting": f"SC-{n}", "sizes": n,
              "seed": s, "macro_f1": 0.5 + 0.01 * n + 0.001 * s, "accuracy": 0.6, "ece": 0.1}
@@ -290,7 +290,7 @@ def test_bc_reference_is_reported_beside_bc_but_never_the_best_baseline():
 def _as_committed_before_added_methods(res: dict) -> dict:
     """A committed run's results.json as runs made before bc_reference, sc_star_free
     and sc_paper wrote it (a refitted run has them): their rows, params and methods removed."""
-    from sc_jax.experiment.store import ADDED_METHODS
+    from sc_jax.experiment.evaluation.store import ADDED_METHODS
 
     res["config"]["methods"] = [m for m in res["config"]["methods"] if m not in ADDED_METHODS]
     for key in ("rows", "params"):
@@ -330,8 +330,8 @@ def _committed_subset(tmp_path, dataset="ag_news", seeds=(0,)):
 
 
 def test_ablate_reads_a_committed_run_and_reports_both_bcs(tmp_path):
-    from sc_jax.experiment import ablation
-    from sc_jax.experiment.ablation_report import markdown
+    from sc_jax.experiment.reporting import ablation
+    from sc_jax.experiment.reporting.ablation_report import markdown
 
     run = _committed_subset(tmp_path)
     rows = ablation.ablate(run, lambda_invs=(None,), m_values=(1,))
@@ -349,7 +349,7 @@ def test_two_seeds_give_the_per_seed_differences_and_no_verdict():
     interval" such as [+0.0, +0.0] and called SC's margin a loss or a tie. Now fewer
     than MIN_SEEDS_FOR_VERDICT seeds give the per-seed differences and no verdict, and
     the table says what ± is."""
-    from sc_jax.experiment.report import MIN_SEEDS_FOR_VERDICT
+    from sc_jax.experiment.reporting.report import MIN_SEEDS_FOR_VERDICT
 
     assert MIN_SEEDS_FOR_VERDICT == 3
     rows = []
@@ -382,7 +382,7 @@ _RELIABILITY_FILES = ("reliability.png", "reliability.pdf", "reliability.svg")
 def test_an_interrupted_report_leaves_the_earlier_files_as_they_were(tmp_path, monkeypatch):
     """Ctrl-C while the plots were drawn left new tables beside the old plots; now the
     files go in place together at the end, so all of them are still the old ones."""
-    from sc_jax.experiment import report
+    from sc_jax.experiment.reporting import report
 
     old = {name: f"old {name}".encode() for name in _REPORT_FILES}
     for name, data in old.items():
@@ -404,9 +404,9 @@ def test_a_run_writes_the_same_files_and_tables(tmp_path, monkeypatch):
     pieces give (results.json, the tables, three formats of both figures, the records),
     the tables byte for byte what markdown_tables, write_csv and latex_table make, and
     an interrupt in the plots leaves the files of the run before as they were."""
-    from sc_jax.experiment import report
-    from sc_jax.experiment.run import _write_outputs
-    from sc_jax.experiment.samples import read_samples, seed_records
+    from sc_jax.experiment.execution.run import _write_outputs
+    from sc_jax.experiment.reporting import report
+    from sc_jax.experiment.reporting.samples import read_samples, seed_records
     from sc_jax.runtime.timing import Parts
 
     data = _typed(_results())
@@ -450,7 +450,7 @@ def test_a_run_writes_the_same_files_and_tables(tmp_path, monkeypatch):
 def test_an_interrupted_ablation_report_leaves_the_earlier_files(tmp_path, monkeypatch):
     """`ablate`'s files go in place together too: ablation.md and ablation.csv were
     rewritten before a Ctrl-C in the plots."""
-    from sc_jax.experiment import ablation_report
+    from sc_jax.experiment.reporting import ablation_report
 
     rows = [dict(study="sc_n", dataset="d", shots=4, setting="SC-1", sizes=1, seed=0,
                  macro_f1=0.5, accuracy=0.6, ece=0.1)]
@@ -472,9 +472,9 @@ def test_an_unlogged_run_cites_no_records_and_report_writes_the_same(tmp_path):
     """Without the records file (--no-log-samples), table.md names no records and no
     reliability diagram is drawn from records no file holds; `sc-jax report` on the
     folder then writes the same tables. With it, report redraws the diagram."""
-    from sc_jax.experiment import report
-    from sc_jax.experiment.run import _write_outputs
-    from sc_jax.experiment.samples import seed_records
+    from sc_jax.experiment.execution.run import _write_outputs
+    from sc_jax.experiment.reporting import report
+    from sc_jax.experiment.reporting.samples import seed_records
     from sc_jax.runtime.timing import Parts
 
     data = _typed(_results())
@@ -496,7 +496,7 @@ def test_an_unlogged_run_cites_no_records_and_report_writes_the_same(tmp_path):
 
 
 def test_two_seeds_give_the_spread_not_a_t_interval():
-    from sc_jax.experiment.stats import seed_interval
+    from sc_jax.experiment.reporting.stats import seed_interval
 
     res = _results()
     res["rows"] = [r for r in res["rows"] if r["seed"] < 2]

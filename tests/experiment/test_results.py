@@ -1,4 +1,4 @@
-"""results.json's typed records (sc_jax.experiment.results): each record's to_json and
+"""results.json's typed records (sc_jax.experiment.evaluation.results): each record's to_json and
 from_json round trip, every committed run loads and re-serialises to the dict on disk
 (byte for byte where written in today's order), and a malformed record is one line."""
 
@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sc_jax.experiment.grid import MeasuredRates
-from sc_jax.experiment.results import (
+from sc_jax.experiment.evaluation.results import (
     CacheCounts,
     FitRecord,
     FitTiming,
@@ -22,6 +21,7 @@ from sc_jax.experiment.results import (
     SplitRecord,
     load_results,
 )
+from sc_jax.experiment.execution.grid import MeasuredRates
 
 COMMITTED = sorted((Path(__file__).resolve().parents[2] / "benchmarks").glob("**/results.json"))
 
@@ -141,7 +141,7 @@ def test_records_are_frozen():
 
 
 def test_timing_line_gives_the_share_spent_compiling():
-    from sc_jax.experiment.run import compile_share, timing_line
+    from sc_jax.experiment.execution.run import compile_share, timing_line
 
     timing = _run().timing  # 10 s in all: scoring compiled 2 s, the fits 1 s
     assert compile_share(timing) == pytest.approx(0.3)

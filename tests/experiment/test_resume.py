@@ -14,14 +14,14 @@ import time
 import numpy as np
 import pytest
 
-from sc_jax.experiment.config import RunConfig
-from sc_jax.experiment.results import load_results
-from sc_jax.experiment.run import run_experiment
+from sc_jax.experiment.evaluation.results import load_results
+from sc_jax.experiment.execution.run import run_experiment
+from sc_jax.experiment.protocol.config import RunConfig
 
 SCRIPT = """
 import sys
-from sc_jax.experiment.config import RunConfig
-from sc_jax.experiment.run import run_experiment
+from sc_jax.experiment.protocol.config import RunConfig
+from sc_jax.experiment.execution.run import run_experiment
 cfg = RunConfig(**{cfg!r})
 run_experiment(cfg, sys.argv[1], progress=False)
 """
@@ -88,8 +88,8 @@ def test_killed_run_resumes_identically(config, tmp_path, monkeypatch, capsys):
 
     # Ablations refit from the saved scores: no model load, no forward pass.
     from sc_jax import cli
-    from sc_jax.experiment import ablation
-    from sc_jax.experiment.diagnostics import diagnose
+    from sc_jax.experiment.reporting import ablation
+    from sc_jax.experiment.reporting.diagnostics import diagnose
     from sc_jax.models import loading
     from sc_jax.scoring import engine as scoring
 
@@ -162,7 +162,7 @@ def test_skips_when_classes_exceed_shots(config, tmp_path, caplog):
     # Progress a person can follow: the plan and its check, its forward passes' time,
     # then one line per stage, the fit, the report.
     lines = [r.getMessage() for r in caplog.records
-             if r.name in ("sc_jax.experiment.run", "sc_jax.experiment.jobs")]
+             if r.name in ("sc_jax.experiment.execution.run", "sc_jax.experiment.protocol.jobs")]
     plan = lines[0].splitlines()
     assert plan[0].startswith("run plan: model random:tiny-llama (float32; ")
     assert plan[2].startswith("checked 1 (dataset, k) x 1 seeds: the longest prompt has ")
@@ -203,7 +203,7 @@ def test_m_study_subsets_are_uniform_and_nested():
     """The m_i ablation keeps m of the m_i scored sub-contexts. Those are stored in
     lexicographic order, so the subset must be random: over many seeds every one of
     the 8 is kept about equally often (a first-m rule keeps indices 0 and 1 only)."""
-    from sc_jax.experiment.ablation import context_subset
+    from sc_jax.experiment.reporting.ablation import context_subset
 
     counts = np.zeros(8)
     for seed in range(400):
@@ -243,9 +243,9 @@ def test_log_samples_writes_records_that_reproduce_the_rows(config, logged_run):
     regenerating them from the score files (no model) gives the same records."""
     import hashlib
 
-    from sc_jax.experiment.task_loading import load_task
+    from sc_jax.experiment.tasks.loading import load_task
 
-    from sc_jax.experiment import samples
+    from sc_jax.experiment.reporting import samples
 
     cfg, res = logged_run
     run = res.out_dir
@@ -305,8 +305,8 @@ def test_score_files_name_what_they_hold_and_a_renamed_one_is_refused(logged_run
     import shutil
 
     from sc_jax import cli
-    from sc_jax.experiment import ablation
-    from sc_jax.experiment.store import scores_path
+    from sc_jax.experiment.evaluation.store import scores_path
+    from sc_jax.experiment.reporting import ablation
 
     monkeypatch.setenv("SC_JAX_XLA_CACHE", "")
     run = _copy_run(logged_run[1], tmp_path)
@@ -346,7 +346,7 @@ def test_an_empty_sample_log_is_refused_by_name(logged_run, tmp_path, capsys, mo
     """An empty samples.jsonl was read as no log at all: `report` exited 0 without
     the records' check. It is refused by name, up front by a resumed run too."""
     from sc_jax import cli
-    from sc_jax.experiment.samples import SAMPLES_FILE
+    from sc_jax.experiment.reporting.samples import SAMPLES_FILE
 
     monkeypatch.setenv("SC_JAX_XLA_CACHE", "")
     run = _copy_run(logged_run[1], tmp_path)

@@ -1,4 +1,4 @@
-"""The run's plan (sc_jax.experiment.runplan) is built once: a run and a dry run draw
+"""The run's plan (sc_jax.experiment.protocol.runplan) is built once: a run and a dry run draw
 each seed's split, build its jobs and plan its schedule exactly once, and locate the
 model (and read its tokenizer) once; the weights load from the plan's located source."""
 
@@ -11,8 +11,10 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from sc_jax.experiment import jobs, plan, roofline, run
-from sc_jax.experiment.config import RunConfig
+from sc_jax.experiment.execution import plan, roofline, run
+
+from sc_jax.experiment.protocol import jobs
+from sc_jax.experiment.protocol.config import RunConfig
 from sc_jax.models import sources
 from sc_jax.scoring import memory
 
@@ -83,7 +85,8 @@ def test_a_dry_run_builds_each_seed_once(data_file, counts, monkeypatch):
 
 
 def test_the_plan_describes_itself_and_estimates_its_forward_passes(data_file, monkeypatch, caplog):
-    from sc_jax.experiment.runplan import build_plan  # here: the counts above run on any tree
+    # Here: the counts above run on any tree.
+    from sc_jax.experiment.protocol.runplan import build_plan
 
     rp = build_plan(_config(data_file))
     assert [(w.dataset, w.k, w.seed) for w in rp.work] == [("rotten_tomatoes", 4, s) for s in SEEDS]
@@ -102,7 +105,7 @@ def test_the_plan_describes_itself_and_estimates_its_forward_passes(data_file, m
     monkeypatch.setattr(roofline, "measured_matmul_flops", lambda *a, **k: slow)
     seconds, line = roofline.forward_estimate(rp)
     assert seconds > 3600 and "hours on a CPU" in line
-    with caplog.at_level(logging.INFO, logger="sc_jax.experiment.run"):
+    with caplog.at_level(logging.INFO, logger="sc_jax.experiment.execution.run"):
         monkeypatch.setattr(run.loading, "load_model", lambda *a, **k: "loaded")
         assert run._load_planned(rp, progress=True) == "loaded"
     warned = [r for r in caplog.records if r.levelno == logging.WARNING]

@@ -1,5 +1,5 @@
-"""Per-sample records (sc_jax.experiment.samples): the file, its check against results.json,
-paired tests, and records regenerated for a committed run from its score files."""
+"""Per-sample records (sc_jax.experiment.reporting.samples): the file, its check against
+results.json, paired tests, and records regenerated for a committed run from its score files."""
 
 import json
 import shutil
@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sc_jax.experiment import samples
-from sc_jax.experiment.results import ResultRow, load_results
-from sc_jax.experiment.samples import (
+from sc_jax.experiment.evaluation.results import ResultRow, load_results
+from sc_jax.experiment.reporting import samples
+from sc_jax.experiment.reporting.samples import (
     check_samples,
     paired_tests,
     read_samples,
@@ -97,8 +97,8 @@ def test_regenerated_for_a_committed_run_from_its_score_files(tmp_path, monkeypa
     them from DIR/scores and the params in results.json (no model, no refit); they
     reproduce every row, and add BC as the reference code computes it, LOOC and LinC."""
     from sc_jax import cli
-    from sc_jax.experiment import methods
-    from sc_jax.experiment.store import ADDED_METHODS
+    from sc_jax.experiment.evaluation import methods
+    from sc_jax.experiment.evaluation.store import ADDED_METHODS
     from sc_jax.models import loading
 
     def refuse(*args, **kwargs):
@@ -157,8 +157,8 @@ def test_reference_size_weighting_of_a_committed_seed():
     by min(P(k, i)(k - i), 15000) (k = 8: 56, 336, 1680, 6720, 15000), not by the rows
     the budget kept (300 per size in this run)."""
     from sc_jax.calibration import numpy_predict
-    from sc_jax.experiment import methods
-    from sc_jax.experiment.store import load_scores
+    from sc_jax.experiment.evaluation import methods
+    from sc_jax.experiment.evaluation.store import load_scores
 
     run = RUN.parents[1] / "smollm2-135m" / "k8"
     res = load_results(run)

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from sc_jax.experiment import stats
-from sc_jax.experiment.metrics import calibration_bins, expected_calibration_error
-from sc_jax.experiment.results import METHOD_NAMES, ResultRow, RunResults
+from sc_jax.experiment.evaluation.metrics import calibration_bins, expected_calibration_error
+from sc_jax.experiment.evaluation.results import METHOD_NAMES, ResultRow, RunResults
+from sc_jax.experiment.reporting import stats
 
 
 def test_mean_sd_is_the_sample_standard_deviation():
@@ -59,7 +59,7 @@ def test_signed_rank_over_queries_averages_the_seeds_first():
 
 
 def test_reliability_bins_are_the_ece_metrics():
-    from sc_jax.experiment.figures import pooled_calibration_bins
+    from sc_jax.experiment.reporting.figures import pooled_calibration_bins
 
     rng = np.random.default_rng(1)
     probs = rng.dirichlet(np.ones(3), 200)
@@ -90,7 +90,7 @@ def test_reliability_bins_are_the_ece_metrics():
 
 
 def test_display_names_and_colours():
-    from sc_jax.experiment.names import (
+    from sc_jax.experiment.reporting.names import (
         METHOD_COLOURS,
         dataset_name,
         method_colour,
@@ -120,7 +120,7 @@ def _run(methods=("base", "bc", "sc", "looc"), datasets=("my_task", "sst2")) -> 
 
 
 def test_latex_tables_are_escaped_balanced_and_bold_the_best():
-    from sc_jax.experiment.report import latex_table, summarize
+    from sc_jax.experiment.reporting.report import latex_table, summarize
 
     res = _run()
     summ = summarize(res.rows)
@@ -138,8 +138,8 @@ def test_latex_tables_are_escaped_balanced_and_bold_the_best():
 
 
 def test_tables_name_their_statistics_and_take_unknown_methods():
-    from sc_jax.experiment.figures import f1_bars_figure
-    from sc_jax.experiment.report import interval_table, markdown_tables
+    from sc_jax.experiment.reporting.figures import f1_bars_figure
+    from sc_jax.experiment.reporting.report import interval_table, markdown_tables
 
     res = _run()
     table = markdown_tables(res)
@@ -156,8 +156,8 @@ def test_tables_name_their_statistics_and_take_unknown_methods():
 
 
 def test_reliability_diagram_writes_its_files(tmp_path):
-    from sc_jax.experiment.figures import plot_reliability, reliability_figure
-    from sc_jax.experiment.samples import seed_records
+    from sc_jax.experiment.reporting.figures import plot_reliability, reliability_figure
+    from sc_jax.experiment.reporting.samples import seed_records
 
     rng = np.random.default_rng(4)
     recs = []

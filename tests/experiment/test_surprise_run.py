@@ -9,10 +9,10 @@ import pytest
 from sc_jax.calibration.methods import surprise as surprise_method
 from sc_jax.calibration.surprise import SurpriseSettings
 from sc_jax import cli
-from sc_jax.experiment import methods, metrics
-from sc_jax.experiment.config import RunConfig
-from sc_jax.experiment.results import load_results
-from sc_jax.experiment.store import load_scores
+from sc_jax.experiment.evaluation import methods, metrics
+from sc_jax.experiment.evaluation.results import load_results
+from sc_jax.experiment.evaluation.store import load_scores
+from sc_jax.experiment.protocol.config import RunConfig
 
 # The network at a test's size: the method's code path, not the authors' 5.5M parameters.
 SMALL = SurpriseSettings(embed_dim=5, hidden_dim=7, epochs=3)
@@ -73,13 +73,13 @@ def test_surprise_runs_only_when_named():
 def test_metrics_say_that_surprise_trains_and_how_long(run_dir, monkeypatch, caplog):
     import logging
 
-    from sc_jax.experiment import run
+    from sc_jax.experiment.execution import run
 
     (path,) = sorted((run_dir / "scores").glob("*.npz"))
     config = RunConfig.from_json(run_dir / "run_config.json")
     monkeypatch.setattr(surprise_method, "SETTINGS", SMALL)
     monkeypatch.setattr(run, "SLOW_METHOD_S", -1.0)  # every method counts as slow here
-    with caplog.at_level(logging.INFO, logger="sc_jax.experiment.run"):
+    with caplog.at_level(logging.INFO, logger="sc_jax.experiment.execution.run"):
         rows, _ = run._metric_rows({config.seeds[0]: load_scores(path)}, {}, "rotten_tomatoes", 4, 2, config,
                                    progress=True)
     msgs = [r.getMessage() for r in caplog.records]

@@ -9,8 +9,8 @@ import types
 import pytest
 
 from sc_jax import cli
-from sc_jax.experiment.task_export import EXPORT_SPLITS, export_tasks
-from sc_jax.experiment.tasks import TASKS
+from sc_jax.experiment.tasks.export import EXPORT_SPLITS, export_tasks
+from sc_jax.experiment.tasks.spec import TASKS
 
 # Lines of the shipped files, verbatim: ag_news.jsonl's first two (the AG News test
 # split's first rows), an sst5.jsonl line with non-ASCII text, trec.jsonl's first line.

@@ -10,8 +10,8 @@ import shutil
 import pytest
 
 from sc_jax import cli
-from sc_jax.experiment.samples import regenerate_samples
-from sc_jax.experiment.store import RUN_TASKS_FILE
+from sc_jax.experiment.evaluation.store import RUN_TASKS_FILE
+from sc_jax.experiment.reporting.samples import regenerate_samples
 
 TEMPLATE = "review: {text}\nverdict: {label}"
 TINY = ["--model", "random:tiny-llama", "--shots", "2", "--seeds", "1", "--test-size", "8", "--quiet",

@@ -14,11 +14,11 @@ import pytest
 
 from sc_jax import cli
 from sc_jax.cli import commands, parser
-from sc_jax.experiment.config import RunConfig
-from sc_jax.experiment.run import run_experiment
-from sc_jax.experiment.runplan import build_plan
-from sc_jax.experiment.task_loading import columns_of, load_task
-from sc_jax.experiment.tasks import BUILTIN_TASKS, TASKS, TaskSpec, read_task_file
+from sc_jax.experiment.execution.run import run_experiment
+from sc_jax.experiment.protocol.config import RunConfig
+from sc_jax.experiment.protocol.runplan import build_plan
+from sc_jax.experiment.tasks.loading import columns_of, load_task
+from sc_jax.experiment.tasks.spec import BUILTIN_TASKS, TASKS, TaskSpec, read_task_file
 from sc_jax.scoring.prompts import TEMPLATES, Template
 
 TEMPLATE = "review: {text}\nverdict: {label}"
@@ -29,7 +29,7 @@ def _names(*names):
     return tuple((w, c) for c, w in enumerate(names))
 
 
-# The nine tasks as Python literals, as sc_jax.experiment.tasks defined them before they
+# The nine tasks as Python literals, as sc_jax.experiment.tasks.spec defined them before they
 # became the shipped JSON task files.
 PREVIOUS = (
     TaskSpec("sst2", "glue", "sst2", "train", "validation", "sentence", "label", TEMPLATES["sst2"]),
@@ -195,7 +195,7 @@ def test_task_files_on_the_command_line(tmp_path):
 
 
 def test_a_bad_task_file_on_the_command_line_is_one_line(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("sc_jax.experiment.runplan.build_plan", lambda *a, **k: pytest.fail("planned"))
+    monkeypatch.setattr("sc_jax.experiment.protocol.runplan.build_plan", lambda *a, **k: pytest.fail("planned"))
     bad = _write_yaml(tmp_path / "films.yaml", GOOD + "colour: red\n")
     assert cli.main(["run", "--task-file", str(bad), *TINY, "--out", str(tmp_path / "run")]) != 0
     err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("sc_jax:")]

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from sc_jax.calibration import hidden, linc, surprise
-from sc_jax.experiment.config import RunConfig
-from sc_jax.experiment.task_loading import load_task
-from sc_jax.experiment.tasks import TaskSpec, read_task_file
+from sc_jax.experiment.protocol.config import RunConfig
+from sc_jax.experiment.tasks.loading import load_task
+from sc_jax.experiment.tasks.spec import TaskSpec, read_task_file
 
 TEMPLATE = "q: {text}\na: {label}"
 
@@ -160,7 +160,7 @@ def test_the_same_task_file_twice_is_named(tmp_path, capsys):
 
 def test_results_record_the_task_and_report_refuses_edited_data(tmp_path, monkeypatch, capsys):
     from sc_jax import cli
-    from sc_jax.experiment.results import load_results
+    from sc_jax.experiment.evaluation.results import load_results
 
     monkeypatch.setenv("SC_JAX_XLA_CACHE", "")  # keep the session's JAX configuration (cli.main)
     data = tmp_path / "rt.jsonl"
@@ -185,7 +185,7 @@ def test_a_missing_builtin_task_is_one_line_and_offline_means_no_hub_retries(mon
     import sys
     import types
 
-    from sc_jax.experiment import task_loading
+    from sc_jax.experiment.tasks import loading as task_loading
 
     monkeypatch.setitem(sys.modules, "datasets", None)  # not installed
     with pytest.raises(task_loading.DataUnavailableError) as err:

@@ -249,7 +249,7 @@ def test_parity_with_transformers_by_id(tmp_path, monkeypatch):
 
 def test_run_and_plan_by_id(hub, tmp_path, monkeypatch, rt_csv, capsys):
     # A model missing from the cache stops `run` before any dataset is read...
-    monkeypatch.setattr("sc_jax.experiment.jobs.load_datasets", lambda *a: pytest.fail("data read"))
+    monkeypatch.setattr("sc_jax.experiment.protocol.jobs.load_datasets", lambda *a: pytest.fail("data read"))
     assert cli.main(["run", "--model", "tiny-org/absent", "--out", str(tmp_path / "run"),
                      "--quiet"]) == 2
     err = capsys.readouterr().err

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from sc_jax import cli
-from sc_jax.experiment.task_loading import load_task
+from sc_jax.experiment.tasks.loading import load_task
 from sc_jax.models.config import PRESETS, TINY_WINDOW, preset
 from sc_jax.models.tokenizer import ByteTokenizer
 from sc_jax.models.vocabulary import PRESET_TOKENIZERS

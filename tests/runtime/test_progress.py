@@ -16,7 +16,7 @@ import pytest
 from sc_jax.cli import process
 from sc_jax.runtime.progress import Bar, RunProgress
 
-log = logging.getLogger("sc_jax.experiment.run")
+log = logging.getLogger("sc_jax.experiment.execution.run")
 
 
 class _Terminal(io.StringIO):

@@ -10,8 +10,8 @@ import pytest
 
 from sc_jax import cli
 from sc_jax.cli import parser
-from sc_jax.experiment.config import RunConfig, run_policy
-from sc_jax.experiment.run import run_experiment
+from sc_jax.experiment.execution.run import run_experiment
+from sc_jax.experiment.protocol.config import RunConfig, run_policy
 from sc_jax.scoring.memory import MemoryPolicy
 from sc_jax.scoring.packing import ROW_SIZES
 from sc_jax.scoring.programs import COMPILES

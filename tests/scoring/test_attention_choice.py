@@ -185,8 +185,8 @@ def test_engine_falls_back_when_the_chosen_attention_fails_at_run_time(plant, mo
 
 
 def test_seed_line_names_the_attention_and_what_was_timed():
-    from sc_jax.experiment.results import SeedTiming
-    from sc_jax.experiment.run import _seed_line
+    from sc_jax.experiment.evaluation.results import SeedTiming
+    from sc_jax.experiment.execution.run import _seed_line
 
     t = SeedTiming(dataset="d", shots=4, seed=0, wall_s=9.0, compile_s=2.0, programs=3,
                    model_programs=1, cache_hits=2, forward_s=5.0, host_s=2.0, calls=10,

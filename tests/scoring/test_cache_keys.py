@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import sc_jax
-from sc_jax.experiment.config import RunConfig
-from sc_jax.experiment.runplan import build_plan
-from sc_jax.experiment.task_loading import load_task
+from sc_jax.experiment.protocol.config import RunConfig
+from sc_jax.experiment.protocol.runplan import build_plan
+from sc_jax.experiment.tasks.loading import load_task
 from sc_jax.models.identity import sampled_identity
 from sc_jax.scoring.cache import FORMAT_FILE, KEY_FORMAT, ScoreCache, legacy_score_key, score_key
 from sc_jax.scoring.prompts import PromptPieces

@@ -8,7 +8,7 @@ by the run). The run's choices (``--methods``), the engine's extra jobs, the sco
 files, ``regenerate_samples``, the tables and the colours are derived from the
 registry: a new method is one module that calls :func:`register` (docs/methods.md).
 
-The seed's scores reach ``predict`` as :class:`sc_jax.experiment.jobs.SeedScores` (read
+The seed's scores reach ``predict`` as :class:`sc_jax.experiment.protocol.jobs.SeedScores` (read
 by attribute: ``base``, ``cc``, ``dc``, ``surrogate``, ``test``, ``loo``, ``hidden``,
 ``demo_labels``, ``surrogate_contexts``); nothing here imports the experiment stage.
 """

@@ -9,7 +9,7 @@ CPU).
 
 Per (dataset, shots k, seed):
 
-1. :func:`sc_jax.experiment.splits.split_protocol`: the test set (``test_size``) and k
+1. :func:`sc_jax.experiment.protocol.splits.split_protocol`: the test set (``test_size``) and k
    class-balanced demonstrations, the same for every method. By default the test
    set is drawn once per dataset (``test_seed``) and is the same for every seed,
    as in the paper; ``results.json`` records each seed's demonstration indices and
@@ -41,15 +41,9 @@ import jax
 from sc_jax.calibration.defaults import DEFAULT_LAMBDA_INV
 from sc_jax.calibration.solvers import is_converged
 from sc_jax.calibration import methods as calibration_methods
-from sc_jax.experiment import figures, metrics, samples
-from sc_jax.experiment.config import RunConfig, sc_fits
-from sc_jax.experiment.jobs import SeedScores, score_seed, task_file_records
-from sc_jax.experiment.roofline import forward_estimate
-from sc_jax.experiment.runplan import RunPlan, build_plan, run_mesh
-from sc_jax.experiment.methods import fit_sc, method_probs, sc_size_probs
-from sc_jax.experiment.names import method_name
-from sc_jax.experiment.report import report_files
-from sc_jax.experiment.results import (
+from sc_jax.experiment.evaluation import metrics
+from sc_jax.experiment.evaluation.methods import fit_sc, method_probs, sc_size_probs
+from sc_jax.experiment.evaluation.results import (
     CacheCounts,
     FitRecord,
     FitTiming,
@@ -60,8 +54,8 @@ from sc_jax.experiment.results import (
     SkippedSetting,
     SplitRecord,
 )
-from sc_jax.experiment.staging import Staging
-from sc_jax.experiment.store import (
+from sc_jax.experiment.evaluation.staging import Staging
+from sc_jax.experiment.evaluation.store import (
     RUN_CONFIG_FILE,
     RUN_TASKS_FILE,
     config_tag,
@@ -73,6 +67,13 @@ from sc_jax.experiment.store import (
     scores_path,
     write_json,
 )
+from sc_jax.experiment.execution.roofline import forward_estimate
+from sc_jax.experiment.protocol.config import RunConfig, sc_fits
+from sc_jax.experiment.protocol.jobs import SeedScores, score_seed, task_file_records
+from sc_jax.experiment.protocol.runplan import RunPlan, build_plan, run_mesh
+from sc_jax.experiment.reporting import figures, samples
+from sc_jax.experiment.reporting.names import method_name
+from sc_jax.experiment.reporting.report import report_files
 from sc_jax.models import loading
 from sc_jax.runtime.multihost import is_writer, on_writer
 from sc_jax.runtime.progress import RunProgress
@@ -229,7 +230,7 @@ def _metric_rows(scores: dict[int, SeedScores], fits: dict, name: str, k: int, n
                  dataset=None, progress: bool = False) -> tuple[list[ResultRow], list[dict]]:
     """One results row per (seed, method) of one (dataset, k): accuracy, macro-F1, ECE;
     and with ``drawn`` (seed -> Split) and ``dataset``, the per-sample records
-    (:func:`sc_jax.experiment.samples.seed_records`), else none. With ``progress``, a
+    (:func:`sc_jax.experiment.reporting.samples.seed_records`), else none. With ``progress``, a
     start line where a method trains (Surprise), and a line per seed for each method
     slower than :data:`SLOW_METHOD_S`."""
     sizes = config.sizes(k)
@@ -302,7 +303,7 @@ def run_experiment(config: RunConfig, out_dir, *, progress: bool = True,
     into ``out_dir``. LLM scores are cached in ``out_dir/cache``: a re-run after an
     interruption recomputes only what is missing. Each seed's assembled scores are
     also kept in ``out_dir/scores/`` (:func:`save_scores`), from which
-    :func:`sc_jax.experiment.ablation.ablate` refits without the model.
+    :func:`sc_jax.experiment.reporting.ablation.ablate` refits without the model.
 
     ``out_dir`` is locked for the run (:func:`run_lock`: a second run into it is
     refused), and a directory holding a run of another configuration is refused
@@ -310,13 +311,13 @@ def run_experiment(config: RunConfig, out_dir, *, progress: bool = True,
 
     ``log_samples``: write the per-sample records (every test query's gold label,
     each method's probabilities and prediction, SC's per-size probabilities;
-    :mod:`sc_jax.experiment.samples`) as ``samples.jsonl`` (or ``.jsonl.gz``) beside
+    :mod:`sc_jax.experiment.reporting.samples`) as ``samples.jsonl`` (or ``.jsonl.gz``) beside
     results.json; table.md's per-query tests and reliability.png are drawn from that
     file, so ``sc-jax report`` on the folder writes the same files. False: none of the
     three (records an earlier run of the same configuration left are read and checked).
     Not part of the configuration: a rerun with or without it is the same run.
 
-    ``datasets``: name -> :class:`sc_jax.experiment.tasks.Dataset` for every name of
+    ``datasets``: name -> :class:`sc_jax.experiment.tasks.spec.Dataset` for every name of
     ``config.datasets``, data given from Python (``load_task(task, data=...)``) instead
     of read from the config's sources; ``sc-jax report --log-samples`` reads the data
     again from those sources, so it needs a task file or a data file there."""

@@ -1,7 +1,7 @@
 """What ``sc-jax ablate`` writes (:func:`write_ablation`): the studies of
-:func:`sc_jax.experiment.ablation.ablate` as markdown tables (macro-F1, mean ± s.d.
+:func:`sc_jax.experiment.reporting.ablation.ablate` as markdown tables (macro-F1, mean ± s.d.
 (ddof = 1) over seeds; :func:`markdown`) and a CSV, the SC-N and m_i curves as figures
-(:func:`curve_figure`), and :mod:`sc_jax.experiment.diagnostics`' table beside them;
+(:func:`curve_figure`), and :mod:`sc_jax.experiment.reporting.diagnostics`' table beside them;
 and the check of its ``--out`` before any refit (:func:`check_ablation_out`).
 """
 
@@ -13,14 +13,14 @@ from pathlib import Path
 
 import numpy as np
 
-from sc_jax.experiment.ablation import ROW_FIELDS, STUDIES
-from sc_jax.experiment.diagnostics import DIAGNOSTIC_FIELDS, diagnostics_markdown
-from sc_jax.experiment.figures import can_plot, save_figure
-from sc_jax.experiment.names import dataset_name
-from sc_jax.experiment.report import mean_std_table
-from sc_jax.experiment.staging import Staging
-from sc_jax.experiment.stats import mean_sd
-from sc_jax.experiment.store import make_out_dir, refuse_foreign_outputs
+from sc_jax.experiment.evaluation.staging import Staging
+from sc_jax.experiment.evaluation.store import make_out_dir, refuse_foreign_outputs
+from sc_jax.experiment.reporting.ablation import ROW_FIELDS, STUDIES
+from sc_jax.experiment.reporting.diagnostics import DIAGNOSTIC_FIELDS, diagnostics_markdown
+from sc_jax.experiment.reporting.figures import can_plot, save_figure
+from sc_jax.experiment.reporting.names import dataset_name
+from sc_jax.experiment.reporting.report import mean_std_table
+from sc_jax.experiment.reporting.stats import mean_sd
 from sc_jax.models.identity import short_name
 
 
@@ -69,7 +69,7 @@ def markdown(rows) -> str:
 def _plot_curve(rows, study: str, x_field: str, xlabel: str, path: Path,
                 model: str | None = None) -> bool:
     """The curve of :func:`curve_figure` as ``path`` (PNG), PDF and SVG
-    (:func:`sc_jax.experiment.figures.save_figure`); False when the study has no rows."""
+    (:func:`sc_jax.experiment.reporting.figures.save_figure`); False when the study has no rows."""
     fig = curve_figure(rows, study, x_field, xlabel, model)
     if fig is None:
         return False
@@ -129,7 +129,7 @@ def check_ablation_out(out_dir, overwrite: bool = False) -> Path:
     """``ablate --out``, checked before any refit: a directory (created if need be; a
     file there is refused, issue 64 case 9) that holds no user's file by the names
     ablate writes, unless ``overwrite`` (the rule of ``run --out``,
-    :func:`sc_jax.experiment.store.refuse_foreign_outputs`; issue 64 case 6)."""
+    :func:`sc_jax.experiment.evaluation.store.refuse_foreign_outputs`; issue 64 case 6)."""
     out = make_out_dir(out_dir, "--out")
     if not overwrite:
         refuse_foreign_outputs(out, ABLATION_OUTPUTS, written_by_ablate(out), command="ablate",
@@ -139,9 +139,9 @@ def check_ablation_out(out_dir, overwrite: bool = False) -> Path:
 
 def write_ablation(rows, out_dir, diagnostics=None, model: str | None = None) -> dict[str, Path]:
     """``ablation.md``, ``ablation.csv`` and the SC-N and m_i plots into ``out_dir``;
-    with the rows of :func:`sc_jax.experiment.diagnostics.diagnose`, ``diagnostics.md``
+    with the rows of :func:`sc_jax.experiment.reporting.diagnostics.diagnose`, ``diagnostics.md``
     and ``diagnostics.csv``, all put in place together at the end or not at all
-    (:class:`~sc_jax.experiment.staging.Staging`).
+    (:class:`~sc_jax.experiment.evaluation.staging.Staging`).
     ``model`` (the run's ``--model``) titles the plots."""
     with Staging(out_dir) as stage:
         staged = _ablation_files(rows, stage.dir, diagnostics, model)

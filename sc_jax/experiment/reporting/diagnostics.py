@@ -16,10 +16,10 @@ from sc_jax.calibration.numpy_fit import fit_batch
 from sc_jax.calibration.numpy_predict import predict_proba
 from sc_jax.calibration.objective import log_odds
 from sc_jax.calibration.solvers import is_converged
-from sc_jax.experiment import metrics
-from sc_jax.experiment.ablation import surrogate_problems
-from sc_jax.experiment.methods import fits_noted
-from sc_jax.experiment.store import load_run_scores
+from sc_jax.experiment.evaluation import metrics
+from sc_jax.experiment.evaluation.methods import fits_noted
+from sc_jax.experiment.evaluation.store import load_run_scores
+from sc_jax.experiment.reporting.ablation import surrogate_problems
 
 
 DIAGNOSTIC_FIELDS = ("dataset", "shots", "seed", "size", "rows", "surrogate_accuracy",

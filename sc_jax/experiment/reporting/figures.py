@@ -8,10 +8,10 @@
   paper's Figure 4; :func:`params_figure`); the base model is (1, 0).
 * ``reliability.png``: a reliability diagram per method from the per-sample records,
   every dataset's and seed's test queries pooled, a line per shot count, in the bins of
-  :func:`sc_jax.experiment.metrics.calibration_bins` (:func:`reliability_figure`).
+  :func:`sc_jax.experiment.evaluation.metrics.calibration_bins` (:func:`reliability_figure`).
 
-Each method has one colour in every figure (:func:`sc_jax.experiment.names.method_colour`);
-SC's bars have a heavy black edge and a hatch, and SC comes first in the legends.
+Each method has one colour in every figure
+(:func:`sc_jax.experiment.reporting.names.method_colour`); SC's bars have a heavy black edge and a hatch, and SC comes first in the legends.
 
 matplotlib is optional (:func:`can_plot`) and loads on the first plot.
 """
@@ -28,9 +28,10 @@ from pathlib import Path
 import numpy as np
 
 from sc_jax.calibration.solvers import is_converged
-from sc_jax.experiment.metrics import calibration_bins
-from sc_jax.experiment.names import dataset_name, method_colour, method_name, order_methods
-from sc_jax.experiment.results import ResultRow, RunResults, model_label
+from sc_jax.experiment.evaluation.metrics import calibration_bins
+from sc_jax.experiment.evaluation.results import ResultRow, RunResults, model_label
+from sc_jax.experiment.reporting.names import (dataset_name, method_colour, method_name,
+                                               order_methods)
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +191,7 @@ def f1_bars_figure(results: RunResults):
     datasets = sorted({r.dataset for r in rows})
     panels = datasets + [None] if len(datasets) > 1 else [None]
     # matplotlib loads on first plot: it takes about 0.5 s to import, which every
-    # `sc-jax` command (and `import sc_jax.experiment.run`) would otherwise pay.
+    # `sc-jax` command (and `import sc_jax.experiment.execution.run`) would otherwise pay.
     from matplotlib.figure import Figure  # noqa: PLC0415
 
     cols = min(len(panels), 4)
@@ -289,9 +290,9 @@ _SHOT_STYLES = (("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"))
 
 def reliability_figure(records, model: str | None = None, num_bins: int = 10):
     """A reliability diagram per method (panels, SC first) from the per-sample
-    ``records`` (:mod:`sc_jax.experiment.samples`), every dataset's and seed's queries
+    ``records`` (:mod:`sc_jax.experiment.reporting.samples`), every dataset's and seed's queries
     pooled: per shot count a line through (mean confidence, accuracy) of each non-empty
-    bin of :func:`sc_jax.experiment.metrics.calibration_bins`, in the method's colour
+    bin of :func:`sc_jax.experiment.evaluation.metrics.calibration_bins`, in the method's colour
     (one line style per shot count), and the diagonal (perfect calibration); the title
     gives each shot count's pooled ECE. None without records."""
     if not records:
@@ -333,7 +334,7 @@ def reliability_figure(records, model: str | None = None, num_bins: int = 10):
 
 
 def pooled_calibration_bins(records, method: str, num_bins: int = 10):
-    """:func:`sc_jax.experiment.metrics.calibration_bins` of ``method`` over ``records``
+    """:func:`sc_jax.experiment.evaluation.metrics.calibration_bins` of ``method`` over ``records``
     of several datasets (their class counts may differ): each dataset's bins, their
     counts summed and their accuracy and confidence averaged weighted by count."""
     by_dataset = defaultdict(list)

@@ -7,20 +7,20 @@
   the best baseline, paired over seeds: a 95% interval of the per-seed differences and
   a win / tie / loss verdict with at least :data:`MIN_SEEDS_FOR_VERDICT` seeds, the
   per-seed differences and no verdict with fewer. Every interval and test is SciPy's
-  (:mod:`sc_jax.experiment.stats`) and named in the table.
+  (:mod:`sc_jax.experiment.reporting.stats`) and named in the table.
 * ``results.tex``, ``results_accuracy.tex``, ``results_ece.tex``: the macro-F1,
   accuracy and ECE tables in LaTeX (booktabs), one ``tabular`` per shot count.
 * ``results.csv``: one row per dataset x model x shots x method x seed; ``model`` is
   the model loaded, by its resolved name, and ``model_source`` what was read.
 * ``f1_bars.png`` and ``sc_params.png`` (and ``.pdf``, ``.svg``): the paper's Figures
   3 and 4; with per-sample records, ``reliability.png``: a reliability diagram per
-  method (:mod:`sc_jax.experiment.figures`).
+  method (:mod:`sc_jax.experiment.reporting.figures`).
 
 ``sc-jax report DIR`` calls :func:`write_report` on ``DIR/results.json``
-(read and checked by :func:`sc_jax.experiment.results.load_results`), which puts its
-files in place all together or not at all (:mod:`sc_jax.experiment.staging`).
+(read and checked by :func:`sc_jax.experiment.evaluation.results.load_results`), which puts its
+files in place all together or not at all (:mod:`sc_jax.experiment.evaluation.staging`).
 :func:`mean_std_table` draws the mean ± s.d. tables, here and in the ablation report.
-Datasets and methods appear under their display names (:mod:`sc_jax.experiment.names`).
+Datasets and methods appear under their display names (:mod:`sc_jax.experiment.reporting.names`).
 """
 
 from __future__ import annotations
@@ -34,12 +34,13 @@ from pathlib import Path
 
 import numpy as np
 
-from sc_jax.experiment.figures import can_plot, plot_f1_bars, plot_params, plot_reliability
-from sc_jax.experiment.names import dataset_name, method_name, order_methods
-from sc_jax.experiment.results import METHOD_NAMES, METRICS, ResultRow, RunResults, load_results, model_label
-from sc_jax.experiment.samples import read_samples, rows_from_samples, samples_markdown
-from sc_jax.experiment.staging import Staging
-from sc_jax.experiment.stats import CONFIDENCE, MIN_INTERVAL_SEEDS, mean_sd, seed_interval
+from sc_jax.experiment.evaluation.results import METHOD_NAMES, METRICS, ResultRow, RunResults, load_results, model_label
+from sc_jax.experiment.evaluation.staging import Staging
+from sc_jax.experiment.reporting.figures import (can_plot, plot_f1_bars, plot_params,
+                                                 plot_reliability)
+from sc_jax.experiment.reporting.names import dataset_name, method_name, order_methods
+from sc_jax.experiment.reporting.samples import read_samples, rows_from_samples, samples_markdown
+from sc_jax.experiment.reporting.stats import CONFIDENCE, MIN_INTERVAL_SEEDS, mean_sd, seed_interval
 from sc_jax.models.named_models import display_name
 
 log = logging.getLogger(__name__)
@@ -296,8 +297,8 @@ def interval_table(rows, metric: str, shots: int, methods, datasets) -> tuple[li
 
 def markdown_tables(results: RunResults, records: list[dict] | None = None) -> str:
     """table.md: the tables of the module docstring; with the run's per-sample
-    ``records`` (:mod:`sc_jax.experiment.samples`), also their check against the rows and SC
-    against both forms of BC query by query. Methods the records hold and the rows
+    ``records`` (:mod:`sc_jax.experiment.reporting.samples`), also their check against the rows
+    and SC against both forms of BC query by query. Methods the records hold and the rows
     do not (``bc_reference`` for a run that predates it) join the tables from them."""
     rows = list(results.rows)
     extra = []
@@ -432,7 +433,7 @@ def latex_table(results: RunResults, metric: str = "macro_f1") -> str:
 def write_report(results: RunResults | str | Path,
                  out_dir: str | Path | None = None) -> dict[str, Path]:
     """Write table.md, results.csv, results.tex and the plots, all or none
-    (:class:`~sc_jax.experiment.staging.Staging`: an error or an interrupt leaves the
+    (:class:`~sc_jax.experiment.evaluation.staging.Staging`: an error or an interrupt leaves the
     folder's earlier files as they were). Returns ``{name: path}``. ``results``: a
     run's :class:`RunResults`, or its directory or results.json (read by
     :func:`load_results`). Per-sample records (``samples.jsonl[.gz]``) in the run's

@@ -18,12 +18,12 @@ from pathlib import Path
 import numpy as np
 
 from sc_jax.calibration import methods as calibration_methods
-from sc_jax.experiment import metrics
-from sc_jax.experiment.config import RunConfig
-from sc_jax.experiment.jobs import SeedScores
-from sc_jax.experiment.methods import method_probs
-from sc_jax.experiment.results import METRICS, RunResults, load_results
-from sc_jax.experiment.splits import test_set_hash
+from sc_jax.experiment.evaluation import metrics
+from sc_jax.experiment.evaluation.methods import method_probs
+from sc_jax.experiment.evaluation.results import METRICS, RunResults, load_results
+from sc_jax.experiment.protocol.config import RunConfig
+from sc_jax.experiment.protocol.jobs import SeedScores
+from sc_jax.experiment.protocol.splits import test_set_hash
 
 
 def scores_path(out_dir, dataset: str, k: int, seed: int) -> Path:
@@ -42,7 +42,7 @@ def score_meta(dataset: str, k: int, seed: int, split, model_identity: str | Non
     """What one score file holds, stored in it (:func:`save_scores`) so that a file is
     never taken for another by its name: the dataset, k, seed, the demonstrations'
     and test queries' data rows (``split``: its
-    :class:`sc_jax.experiment.splits.Split`) and the model's identity
+    :class:`sc_jax.experiment.protocol.splits.Split`) and the model's identity
     (:func:`sc_jax.models.identity.files_identity`)."""
     return {"dataset": dataset, "shots": int(k), "seed": int(seed),
             "demo_indices": [int(i) for i in split.demo_indices],
@@ -140,10 +140,10 @@ def check_holds(path: Path, s: SeedScores, meta: dict | None, expect: dict) -> N
     """A ValueError naming ``path`` when the scores ``s`` (with their record ``meta``,
     :func:`score_meta`; None for a file written before records) are not those of
     ``expect``: ``dataset``, ``shots``, ``seed`` and, where known, ``demo_indices``,
-    ``test_hash`` (:func:`sc_jax.experiment.splits.test_set_hash`) and
+    ``test_hash`` (:func:`sc_jax.experiment.protocol.splits.test_set_hash`) and
     ``model_identity`` (from results.json). A file without a record is checked by its
     content instead: every Base / CC / DC row of ``expect["rows"]`` (results.json's
-    :class:`~sc_jax.experiment.results.ResultRow` of this dataset, k and seed)
+    :class:`~sc_jax.experiment.evaluation.results.ResultRow` of this dataset, k and seed)
     recomputed from it, to 1e-9 (the run computed them in float64 from the same float32
     scores)."""
     want = f"{expect['dataset']} k={expect['shots']} seed {expect['seed']}"
@@ -194,8 +194,8 @@ def _legacy_problem(s: SeedScores, expect: dict) -> str | None:
 
 
 def load_run_scores(run_dir: Path) -> tuple[RunResults, dict]:
-    """A finished run's results.json (:func:`sc_jax.experiment.results.load_results`) and its
-    saved scores, ``{(dataset, k): {seed: SeedScores}}`` for every (dataset, k) it did not
+    """A finished run's results.json (:func:`sc_jax.experiment.evaluation.results.load_results`)
+    and its saved scores, ``{(dataset, k): {seed: SeedScores}}`` for every (dataset, k) it did not
     skip. Raises FileNotFoundError naming the score files missing (and how to write
     them), ValueError when the run has no (dataset, k) at all."""
     results = load_results(run_dir)
@@ -324,7 +324,7 @@ RUN_OUTPUTS = ("results.csv", "results.tex", "results_accuracy.tex", "results_ec
 
 
 RUN_CONFIG_FILE = "run_config.json"
-#: Beside it: the run's task files' tasks by content (:func:`sc_jax.experiment.jobs.task_file_records`).
+#: Beside it: the run's task files' tasks by content (:func:`sc_jax.experiment.protocol.jobs.task_file_records`).
 RUN_TASKS_FILE = "run_tasks.json"
 
 
@@ -374,7 +374,7 @@ def recorded_tasks(out: Path) -> dict | None:
 
 def task_difference(recorded: dict, records: dict) -> tuple[str, str, str] | None:
     """``(task file, task name, what differs)`` for the first task of ``records`` (by
-    name, :func:`sc_jax.experiment.jobs.task_file_records`) whose content is not what
+    name, :func:`sc_jax.experiment.protocol.jobs.task_file_records`) whose content is not what
     ``recorded`` (:func:`recorded_tasks`) holds of it, compared on the fields both
     have; None where every one is the same."""
     for name, record in records.items():
@@ -396,7 +396,7 @@ def refuse_other_config(out: Path, config: RunConfig, task_records=None) -> None
     configuration: the tables, plots and scores/ would be replaced without a word.
 
     Task files are compared by content, not by path: ``task_records()`` gives the
-    new run's (:func:`sc_jax.experiment.jobs.task_file_records`, called only where
+    new run's (:func:`sc_jax.experiment.protocol.jobs.task_file_records`, called only where
     the run in ``out`` recorded its own), so the same task read from another working
     directory or a copy of its file resumes, and other content at the same path is
     refused. A run that recorded none (made before run_tasks.json) compares paths."""

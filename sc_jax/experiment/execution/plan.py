@@ -1,7 +1,7 @@
 """Dry run of ``sc-jax run`` (:func:`plan_run`): what a run would score and what it
 needs, with no weights read and nothing scored.
 
-:func:`plan_run` costs the run's own plan (:func:`sc_jax.experiment.runplan.build_plan`):
+:func:`plan_run` costs the run's own plan (:func:`sc_jax.experiment.protocol.runplan.build_plan`):
 each seed's scoring jobs, planned together as ONE engine call
 (:meth:`sc_jax.scoring.engine.ScoringEngine.score_jobs`) scores them: one prefix trie over
 every job of the seed, packed into calls of one shape by the run's memory policy
@@ -34,10 +34,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from sc_jax.experiment.grid import grid_table, project_grid
-from sc_jax.experiment.jobs import seed_jobs
-from sc_jax.experiment.roofline import Rates, check_rates, plan_rates
-from sc_jax.experiment.runplan import RunPlan, SeedWork, build_plan
+from sc_jax.experiment.execution.grid import grid_table, project_grid
+from sc_jax.experiment.execution.roofline import Rates, check_rates, plan_rates
+from sc_jax.experiment.protocol.jobs import seed_jobs
+from sc_jax.experiment.protocol.runplan import RunPlan, SeedWork, build_plan
 from sc_jax.models.named_models import tokenizer_file
 from sc_jax.models.tokenizer import ByteTokenizer, Tokenizer
 from sc_jax.runtime.wheel_files import WheelFileError
@@ -239,10 +239,10 @@ def plan_run(run_config, *, peak_flops: float | None = None, mfu: float = 0.4, x
     x unique tokens, the usual numerator of MFU. Seeds repeat the same work with other
     demonstrations, so totals multiply the first seed's figures by the number of seeds,
     and so does ``grid``, the whole grid projected per (dataset, k), dataset and k
-    (:func:`sc_jax.experiment.grid.project_grid`).
+    (:func:`sc_jax.experiment.execution.grid.project_grid`).
     The memory budget and the mesh are the run's own (``run_config.device_memory``,
     ``mesh_devices``, ``mesh_model``), resolved once by
-    :func:`sc_jax.experiment.config.run_policy`, as the run resolves them.
+    :func:`sc_jax.experiment.protocol.config.run_policy`, as the run resolves them.
     """
     check_rates(peak_flops=peak_flops, mfu=mfu, bandwidth=bandwidth)
     # The run's own plan: its data, model, memory policy and every seed's work, checked

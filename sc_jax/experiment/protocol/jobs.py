@@ -5,7 +5,7 @@ prompt, CC's content-free inputs, DC's random strings, and per size i the surrog
 data of Algorithm 1 and the test-time sub-contexts of Algorithm 2), before any
 forward pass; :func:`score_seed` scores one seed through the engine and the score
 cache into :class:`SeedScores`. The run's up-front check over all seeds is
-:func:`sc_jax.experiment.runplan.build_plan`, which builds every seed's jobs once.
+:func:`sc_jax.experiment.protocol.runplan.build_plan`, which builds every seed's jobs once.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import numpy as np
 from sc_jax.calibration import methods as calibration_methods
 from sc_jax.calibration.baselines import random_domain_strings
 from sc_jax.calibration.hidden import centroid_distances, class_centroids
-from sc_jax.experiment.config import RunConfig
-from sc_jax.experiment.splits import dc_pool, split_protocol
-from sc_jax.experiment.task_loading import load_task
-from sc_jax.experiment.tasks import read_task_file
+from sc_jax.experiment.protocol.config import RunConfig
+from sc_jax.experiment.protocol.splits import dc_pool, split_protocol
+from sc_jax.experiment.tasks.loading import load_task
+from sc_jax.experiment.tasks.spec import read_task_file
 from sc_jax.scoring.enumeration import default_m, sample_contexts, surrogate_contexts, surrogate_pairs
 from sc_jax.scoring.chat import chat_frame
 from sc_jax.scoring.prompts import build_pieces
@@ -126,7 +126,7 @@ def leave_one_out_job(k: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def load_datasets(config: RunConfig, names=None) -> dict:
-    """name -> :class:`sc_jax.experiment.tasks.Dataset` of every dataset of ``config`` (of
+    """name -> :class:`sc_jax.experiment.tasks.spec.Dataset` of every dataset of ``config`` (of
     ``names`` alone, where given), from its ``--data-file``, ``--data-dir`` or default
     source; a ``--task-file`` task from its ``--data-file``, else its file's data_file or
     hf_id."""
@@ -153,8 +153,9 @@ def task_file_records(config: RunConfig, datasets: dict | None = None) -> dict:
 
 
 def draw_split(dataset, config: RunConfig, k: int, seed: int):
-    """The :class:`sc_jax.experiment.splits.Split` of one (dataset, k, seed) as the run draws it.
-    The run's plan (:func:`sc_jax.experiment.runplan.build_plan`) draws each seed
+    """The :class:`sc_jax.experiment.protocol.splits.Split` of one (dataset, k, seed) as the run
+    draws it.
+    The run's plan (:func:`sc_jax.experiment.protocol.runplan.build_plan`) draws each seed
     through here, once, for the run, its check and ``sc-jax plan`` alike."""
     return split_protocol(dataset, k=k, test_size=config.test_size, seed=seed,
                           test_seed=config.test_seed)
@@ -194,7 +195,7 @@ def hidden_distances(surrogate_states, surrogate_labels, test_states, n: int) ->
 def score_seed(model, engine, cache, dataset, work, config: RunConfig, *,
                label: str | None = None, planned=None) -> tuple[SeedScores, EngineStats]:
     """Every LLM score one (dataset, k, seed) needs (``work``: its
-    :class:`sc_jax.experiment.runplan.SeedWork`, split and jobs as planned), from the
+    :class:`sc_jax.experiment.protocol.runplan.SeedWork`, split and jobs as planned), from the
     score ``cache`` where present (None: no cache), and what its engine call did (empty
     stats where the cache served every job). ``planned``: the schedule of all of the
     seed's jobs (the work's), used where none came from the cache. With a ``label``

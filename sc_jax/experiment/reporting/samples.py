@@ -20,7 +20,7 @@ The file is ``samples.jsonl``, or ``samples.jsonl.gz`` above :data:`GZIP_ABOVE`
 bytes. :func:`check_samples` recomputes accuracy, macro-F1 and ECE from the records
 and compares them with results.json; :func:`paired_tests` gives per-query paired
 tests (exact McNemar per seed, and a signed-rank test over queries that treats the
-shared test set as one sample; :mod:`sc_jax.experiment.stats`) that per-seed means
+shared test set as one sample; :mod:`sc_jax.experiment.reporting.stats`) that per-seed means
 cannot.
 """
 
@@ -38,15 +38,15 @@ import numpy as np
 from sc_jax.calibration import methods as registry
 from sc_jax.calibration.numpy_predict import FitResult
 from sc_jax.calibration.solvers import Status
-from sc_jax.experiment import metrics
-from sc_jax.experiment.config import RunConfig
-from sc_jax.experiment.jobs import draw_split, load_datasets, task_file_records
-from sc_jax.experiment.methods import method_probs, sc_size_probs
-from sc_jax.experiment.names import dataset_name, method_name
-from sc_jax.experiment.results import METRICS, FitRecord, ResultRow, RunResults
-from sc_jax.experiment.stats import mcnemar_exact_p, query_signed_rank_p
-from sc_jax.experiment.store import load_run_scores, recorded_tasks, task_difference
-from sc_jax.experiment.task_loading import DataUnavailableError
+from sc_jax.experiment.evaluation import metrics
+from sc_jax.experiment.evaluation.methods import method_probs, sc_size_probs
+from sc_jax.experiment.evaluation.results import METRICS, FitRecord, ResultRow, RunResults
+from sc_jax.experiment.evaluation.store import load_run_scores, recorded_tasks, task_difference
+from sc_jax.experiment.protocol.config import RunConfig
+from sc_jax.experiment.protocol.jobs import draw_split, load_datasets, task_file_records
+from sc_jax.experiment.reporting.names import dataset_name, method_name
+from sc_jax.experiment.reporting.stats import mcnemar_exact_p, query_signed_rank_p
+from sc_jax.experiment.tasks.loading import DataUnavailableError
 from sc_jax.models.identity import text_hash  # a query named without copying its text
 
 SAMPLES_FILE = "samples.jsonl"
@@ -346,15 +346,15 @@ def _holds(s, needs) -> bool:
 
 
 def regenerate_samples(run_dir, *, with_texts: bool = True) -> tuple[Path, list[str]]:
-    """Write the per-sample records (:mod:`sc_jax.experiment.samples`) of a finished run beside
-    its results.json, from its score files (``DIR/scores/``) and the SC parameters its
+    """Write the per-sample records (:mod:`sc_jax.experiment.reporting.samples`) of a finished run
+    beside its results.json, from its score files (``DIR/scores/``) and the SC parameters its
     results.json holds: no model, no forward pass, no refit. Returns the file and notes.
 
     Baselines: every registered method (:mod:`sc_jax.calibration.methods`) its ``available`` allows, ``bc_reference``
     included for a run that predates it (its ``bc_batch``); Hidden Calibration where the
     score files hold its distances. SC methods: those with params in results.json. The records of the run's own methods reproduce its
-    results.json rows (:func:`sc_jax.experiment.samples.check_samples`). Dataset rows and text
-    hashes are filled in when ``with_texts`` and the run's data load here and draw the
+    results.json rows (:func:`sc_jax.experiment.reporting.samples.check_samples`). Dataset rows and
+    text hashes are filled in when ``with_texts`` and the run's data load here and draw the
     test sets the run recorded; otherwise they are null, and a note says why.
     """
     run_dir = Path(run_dir)

@@ -14,7 +14,7 @@
   and imported only here. When it is missing or the hub cannot be reached, the error
   says how to pass a local file instead.
 
-The tasks and their column names are :data:`sc_jax.experiment.tasks.TASKS`.
+The tasks and their column names are :data:`sc_jax.experiment.tasks.spec.TASKS`.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-from sc_jax.experiment.tasks import TASKS, Dataset, TaskSpec
+from sc_jax.experiment.tasks.spec import TASKS, Dataset, TaskSpec
 from sc_jax.runtime.wheel_files import WheelFile, cache_root
 
 log = logging.getLogger(__name__)
@@ -182,7 +182,7 @@ def load_task(
         # An empty or whitespace-only text is no example: as a demonstration it teaches
         # nothing, and as a test query it is scored and counted like any other. Such rows
         # stay in the Dataset (row numbers stay the file's) and the protocol never draws
-        # them (sc_jax.experiment.splits); `strict` refuses them instead.
+        # them (sc_jax.experiment.protocol.splits); `strict` refuses them instead.
         blank = dataset.blank_rows
         what = (f"{dataset.source}: {len(blank)} {'row has' if len(blank) == 1 else 'rows have'} "
                 f"an empty or whitespace-only text (rows {[i + 1 for i in blank[:10]]}{' ...' if len(blank) > 10 else ''})")

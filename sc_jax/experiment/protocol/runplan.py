@@ -6,7 +6,7 @@ The plan holds the configuration, the model located once (its configuration and
 tokenizer, no weights: :func:`sc_jax.models.sources.locate_model`; the weights load
 from there), the datasets, the mesh, the memory policy and one :class:`SeedWork` per
 (dataset, k, seed): the seed's split, its scoring jobs and the engine's packed schedule
-of them. Building it runs the run's up-front checks (:mod:`sc_jax.experiment.preflight`)
+of them. Building it runs the run's up-front checks (:mod:`sc_jax.experiment.protocol.preflight`)
 and refuses, in one line, what would fail later: a prompt longer than the context
 window, a schedule over the memory budget, a split that cannot be drawn, a run with
 nothing to score.
@@ -18,10 +18,11 @@ import dataclasses
 import logging
 from typing import Any
 
-from sc_jax.experiment.config import RunConfig, run_policy
-from sc_jax.experiment.jobs import SeedJobs, draw_split, load_datasets, seed_jobs
-from sc_jax.experiment.preflight import check_first_seed, check_prompts, refuse_nothing_to_run
-from sc_jax.experiment.splits import Split
+from sc_jax.experiment.protocol.config import RunConfig, run_policy
+from sc_jax.experiment.protocol.jobs import SeedJobs, draw_split, load_datasets, seed_jobs
+from sc_jax.experiment.protocol.preflight import (check_first_seed, check_prompts,
+                                                 refuse_nothing_to_run)
+from sc_jax.experiment.protocol.splits import Split
 from sc_jax.models.hub import HubModelNotCachedError
 from sc_jax.models.loading import DTYPES
 from sc_jax.models.sources import LocatedModel, locate_model
@@ -38,8 +39,8 @@ __all__ = ["RunPlan", "SeedWork", "build_plan", "rows_passed_over", "run_mesh"]
 @dataclasses.dataclass(frozen=True, eq=False)
 class SeedWork:
     """What one (dataset, k, seed) scores, built once: its ``split``
-    (:func:`sc_jax.experiment.jobs.draw_split`), its ``jobs``
-    (:func:`sc_jax.experiment.jobs.seed_jobs`), the engine's packed schedule of every
+    (:func:`sc_jax.experiment.protocol.jobs.draw_split`), its ``jobs``
+    (:func:`sc_jax.experiment.protocol.jobs.seed_jobs`), the engine's packed schedule of every
     job together (``planned``, :meth:`sc_jax.scoring.memory.MemoryPolicy.plan`) and its
     longest prompt (tokens)."""
 
@@ -83,7 +84,7 @@ class RunPlan:
 
     ``config``: the :class:`RunConfig`; ``model``: the located model
     (:class:`sc_jax.models.sources.LocatedModel`, no weights); ``datasets``: name ->
-    :class:`sc_jax.experiment.tasks.Dataset`; ``mesh``: the run's mesh (None: one
+    :class:`sc_jax.experiment.tasks.spec.Dataset`; ``mesh``: the run's mesh (None: one
     device, or a plan for devices this machine lacks); ``policy``: the memory policy;
     ``work``: one :class:`SeedWork` per (dataset, k, seed), in the run's order;
     ``skipped``: ``(dataset, k, n_classes)`` with more classes than k (paper Appendix
@@ -156,7 +157,7 @@ def build_plan(config: RunConfig, *, datasets: dict | None = None, mesh=None, ag
     """The run's :class:`RunPlan`, with every up-front check, no weight read and no
     forward pass. In order: the model located without weights (a Hugging Face id
     missing from the hub cache fails here), the data (``datasets``, name -> Dataset,
-    else :func:`sc_jax.experiment.jobs.load_datasets`: a bad name or file fails here),
+    else :func:`sc_jax.experiment.protocol.jobs.load_datasets`: a bad name or file fails here),
     a named model not converted yet fetched and converted (``fetch``; else refused),
     the memory policy (:func:`run_policy` on ``mesh``, else on the config's mesh
     figures; ``agree``: see :meth:`MemoryPolicy.resolve`) and the weights against it,

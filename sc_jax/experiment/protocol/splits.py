@@ -21,7 +21,7 @@ import hashlib
 
 import numpy as np
 
-from sc_jax.experiment.tasks import Dataset
+from sc_jax.experiment.tasks.spec import Dataset
 from sc_jax.scoring.prompts import Template
 
 __all__ = ["DEFAULT_TEST_SEED", "Split", "dc_pool", "fixed_test_indices", "split_protocol",

@@ -1,7 +1,7 @@
 """``sc-jax export-tasks DIR``: the nine built-in tasks' JSONL files (one
 ``{"text": ..., "label": <class id>}`` object a line, non-ASCII as JSON escapes, the
 format of the team's ``shared/datasets``) rebuilt from the Hugging Face datasets that
-:data:`sc_jax.experiment.tasks.TASKS` names, through ``datasets.load_dataset`` (the
+:data:`sc_jax.experiment.tasks.spec.TASKS` names, through ``datasets.load_dataset`` (the
 ``[data]`` extra). :data:`EXPORT_SPLITS` gives the splits each file holds, in order;
 the rows keep each split's order, and their labels are the class ids of the task's
 template (the source's own ids or label names, through the task's ``label_map``).
@@ -13,8 +13,8 @@ import json
 import os
 from pathlib import Path
 
-from sc_jax.experiment.task_loading import DataUnavailableError, _to_dataset, columns_of
-from sc_jax.experiment.tasks import TASKS, Dataset, TaskSpec
+from sc_jax.experiment.tasks.loading import DataUnavailableError, _to_dataset, columns_of
+from sc_jax.experiment.tasks.spec import TASKS, Dataset, TaskSpec
 
 __all__ = ["EXPORT_SPLITS", "export_lines", "export_tasks"]
 

@@ -1,6 +1,6 @@
 """The whole grid of a plan projected (every dataset x k x seed, e.g. the paper's 9 tasks
 x k = 4, 8, 16 x 5 seeds): from the plan's own cost model (:func:`project_grid` of a
-:func:`sc_jax.experiment.plan.plan_run` plan), or from what a run measured
+:func:`sc_jax.experiment.execution.plan.plan_run` plan), or from what a run measured
 (:class:`MeasuredRates`, read from its results.json ``timing``) applied to the plan's
 token counts.
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from sc_jax.experiment.results import RunTiming
+from sc_jax.experiment.evaluation.results import RunTiming
 
 #: The parts of a projected (dataset, k), in seconds over all its seeds.
 PARTS = ("forward_s", "host_s", "compile_s", "fit_s", "metrics_s")
@@ -48,8 +48,8 @@ class MeasuredRates:
     @classmethod
     def from_timing(cls, timing: RunTiming) -> MeasuredRates:
         """The rates of a run's results.json ``timing`` (a
-        :class:`~sc_jax.experiment.results.RunTiming`,
-        :func:`sc_jax.experiment.run.run_timing`): its per-seed records ``seeds`` and
+        :class:`~sc_jax.experiment.evaluation.results.RunTiming`,
+        :func:`sc_jax.experiment.execution.run.run_timing`): its per-seed records ``seeds`` and
         per-(dataset, k) fit records ``fits``."""
         seeds, fits = timing.seeds, timing.fits
         if not seeds or not fits:

@@ -1,7 +1,7 @@
 """The roofline a plan's forward time is costed on (:class:`Rates`: a share of the
 device's peak FLOP/s and its memory bandwidth, and the attention costed), and the run's
 forward-pass estimate before scoring starts (:func:`forward_estimate`), from the run's
-plan (:class:`sc_jax.experiment.runplan.RunPlan`) with no model program compiled.
+plan (:class:`sc_jax.experiment.protocol.runplan.RunPlan`) with no model program compiled.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import os
 import jax
 import jax.numpy as jnp
 
-from sc_jax.experiment.runplan import RunPlan
+from sc_jax.experiment.protocol.runplan import RunPlan
 from sc_jax.models import attention as attn
 from sc_jax.runtime.devices import (device_bandwidth, device_peak_flops, measured_bandwidth,
                                     measured_matmul_flops)
@@ -42,7 +42,7 @@ class Rates:
 
 
 def check_rates(*, peak_flops, mfu, bandwidth) -> None:
-    """A plan's roofline arguments (:func:`sc_jax.experiment.plan.plan_run`'s), each
+    """A plan's roofline arguments (:func:`sc_jax.experiment.execution.plan.plan_run`'s), each
     refused in one line before any work (NaN, 0 or a negative would print "about nan
     min" or divide by zero after the whole plan)."""
     if not 0 < mfu <= 1:
@@ -77,7 +77,7 @@ def forward_estimate(plan: RunPlan, *, mfu: float = 0.4) -> tuple[float, str]:
     """``(seconds, line)``: the forward passes of every seed of ``plan`` on this
     machine's roofline (``mfu`` of the device's datasheet peak, else of a small matmul
     and copy timed here; the default attention's FLOPs and bytes counted per call, not
-    measured), as :func:`sc_jax.experiment.plan.plan_run` projects them: each (dataset, k)'s first seed's
+    measured), as :func:`sc_jax.experiment.execution.plan.plan_run` projects them: each (dataset, k)'s first seed's
     schedule replayed, times the seeds. No program of the model is compiled."""
     policy, config, dtype = plan.policy, plan.model.parts.config, plan.dtype
     devices = policy.n_devices * policy.model_shards

@@ -13,8 +13,8 @@ in that order; `TaskSpec.label_map` adds the sources' own label names ("ABBR",
 "very negative", "Sci/Tech") so that files exported with string labels load too.
 
 A `Dataset` holds one task's texts and class ids, however they were loaded
-(:mod:`sc_jax.experiment.task_loading`); `normalise_text` is how the split protocol
-(:mod:`sc_jax.experiment.splits`) compares two texts.
+(:mod:`sc_jax.experiment.tasks.loading`); `normalise_text` is how the split protocol
+(:mod:`sc_jax.experiment.protocol.splits`) compares two texts.
 """
 
 from __future__ import annotations
@@ -238,7 +238,7 @@ def _class_of(target, labels: tuple[str, ...], raw, where: str) -> int:
 
 def _check_label_words(labels: tuple[str, ...], where: str) -> None:
     """Label words a data file's labels can be matched to one way only (the rule of
-    :func:`sc_jax.experiment.task_loading.load_task`: a value is its class id, or a
+    :func:`sc_jax.experiment.tasks.loading.load_task`: a value is its class id, or a
     label word compared without case and surrounding spaces): no control character (a
     newline would break the prompt's lines), no two words that differ only in case or
     spaces, and no word that reads as another class's id ("1" at class 0)."""
@@ -385,7 +385,7 @@ class Dataset:
         (defaults filled in) but ``data_file`` (where the rows lie), and the rows'
         :attr:`content_sha256`, as JSON holds them. A run keeps it for its task files'
         tasks, so that the same task resumes from another path or a copy of the file, and
-        other content at the same path is refused (:func:`sc_jax.experiment.store.refuse_other_config`)."""
+        other content at the same path is refused (:func:`sc_jax.experiment.evaluation.store.refuse_other_config`)."""
         fields = {key: default for key, (_, default) in TASK_FILE_FIELDS.items()} | self.task.to_dict()
         del fields["data_file"]
         return json.loads(json.dumps({**fields, "data_sha256": self.content_sha256}))

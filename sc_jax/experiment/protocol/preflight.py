@@ -3,7 +3,7 @@ the context window (:func:`check_prompts`), the labels against the scoring mode 
 test set's classes (:func:`check_first_seed`), and a run with nothing to score
 (:func:`refuse_nothing_to_run`), before a weight is read or a forward pass made.
 
-:func:`sc_jax.experiment.runplan.build_plan` runs them as it builds each seed's work,
+:func:`sc_jax.experiment.protocol.runplan.build_plan` runs them as it builds each seed's work,
 once, for ``sc-jax run``, ``sc-jax plan`` and ``sc-jax demo`` alike.
 """
 
@@ -13,7 +13,7 @@ import logging
 
 import numpy as np
 
-from sc_jax.experiment.jobs import SeedJobs, job_name
+from sc_jax.experiment.protocol.jobs import SeedJobs, job_name
 from sc_jax.scoring.reference import check_mode
 
 log = logging.getLogger(__name__)

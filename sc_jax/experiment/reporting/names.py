@@ -11,7 +11,7 @@ import hashlib
 from collections.abc import Iterable, Mapping
 
 from sc_jax.calibration import methods as calibration_methods
-from sc_jax.experiment.results import METHOD_NAMES
+from sc_jax.experiment.evaluation.results import METHOD_NAMES
 
 __all__ = ["DATASET_NAMES", "METHOD_COLOURS", "dataset_name", "method_colour", "method_name",
            "order_methods"]

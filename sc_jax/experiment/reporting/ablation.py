@@ -2,7 +2,7 @@
 forward pass (``sc-jax ablate DIR``), in the style of the paper's appendix.
 
 A run of ``sc-jax run`` keeps each (dataset, k, seed)'s assembled label log-probs
-in ``DIR/scores/`` (:func:`sc_jax.experiment.store.save_scores`). From them
+in ``DIR/scores/`` (:func:`sc_jax.experiment.evaluation.store.save_scores`). From them
 :func:`ablate` refits SC under other settings and scores the test queries again:
 
 * ``lambda_trust``: the invariance weight lambda_inv over a grid, crossed with the
@@ -33,8 +33,8 @@ both (``sc_jax.calibration.objective``), so the same problem has lambda_inv = 10
 per problem (it grows with the size: P / N = (M - 1) / 2 for groups of M rows, e.g.
 10 at k = 4, size 1 and 12,595 at k = 8, size 5).
 
-The tables, CSV and plots of the studies are :mod:`sc_jax.experiment.ablation_report`'s;
-the surrogate data against test time, :mod:`sc_jax.experiment.diagnostics`'.
+The tables, CSV and plots of the studies are :mod:`sc_jax.experiment.reporting.ablation_report`'s;
+the surrogate data against test time, :mod:`sc_jax.experiment.reporting.diagnostics`'.
 """
 
 from __future__ import annotations
@@ -49,9 +49,9 @@ from sc_jax.calibration import baselines
 from sc_jax.calibration.numpy_fit import fit_batch
 from sc_jax.calibration.numpy_predict import predict_proba
 from sc_jax.calibration.objective import log_odds
-from sc_jax.experiment import metrics
-from sc_jax.experiment.methods import fits_noted
-from sc_jax.experiment.store import load_run_scores
+from sc_jax.experiment.evaluation import metrics
+from sc_jax.experiment.evaluation.methods import fits_noted
+from sc_jax.experiment.evaluation.store import load_run_scores
 from sc_jax.runtime import ranges
 
 log = logging.getLogger(__name__)
@@ -92,8 +92,8 @@ def paper_lambda_inv(query_ids, weight: float = PAPER_LAMBDA) -> float:
 
 def surrogate_problems(per_seed: dict) -> tuple[list, list]:
     """The SC fitting problems of one (dataset, k) of a run, from its saved scores:
-    ``per_seed`` maps seed -> scores (:func:`sc_jax.experiment.store.load_scores`). Returns
-    ``keys [(seed, size)]`` and ``problems [(log-odds [N, n-1], labels [N],
+    ``per_seed`` maps seed -> scores (:func:`sc_jax.experiment.evaluation.store.load_scores`).
+    Returns ``keys [(seed, size)]`` and ``problems [(log-odds [N, n-1], labels [N],
     query_ids [N])]`` in the same order, seeds and sizes ascending."""
     seeds = sorted(per_seed)
     keys = [(seed, i) for seed in seeds for i in sorted(per_seed[seeds[0]].surrogate)]

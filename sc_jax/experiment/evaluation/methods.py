@@ -17,9 +17,9 @@ from sc_jax.calibration.methods.looc import looc_probs, looc_scored
 from sc_jax.calibration.methods.surprise import surprise_method_probs
 from sc_jax.calibration.numpy_fit import fit_batch
 from sc_jax.calibration.objective import log_odds
-from sc_jax.experiment.config import RunConfig, sc_fits
-from sc_jax.experiment.jobs import SeedScores
-from sc_jax.experiment.results import FitRecord
+from sc_jax.experiment.evaluation.results import FitRecord
+from sc_jax.experiment.protocol.config import RunConfig, sc_fits
+from sc_jax.experiment.protocol.jobs import SeedScores
 
 __all__ = ["fit_sc", "fits_noted", "hidden_probs", "linc_probs", "looc_probs", "looc_scored", "method_probs",
            "param_record", "sc_size_probs", "surprise_method_probs"]
@@ -46,7 +46,7 @@ def sc_size_probs(s: SeedScores, fits: dict, sizes) -> dict[int, np.ndarray]:
 def fit_sc(scores: dict[int, SeedScores], name: str, k: int, config: RunConfig,
             lam: float) -> tuple[dict, list[FitRecord]]:
     """SC, SC*, SC* without trust region and the paper's SC (those of ``config.methods``;
-    :func:`sc_jax.experiment.config.sc_fits`) for every (seed, size) of one (dataset, k): method -> {(seed, size):
+    :func:`sc_jax.experiment.protocol.config.sc_fits`) for every (seed, size) of one (dataset, k): method -> {(seed, size):
     fit}, and one param record per fit."""
     if not sc_fits(config.methods):
         return {}, []  # no SC-family method: nothing to fit (and no surrogate scores)

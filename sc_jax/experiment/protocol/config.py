@@ -29,8 +29,8 @@ from sc_jax.runtime.sharding import parse_mesh
 from sc_jax.calibration import methods as calibration_methods
 from sc_jax.calibration.numpy_fit import Guard
 from sc_jax.calibration.solvers.types import Solver
-from sc_jax.experiment.splits import DEFAULT_TEST_SEED
-from sc_jax.experiment.tasks import TASKS, read_task_file
+from sc_jax.experiment.protocol.splits import DEFAULT_TEST_SEED
+from sc_jax.experiment.tasks.spec import TASKS, read_task_file
 from sc_jax.scoring.memory import MemoryPolicy
 
 # The methods are those of the registry (sc_jax.calibration.methods: one module each,
@@ -102,7 +102,7 @@ def _option(default, *flags: Flag, ranged: bool = False):
 
 
 def _expand_datasets(names) -> tuple:
-    """``("all",)`` as the nine tasks (:data:`sc_jax.experiment.tasks.TASKS`), any other
+    """``("all",)`` as the nine tasks (:data:`sc_jax.experiment.tasks.spec.TASKS`), any other
     list as it is."""
     return tuple(TASKS) if tuple(names) == ("all",) else tuple(names)
 
@@ -151,11 +151,11 @@ class RunConfig:
     model: str = _option("default", Flag("--model", MODEL_HELP))
     dtype: DType = _option("float32", Flag("--dtype", DTYPE_HELP))
     datasets: tuple[str, ...] = _option(("rotten_tomatoes",), Flag(
-        "--dataset", "task names (sc_jax.experiment.tasks.TASKS), or 'all' for the nine; "
+        "--dataset", "task names (sc_jax.experiment.tasks.spec.TASKS), or 'all' for the nine; "
                      "rotten_tomatoes works offline (default: rotten_tomatoes, or only the "
                      "--task-file tasks where one is given)",
         default=lambda _: None, to_fields=lambda names, _: {} if names is None else {"datasets": names}))
-    # Tasks defined in YAML/JSON files (sc_jax.experiment.tasks.read_task_file); each
+    # Tasks defined in YAML/JSON files (sc_jax.experiment.tasks.spec.read_task_file); each
     # file's task must be among `datasets` (the command line adds it there).
     task_files: tuple[str, ...] = _option((), Flag(
         "--task-file", "a task defined in a YAML or JSON file (template, labels, columns, its "
@@ -168,7 +168,7 @@ class RunConfig:
         "--data-dir", "directory with DIR/<dataset>.jsonl (or .csv, .parquet) for every "
                       "dataset without a --data-file, e.g. the nine in shared/datasets"))
     # None: the task's own column names, else "text" and "label"
-    # (sc_jax.experiment.task_loading.load_task).
+    # (sc_jax.experiment.tasks.loading.load_task).
     text_column: str | None = _option(None, Flag(
         "--text-column", "column of the texts in --data-file / --data-dir files (default: the "
                          "task's own name, else 'text')"))

@@ -2,11 +2,11 @@
 
 The demo is a preset :class:`RunConfig` (:func:`demo_config`) over an in-memory
 dataset (:func:`demo_dataset`), and goes the run's way: one plan
-(:func:`sc_jax.experiment.runplan.build_plan`), the weights loaded from the plan's
+(:func:`sc_jax.experiment.protocol.runplan.build_plan`), the weights loaded from the plan's
 located model, the seed scored from its planned work
-(:func:`sc_jax.experiment.jobs.score_seed`, no score cache), SC fitted as the run fits
-it (:func:`sc_jax.experiment.methods.fit_sc`) and every method's probabilities as the
-run computes them (:func:`sc_jax.experiment.methods.method_probs`).
+(:func:`sc_jax.experiment.protocol.jobs.score_seed`, no score cache), SC fitted as the run fits
+it (:func:`sc_jax.experiment.evaluation.methods.fit_sc`) and every method's probabilities as the
+run computes them (:func:`sc_jax.experiment.evaluation.methods.method_probs`).
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ import dataclasses
 import numpy as np
 
 from sc_jax.calibration.defaults import DEFAULT_LAMBDA_INV
-from sc_jax.experiment.config import RunConfig
-from sc_jax.experiment.jobs import score_seed
-from sc_jax.experiment.methods import fit_sc, method_probs
-from sc_jax.experiment.results import FitRecord
-from sc_jax.experiment.runplan import RunPlan, build_plan
-from sc_jax.experiment.tasks import TASKS, Dataset
+from sc_jax.experiment.evaluation.methods import fit_sc, method_probs
+from sc_jax.experiment.evaluation.results import FitRecord
+from sc_jax.experiment.protocol.config import RunConfig
+from sc_jax.experiment.protocol.jobs import score_seed
+from sc_jax.experiment.protocol.runplan import RunPlan, build_plan
+from sc_jax.experiment.tasks.spec import TASKS, Dataset
 from sc_jax.models import loading
 from sc_jax.scoring.engine import ScoringEngine
 
@@ -81,7 +81,7 @@ def demo_dataset() -> Dataset:
 class DemoResult:
     """One demo: its ``plan``, the ``model``, the test sentences (``texts``, ``labels``
     ``[T]``), each method's probabilities ``[T, 2]`` (``probs``), and SC's fit record
-    per size (``params``, :class:`sc_jax.experiment.results.FitRecord`) with its test-time sub-contexts
+    per size (``params``, :class:`sc_jax.experiment.evaluation.results.FitRecord`) with its test-time sub-contexts
     (``m``: size -> m_i)."""
 
     plan: RunPlan

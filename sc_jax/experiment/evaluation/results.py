@@ -131,7 +131,7 @@ def _wrong(value, kind) -> bool:
 
 def results_problem(res) -> str | None:
     """What makes ``res`` (parsed results.json) unusable for
-    :func:`sc_jax.experiment.report.write_report`, in a few words naming the key or the
+    :func:`sc_jax.experiment.reporting.report.write_report`, in a few words naming the key or the
     row; None when it is usable."""
     if not isinstance(res, dict):
         return f"a JSON {type(res).__name__}, not an object"
@@ -298,7 +298,7 @@ class FitRecord(_Record):
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SplitRecord(_Record):
     """One seed's split: its demonstrations' dataset rows and its test set's size and
-    hash (:meth:`sc_jax.experiment.splits.Split.test_hash`)."""
+    hash (:meth:`sc_jax.experiment.protocol.splits.Split.test_hash`)."""
 
     dataset: str
     shots: int
@@ -406,7 +406,7 @@ class RunTiming(_Record):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RunResults(_Record):
-    """A run's results.json: ``config`` (the :class:`~sc_jax.experiment.config.RunConfig`
+    """A run's results.json: ``config`` (the :class:`~sc_jax.experiment.protocol.config.RunConfig`
     as JSON), the ``lambda_inv`` its fits used, the model's identity
     (:func:`sc_jax.models.identity.files_identity`), ``model_source`` (what was
     read) and ``model_description`` (what the model is: name, variant, quantisation as
@@ -437,8 +437,8 @@ class RunResults(_Record):
     cache: CacheCounts | None = dataclasses.field(default=None, **_records(CacheCounts))
     runtime: dict[str, Any] | None = None
     memory_policy: dict[str, Any] | None = None
-    #: Per dataset, the task and data the run read (:meth:`sc_jax.experiment.tasks.Dataset.record`):
-    #: template, label words, columns, content-free inputs, chat template, source and the
+    #: Per dataset, the task and data the run read
+    #: (:meth:`sc_jax.experiment.tasks.spec.Dataset.record`): template, label words, columns, content-free inputs, chat template, source and the
     #: rows' sha256, which `report --log-samples` checks the data against.
     tasks: dict[str, Any] | None = None
 
