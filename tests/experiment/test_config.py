@@ -37,7 +37,7 @@ def test_list_fields_take_a_list_a_tuple_or_one_value():
     (dict(dtype="float16"), "dtype (--dtype) must be one of float32, bfloat16, got 'float16'"),
     (dict(methods=["sc", "magic", "bc", "oops"]), "methods (--methods) must be one of base, cc, dc, "
                                                   "bc, bc_reference, sc_star, sc_star_free, sc, "
-                                                  "sc_paper, looc, linc, surprise, hidden, got 'magic', 'oops'"),
+                                                  "sc_paper, looc, linc, surprise, hidden, moicl, got 'magic', 'oops'"),
 ])
 def test_every_choice_field_is_checked_in_one_line(fields, message):
     with pytest.raises(ValueError) as err:
