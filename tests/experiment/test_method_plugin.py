@@ -109,3 +109,39 @@ def test_a_run_scores_only_what_its_methods_need(tmp_path, monkeypatch):
     assert sum(len(p) for _, p in jobs(("base", "bc")).values()) == 64 + 3 + 20
     assert {"surrogate1", "test3"} <= set(jobs(("base", "sc")))
     assert {"surrogate1", "test1"} <= set(jobs(("base", "hidden")))
+
+
+def test_no_module_branches_on_a_method_name():
+    """Outside the methods' own modules (sc_jax/calibration/methods/), no comparison in
+    sc_jax is against a registered method's name (``m == "sc"``, ``m in ("bc", ...)``):
+    what sets a method apart is read from the registry (its needs, its SC fit, its
+    role: ``subject``, ``paired``, ``paper_baseline``)."""
+    import ast
+    from pathlib import Path
+
+    import sc_jax
+
+    names = set(registry.names())
+    root = Path(sc_jax.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if "methods" in path.relative_to(root).parts[:2] and path.parent.name == "methods":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Compare):
+                continue
+            for side in [node.left, *node.comparators]:
+                consts = side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
+                hits = [c.value for c in consts if isinstance(c, ast.Constant) and c.value in names]
+                if hits:
+                    found.append(f"{path.relative_to(root)}:{node.lineno} {hits}")
+    assert not found, found
+    # The roles the stages read instead.
+    assert registry.subject() == "sc" and registry.paired() == ("bc", "bc_reference")
+    assert registry.paper_baselines() == ("base", "cc", "dc", "bc")
+
+
+def test_a_second_subject_is_refused():
+    with pytest.raises(ValueError, match="subject method already"):
+        registry.register(registry.Method("other_sc", "Other", "#000000", prior_predict, subject=True))
+    assert "other_sc" not in registry.names()

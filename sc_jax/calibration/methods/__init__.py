@@ -10,7 +10,8 @@ import importlib
 import pkgutil
 
 from sc_jax.calibration.methods.protocol import (NEEDS, Method, PredictOptions, SCFit, View, get, markdown_table,
-                                                 names, register, registered, unregister)
+                                                 names, paired, paper_baselines, register, registered, subject,
+                                                 unregister)
 
 # The paper's methods and the first newer ones, in the tables' order; each module
 # registers itself when imported.
@@ -21,5 +22,5 @@ for _name in _ORDERED + tuple(sorted(
         if info.name not in _ORDERED and info.name != "protocol" and not info.name.startswith("_"))):
     importlib.import_module(f"{__name__}.{_name}")
 
-__all__ = ["NEEDS", "Method", "PredictOptions", "SCFit", "View", "get", "markdown_table", "names", "register",
-           "registered", "unregister"]
+__all__ = ["NEEDS", "Method", "PredictOptions", "SCFit", "View", "get", "markdown_table", "names", "paired",
+           "paper_baselines", "register", "registered", "subject", "unregister"]

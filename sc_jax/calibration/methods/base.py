@@ -10,4 +10,4 @@ def predict(s, fits, sizes, options) -> np.ndarray:
     return baselines.base(np.exp(s.base.astype(np.float64)))
 
 
-METHOD = register(Method("base", "Base", "#7f7f7f", predict, needs={"k_shot"}, doc=__doc__))
+METHOD = register(Method("base", "Base", "#7f7f7f", predict, needs={"k_shot"}, paper_baseline=True, doc=__doc__))

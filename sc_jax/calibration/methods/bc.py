@@ -11,4 +11,5 @@ def predict(s, fits, sizes, options) -> np.ndarray:
     return baselines.batch_calibration(np.exp(s.base.astype(np.float64)), options.bc_batch)
 
 
-METHOD = register(Method("bc", "BC", "#2ca02c", predict, needs={"k_shot"}, doc=__doc__))
+METHOD = register(Method("bc", "BC", "#2ca02c", predict, needs={"k_shot"}, paper_baseline=True, paired=True,
+                         doc=__doc__))

@@ -11,5 +11,5 @@ def predict(s, fits, sizes, options) -> np.ndarray:
     return baselines.batch_calibration_reference(np.exp(s.base.astype(np.float64)), options.bc_batch)
 
 
-METHOD = register(Method("bc_reference", "BC (code)", "#98df8a", predict, needs={"k_shot"}, added=True,
+METHOD = register(Method("bc_reference", "BC (code)", "#98df8a", predict, needs={"k_shot"}, added=True, paired=True,
                          doc=__doc__))

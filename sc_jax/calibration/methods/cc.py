@@ -11,4 +11,5 @@ def predict(s, fits, sizes, options) -> np.ndarray:
     return baselines.contextual_calibration(np.exp(s.base.astype(np.float64)), np.exp(s.cc.astype(np.float64)))
 
 
-METHOD = register(Method("cc", "CC", "#1f77b4", predict, needs={"k_shot", "content_free"}, doc=__doc__))
+METHOD = register(Method("cc", "CC", "#1f77b4", predict, needs={"k_shot", "content_free"}, paper_baseline=True,
+                         doc=__doc__))

@@ -11,4 +11,5 @@ def predict(s, fits, sizes, options) -> np.ndarray:
     return baselines.domain_context_calibration(np.exp(s.base.astype(np.float64)), np.exp(s.dc.astype(np.float64)))
 
 
-METHOD = register(Method("dc", "DC", "#ff7f0e", predict, needs={"k_shot", "domain"}, doc=__doc__))
+METHOD = register(Method("dc", "DC", "#ff7f0e", predict, needs={"k_shot", "domain"}, paper_baseline=True,
+                         doc=__doc__))

@@ -21,8 +21,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["NEEDS", "Method", "PredictOptions", "SCFit", "View", "get", "markdown_table", "names", "register",
-           "registered", "unregister"]
+__all__ = ["NEEDS", "Method", "PredictOptions", "SCFit", "View", "get", "markdown_table", "names", "paired",
+           "paper_baselines", "register", "registered", "subject", "unregister"]
 
 #: The scores a method may need: the k-shot prompt of the test queries ("k_shot"),
 #: of the content-free inputs ("content_free") and of DC's in-domain strings ("domain");
@@ -63,7 +63,15 @@ class Method:
     ``--methods`` (Surprise trains a network per seed). ``added``: newer than some
     runs on disk, so that a run resumed with it is the same run with more rows.
     ``available(scores, run_methods)``: whether a finished run's score files let it be
-    computed again (``sc-jax report --log-samples``); None: always."""
+    computed again (``sc-jax report --log-samples``); None: always.
+
+    Roles in the report (each read through :func:`subject`, :func:`paired` and
+    :func:`paper_baselines`, so that no stage branches on a method's name):
+    ``subject``: the method the run is about (one at most; SC): its fits are the ones
+    plotted and noted, its bars and lines marked, and its rows compared with the
+    others'; ``paired``: compared with the subject query by query and in the margin
+    table (BC in both forms); ``paper_baseline``: among the baselines the subject is
+    compared with as "the best baseline" (the paper's Base, CC, DC and BC)."""
 
     name: str
     display: str
@@ -75,6 +83,9 @@ class Method:
     added: bool = False
     available: Callable[[Any, tuple], bool] | None = None
     doc: str = ""
+    subject: bool = False
+    paired: bool = False
+    paper_baseline: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "needs", frozenset(self.needs))
@@ -92,9 +103,12 @@ _REGISTRY: dict[str, Method] = {}
 
 def register(method: Method, *, replace: bool = False) -> Method:
     """Add ``method`` to the registry (its order is the tables'); a name already taken
-    is refused unless ``replace``. Returns the method."""
+    is refused unless ``replace``, and so is a second subject. Returns the method."""
     if method.name in _REGISTRY and not replace:
         raise ValueError(f"method {method.name!r} is registered already (replace=True to replace it)")
+    other = subject()
+    if method.subject and other not in (None, method.name):
+        raise ValueError(f"method {method.name!r}: {other!r} is the subject method already (one at most)")
     _REGISTRY[method.name] = method
     return method
 
@@ -120,6 +134,21 @@ def names() -> tuple[str, ...]:
 def registered() -> tuple[Method, ...]:
     """Every registered method, in registration order."""
     return tuple(_REGISTRY.values())
+
+
+def subject() -> str | None:
+    """The name of the method the report is about (``Method.subject``; SC), or None."""
+    return next((m.name for m in _REGISTRY.values() if m.subject), None)
+
+
+def paired() -> tuple[str, ...]:
+    """The methods the subject is compared with query by query (``Method.paired``)."""
+    return tuple(m.name for m in _REGISTRY.values() if m.paired)
+
+
+def paper_baselines() -> tuple[str, ...]:
+    """The baselines of the "best baseline" comparison (``Method.paper_baseline``)."""
+    return tuple(m.name for m in _REGISTRY.values() if m.paper_baseline)
 
 
 def markdown_table() -> str:

@@ -7,4 +7,4 @@ from sc_jax.calibration.methods._ensemble import sc_ensemble
 from sc_jax.calibration.methods.protocol import Method, SCFit, register
 
 METHOD = register(Method("sc", "SC (guard)", "#d62728", sc_ensemble, needs={"surrogate", "test", "sc_fit"},
-                         sc_fit=SCFit(), doc=__doc__))
+                         sc_fit=SCFit(), subject=True, doc=__doc__))

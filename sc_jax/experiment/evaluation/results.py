@@ -147,8 +147,8 @@ def results_problem(res) -> str | None:
         for j, item in enumerate(items):
             if not isinstance(item, dict):
                 return f"{what}[{j}] is not an object"
-            if what == "params" and item.get("method") != "sc":
-                continue  # only SC's parameters are plotted
+            if what == "params" and item.get("method") != calibration_methods.subject():
+                continue  # only the subject's (SC's) parameters are plotted
             for key, kind in keys.items():
                 if key not in item:
                     return f"{what}[{j}] has no {key!r}"

@@ -15,6 +15,7 @@ import dataclasses
 
 import numpy as np
 
+from sc_jax.calibration import methods as calibration_methods
 from sc_jax.calibration.defaults import DEFAULT_LAMBDA_INV
 from sc_jax.experiment.evaluation.methods import fit_sc, method_probs
 from sc_jax.experiment.evaluation.results import FitRecord
@@ -115,4 +116,4 @@ def run_demo(config: RunConfig, *, progress: bool = False, model=None) -> DemoRe
         probs[method] = method_probs(method, scores, per, sizes, bc_batch=config.bc_batch,
                                      size_weighting=config.size_weighting, shots=work.k)
     return DemoResult(plan, model, work.split.test_texts(ds), scores.y_test, probs,
-                      [p for p in params if p.method == "sc"], dict(work.jobs.m))
+                      [p for p in params if p.method == calibration_methods.subject()], dict(work.jobs.m))

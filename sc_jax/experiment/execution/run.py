@@ -274,7 +274,7 @@ def _skip_note(name: str, n: int, k: int) -> str:
 def _fit_notes(params: list[FitRecord]) -> list[str]:
     """Notes on the fits as a whole: where the guard acted, and fits that did not converge."""
     notes = []
-    sc_fits = [p for p in params if p.method == "sc"]
+    sc_fits = [p for p in params if p.method == calibration_methods.subject()]
     guarded = [p for p in sc_fits if p.guarded]
     if guarded:
         notes.append(f"SC: the guard fitted SC* at {len(guarded)} of {len(sc_fits)} (dataset, k, "

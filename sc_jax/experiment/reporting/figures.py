@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sc_jax.calibration import methods as calibration_methods
 from sc_jax.calibration.solvers import is_converged
 from sc_jax.experiment.evaluation.metrics import calibration_bins
 from sc_jax.experiment.evaluation.results import ResultRow, RunResults, model_label
@@ -162,7 +163,7 @@ SC_STYLE = {"edgecolor": "black", "linewidth": 1.6, "hatch": "//"}
 def _bar_style(method: str) -> dict:
     """Keyword arguments of ``ax.bar`` for ``method``: its colour, and for SC the
     :data:`SC_STYLE` marks."""
-    return {"color": method_colour(method), **(SC_STYLE if method == "sc" else {})}
+    return {"color": method_colour(method), **(SC_STYLE if method == calibration_methods.subject() else {})}
 
 
 def _bar_values(rows: tuple[ResultRow, ...], dataset: str | None, k: int,
@@ -246,7 +247,7 @@ def params_figure(results: RunResults):
     solver stopped, not a minimum (an UNBOUNDED fit's lies along a ray, orders of
     magnitude beyond the others). They are left out of the scatter and counted in
     their panel's title, so the rest stays readable."""
-    params = [p for p in results.params if p.method == "sc"]
+    params = [p for p in results.params if p.method == calibration_methods.subject()]
     if not params:
         return None
     panels = sorted({(p.dataset, p.shots) for p in params})
@@ -305,6 +306,7 @@ def reliability_figure(records, model: str | None = None, num_bins: int = 10):
     nrows = -(-len(methods) // cols)
     fig = Figure(figsize=(2.7 * cols, 2.8 * nrows + 0.4), layout="constrained")
     axes = fig.subplots(nrows, cols, squeeze=False).ravel()
+    subject = calibration_methods.subject()  # its lines marked
     for ax, m in zip(axes, methods):
         eces = []
         for j, k in enumerate(shots):
@@ -315,8 +317,8 @@ def reliability_figure(records, model: str | None = None, num_bins: int = 10):
             eces.append(f"{100 * np.nansum(count / count.sum() * np.abs(acc - conf)):.1f}")
             ls, marker = _SHOT_STYLES[j % len(_SHOT_STYLES)]
             ax.plot(conf[count > 0], acc[count > 0], ls=ls, marker=marker, ms=3.5,
-                    color=method_colour(m), lw=2.2 if m == "sc" else 1.2,
-                    markeredgecolor="black" if m == "sc" else method_colour(m), label=f"{k}-shot")
+                    color=method_colour(m), lw=2.2 if m == subject else 1.2,
+                    markeredgecolor="black" if m == subject else method_colour(m), label=f"{k}-shot")
         ax.plot([0, 1], [0, 1], color="grey", lw=0.7, ls=(0, (2, 2)))
         ax.set_xlim(0, 1)
         ax.set_ylim(0, 1)

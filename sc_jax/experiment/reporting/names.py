@@ -58,5 +58,5 @@ def order_methods(methods: Iterable[str], *, sc_first: bool = False) -> list[str
     alphabetically."""
     known = {m: i for i, m in enumerate(METHOD_NAMES)}  # the registry's order
     if sc_first:
-        known["sc"] = -1
+        known[calibration_methods.subject()] = -1
     return sorted(set(methods), key=lambda m: (known.get(m, len(known)), m))

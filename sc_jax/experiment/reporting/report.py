@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sc_jax.calibration import methods as calibration_methods
 from sc_jax.experiment.evaluation.results import METHOD_NAMES, METRICS, ResultRow, RunResults, load_results, model_label
 from sc_jax.experiment.evaluation.staging import Staging
 from sc_jax.experiment.reporting.figures import (can_plot, plot_f1_bars, plot_params,
@@ -59,10 +60,9 @@ def summarize(rows: Iterable[ResultRow]) -> dict[tuple, dict]:
             for key, rs in groups.items()}
 
 
-# The baselines SC is compared with: the paper's. BC as the reference code computes it
-# (bc_reference) is weaker on multi-class tasks and reported beside BC, but never
-# chosen as the best baseline.
-BASELINES = ("base", "cc", "dc", "bc")
+# The baselines SC is compared with are the paper's (``Method.paper_baseline``). BC as
+# the reference code computes it (bc_reference) is weaker on multi-class tasks and
+# reported beside BC, but never chosen as the best baseline.
 
 
 def _by_task(rows: Iterable[ResultRow], metric: str) -> dict:
@@ -118,7 +118,8 @@ def sc_against_best_baseline(rows, metric: str = "macro_f1", *, seed: int = 0) -
     """SC minus the best baseline, per (dataset, shots), paired over seeds.
 
     The best baseline is the one of Base, CC, DC and BC (the paper's p / mean p;
-    :data:`BASELINES`, never BC as the reference code computes it) present with the
+    the methods registered with ``paper_baseline``, never BC as the reference code
+    computes it) present with the
     highest mean ``metric`` over seeds on that (dataset, shots): chosen on the test
     results themselves, which favours the baseline. Per seed s, d_s = SC_s - best_s
     (the same test set and demonstrations); the 95% interval of the mean of d is
@@ -129,26 +130,27 @@ def sc_against_best_baseline(rows, metric: str = "macro_f1", *, seed: int = 0) -
     only the per-seed differences ``diffs``. Returns one dict per (dataset, shots) with
     both methods' seeds.
     """
-    out = []
+    out, subject = [], calibration_methods.subject()
     for (d, k), methods in sorted(_by_task(rows, metric).items()):
-        if "sc" not in methods:
+        if subject not in methods:
             continue
-        candidates = [m for m in BASELINES if m in methods]
+        candidates = [m for m in calibration_methods.paper_baselines() if m in methods]
         if not candidates:
             continue
         best = max(candidates, key=lambda m: np.mean(list(methods[m].values())))
         out.append(dict(dataset=d, shots=k, best_baseline=best,
-                        **_paired(methods["sc"], methods[best], seed)))
+                        **_paired(methods[subject], methods[best], seed)))
     return out
 
 
 def sc_against(rows, baseline: str, metric: str = "macro_f1", *, seed: int = 0) -> list[dict]:
     """SC minus one named ``baseline`` (e.g. "bc" and "bc_reference"), per (dataset,
     shots) where both ran, paired over seeds as in :func:`sc_against_best_baseline`."""
+    subject = calibration_methods.subject()
     return [dict(dataset=d, shots=k, baseline=baseline,
-                 **_paired(methods["sc"], methods[baseline], seed))
+                 **_paired(methods[subject], methods[baseline], seed))
             for (d, k), methods in sorted(_by_task(rows, metric).items())
-            if "sc" in methods and baseline in methods]
+            if subject in methods and baseline in methods]
 
 
 def _best_baseline_table(rows) -> list[str]:
@@ -184,9 +186,9 @@ def _best_baseline_table(rows) -> list[str]:
 def _margin_table(rows) -> list[str]:
     """Markdown: SC minus BC as the paper defines it and as its code computes it, per
     (dataset, shots); empty unless the rows hold SC and both forms of BC."""
-    pairs = {b: {(p["dataset"], p["shots"]): p for p in sc_against(rows, b)}
-             for b in ("bc", "bc_reference")}
-    keys = sorted(set(pairs["bc"]) & set(pairs["bc_reference"]))
+    paired = calibration_methods.paired()  # BC and BC (code)
+    pairs = {b: {(p["dataset"], p["shots"]): p for p in sc_against(rows, b)} for b in paired}
+    keys = sorted(set.intersection(*(set(v) for v in pairs.values()))) if len(paired) == 2 else []
     if not keys:
         return []
     out = ["## SC minus BC, as the paper defines it and as its code computes it (macro-F1)", "",
@@ -197,7 +199,7 @@ def _margin_table(rows) -> list[str]:
            "| Dataset | k | SC - BC | 95% CI | SC - BC (code) | 95% CI |",
            "|---|---|---|---|---|---|"]
     for key in keys:
-        a, b = pairs["bc"][key], pairs["bc_reference"][key]
+        a, b = (pairs[m][key] for m in paired)
         out.append(f"| {dataset_name(key[0])} | {key[1]} | {100 * a['diff']:+.1f} | "
                    f"{_interval(a)} | "
                    f"{100 * b['diff']:+.1f} | {_interval(b)} |")

@@ -248,7 +248,7 @@ def samples_markdown(records: Sequence[dict], rows: Sequence[ResultRow]) -> list
                "Accuracy, macro-F1 and ECE recomputed from them match results.json."
                if not problems else
                f"{len(problems)} disagreements with results.json, e.g. {problems[0]}."), ""]
-    tables = [paired_tests(records, "sc", b) for b in ("bc", "bc_reference")]
+    tables = [paired_tests(records, registry.subject(), b) for b in registry.paired()]
     if any(tables):
         out += ["### SC against BC, query by query", "",
                 ("Every seed uses the same test queries, so (seed, query) pairs are not "
@@ -272,6 +272,16 @@ def samples_markdown(records: Sequence[dict], rows: Sequence[ResultRow]) -> list
     return out
 
 
+def _sc_star(method: str) -> bool:
+    """Whether ``method``'s fits are SC* (w = 1) by its registered :class:`SCFit`; a
+    method no longer registered, by its parameters alone (:func:`_fit_from_param`)."""
+    try:
+        fit = registry.get(method).sc_fit
+    except ValueError:
+        fit = None
+    return fit is not None and fit.sc_star
+
+
 def _fit_from_param(p: FitRecord, solver: str) -> FitResult:
     """The :class:`FitResult` of one param record of results.json (the run's own b and
     w, stored as exact float64 JSON numbers): predictions from it are the run's."""
@@ -284,7 +294,7 @@ def _fit_from_param(p: FitRecord, solver: str) -> FitResult:
                      status=Status[p.status], iterations=0,
                      outer_iterations=0, objective=p.objective, constraint=nan,
                      violation=nan, tau=p.tau, lambda_inv=p.lambda_inv,
-                     solver=solver, sc_star=p.method != "sc" or bool(p.guarded),
+                     solver=solver, sc_star=_sc_star(p.method) or bool(p.guarded),
                      num_rows=int(p.rows), base_accuracy=p.base_accuracy, guarded=bool(p.guarded))
 
 
