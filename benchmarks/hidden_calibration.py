@@ -46,7 +46,7 @@ from sc_jax.models.config import preset  # noqa: E402
 from sc_jax.scoring.engine import ScoringEngine, _padding_call  # noqa: E402
 from sc_jax.scoring.enumeration import all_contexts, sample_contexts, surrogate_pairs  # noqa: E402
 from sc_jax.scoring.memory import READOUT_SPACING, packed_temp_bytes  # noqa: E402
-from sc_jax.scoring.programs import packed_call  # noqa: E402
+from sc_jax.scoring.programs import packed_step  # noqa: E402
 from sc_jax.scoring.prompts import Template, build_pieces  # noqa: E402
 
 import _results  # noqa: E402
@@ -135,9 +135,9 @@ def authors_comparison(staicc: Path, states, y, test) -> dict:
 
 
 def engine_cost(model, pieces, jobs, repeats: int) -> dict:
-    """The model programs of the jobs' call shapes (the schedule's ladder) each compiled
-    once ahead of time without and with states (``packed_call.lower(...).compile()``, the
-    order alternating from shape to shape, the gather each reads compiled before: a
+    """The programs of the jobs' call shapes (the schedule's ladder: gather, model and
+    write in one) each compiled once ahead of time without and with states
+    (``packed_step.lower(...).compile()``, the order alternating from shape to shape: a
     compile is cached, so each is timed once), and the jobs scored ``repeats`` times by
     warm engines in turn: summed compile and median call seconds."""
     eng = ScoringEngine(model, progress=False, attention="blocked", max_tokens_per_batch=512)
@@ -145,13 +145,14 @@ def engine_cost(model, pieces, jobs, repeats: int) -> dict:
     pool = eng._pool_of(sched.pool)
     compile_s = {False: 0.0, True: 0.0}
     for j, shape in enumerate(sched.shapes):
-        args = eng._args(pool, shape, _padding_call(shape), np.zeros((shape.B, shape.cache), np.int32),
-                         np.full(shape.cache, -1, np.int32),
+        args = eng._args(_padding_call(shape), np.zeros((shape.B, shape.cache), np.int32),
+                         np.full(shape.cache, -1, np.int32), np.full(shape.B * shape.W, sched.pool, np.int32),
                          model.replicate(np.zeros(shape.labels, np.int32)))
         for hidden in ((False, True) if j % 2 == 0 else (True, False)):
             extra = {"hidden": True} if hidden else {}
             t = time.perf_counter()
-            packed_call.lower(*args, sequence=False, attention="blocked", **extra).compile()
+            packed_step.lower(model.graphdef, model.state, pool, *args, sequence=False, attention="blocked",
+                              **extra).compile()
             compile_s[hidden] += time.perf_counter() - t
     shape = sched.shape
     engines = {h: ScoringEngine(model, progress=False, attention="blocked", max_tokens_per_batch=512)

@@ -26,7 +26,7 @@ class CompileMeter:
     """JAX compiles while the meter is active (``with CompileMeter() as meter``).
 
     ``seconds``: tracing + lowering + backend compiles (persistent-cache reads
-    included); ``compiled``: per function name (``jit_packed_call``...), the programs
+    included); ``compiled``: per function name (``jit(packed_step)``...), the programs
     XLA compiled; ``hits``: per function name, the programs read from the persistent
     compilation cache instead. Counts are per thread-correct: a hit is matched to the
     backend compile it happened in on the same thread.
@@ -71,9 +71,10 @@ class CompileMeter:
 
     def summary(self) -> dict:
         """``compile_s``, ``programs`` (compiled), ``cache_hits``, ``model_programs`` and
-        ``model_cache_hits`` (the scoring engine's model program, ``packed_call``)."""
+        ``model_cache_hits`` (the scoring engine's model programs, ``packed_step``: a
+        call's gather, model and write in one)."""
         programs, hits = self.count()
-        model, model_hits = self.count("packed_call")
+        model, model_hits = self.count("packed_step")
         return {"compile_s": self.seconds, "programs": programs, "cache_hits": hits,
                 "model_programs": model, "model_cache_hits": model_hits}
 

@@ -10,14 +10,16 @@ is then scored against the context's cache in one batch. Every call has one of a
 shapes of the engine's memory policy (:func:`sc_jax.scoring.memory.call_shape`: B rows,
 or half or a quarter of them, of W tokens after a fixed number of cached keys per row,
 padded readouts and label rows: :func:`sc_jax.scoring.packing.row_ladder`), so a run
-compiles a few model programs (:func:`sc_jax.scoring.programs.packed_call`), the same
-for every dataset, and compiles them before the first call (:meth:`ScoringEngine.compile`).
+compiles a few programs (:func:`sc_jax.scoring.programs.packed_step`, one per call
+size), the same for every dataset, and compiles them before the first call
+(:meth:`ScoringEngine.compile`).
 
 Device pipeline: every node's own keys and values go, once, into one preallocated
 token pool (its size from the memory policy, kept by the engine and written in place,
 donated); a call's cache is gathered from the pool at positions the host computes
-(:func:`pool_arrays`: a node's ancestors' positions), so neither the gather, nor the
-write, nor the pool depends on the data's lengths; host batches are row lookups into
+(:func:`pool_arrays`: a node's ancestors' positions), and the gather, the model and
+the write of the call's new keys are one program, whose shapes depend on neither the
+data's lengths nor whether the call writes; host batches are row lookups into
 tables packed once per call (:func:`call_arrays`); and each call's result is fetched
 after the next one is dispatched, so the host never waits on the call it has just
 sent. The token budgets
@@ -43,7 +45,7 @@ from sc_jax.runtime.timing import CompileMeter
 from sc_jax.scoring.attention_choice import EngineAttention
 from sc_jax.scoring.memory import MemoryPolicy, Planned, query_rows
 from sc_jax.scoring.packing import MIN_CACHE, PackedDepth, PackShape
-from sc_jax.scoring.programs import PackedInputs, empty_pool, gather_slots, packed_call, write_tokens
+from sc_jax.scoring.programs import PackedInputs, empty_pool, packed_step
 from sc_jax.scoring.prompts import PromptPieces
 from sc_jax.scoring.reference import check_inputs, label_logprobs
 from sc_jax.scoring.results import CallCounts, EngineStats, ScoreResult
@@ -154,13 +156,12 @@ def level_index(chunk: Chunk, d: int, parent: np.ndarray, level_len) -> np.ndarr
 
 
 def pool_arrays(shape: PackShape, st: PackedDepth, r0: int, index: np.ndarray, chunk: Chunk,
-                pool: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+                pool: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The pool side of the call of rows ``r0 .. r0 + B`` of ``st``: ``src [B, keys]``,
     the pool positions of each row's cache (its slots' nodes' contexts, ``index``
     from :func:`level_index` of depth ``st.depth - 1``); ``key_slot [keys]``, the slot
     of each cached key (-1 past the slots); and ``dst [B x W]``, the pool position of
-    each new token of a segment (out of range elsewhere), None where the call has no
-    segment."""
+    each new token of a segment (``pool``, out of range, elsewhere: not written)."""
     B, W, keys, S, m = shape.B, shape.W, shape.cache, st.S, st.m
     nodes = st.slot_nodes[r0:r0 + B]
     src = np.zeros((B, keys), np.int32)
@@ -169,11 +170,11 @@ def pool_arrays(shape: PackShape, st: PackedDepth, r0: int, index: np.ndarray, c
     key_slot[:m * S] = np.repeat(np.arange(m), S)
     a, b = np.searchsorted(st.row, [r0, r0 + B])
     g = a + np.flatnonzero(st.kind[a:b] == 0)
-    if not len(g):
-        return src, key_slot, None
+    dst = np.full(B * W, pool, np.int32)
+    if not len(g):  # query rows only: their keys are not kept
+        return src, key_slot, dst
     lens = st.length[g]
     item, within = _spans(lens)
-    dst = np.full(B * W, pool, np.int32)
     dst[((st.row[g] - r0) * W + st.off[g])[item] + within] = \
         chunk.start[st.depth][st.node[g]][item] + within
     return src, key_slot, dst
@@ -243,9 +244,9 @@ class ScoringEngine:
         self._attention = EngineAttention(attention, model.config, model.dtype,
                                           n_devices=model.n_devices, model_shards=model.model_shards)
         self._scored: dict[PackShape, None] = {}
-        # The pool's write of each call shape and pool size, compiled ahead of time beside
-        # the model program (:meth:`_compile_write`).
-        self._writes: dict[tuple, Any] = {}
+        # The program of each call shape, pool size, label mode, hidden states and
+        # attention, compiled ahead of time (:meth:`_step`).
+        self._steps: dict[tuple, Any] = {}
 
     def plan(self, pieces: PromptPieces, jobs, mode: str) -> Planned:
         """The packed schedule of ``jobs`` (checked inputs) under this engine's policy,
@@ -267,20 +268,20 @@ class ScoringEngine:
             c = m.config
             kv = kv_sharding(m.mesh, (c.num_layers, 1, tokens, c.num_kv_heads, c.head_dim))
             sharding = KVCache(kv, kv, replicated(m.mesh), replicated(m.mesh))
-        # Committed to its devices, as the compiled write's outputs are (:meth:`_write`):
-        # the gathers then see one kind of pool, before the first write and after it.
+        # Committed to its devices, as the compiled program's outputs are (:meth:`_step`):
+        # the calls then see one kind of pool, before the first write and after it.
         return jax.tree.map(lambda a: jax.device_put(a, a.sharding),
                             empty_pool(m.config, tokens, m.dtype, sharding))
 
-    def _args(self, pool: KVCache, shape: PackShape, a: CallArrays, src, key_slot, rows_arg):
-        """The model program's arguments for one call (the cache gathered on the device)."""
+    def _args(self, a: CallArrays, src, key_slot, dst, rows_arg) -> tuple:
+        """The device arguments of one call's program after the pool
+        (:func:`sc_jax.scoring.programs.packed_step`): ``(src, key_slot, inputs, rows, dst)``."""
         m = self.model
         put, rep = m.put, m.replicate
-        cache, cslot = gather_slots(pool, put(src), rep(key_slot))
         x = a.inputs
         inputs = PackedInputs(put(x.tokens), put(x.positions), put(x.valid), put(x.segment),
                               put(x.slot), rep(x.readout), rep(x.targets))
-        return m.graphdef, m.state, cache, cslot, inputs, rows_arg
+        return put(src), rep(key_slot), inputs, rows_arg, rep(dst)
 
     def choice(self, shape: PackShape) -> tuple[str, list, bool]:
         """The attention for calls of ``shape``: ``(name, trials, from_cache)``, decided
@@ -288,57 +289,61 @@ class ScoringEngine:
         return self._attention.decide(shape)
 
     def compile(self, shape: PackShape, pool: KVCache, mode: str = "first_token", *,
-                choose: PackShape | None = None, hidden: bool = False) -> str:
-        """Compile the model program of calls of ``shape`` now, ahead of time (once per
-        engine and shape), so that the first call of a depth times the forward pass only;
-        returns the attention it uses, as the engine's attention choice settles it
+                choose: PackShape | None = None, hidden: bool = False) -> tuple[str, KVCache]:
+        """Compile the program of calls of ``shape`` (:func:`sc_jax.scoring.programs.packed_step`:
+        gather, model and write) now, ahead of time (once per engine, shape and pool
+        size), so that the first call of a depth times the forward pass only. Returns
+        the attention it uses, as the engine's attention choice settles it
         (:meth:`sc_jax.scoring.attention_choice.EngineAttention.settle`: the decision
         for ``choose`` where given, as a schedule's smaller calls run its largest call's
-        choice, and the next one where a candidate does not compile or run). The
-        arguments are those of a call of padding, its cache gathered from ``pool``
-        (which compiles the gather too), so the program is the one the calls then find
-        in JAX's cache. ``hidden``: the program that also returns the readouts' hidden
-        states (:func:`sc_jax.scoring.programs.packed_call`), a program of its own."""
+        choice, and the next one where a candidate does not compile or run), and the
+        pool to use from then on: the program donates ``pool``, so where a candidate is
+        run once (on a call of padding that writes nothing) the pool is the one it
+        returns, or a new empty one where the run failed. ``hidden``: the program that
+        also returns the readouts' hidden states, a program of its own."""
         seq = mode == "sequence"
         if choose is not None:
-            self.compile(choose, pool, mode, hidden=hidden)
+            _, pool = self.compile(choose, pool, mode, hidden=hidden)
         m = self.model
 
         @functools.cache
         def args():
             rows_arg = None if seq else m.replicate(np.zeros(shape.labels, np.int32))
-            return self._args(pool, shape, _padding_call(shape), np.zeros((shape.B, shape.cache), np.int32),
-                              np.full(shape.cache, -1, np.int32), rows_arg)
-
-        # Without hidden states the call is exactly the one every run makes (no
-        # `hidden` argument), so its program and its cache entries are unchanged.
-        extra = {"hidden": True} if hidden else {}
+            drop = np.full(shape.B * shape.W, pool.k.shape[2], np.int32)  # writes nothing
+            return self._args(_padding_call(shape), np.zeros((shape.B, shape.cache), np.int32),
+                              np.full(shape.cache, -1, np.int32), drop, rows_arg)
 
         def build(name: str, run: bool) -> None:
-            compiled = packed_call.lower(*args(), sequence=seq, attention=name, **extra).compile()
-            self._compile_write(shape, pool, compiled.out_info[1])
+            nonlocal pool
+            step = self._step(shape, pool, seq, hidden, name, args())
             if run:
-                jax.block_until_ready(packed_call(*args(), sequence=seq, attention=name, **extra))
+                try:
+                    pool = jax.block_until_ready(step(m.state, pool, *args()))[1]
+                except Exception:
+                    if any(a.is_deleted() for a in jax.tree.leaves(pool)):  # donated
+                        pool = self._pool_of(pool.k.shape[2])
+                    raise
 
-        return self._attention.settle(shape, seq, build, like=choose, hidden=hidden)
+        name = self._attention.settle(shape, seq, build, like=choose, hidden=hidden)
+        self._step(shape, pool, seq, hidden, name, args())  # settled with a pool of another size
+        return name, pool
 
-    def _compile_write(self, shape: PackShape, pool: KVCache, kv) -> None:
-        """Compile the pool's write of calls of ``shape`` (``kv``: the model program's
-        new keys, as its compiled ``out_info`` gives them) now, as the model program is.
-        Which call sizes a seed's depths end in depends on its data, so a write compiled
-        at its first call would leave another seed's run compiling the sizes this one
-        did not use; the call uses this executable (:meth:`_write`)."""
-        key = (shape.program, pool.k.shape)
-        if key not in self._writes:
-            dst = self.model.replicate(np.zeros(shape.B * shape.W, np.int32))
-            self._writes[key] = write_tokens.lower(pool, kv, dst).compile()
-
-    def _write(self, pool: KVCache, shape: PackShape, kv: KVCache, dst) -> KVCache:
-        """``write_tokens`` of one call, by the executable :meth:`compile` made (the jitted
-        function where it made none: a pool of another size than the shape was first
-        compiled with)."""
-        write = self._writes.get((shape.program, pool.k.shape), write_tokens)
-        return write(pool, kv, self.model.replicate(dst))
+    def _step(self, shape: PackShape, pool: KVCache, seq: bool, hidden: bool, attention: str,
+              args: tuple):
+        """The compiled program of calls of ``shape`` on ``pool``'s size, made once with
+        ``args`` (those after the pool, :meth:`_args`). Which call sizes a seed's depths
+        end in depends on its data, so :meth:`compile` makes every size's before the
+        first call, and another seed's run finds the sizes this one did not use; the
+        calls run this executable (:meth:`_run`)."""
+        key = (shape.program, pool.k.shape, seq, hidden, attention)
+        if key not in self._steps:
+            m = self.model
+            # Without hidden states the call is exactly the one every run makes (no
+            # `hidden` argument), so its program and its cache entries are unchanged.
+            extra = {"hidden": True} if hidden else {}
+            self._steps[key] = packed_step.lower(m.graphdef, m.state, pool, *args, sequence=seq,
+                                                 attention=attention, **extra).compile()
+        return self._steps[key]
 
     # -------------------------------------------------------------- main entry
     def score(self, pieces: PromptPieces, contexts, pairs, mode: str = "first_token", *,
@@ -410,11 +415,12 @@ class ScoringEngine:
                 t = time.perf_counter()
                 pool = self._pool_of(sched.pool)
                 # Every call size, so that another dataset (whose depths end in other
-                # sizes) finds its model programs compiled.
-                attention = self.compile(sched.shape, pool, mode, hidden=hidden)
-                sizes_used = {sh.program: self.compile(sh, pool, mode, choose=sched.shape,
-                                                       hidden=hidden)
-                              for sh in sched.shapes}
+                # sizes) finds its programs compiled.
+                attention, pool = self.compile(sched.shape, pool, mode, hidden=hidden)
+                sizes_used = {}
+                for sh in sched.shapes:
+                    sizes_used[sh.program], pool = self.compile(sh, pool, mode, choose=sched.shape,
+                                                                hidden=hidden)
                 # Choosing the attention runs candidates and the program once: wall time
                 # beyond the meter's compiles, all of it before the first call.
                 warm, warm_compiles = time.perf_counter() - t, meter.seconds
@@ -441,19 +447,20 @@ class ScoringEngine:
         return EngineStats(
             **counts._asdict(), programs=len(sched.programs), shape=sched.shape, plan_s=plan_s,
             compile_s=warm + in_loop, forward_s=max(0.0, loop - counts.host_s - in_loop),
-            compiled=compiled, model_compiled=meter.count("packed_call")[0], cache_hits=cache_hits,
+            compiled=compiled, model_compiled=meter.count("packed_step")[0], cache_hits=cache_hits,
             attention=attention, attention_trials=[t.to_json() for t in trials],
             attention_from_cache=from_cache, seconds=time.perf_counter() - t0)
 
     def _run(self, run: _Run, pool: KVCache, rows_arg, bar, attention: dict) -> tuple[float, CallCounts]:
         """Every call of the schedule (:meth:`Schedule.calls`: chunk by chunk, depth by
-        depth), each with the attention ``attention`` maps its program to; returns the
-        loop's seconds and what its calls did."""
+        depth), each by the program :meth:`compile` made for its size, with the attention
+        ``attention`` maps its size to, on ``pool`` (donated, the next call's the one it
+        returns); returns the loop's seconds and what its calls did."""
         sched = run.sched
         t_loop = time.perf_counter()
         counts = CallCounts()
         pending, at, index = None, None, None
-        extra = {"hidden": True} if run.states is not None else {}
+        hidden, state = run.states is not None, self.model.state
         for ci, packed, r0, shape in sched.calls():
             t = time.perf_counter()
             ch, d = sched.trie[ci], packed.depth
@@ -465,11 +472,8 @@ class ScoringEngine:
             a = call_arrays(run.tok, shape, packed, r0)
             src, key_slot, dst = pool_arrays(shape, packed, r0, index, ch, sched.pool)
             host = time.perf_counter() - t
-            res, kv = packed_call(*self._args(pool, shape, a, src, key_slot, rows_arg),
-                                  sequence=run.seq, attention=attention[shape.program], **extra)
-            if dst is not None:
-                pool = self._write(pool, shape, kv, dst)
-            del kv
+            step = self._steps[shape.program, pool.k.shape, run.seq, hidden, attention[shape.program]]
+            res, pool = step(state, pool, *self._args(a, src, key_slot, dst, rows_arg))
             counts = counts.plus(calls=1, tokens=a.tokens_real, padded_tokens=a.inputs.tokens.size,
                                  nodes=nodes, query_rows=a.query_rows, host_s=host)
             if pending is not None:

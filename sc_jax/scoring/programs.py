@@ -1,11 +1,11 @@
 """The scoring engine's jitted programs: the flat reference batches'
-(:func:`flat_call`), the packed model program every engine call runs
-(:func:`packed_call`, one shape per run: :attr:`sc_jax.scoring.packing.PackShape.program`)
-and the model-free programs around it, which take the call shape and the token
-pool's size (the pool's empty buffer :func:`empty_pool`, the gather of a call's
-cache slots :func:`gather_slots`, the in-place write of a call's new keys
-:func:`write_tokens`). The host builds their inputs (:mod:`sc_jax.scoring.engine`);
-nothing here reads a schedule.
+(:func:`flat_call`), the one program every engine call runs (:func:`packed_step`, one
+per call size: :attr:`sc_jax.scoring.packing.PackShape.program`, and the token pool's
+size) and its parts: the gather of a call's cache slots from the token pool
+(:func:`gather_slots`), the packed model (:func:`packed_call`, also a program of its
+own for cost and lowering checks) and the in-place write of a call's new keys
+(:func:`write_tokens`); the pool's empty buffer (:func:`empty_pool`). The host builds
+their inputs (:mod:`sc_jax.scoring.engine`); nothing here reads a schedule.
 """
 
 from __future__ import annotations
@@ -75,12 +75,13 @@ def last_states(graphdef, state, tokens, valid, last):
 
 
 # ------------------------------------------------------------------ the engine's programs
-# The model program (`packed_call`) has one shape per call size (its rows, width,
-# cached keys, readouts and label rows: PackShape.program). The model-free programs
-# around it take the pool (a KVCache of one row of `pool` tokens, its size from the
-# memory policy) and arrays of the call shape whose values (pool positions) come from
-# the host, so that other seeds and datasets find them compiled (in memory or in the
-# persistent cache).
+# An engine call is one program (`packed_step`) per call size (its rows, width, cached
+# keys, readouts and label rows: PackShape.program): the gather of the call's cache from
+# the token pool (a KVCache of one row of `pool` tokens, its size from the memory
+# policy), the model, and the write of the new keys into the pool, at pool positions
+# the host computes, so that other seeds and datasets find it compiled (in memory or in
+# the persistent cache). The parts are jitted functions of their own; called inside
+# `packed_step` they are inlined into its one XLA program.
 @jax.jit
 def gather_slots(pool: KVCache, src, key_slot):
     """The cache of a call: pool positions ``src [B, keys]`` (each row's slots side by
@@ -122,20 +123,47 @@ def packed_call(graphdef, state, cache: KVCache, cache_slot, inputs: PackedInput
 
 @functools.partial(jax.jit, donate_argnames=("pool",))
 def write_tokens(pool: KVCache, kv: KVCache, dst):
-    """The call's new keys ``kv`` (``[L, B, W, K, Dh]``) written in place into the
-    donated ``pool``: token ``i`` of the flattened ``B x W`` at pool position
-    ``dst[i]`` (out of range: not kept)."""
+    """The call's new keys ``kv`` (``[L, B, W, K, Dh]``, positions and validity
+    ``[B, W]``) written in place into the donated ``pool``: token ``i`` of the flattened
+    ``B x W`` at pool position ``dst[i]`` (out of range: not kept). A field of ``kv``
+    that is None is left as it is."""
     COMPILES["write"] += 1
-    L, B, W = kv.k.shape[:3]
 
-    def put(dst_arr, new, lead):
-        if lead:
-            flat = new.reshape((L, B * W) + new.shape[3:]).astype(dst_arr.dtype)
+    def put(dst_arr, new):
+        if new is None:
+            return dst_arr
+        if new.ndim > 2:  # [L, B, W, K, Dh] -> [L, B x W, K, Dh]
+            flat = new.reshape((new.shape[0], -1) + new.shape[3:]).astype(dst_arr.dtype)
             return dst_arr.at[:, 0, dst].set(flat, mode="drop")
-        return dst_arr.at[0, dst].set(new.reshape(B * W), mode="drop")
+        return dst_arr.at[0, dst].set(new.reshape(-1), mode="drop")
 
-    return KVCache(put(pool.k, kv.k, True), put(pool.v, kv.v, True), put(pool.pos, kv.pos, False),
-                   put(pool.valid, kv.valid, False))
+    return KVCache(put(pool.k, kv.k), put(pool.v, kv.v), put(pool.pos, kv.pos),
+                   put(pool.valid, kv.valid))
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "sequence", "attention", "hidden"),
+                   donate_argnames=("pool",))
+def packed_step(graphdef, state, pool: KVCache, src, key_slot, inputs: PackedInputs, rows, dst,
+                sequence, attention="dense", hidden=False):
+    """One engine call as one program: the cache gathered from the donated token
+    ``pool`` (:func:`gather_slots` of ``src [B, keys]``, ``key_slot [keys]``), the packed
+    model on it (:func:`packed_call`), and the call's new tokens written into the pool in
+    place (:func:`write_tokens` at ``dst [B x W]``; a call that keeps none passes
+    positions out of range, so every call of a size is this one program). Returns
+    ``(scores, pool)``: :func:`packed_call`'s scores (``(scores, states)`` with
+    ``hidden``) and the written pool, which aliases the donated one."""
+    COMPILES["step"] += 1
+    # A call's cache is its items' ancestors, written by earlier calls: it never reads a
+    # pool position it writes. Its tokens' positions and validity (inputs, not model
+    # outputs) are written first and the cache gathered after, as the keys are written
+    # after the gather (through the model): each write is ordered after the reads of
+    # its buffer, so XLA writes in place (positions written after the gather, with
+    # nothing ordering the two, were copied whole).
+    pool = write_tokens(pool, KVCache(None, None, inputs.positions, inputs.valid), dst)
+    cache, cache_slot = gather_slots(pool, src, key_slot)
+    scores, kv = packed_call(graphdef, state, cache, cache_slot, inputs, rows, sequence=sequence,
+                             attention=attention, hidden=hidden)
+    return scores, write_tokens(pool, KVCache(kv.k, kv.v, None, None), dst)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "tokens", "dtype", "sharding"))

@@ -1,8 +1,9 @@
-"""The engine's programs (the token pool, slot gathers, writes, the model program of
-each call size) are shaped from the memory policy alone: another seed or another
-dataset compiles no program of any kind, whatever the lengths of its demonstrations
-(the writes of every call size are compiled with the model programs); the plan counts
-the pool the engine allocates, and the call sizes bound the padding."""
+"""The engine's programs (the token pool, and one program per call size that gathers
+the call's cache, runs the model and writes its new keys) are shaped from the memory
+policy alone: another seed or another dataset compiles no program of any kind, whatever
+the lengths of its demonstrations (every call size is compiled before the first call);
+a dataset of another call shape compiles one program per call size, nothing else; the
+plan counts the pool the engine allocates, and the call sizes bound the padding."""
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from sc_jax.runtime.timing import CompileMeter
 from sc_jax.scoring.engine import ScoringEngine
 from sc_jax.scoring.enumeration import all_contexts, sample_contexts, surrogate_pairs
 from sc_jax.scoring.memory import level_peak_tokens
-from sc_jax.scoring.packing import PackShape, row_ladder, split_rows
+from sc_jax.scoring.packing import ROW_SIZES, PackShape, row_ladder, split_rows
 from sc_jax.scoring.programs import COMPILES
 from sc_jax.scoring.prompts import Template, build_pieces
 from sc_jax.scoring.reference import score_plain
@@ -102,9 +103,9 @@ def test_datasets_of_other_lengths_compile_nothing(model):
     """One engine scores a short-text task (longest demonstration under 32 tokens),
     then a longer-text one of another template and four classes (longest
     demonstration in the next power of two), then another seed of it: neither
-    compiles a program of any kind (the writes of the call sizes the first one's
-    depths did not end in were compiled with its model programs); both score what a fresh engine scores, and the plain path's
-    label log-probs (float32, 1e-4)."""
+    compiles a program of any kind (the call sizes the first one's depths did not end
+    in were compiled before its first call); both score what a fresh engine scores,
+    and the plain path's label log-probs (float32, 1e-4)."""
     short = _pieces(model, SHORT, [1, 2, 1, 2, 1, 2], 0)
     longer = [_pieces(model, NEWS, [5, 3, 4, 2, 3, 4], 2), _pieces(model, NEWS, [3, 5, 2, 4, 3, 2], 3)]
     slots = [segment_slot(_longest_segment(p)) for p in [short] + longer]
@@ -123,6 +124,27 @@ def test_datasets_of_other_lengths_compile_nothing(model):
     ctx, pairs = _jobs()["2"]
     plain = score_plain(model, longer[1], ctx, pairs[::4])
     assert np.abs(result.scores["2"][::4] - plain).max() <= 1e-4
+
+
+def test_another_call_shape_compiles_one_program_per_call_size(model):
+    """A dataset whose query is longer than the first one's rows takes a wider call
+    shape: it compiles one program per call size (gather, model and write in one,
+    :func:`sc_jax.scoring.programs.packed_step`) and nothing else (the pool is the
+    same size), and scores the plain path's label log-probs (float32, 1e-4)."""
+    eng = ScoringEngine(model, progress=False)
+    first = eng.score_jobs(_pieces(model, REVIEWS, [4, 6, 3, 7, 5, 6], 0), _jobs())
+    wide = _pieces(model, NEWS, [5, 3, 4, 2, 3, 40], 2)
+    with CompileMeter() as meter:
+        result = eng.score_jobs(wide, _jobs())
+    sched = result.plan.schedule
+    assert sched.shape.W > first.plan.schedule.shape.W and sched.pool == first.plan.schedule.pool
+    assert len(sched.shapes) > 1, sched.shapes
+    # Compiled here or read from the persistent cache of an earlier test run.
+    made = meter.compiled + meter.hits
+    assert set(made) == {"jit(packed_step)"} and made.total() == len(sched.shapes) <= ROW_SIZES, made
+    assert result.stats.model_compiled == result.stats.compiled
+    ctx, pairs = _jobs()["k"]
+    assert np.abs(result.scores["k"] - score_plain(model, wide, ctx, pairs)).max() <= 1e-4
 
 
 def test_plan_counts_the_pool_the_engine_allocates(model, monkeypatch):
