@@ -28,7 +28,7 @@ from jax import export
 from sc_jax.models import pallas_attention, pallas_tpu_attention
 from sc_jax.models.config import preset
 from sc_jax.models.model import Decoder, KVCache
-from sc_jax.scoring.programs import PackedInputs, packed_call
+from sc_jax.scoring.programs import PackedInputs, packed_call, packed_step
 
 B, W, C, R, LABELS = 16, 512, 2048, 1024, 8
 # The Triton kernel's custom call has no compatibility guarantee across jaxlib versions,
@@ -101,6 +101,26 @@ def test_engine_program_has_no_data_dependent_loop_on_an_accelerator(qwen2_7b_ca
     assert data_dependent_whiles(mlir) == loops
     assert ("xla.gpu.triton" in mlir) == (attention == "pallas" and platform == "cuda")
     assert ("tpu_custom_call" in mlir) == (attention == "pallas" and platform == "tpu")
+
+
+@pytest.mark.parametrize("platform", ["cuda", "tpu"])
+def test_engine_call_lowers_with_its_pool_donated(qwen2_7b_call, platform):
+    """The program every engine call runs (``packed_step``: the slot gather, the 7B model
+    with the Pallas kernel, the pool's write) lowers for the accelerator with no
+    data-dependent loop, and the token pool's four arrays are its donated arguments, so
+    the device writes them in place (the CPU's optimised program was checked to copy no
+    part of the pool: tests/scoring/test_compiles.py runs the same program)."""
+    graphdef, state, cache, _, inputs, labels = qwen2_7b_call
+    config = preset("qwen2-7b")
+    L, Kh, Dh, P = config.num_layers, config.num_kv_heads, config.head_dim, 1 << 16
+    a = lambda shape, dtype=jnp.int32: jax.ShapeDtypeStruct(shape, dtype)  # noqa: E731
+    kv = a((L, 1, P, Kh, Dh), jnp.bfloat16)
+    pool = KVCache(kv, kv, a((1, P)), a((1, P), bool))
+    args = (graphdef, state, pool, a((B, C)), a((C,)), inputs, labels, a((B * W,)))
+    exported = _export(packed_step, args, dict(sequence=False, attention="pallas"), platform)
+    mlir = exported.mlir_module()
+    assert data_dependent_whiles(mlir) == 0
+    assert mlir.count("jax.buffer_donor = true") + mlir.count("tf.aliasing_output") == 4
 
 
 def _export_kernel(packed_attention, Dh: int, platform: str):
