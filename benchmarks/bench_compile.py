@@ -302,7 +302,8 @@ def main(argv=None):
                      f"{c.get('first_s', float('nan')):7.2f} {med.get('stablehlo_lines', 0):5.0f}")
         rows.append(row)
         print(line, flush=True)
-    machine = machine or {"id": "cpu"}
+    # The run entry's child is sc-jax itself, which reports no machine: this process's.
+    machine = machine or _results.jax_machine()
     out = _results.write_json(
         args.out or _results.default_path("bench_compile", machine.get("id", "cpu")),
         dict(header=_results.header(machine, command=_results.command(__file__, argv),
