@@ -1,7 +1,7 @@
 """The public pure-JAX functions under JAX's transformations: ``log_odds``,
 ``calibrated_log_probs``, ``ensemble_proba`` and ``tau_schedule`` under ``jit``, ``vmap``
 and ``grad``; ``calibrate`` under forward mode (``jacfwd``, ``hessian``) and reverse
-mode, by implicit differentiation through ``jax.lax.custom_root``.
+mode, by implicit differentiation of its KKT conditions (a ``custom_jvp`` rule).
 
 float64 throughout (the ``x64`` fixture). Tolerances:
 * jit against eager, vmap against a loop: the same float64 operations, fused

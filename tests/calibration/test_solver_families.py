@@ -132,13 +132,15 @@ def test_terminal_step_matches_the_evaluated_end(x64, monkeypatch):
     probs = [jax.tree.map(lambda a: a[0], pack_batch([data], "float64")[0])
              for data, _, _ in cases]
 
-    def solve(prob, lam, tau):
-        # A fresh jit: _TERMINAL_FRACTION is read while tracing.
-        return jax.jit(lambda p: solvers.augmented_lagrangian(p, lam, tau, options=opts))(prob)
+    def solve_cases():
+        # A fresh jit: _TERMINAL_FRACTION is read while tracing. lambda_inv and tau are
+        # arguments, so that both cases (the same shapes) run one program.
+        solve = jax.jit(lambda p, lam, tau: solvers.augmented_lagrangian(p, lam, tau, options=opts))
+        return [solve(p, lam, tau) for p, (_, lam, tau) in zip(probs, cases)]
 
-    fast = [solve(p, lam, tau) for p, (_, lam, tau) in zip(probs, cases)]
+    fast = solve_cases()
     monkeypatch.setattr(lagrangian, "_TERMINAL_FRACTION", 0.0)
-    plain = [solve(p, lam, tau) for p, (_, lam, tau) in zip(probs, cases)]
+    plain = solve_cases()
     for prob, (_, lam, tau), a, b in zip(probs, cases, fast, plain):
         assert int(a.status) == int(b.status) == Status.CONVERGED
         assert int(a.iterations) == int(b.iterations) - 1  # the path was taken

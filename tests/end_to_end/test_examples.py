@@ -50,10 +50,11 @@ def test_examples_run(tmp_path):
     """Examples 1 and 2 (scores from the default model, SC fitted in jit) and 3
     (run_experiment at toy settings), in one process as a reader runs them."""
     env = dict(os.environ)
-    # As a user runs them: the suite's LLVM level 0 (tests/conftest.py) makes the
-    # default model's forward passes several times slower than the compiles it saves.
-    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
-                                if not f.startswith("--xla_backend_optimization_level"))
+    # As a user runs them, without the suite's compile settings (tests/conftest.py):
+    # its lower LLVM level makes the default model's forward passes several times
+    # slower than the compiles it saves.
+    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split() if not f.startswith(
+        ("--xla_backend_optimization_level", "--xla_cpu_use_fusion_emitters")))
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + env.get("PYTHONPATH", "").split(os.pathsep))
     code = ("import runpy, sys; sys.path.insert(0, sys.argv[1]); "
             "runpy.run_path(sys.argv[1] + '/ex2_calibrate_jit.py', run_name='__main__'); "
