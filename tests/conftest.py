@@ -5,8 +5,15 @@ import os
 import tempfile
 
 
+def _jaxlib_version() -> tuple:
+    """(major, minor) of the installed jaxlib, read without importing JAX."""
+    from importlib.metadata import version
+
+    return tuple(int(p) for p in version("jaxlib").split(".")[:2])
+
+
 def _xla_flags():
-    """The suite's XLA flags for this jaxlib, read without importing JAX.
+    """The suite's XLA flags for this jaxlib.
 
     The suite is dominated by compiling many small programs, each run a few times, so
     XLA's CPU code is optimised less than by default: LLVM level 0 (measured on the
@@ -14,9 +21,7 @@ def _xla_flags():
     calibration/test_jax_calibrate.py 87 -> 63 s, test_scoring.py + test_resume.py
     192 -> 149 s). HLO passes still run; only the machine-code optimisation is
     reduced, so every tolerance holds as at level 2."""
-    from importlib.metadata import version
-
-    if tuple(int(p) for p in version("jaxlib").split(".")[:2]) >= (0, 11):
+    if _jaxlib_version() >= (0, 11):
         return "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
     # jaxlib 0.10: XLA's classic CPU emitters, which the augmented Lagrangian's own
     # programs use there anyway (solvers.batching.COMPILER_OPTIONS), compile the
@@ -66,9 +71,8 @@ def no_persistent_cache_writes():
     same either way; only these modules' cache entries are not written. jaxlib 0.10
     keeps its writes."""
     import jax
-    import jaxlib
 
-    if tuple(int(p) for p in jaxlib.__version__.split(".")[:2]) < (0, 11):
+    if _jaxlib_version() < (0, 11):
         yield
         return
     old = jax.config.jax_persistent_cache_min_compile_time_secs
