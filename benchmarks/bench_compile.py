@@ -20,7 +20,8 @@ The entry points:
   bench_cold_call's 25 problems (n = 4, 336 rows each), and the SciPy trust-constr loop
   on them (``numpy_fit.fit(solver="scipy")``, float64), each cold;
 * ``fit_batch``: ``numpy_fit.fit_batch`` on the experiment's default batch (two
-  classes, k = 8, sizes 1..5 x 5 seeds);
+  classes, k = 8, sizes 1..5 x 5 seeds); ``fit_batch-96``: the same batch at
+  lambda_inv = 1, where each problem is solved from NONCONVEX_STARTS (96) starts;
 * ``run``: ``sc-jax run`` on ``random:tiny-llama`` (k = 4, 1 seed, 16 test queries,
   a 40-row data file made here): its fits' compile seconds and programs
   (``fit_compile_s``) and the engine's (``compile_s``, ``model_programs``), from
@@ -53,7 +54,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MODES = ("eager", "jit", "vmap", "grad", "jacfwd")
 CLASSES = (2, 4, 6)
 ENTRIES = tuple(f"calibrate-{m}-n{n}" for n in CLASSES for m in MODES) + (
-    "calibrate-vmap-25", "scipy-loop-25", "fit_batch", "run")
+    "calibrate-vmap-25", "scipy-loop-25", "fit_batch", "fit_batch-96", "run")
 
 
 # ----------------------------------------------------------------- the child process
@@ -124,7 +125,10 @@ def _batch25_call(scipy: bool):
             lambda: jax.jit(fn).lower(*args).as_text())
 
 
-def _fit_batch_call():
+def _fit_batch_call(multistart: bool = False):
+    """fit_batch on 25 problems (n = 2, k = 8, sizes 1-5, 5 seeds), float32; with
+    ``multistart`` at lambda_inv = 1, where fit_batch solves each from
+    NONCONVEX_STARTS (96) starts."""
     from sc_jax.calibration import numpy_fit  # noqa: PLC0415
     from sc_jax.calibration.synthetic import World  # noqa: PLC0415
 
@@ -132,7 +136,8 @@ def _fit_batch_call():
     for seed in range(5):
         sur = World(2, (1.0,), beta=(0.3,), seed=seed).surrogate(8, range(1, 6))
         probs += [sur[i] for i in range(1, 6)]
-    return lambda: [int(f.status) for f in numpy_fit.fit_batch(probs)], None
+    kwargs = {"lambda_inv": 1.0} if multistart else {}
+    return lambda: [int(f.status) for f in numpy_fit.fit_batch(probs, **kwargs)], None
 
 
 class _Stages:
@@ -181,7 +186,7 @@ def child(entry: str) -> None:
         _, mode, n = entry.split("-")
         call, lower = _calibrate_call(mode, int(n[1:]))
     else:
-        call, lower = _fit_batch_call()
+        call, lower = _fit_batch_call(entry == "fit_batch-96")
     with _Stages() as meter:
         t = time.perf_counter()
         out = call()

@@ -843,15 +843,17 @@ def test_strong_invariance_gets_the_multistart_by_default(x64):
     np.testing.assert_allclose(mixed[0].w, plain.w, rtol=1e-9)
 
 
-def test_multistart_is_the_best_of_its_starts_solved_alone(x64, monkeypatch):
-    # The vmapped multi-start against its plain path: each of its six start points
-    # solved alone (one-start solves with start_points patched), on apex seed 33, whose
+@pytest.mark.parametrize("one_site", [False, True], ids=["vmapped", "mapped"])
+def test_multistart_is_the_best_of_its_starts_solved_alone(x64, monkeypatch, one_site):
+    # The multi-start, its starts vmapped (an accelerator's lockstep) or mapped (a
+    # CPU's, one_site), against its plain path: each of its six start points solved
+    # alone (one-start solves with start_points patched), on apex seed 33, whose
     # starts end at two different optima. Same arithmetic per start, so the
     # objectives agree to float64 rounding of the lowest end.
     x, y, g, lam, tau = synthetic.solver_instance("apex", 33)
     prob = _problem64(x, y, g)
     multi = jax.jit(lambda p: solvers.augmented_lagrangian(
-        p, lam, tau, options=SolverOptions(num_starts=6)))(prob)
+        p, lam, tau, options=SolverOptions(num_starts=6), one_site=one_site))(prob)
     pts = solvers.start_points(1, 6)
 
     def one_start(p, pt):  # the start point an argument: one program for the six

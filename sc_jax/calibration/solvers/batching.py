@@ -469,7 +469,7 @@ def solve_slots(problems: tuple, lambda_invs: tuple, taus: tuple, *,
     (and the designs) depend on a bucket's row count, so only they are compiled
     per bucket; with a ``vmap`` or ``map`` per bucket the whole solver was, about
     0.8 s of XLA's compile per bucket on the 2-core CPU. The switch index is the
-    bucket, never batched (also under the multi-start's vmap), so each evaluation
+    bucket, never batched (the multi-start maps its starts here), so each evaluation
     runs one bucket's code. Slots past a bucket's count (buckets of unequal counts)
     hold fillers and are skipped by a ``lax.cond``.
 
@@ -562,15 +562,17 @@ def solve_batch(problem: Problem | Sequence[Problem], lambda_inv, tau, *,
     fn = batched(method, sc_star, options, resolve_batch_size(batch_size, backend), backend)
     threads = resolve_threads(threads, backend)
     if options is not None and options.num_starts > 1:
-        # The multi-start vmaps its starts, so its matrix products are batched and
-        # large enough for XLA's CPU backend to split over its Eigen thread pool,
-        # and two such calls made at once from two host threads deadlocked in that
-        # pool (batches of 48 or 96 starts hung on 2 threads every time, with no CPU
-        # used after the compile, and took 50 s on one). It is a known XLA CPU hang
-        # on vmapped programs, avoided elsewhere with
-        # --xla_cpu_multi_thread_eigen=false, a flag a library must not set for its
-        # user. So a multi-start batch's calls are made one after another; the vmap
-        # over its starts keeps the cores busy.
+        # While the multi-start vmapped its starts on a CPU too, its matrix products
+        # were batched and large enough for XLA's CPU backend to split over its Eigen
+        # thread pool, and two such calls made at once from two host threads
+        # deadlocked in that pool (batches of 48 or 96 starts hung on 2 threads every
+        # time, with no CPU used after the compile). It is a known XLA CPU hang on
+        # vmapped programs, avoided elsewhere with --xla_cpu_multi_thread_eigen=false,
+        # a flag a library must not set for its user. A CPU now maps the starts, and
+        # 2 threads ran three such batches without a hang, but no faster (7 float64
+        # 96-start fits: 1.6-2.4 s against 1.9 s on one thread), so a multi-start
+        # batch's calls are still made one after another: an accelerator's batch
+        # (starts vmapped) keeps the hang's conditions.
         threads = 1
     single = isinstance(problem, Problem)
     if single:

@@ -9,7 +9,8 @@ the fall of f per unit of ||theta_c|| soon lies below the stationarity tolerance
 adjust to it (a binding mean cosine couples them); per unit of s it is ||theta_c||
 times larger, and the class's cosine depends on phi alone. Both phases run in one loop,
 so the program holds one copy of the solver. With several starts each start is
-followed up on its own run-off, vmapped, before the starts' end points are compared:
+followed up on its own run-off (the starts vmapped on an accelerator, mapped on a
+CPU) before the starts' end points are compared:
 a start whose first phase crawls along a run-off can end that phase far above the
 basin its follow-up reaches.
 
@@ -51,8 +52,7 @@ Array = jax.Array
 # w = 0.3: the symmetric optima of the apex family); then points drawn once by a fixed
 # generator (b ~ N(0, 1.5^2), w ~ U(-0.5, 2)), a function of (n - 1, count) alone, so
 # the set is static under jit. 96 starts reach or go below SciPy's best start on every
-# lambda_inv >= 1/2 instance of the synthetic sweep, and the vmap over the starts
-# keeps the cost down.
+# lambda_inv >= 1/2 instance of the synthetic sweep.
 _START_SLOPES = (1.0, 3.0, 0.3, -1.0)
 _START_OFFSETS = (2.0, -2.0)
 # The starts fit_batch uses where lambda_inv >= NONCONVEX_LAMBDA (see fit_batch).
@@ -214,12 +214,22 @@ def best_start(su: Setup, runs: Phase) -> Phase:
 def solve(rows: Rows, n1: int, dtype, lambda_inv, tau, *, sc_star: bool,
           options: SolverOptions, one_site: bool = False) -> Solution:
     """The augmented Lagrangian on one instance's :class:`.levels.Rows`, from
-    ``options.num_starts`` starts (``one_site``: see :func:`.runoff.not_attained`)."""
+    ``options.num_starts`` starts. ``one_site`` (a CPU, which solves one instance at a
+    time): the starts one after another and the ray test's points one by one
+    (:func:`.runoff.not_attained`); otherwise the starts are vmapped."""
     su = setup(rows, n1, dtype, tau, sc_star=sc_star, options=options)
     starts = jnp.asarray(start_points(n1, options.num_starts, sc_star), dtype)  # [S, p]
     if options.num_starts == 1:
         res = solve_start(su, starts[0], one_site)
-    else:
+    elif one_site:
+        # A CPU runs the starts one after another (lax.map): vmapped, each start's
+        # nested while loops would run in lockstep to the slowest start's count, with
+        # every lax.cond a select that runs both branches. JAX's batching of nested
+        # while loops is also slow to trace (2.9 of the 4.1 s that tracing a 96-start
+        # fit_batch took). Mapped, 7 float64 96-start fits took 22.5 s cold (62.1 s
+        # vmapped) and 3.1 s warm (5.4 s), the same optima (benchmarks/RESULTS.md).
+        res = best_start(su, jax.lax.map(lambda z: solve_start(su, z, one_site), starts))
+    else:  # an accelerator: the starts in lockstep fill it
         res = best_start(su, jax.vmap(lambda z: solve_start(su, z, one_site))(starts))
     violation = jnp.maximum(-_margin(su, res.v), 0.0)
     return finish(parameters.to_params(res.v, sc_star), res.f, converged=res.done,
@@ -244,9 +254,11 @@ def augmented_lagrangian(problem: Problem, lambda_inv, tau, *, sc_star: bool = F
     class's part of it) is doubled and doubled again, which no minimiser allows.
 
     problem: one unbatched :class:`Problem` (``[N, n-1]`` features); lambda_inv, tau:
-    scalars (may be traced). Pure: composes with jit and vmap. ``one_site``: the ray
-    test's points evaluated one by one (:func:`.runoff.not_attained`; the same result
-    in a smaller program, for instances solved one after another).
+    scalars (may be traced). Pure: composes with jit and vmap. ``one_site``: the starts
+    run one after another (``lax.map``) and the ray test's points are evaluated one by
+    one (:func:`.runoff.not_attained`): the same result in a smaller program, for a
+    CPU, which solves instances one after another; otherwise the starts are vmapped,
+    in lockstep, as fills an accelerator.
     """
     dtype = problem.features.dtype
     lambda_inv = jnp.asarray(lambda_inv, dtype)

@@ -109,7 +109,8 @@ class SolverOptions:
         updated anyway (a subproblem whose infimum lies at infinity, along a
         separable but infeasible direction, is never solved).
     num_starts: augmented-Lagrangian starts (:func:`multistart.start_points`),
-        vmapped, each with its own run-off follow-up; the lowest feasible objective
+        vmapped on an accelerator and one after another on a CPU (``lax.map``),
+        each with its own run-off follow-up; the lowest feasible objective
         is kept, converged or not, so a start that runs off to an unattained
         infimum wins and is reported UNBOUNDED. The problem is not convex once the
         invariance term weighs (lambda_inv >= NONCONVEX_LAMBDA = 0.5), and there one
