@@ -92,6 +92,12 @@ def constraint_hessian(x, v, tau, sc_star, per_class):
     return jax.hessian(lambda z: jnp.dot(v, c(z)))(x)
 
 
+def _f64(x) -> np.ndarray:
+    """A point from trust-constr as the jitted functions take it: a float64 NumPy array,
+    moved by jit's argument handling (``jnp.asarray`` runs a program per call on jax 0.10)."""
+    return np.asarray(x, np.float64)
+
+
 def _float64(problem: Problem) -> Problem:
     return Problem(features=jnp.asarray(np.asarray(problem.features), jnp.float64),
                    labels=jnp.asarray(np.asarray(problem.labels), jnp.int32),
@@ -107,10 +113,9 @@ def _constraints(tau: float, sc_star: bool, per_class: bool) -> list:
         return []
     t = jnp.asarray(tau, jnp.float64)
     return [_optimize().NonlinearConstraint(
-        lambda x: np.asarray(constraint(jnp.asarray(x), t, sc_star, per_class)[0]), 0.0, np.inf,
-        jac=lambda x: np.asarray(constraint(jnp.asarray(x), t, sc_star, per_class)[1]),
-        hess=lambda x, v: np.asarray(constraint_hessian(jnp.asarray(x), jnp.asarray(v), t,
-                                                        sc_star, per_class)))]
+        lambda x: np.asarray(constraint(_f64(x), t, sc_star, per_class)[0]), 0.0, np.inf,
+        jac=lambda x: np.asarray(constraint(_f64(x), t, sc_star, per_class)[1]),
+        hess=lambda x, v: np.asarray(constraint_hessian(_f64(x), _f64(v), t, sc_star, per_class)))]
 
 
 def _on_host():
@@ -141,11 +146,11 @@ def _runs_off(x: np.ndarray, prob: Problem, lam, tau: float, sc_star: bool, per_
     t = jnp.asarray(tau, jnp.float64)
 
     def fun(u):
-        return float(value_and_grad(jnp.asarray(u), prob, lam, sc_star)[0])
+        return float(value_and_grad(_f64(u), prob, lam, sc_star)[0])
 
     def feasible(u):
         return tau <= -1.0 or bool(np.all(np.asarray(
-            constraint(jnp.asarray(u), t, sc_star, per_class)[0]) >= -feas_tol))
+            constraint(_f64(u), t, sc_star, per_class)[0]) >= -feas_tol))
 
     def evaluate(pts):  # [n, 2, p] -> f and feasibility there, NumPy
         flat = np.asarray(pts).reshape(-1, pts.shape[-1])
@@ -182,13 +187,13 @@ def scipy(problem: Problem, lambda_inv: float, tau: float, *, sc_star: bool = Fa
             x0 = np.zeros(n1) if sc_star else np.concatenate([np.zeros(n1), np.ones(n1)])
 
         def fun(x):
-            v, g = value_and_grad(jnp.asarray(x), prob, lam, sc_star)
+            v, g = value_and_grad(_f64(x), prob, lam, sc_star)
             return float(v), np.asarray(g)
 
         constraints = _constraints(tau, sc_star, per_class)
         res = _optimize().minimize(
             fun, np.asarray(x0, np.float64), jac=True, method="trust-constr",
-            hess=lambda x: np.asarray(hessian(jnp.asarray(x), prob, lam, sc_star)),
+            hess=lambda x: np.asarray(hessian(_f64(x), prob, lam, sc_star)),
             constraints=constraints,
             options={"gtol": options.gtol, "xtol": options.xtol,
                      "barrier_tol": options.barrier_tol, "maxiter": options.max_iter,
