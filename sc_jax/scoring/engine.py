@@ -308,10 +308,7 @@ class ScoringEngine:
 
         @functools.cache
         def args():
-            rows_arg = None if seq else m.replicate(np.zeros(shape.labels, np.int32))
-            drop = np.full(shape.B * shape.W, pool.k.shape[2], np.int32)  # writes nothing
-            return self._args(_padding_call(shape), np.zeros((shape.B, shape.cache), np.int32),
-                              np.full(shape.cache, -1, np.int32), drop, rows_arg)
+            return self._padding_args(shape, pool, seq)
 
         def build(name: str, run: bool) -> None:
             nonlocal pool
@@ -328,6 +325,27 @@ class ScoringEngine:
         self._step(shape, pool, seq, hidden, name, args())  # settled with a pool of another size
         return name, pool
 
+    def _padding_args(self, shape: PackShape, pool: KVCache, seq: bool) -> tuple:
+        """The arguments after the pool (:meth:`_args`) of a call of ``shape`` that
+        computes and writes nothing: what its program is compiled, and first run, with."""
+        rows_arg = None if seq else self.model.replicate(np.zeros(shape.labels, np.int32))
+        drop = np.full(shape.B * shape.W, pool.k.shape[2], np.int32)  # writes nothing
+        return self._args(_padding_call(shape), np.zeros((shape.B, shape.cache), np.int32),
+                          np.full(shape.cache, -1, np.int32), drop, rows_arg)
+
+    def _lowered(self, shape: PackShape, pool: KVCache, seq: bool, hidden: bool, attention: str,
+                 args: tuple | None = None):
+        """The program of calls of ``shape`` on ``pool``'s size, traced and lowered, not
+        compiled (``jax.stages.Lowered``; ``args``: :meth:`_padding_args`'s, made here
+        where None). benchmarks/bench_compile_threads.py compiles these from threads."""
+        m = self.model
+        # Without hidden states the call is exactly the one every run makes (no
+        # `hidden` argument), so its program and its cache entries are unchanged.
+        extra = {"hidden": True} if hidden else {}
+        args = self._padding_args(shape, pool, seq) if args is None else args
+        return packed_step.lower(m.graphdef, m.state, pool, *args, sequence=seq,
+                                 attention=attention, **extra)
+
     def _step(self, shape: PackShape, pool: KVCache, seq: bool, hidden: bool, attention: str,
               args: tuple):
         """The compiled program of calls of ``shape`` on ``pool``'s size, made once with
@@ -337,12 +355,7 @@ class ScoringEngine:
         calls run this executable (:meth:`_run`)."""
         key = (shape.program, pool.k.shape, seq, hidden, attention)
         if key not in self._steps:
-            m = self.model
-            # Without hidden states the call is exactly the one every run makes (no
-            # `hidden` argument), so its program and its cache entries are unchanged.
-            extra = {"hidden": True} if hidden else {}
-            self._steps[key] = packed_step.lower(m.graphdef, m.state, pool, *args, sequence=seq,
-                                                 attention=attention, **extra).compile()
+            self._steps[key] = self._lowered(shape, pool, seq, hidden, attention, args).compile()
         return self._steps[key]
 
     # -------------------------------------------------------------- main entry
