@@ -1,9 +1,9 @@
 """Does XLA compile the engine's programs in parallel from host threads?
 
 A run's engine compiles one program per call size (``packed_step``: gather, model and
-pool write), one after another, before its first call. Issue 78 asks whether compiling
-them from several host threads at once would cut that wait (the GPU machines' host has
-16 cores). This measures it on the programs a run compiles:
+pool write), one after another, before its first call. Would compiling them from
+several host threads at once cut that wait (the GPU machines' host has 16 cores)?
+This measures it on the programs a run compiles:
 
 * in a fresh process (persistent compilation cache off), the model is loaded, the engine
   plans a synthetic job of every surrogate size 1..``--max-size`` at k = ``--shots``, and

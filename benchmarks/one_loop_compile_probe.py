@@ -1,6 +1,6 @@
-"""How small would issue 78's one-loop solver compile? A probe, not a solver.
+"""How small would a one-loop solver compile? A probe, not a solver.
 
-The issue suggests one loop whose body is a dense Newton/SQP step on the (b, w,
+The design in question: one loop whose body is a dense Newton/SQP step on the (b, w,
 multiplier) system, with several starts as a batch axis. Before anyone writes that
 solver, this measures what such a program costs to compile, against
 ``jax.jit(sc_jax.calibrate)`` on the same problem: one k = 8, size-1 problem of n classes
