@@ -204,3 +204,9 @@ def read_jsonl(path: str | os.PathLike) -> tuple[dict | None, list[dict]]:
         else:
             records.append(rec)
     return head, records
+
+
+def last_line(text: str) -> str:
+    """A child process's error in one line: the last non-blank line of its stderr."""
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else "no message"

@@ -116,7 +116,7 @@ def main(argv=None):
                                   "--shots", str(args.shots), "--max-size", str(args.max_size)],
                                  cwd=ROOT, env=env, capture_output=True, text=True)
             if out.returncode:
-                sys.exit(f"bench_compile_threads: the {n}-thread process failed:\n{out.stderr[-3000:]}")
+                sys.exit(f"bench_compile_threads: the {n}-thread process failed: {_results.last_line(out.stderr)}")
             runs[n].append(json.loads(out.stdout.strip().splitlines()[-1]))
             print(f"  repeat {r + 1}, {n} thread(s): {runs[n][-1]['compile_wall_s']:.2f} s", flush=True)
     machine = runs[1][0].pop("machine")

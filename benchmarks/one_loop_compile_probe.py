@@ -35,9 +35,6 @@ from pathlib import Path
 import _results
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = {"/jax/core/compile/jaxpr_trace_duration": "trace_s",
-          "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower_s",
-          "/jax/core/compile/backend_compile_duration": "compile_s"}
 
 
 def _probe(n: int):
@@ -90,21 +87,18 @@ def child(which: str, n: int) -> None:
     import sc_jax  # noqa: PLC0415
     from sc_jax.calibration.synthetic import World  # noqa: PLC0415
 
-    seconds = dict.fromkeys(STAGES.values(), 0.0)
+    from bench_compile import _Stages  # noqa: PLC0415 - JAX's stage timings, as bench_compile reads them
 
-    def listen(name, secs, **_):
-        if name in STAGES:
-            seconds[STAGES[name]] += secs
-
-    jax.monitoring.register_event_duration_secs_listener(listen)
     x, y, g = World(n, (1.0,) * (n - 1), beta=(0.2,) * (n - 1), seed=0).surrogate(8, (1,))[1]
     args = (x.astype(np.float32), np.asarray(y, np.int32), np.asarray(g, np.int32))
     fn = (_probe(n) if which == "probe"
           else lambda a, b, c: sc_jax.calibrate(a, b, c, num_queries=8))
-    t = time.perf_counter()
-    jax.block_until_ready(jax.jit(fn)(*args))
-    first = time.perf_counter() - t
+    with _Stages() as stages:
+        t = time.perf_counter()
+        jax.block_until_ready(jax.jit(fn)(*args))
+        first = time.perf_counter() - t
     lines = jax.jit(fn).lower(*args).as_text().count("\n")
+    seconds = {f"{k}_s": v for k, v in stages.seconds.items()}
     print(json.dumps(dict(which=which, first_s=first, stablehlo_lines=lines, **seconds,
                           machine=_results.jax_machine())))
 
@@ -128,7 +122,7 @@ def main(argv=None):
             out = subprocess.run([sys.executable, __file__, "--child", which, "--classes",
                                   str(args.classes)], cwd=ROOT, env=env, capture_output=True, text=True)
             if out.returncode:
-                sys.exit(f"one_loop_compile_probe: {which} failed:\n{out.stderr[-3000:]}")
+                sys.exit(f"one_loop_compile_probe: {which} failed: {_results.last_line(out.stderr)}")
             runs[which].append(json.loads(out.stdout.strip().splitlines()[-1]))
     machine = runs["calibrate"][0]["machine"]
     print(f"n = {args.classes}, medians of {args.repeats} fresh processes, persistent cache off")
