@@ -47,6 +47,7 @@ from sc_jax.calibration.solvers import (
     runoff,
     steps,
 )
+import scipy_best_references
 
 
 # jaxlib 0.12's crash in the persistent cache's write (conftest.no_persistent_cache_writes).
@@ -667,7 +668,8 @@ def test_run_off_follow_up_reaches_scipy_on_real_rows(x64):
                                _problem64(FPB_ROWS, FPB_LABELS, FPB_QUERIES), 0.1))
 
     tau = defaults.tau_from_accuracy(defaults.base_accuracy(FPB_ROWS, FPB_LABELS), 3)
-    ref = solvers.scipy_best(_problem64(FPB_ROWS, FPB_LABELS, FPB_QUERIES), 0.1, tau)
+    ref = scipy_best_references.scipy_best(
+        "run_off_real_rows", _problem64(FPB_ROWS, FPB_LABELS, FPB_QUERIES), 0.1, tau)
     fits = {(dtype, follow): numpy_fit.fit(
         FPB_ROWS, FPB_LABELS, FPB_QUERIES, lambda_inv=0.1, dtype=dtype,
         options=SolverOptions(follow_runoffs=follow))
@@ -828,7 +830,7 @@ def test_strong_invariance_gets_the_multistart_by_default(x64):
     # start.
     x, y, g, lam, tau = synthetic.solver_instance("apex", 33)
     assert lam == 10.0 and abs(tau) < 1e-12  # cos(90 degrees)
-    ref = solvers.scipy_best(_problem64(x, y, g), lam, tau, seed=33)
+    ref = scipy_best_references.scipy_best("apex-33", _problem64(x, y, g), lam, tau, seed=33)
     one = numpy_fit.fit(x, y, g, lambda_inv=lam, tau=tau, dtype="float64",
                           options=SolverOptions())
     assert (one.objective - ref.objective) / ref.objective > 1e-5  # the other optimum
